@@ -1,0 +1,116 @@
+"""KV cache for the base model, built for speculative decoding.
+
+Follows mlx-lm's cache protocol (keys, values, offset, `update_and_fetch`) and adds the two
+operations that drafting needs:
+
+- `rewind(n)`: forget the last n tokens (moving the offset; nothing is copied).
+- `commit(start, indices)`: after a verification pass wrote T tree tokens at
+  [start, start + T), keep only the tokens `start + indices` (the accepted path), packed in
+  order at [start, start + len(indices)). This is how a packed tree of draft beams turns back
+  into a plain left-to-right history.
+
+Storage is pre-allocated in chunks of `step` tokens (or all at once with `reserve`), so the
+history is not copied on every step. Shapes: keys/values (B, H_kv, T_max, D).
+"""
+
+from typing import List, Sequence, Union
+
+import mlx.core as mx
+
+Indices = Union[mx.array, Sequence[int]]
+
+
+class KVCache:
+    step = 256
+
+    def __init__(self):
+        self.keys = None  # (B, H_kv, T_max, D)
+        self.values = None  # (B, H_kv, T_max, D)
+        self.offset = 0
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def _grow(self, B: int, H: int, D: int, dtype, need: int, v_dim: int):
+        if need <= self.capacity:
+            return
+        size = ((need + self.step - 1) // self.step) * self.step
+        new_k = mx.zeros((B, H, size, D), dtype)
+        new_v = mx.zeros((B, H, size, v_dim), dtype)
+        if self.keys is not None and self.offset > 0:
+            new_k[..., : self.offset, :] = self.keys[..., : self.offset, :]
+            new_v[..., : self.offset, :] = self.values[..., : self.offset, :]
+        self.keys, self.values = new_k, new_v
+
+    def reserve(self, B: int, H: int, D: int, dtype, total: int, v_dim: int = None):
+        """Pre-size the storage for `total` tokens so no growth happens during a run."""
+        self._grow(B, H, D, dtype, total, v_dim or D)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        """Append (B, H_kv, T, D) keys/values; return all cached ones, (B, H_kv, offset, D)."""
+        B, H, T, D = keys.shape
+        start = self.offset
+        self._grow(B, H, D, keys.dtype, start + T, values.shape[-1])
+        self.keys[..., start : start + T, :] = keys
+        self.values[..., start : start + T, :] = values
+        self.offset = start + T
+        return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
+
+    def rewind(self, n: int):
+        if n < 0 or n > self.offset:
+            raise ValueError(f"cannot rewind {n} tokens from a cache holding {self.offset}")
+        self.offset -= n
+
+    def commit(self, start: int, indices: Indices):
+        """Keep the tokens at `start + indices` (in that order) and drop the rest after `start`."""
+        idx = mx.array(indices, dtype=mx.int32) if not isinstance(indices, mx.array) else indices
+        n = idx.size
+        if start < 0 or start + n > self.offset:
+            raise ValueError(f"commit of {n} tokens at {start} exceeds the cache ({self.offset})")
+        if n:
+            src = idx.astype(mx.int32) + start
+            self.keys[..., start : start + n, :] = mx.take(self.keys, src, axis=2)
+            self.values[..., start : start + n, :] = mx.take(self.values, src, axis=2)
+        self.offset = start + n
+
+    @property
+    def state(self):
+        if self.keys is None:
+            return []
+        return [self.keys, self.values]
+
+
+class Cache(list):
+    """One KVCache per layer, moved together. `offset` is the number of cached tokens."""
+
+    def __init__(self, num_layers: int):
+        super().__init__(KVCache() for _ in range(num_layers))
+
+    @property
+    def offset(self) -> int:
+        return self[0].offset
+
+    def reserve(self, B: int, H: int, D: int, dtype, total: int):
+        for c in self:
+            c.reserve(B, H, D, dtype, total)
+
+    def rewind(self, n: int):
+        for c in self:
+            c.rewind(n)
+
+    def trim_to(self, offset: int):
+        """Rewind every layer to an absolute length. Safe after an interrupted forward pass,
+        where the first layers may already hold more tokens than the last ones."""
+        for c in self:
+            if offset < c.offset:
+                c.rewind(c.offset - offset)
+
+    def commit(self, start: int, indices: Indices):
+        idx = mx.array(indices, dtype=mx.int32) if not isinstance(indices, mx.array) else indices
+        for c in self:
+            c.commit(start, idx)
+
+    @property
+    def state(self) -> List[mx.array]:
+        return [a for c in self for a in c.state]

@@ -1,0 +1,178 @@
+"""The ReDrafter draft head (arXiv 2403.09919, section 3.1) as an MLX module, with save/load.
+
+Inputs: h, the base model's last hidden state (after its final norm) at the last accepted
+token, and e_k, the base model's own input embedding of the k-th token of a draft. Then
+
+    s_0 = 0,   s_k = silu(W e_k + U s_{k-1} + b)        (rnn=True; rnn=False: s_k = e_k + s_{k-1})
+    x   = [h, s_k]                                       (2 * hidden_size)
+    x   = input_proj(x)                                  (only when exit_dim != 2 * hidden_size)
+    x   = x + silu(Linear(x))                            (num_draft_layers times)
+    logits = Linear(x)                                   ("own": exit_dim -> vocab, Apple's format)
+           | base.logits(Linear(x))                      ("shared": exit_dim -> hidden, then the
+                                                          base model's own output embedding)
+
+On disk: a folder with config.json + model.safetensors, tensor names as in Apple's release
+(`rnn_u.weight`, `rnn_u.bias`, `rnn_w.weight`, `lm_head.{i}.linear.weight|bias`,
+`lm_head.{N}.weight`, optional `input_proj.*`).
+"""
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Union
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .config import DrafterArgs
+from .errors import CorruptModelError, DrafterMismatchError, ModelNotFoundError
+
+
+class ResBlock(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.linear = nn.Linear(dim, dim, bias=True)
+
+    def __call__(self, x):
+        return x + nn.silu(self.linear(x))
+
+
+class Drafter(nn.Module):
+    def __init__(self, args: DrafterArgs):
+        super().__init__()
+        self.args = args
+        h = args.hidden_size
+        if args.rnn:
+            self.rnn_u = nn.Linear(h, h, bias=True)
+            self.rnn_w = nn.Linear(h, h, bias=False)
+        if args.exit_dim != 2 * h:
+            self.input_proj = nn.Linear(2 * h, args.exit_dim, bias=True)
+        out_dim = args.vocab_size if args.lm_head == "own" else h
+        self.lm_head = [ResBlock(args.exit_dim) for _ in range(args.num_draft_layers)]
+        self.lm_head.append(nn.Linear(args.exit_dim, out_dim, bias=False))
+
+    def update_state(self, emb: mx.array, state: mx.array) -> mx.array:
+        """s_k from e_k and s_{k-1}: (..., hidden) -> (..., hidden)."""
+        if self.args.rnn:
+            return nn.silu(self.rnn_w(emb) + self.rnn_u(state))
+        return emb + state
+
+    def features(self, h: mx.array, state: mx.array) -> mx.array:
+        """The head's output before any shared embedding: (..., hidden) x2 -> (..., V or hidden)."""
+        x = mx.concatenate([h, state], axis=-1)
+        if "input_proj" in self:
+            x = self.input_proj(x)
+        for layer in self.lm_head:
+            x = layer(x)
+        return x
+
+    def logits(self, h: mx.array, state: mx.array, base=None) -> mx.array:
+        """Draft logits (..., V). `base` (the base model) is needed for lm_head='shared'."""
+        x = self.features(h, state)
+        if self.args.lm_head == "shared":
+            if base is None:
+                raise ValueError("a drafter with lm_head='shared' needs the base model to compute logits")
+            x = base.logits(x.astype(_activation_dtype(base)))
+        return x
+
+    def __call__(self, h: mx.array, embeddings: mx.array, base=None) -> mx.array:
+        """Teacher-forced logits for training: h (B, T, H), embeddings (B, T, K, H) of the K
+        tokens following each position -> logits (B, T, K, V); row k predicts the token
+        after the k-th embedded one."""
+        state = mx.zeros_like(embeddings[..., 0, :])
+        states = []
+        for k in range(embeddings.shape[-2]):
+            state = self.update_state(embeddings[..., k, :], state)
+            states.append(state)
+        states = mx.stack(states, axis=-2)  # (B, T, K, H)
+        hk = mx.broadcast_to(h[..., None, :], states.shape)
+        return self.logits(hk, states, base)
+
+
+def _activation_dtype(base) -> mx.Dtype:
+    """The dtype the base model computes in (its final norm's weight)."""
+    return base.model.norm.weight.dtype
+
+
+def new_drafter(base_args, exit_dim: int = None, num_draft_layers: int = 1, lm_head: str = "own", rnn: bool = True, seed: int = 0):
+    """A randomly initialised drafter sized for a base model's args."""
+    mx.random.seed(seed)
+    args = DrafterArgs(
+        hidden_size=base_args.hidden_size,
+        vocab_size=base_args.vocab_size,
+        exit_dim=exit_dim,
+        num_draft_layers=num_draft_layers,
+        lm_head=lm_head,
+        rnn=rnn,
+    )
+    return Drafter(args)
+
+
+def check_compatible(args: DrafterArgs, base_args, where: str = "drafter"):
+    if args.hidden_size != base_args.hidden_size or args.vocab_size != base_args.vocab_size:
+        raise DrafterMismatchError(
+            f"{where} was trained for a base model with hidden size {args.hidden_size} and "
+            f"vocabulary {args.vocab_size}, but this base model has hidden size {base_args.hidden_size} and "
+            f"vocabulary {base_args.vocab_size}: use the drafter trained for this model (or --no-speculative)"
+        )
+
+
+def load_drafter(path: Union[str, Path], base=None) -> Drafter:
+    """Load a drafter folder; when `base` is given, refuse one that does not fit it."""
+    path = Path(path)
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        raise ModelNotFoundError(f"no drafter at {path}: expected {cfg_path}")
+    try:
+        config = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise CorruptModelError(f"{cfg_path} is not valid JSON: {e}") from e
+    try:
+        args = DrafterArgs.from_dict(config)
+    except TypeError as e:
+        raise CorruptModelError(f"{cfg_path} is not a drafter config: {e}") from e
+    if base is not None:
+        check_compatible(args, base.args, f"the drafter at {path}")
+    weights_path = path / "model.safetensors"
+    if not weights_path.is_file():
+        raise ModelNotFoundError(f"drafter at {path} has no model.safetensors")
+    try:
+        weights = mx.load(str(weights_path))
+    except Exception as e:
+        raise CorruptModelError(f"cannot read {weights_path}: {e}") from e
+    drafter = Drafter(args)
+    try:
+        drafter.load_weights(list(weights.items()), strict=True)
+    except ValueError as e:
+        raise CorruptModelError(f"drafter weights in {weights_path} do not fit its config: {str(e).splitlines()[0]}") from e
+    dtype = _activation_dtype(base) if base is not None else mx.float32
+    drafter.set_dtype(dtype)
+    mx.eval(drafter.parameters())
+    return drafter
+
+
+def save_drafter(drafter: Drafter, path: Union[str, Path], extra_config: dict = None):
+    """Write config.json + model.safetensors atomically (temp folder, then rename)."""
+    from mlx.utils import tree_flatten
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        config = drafter.args.to_dict()
+        config.update(extra_config or {})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(drafter.parameters())), metadata={"format": "mlx"})
+        if path.exists():
+            old = path.with_name(path.name + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(path, old)
+            os.rename(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,0 +1,33 @@
+"""Exceptions raised for user errors. Each message is one readable line."""
+
+
+class RedrafterError(Exception):
+    """Base class: anything a user can fix (bad input, missing files, wrong model)."""
+
+
+class ModelNotFoundError(RedrafterError):
+    """A model name, path or hub id that resolves to nothing."""
+
+
+class UnsupportedModelError(RedrafterError):
+    """An architecture, quantization type or tokenizer this tool cannot run."""
+
+
+class CorruptModelError(RedrafterError):
+    """A file that exists but cannot be read (truncated, wrong checksum, missing tensors)."""
+
+
+class DrafterMismatchError(RedrafterError):
+    """A drafter whose hidden size or vocabulary does not fit the base model."""
+
+
+class ContextLengthError(RedrafterError):
+    """The prompt does not fit in the model's context window."""
+
+
+class EmptyPromptError(RedrafterError):
+    """Nothing to generate from."""
+
+
+class NetworkError(RedrafterError):
+    """A download was needed and the network (PyPI or the Hugging Face hub) is not reachable."""

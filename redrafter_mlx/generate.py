@@ -1,0 +1,253 @@
+"""Generation: plain autoregressive decoding and ReDrafter speculative decoding.
+
+`stream(...)` yields an `Event` per step (text delta, new token ids, step and run stats);
+`generate(...)` collects them. Both modes share prefill, stopping rules and bookkeeping:
+
+- prefill runs the prompt (minus whatever a `PromptCache` already holds) and samples the
+  first token from its last logits;
+- a step of `ar` feeds one token; a step of `redrafter` drafts W beams of L tokens from the
+  base model's last hidden state, packs them into one tree, verifies them in ONE forward
+  pass, accepts the longest path the base model agrees with, and commits only that path's
+  K/V to the cache (see beam_search.py, tree.py);
+- generation stops on an end-of-turn token (not emitted), `max_tokens`, the model's
+  context length, or `should_stop()` returning True between steps.
+
+The cache always holds exactly `PromptCache.ids`: a step interrupted by an exception
+(KeyboardInterrupt included) is rolled back, so a cancelled reply leaves it whole.
+"""
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, List, Optional, Sequence, Union
+
+import mlx.core as mx
+import numpy as np
+
+from .beam_search import beam_search
+from .errors import ContextLengthError, RedrafterError
+from .sampling import Sampler
+from .stats import RunStats, StepStats
+from .tree import accept, beam_of, pack
+
+PREFILL_CHUNK = 512
+MODES = ("auto", "ar", "redrafter")
+
+
+class PromptCache:
+    """A KV cache and the token ids it holds, kept across calls (e.g. the turns of a chat).
+
+    A new prompt reuses the longest common prefix of ids and only prefills the rest."""
+
+    def __init__(self, model):
+        self.cache = model.make_cache()
+        self.ids: List[int] = []
+
+    def reuse(self, prompt: Sequence[int]) -> int:
+        """Trim to the longest prefix shared with `prompt`, keeping at least one prompt token
+        to run (its logits start the reply). Returns how many tokens are reused."""
+        n = 0
+        for a, b in zip(self.ids, prompt):
+            if a != b:
+                break
+            n += 1
+        n = min(n, len(prompt) - 1)
+        self.truncate(n)
+        return n
+
+    def truncate(self, n: int):
+        self.cache.trim_to(n)
+        del self.ids[n:]
+
+    def reset(self):
+        self.truncate(0)
+
+
+@dataclass
+class Event:
+    text: str  # text delta since the previous event
+    tokens: List[int]  # token ids this event added
+    stats: RunStats
+    step: Optional[StepStats] = None
+    finish_reason: Optional[str] = None  # "eos" | "length" | "context" | "cancelled" on the last event
+
+
+@dataclass
+class Generation:
+    text: str
+    tokens: List[int]
+    prompt_tokens: List[int]
+    stats: RunStats
+    finish_reason: str
+    events: int = 0
+    step_stats: List[StepStats] = field(default_factory=list)
+
+
+def _prefill(model, pc: PromptCache, prompt: List[int]):
+    """Run the uncached part of the prompt. Returns (logits (V,), hidden (H,)) of its last token."""
+    start = pc.reuse(prompt)
+    todo = prompt[start:]
+    for i in range(0, len(todo), PREFILL_CHUNK):
+        chunk = mx.array(todo[i : i + PREFILL_CHUNK], dtype=mx.int32)[None]
+        h = model.hidden(chunk, pc.cache)
+        mx.eval(h)  # keep prefill memory bounded chunk by chunk
+        pc.ids.extend(todo[i : i + PREFILL_CHUNK])
+    h = h[0, -1]
+    return model.logits(h), h
+
+
+def stream(
+    loaded,
+    prompt: Union[str, list],
+    *,
+    mode: str = "auto",
+    max_tokens: int = 256,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: Optional[int] = None,
+    beam_width: int = 4,
+    beam_length: int = 4,
+    draft_top_k: Optional[int] = None,
+    system: Optional[str] = None,
+    prompt_cache: Optional[PromptCache] = None,
+    should_stop: Optional[Callable[[], bool]] = None,
+) -> Iterator[Event]:
+    """Generate a reply, yielding an Event per step.
+
+    loaded: a LoadedModel from `load()`. prompt: text (wrapped in the chat template), a list
+    of {"role", "content"} messages, or a list of token ids (used as is).
+    mode: "ar" (plain decoding), "redrafter" (needs a drafter), or "auto" (redrafter when the
+    model has a drafter). beam_width/beam_length: W beams of L tokens, L counting the base
+    model's own next token (so L=1 is plain decoding).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    if mode == "auto":
+        mode = "redrafter" if loaded.drafter is not None else "ar"
+    if mode == "redrafter" and loaded.drafter is None:
+        raise RedrafterError(f"model {loaded.name} has no drafter: pass drafter=PATH to load(), or use mode='ar'")
+    if mode == "redrafter" and (beam_width < 1 or beam_length < 1):
+        raise ValueError(f"beam width and length must be >= 1, not {beam_width} x {beam_length}")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, not {max_tokens}")
+    model, tok, drafter = loaded.model, loaded.tokenizer, loaded.drafter
+    sampler = Sampler(temperature, top_p, seed)
+    ids = tok.prompt_ids(prompt, system=system)
+    limit = loaded.context_length
+    if len(ids) >= limit:
+        raise ContextLengthError(
+            f"the prompt has {len(ids)} tokens but {loaded.name} has a context of {limit}: "
+            "shorten the conversation or start a new chat"
+        )
+    pc = prompt_cache if prompt_cache is not None else PromptCache(model)
+    detok = tok.detokenizer()
+    stats = RunStats(mode=mode, prompt_tokens=len(ids))
+    if mode == "redrafter":
+        stats.beam_width, stats.beam_length = beam_width, beam_length
+    mx.reset_peak_memory()
+    stopped = should_stop or (lambda: False)
+    eos = tok.eos_token_ids
+
+    def event(new: List[int], step: Optional[StepStats], reason: Optional[str]) -> Event:
+        text = detok.add(new) + (detok.flush() if reason else "")
+        if reason:
+            stats.peak_memory_mb = mx.get_peak_memory() / 1e6
+        return Event(text, new, stats, step, reason)
+
+    # ---- prefill: the prompt's last logits give the first token --------------------------
+    saved = len(pc.ids)
+    try:
+        t0 = time.perf_counter()
+        logits, h = _prefill(model, pc, ids)
+        token = sampler(logits)
+        first = token.item()
+        stats.prefill_seconds = time.perf_counter() - t0
+    except BaseException:
+        pc.truncate(min(saved, len(pc.ids)))
+        raise
+    if first in eos:
+        yield event([], None, "eos")
+        return
+    stats.new_tokens = 1
+    reason = "length" if max_tokens == 1 else None
+    yield event([first], None, reason)
+    if reason:
+        return
+
+    # ---- decode: `token` is the latest emitted token, not yet in the cache ---------------
+    token_id = first
+    while True:
+        if stopped():
+            yield event([], None, "cancelled")
+            return
+        room = limit - len(pc.ids)  # positions left for tokens fed to the model
+        if room < 1:
+            yield event([], None, "context")
+            return
+        start = len(pc.ids)
+        t_step = time.perf_counter()
+        try:
+            if mode == "ar":
+                logits, h = model(token.reshape(1, 1), pc.cache)
+                token = sampler(logits[0, -1])
+                new = [token.item()]
+                pc.ids.append(token_id)
+                step = StepStats(emitted=1)
+            else:
+                # Draft W beams of L tokens from h (the hidden state at the last cached token).
+                L = min(beam_length, room)
+                t_draft = time.perf_counter()
+                beams = beam_search(drafter, model, h, token, beam_width, L, draft_top_k)  # (W, L)
+                beams_np = np.array(beams)
+                t_verify = time.perf_counter()
+                # Merge shared prefixes, verify all beams in one forward pass.
+                tree = pack(beams_np)
+                positions = mx.array(start + tree.depth, dtype=mx.int32)
+                mask = mx.array(tree.mask)
+                logits, hidden = model(mx.array(tree.tokens)[None], pc.cache, positions=positions, mask=mask)
+                choices = np.array(sampler(logits[0]))  # (P,) base model's pick after each node
+                # Accept the longest path the base model agrees with; keep only its K/V.
+                path, bonus = accept(tree, choices)
+                pc.cache.commit(start, path)
+                pc.ids.extend(int(t) for t in tree.tokens[path])
+                h = hidden[0, path[-1]]
+                token = mx.array(bonus, dtype=mx.int32)
+                new = [int(t) for t in tree.tokens[path[1:]]] + [bonus]
+                step = StepStats(
+                    emitted=len(new),
+                    drafted=beam_width * (L - 1),
+                    packed=tree.size,
+                    accepted=len(path) - 1,
+                    beam=beam_of(tree, path),
+                    draft_seconds=t_verify - t_draft,
+                    verify_seconds=time.perf_counter() - t_verify,
+                )
+        except BaseException:
+            pc.truncate(start)
+            raise
+        token_id = new[-1]
+        # ---- stopping rules over this step's tokens ------------------------------------
+        reason = None
+        for i, t in enumerate(new):
+            if t in eos:
+                new, reason = new[:i], "eos"
+                break
+        if stats.new_tokens + len(new) >= max_tokens:
+            new, reason = new[: max_tokens - stats.new_tokens], "length"
+        step.emitted = len(new)
+        step.seconds = time.perf_counter() - t_step
+        stats.add(step)
+        yield event(new, step, reason)
+        if reason:
+            return
+
+
+def generate(loaded, prompt, **kwargs) -> Generation:
+    """Run `stream` to the end; returns text, token ids, prompt ids and stats."""
+    text, tokens, steps, last = [], [], [], None
+    for last in stream(loaded, prompt, **kwargs):
+        text.append(last.text)
+        tokens.extend(last.tokens)
+        if last.step is not None:
+            steps.append(last.step)
+    prompt_ids = loaded.tokenizer.prompt_ids(prompt, system=kwargs.get("system"))
+    return Generation("".join(text), tokens, prompt_ids, last.stats, last.finish_reason, len(steps), steps)

@@ -1,0 +1,155 @@
+"""Read a llama-architecture GGUF file: config, weights and tokenizer, all from the file.
+
+`mx.load(path, return_metadata=True)` does the parsing: Q4_0, Q4_1 and Q8_0 tensors arrive
+as MLX affine-quantized triplets (`.weight` packed uint32, `.scales`, `.biases`; group size
+32) and the metadata carries the hyper-parameters and the tokenizer. This module only
+renames: GGUF tensor names -> Hugging Face / mlx-lm names (a lookup table, one place), GGUF
+keys -> a config.json-style dict.
+
+GGUF stores the Q and K projections permuted for interleaved rotary embeddings, so a
+model read from GGUF runs with `rope_traditional=True`.
+"""
+
+import re
+from pathlib import Path
+from typing import Any, Dict, Tuple
+
+import mlx.core as mx
+
+from .errors import CorruptModelError, ModelNotFoundError, UnsupportedModelError
+
+GGUF_GROUP_SIZE = 32
+
+# GGUF tensor name -> HF / mlx-lm name; "{}" is the layer number. Unknown names fail loudly.
+TENSOR_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+    "blk.{}.attn_norm": "model.layers.{}.input_layernorm",
+    "blk.{}.attn_q": "model.layers.{}.self_attn.q_proj",
+    "blk.{}.attn_k": "model.layers.{}.self_attn.k_proj",
+    "blk.{}.attn_v": "model.layers.{}.self_attn.v_proj",
+    "blk.{}.attn_output": "model.layers.{}.self_attn.o_proj",
+    "blk.{}.ffn_norm": "model.layers.{}.post_attention_layernorm",
+    "blk.{}.ffn_gate": "model.layers.{}.mlp.gate_proj",
+    "blk.{}.ffn_up": "model.layers.{}.mlp.up_proj",
+    "blk.{}.ffn_down": "model.layers.{}.mlp.down_proj",
+    "rope_freqs": None,  # Llama-3 rope scaling factors: recomputed from the config
+}
+
+# GGUF metadata key (after "<arch>.") -> config.json key.
+CONFIG_KEYS = {
+    "embedding_length": "hidden_size",
+    "block_count": "num_hidden_layers",
+    "feed_forward_length": "intermediate_size",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "rope.freq_base": "rope_theta",
+    "context_length": "max_position_embeddings",
+    "vocab_size": "vocab_size",
+    "attention.key_length": "head_dim",
+}
+
+SUPPORTED_ARCHITECTURES = ("llama",)
+
+
+def _value(v: Any) -> Any:
+    if isinstance(v, mx.array):
+        return v.item() if v.ndim == 0 else v.tolist()
+    return v
+
+
+def _rename(name: str) -> str:
+    base, _, suffix = name.rpartition(".")
+    if suffix not in ("weight", "scales", "biases", "bias"):
+        base, suffix = name, ""
+    m = re.match(r"blk\.(\d+)\.(.+)$", base)
+    key, layer = (f"blk.{{}}.{m.group(2)}", m.group(1)) if m else (base, None)
+    if key not in TENSOR_NAMES:
+        raise UnsupportedModelError(f"unknown GGUF tensor {name!r}: not a llama-architecture weight")
+    target = TENSOR_NAMES[key]
+    if target is None:
+        return None
+    target = target.format(layer) if layer is not None else target
+    return f"{target}.{suffix}" if suffix else target
+
+
+def read_gguf(path) -> Tuple[Dict[str, Any], Dict[str, mx.array], Dict[str, Any]]:
+    """Return (config dict in config.json form, weights with HF names, raw metadata)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelNotFoundError(f"GGUF file not found: {path}")
+    try:
+        tensors, meta = mx.load(str(path), return_metadata=True)
+    except Exception as e:  # MLX raises ValueError/RuntimeError with its own text
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "type" in msg.lower() and "support" in msg.lower():
+            raise UnsupportedModelError(f"{path.name}: {msg} (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0)") from e
+        raise CorruptModelError(f"cannot read GGUF file {path}: {msg}") from e
+    arch = _value(meta.get("general.architecture", ""))
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"{path.name}: GGUF architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+        )
+
+    config: Dict[str, Any] = {"model_type": "llama", "rope_traditional": True}
+    for key, name in CONFIG_KEYS.items():
+        if f"{arch}.{key}" in meta:
+            config[name] = _value(meta[f"{arch}.{key}"])
+    if "vocab_size" not in config and "tokenizer.ggml.tokens" in meta:
+        config["vocab_size"] = len(meta["tokenizer.ggml.tokens"])
+    scaling_type = _value(meta.get(f"{arch}.rope.scaling.type", "")) if f"{arch}.rope.scaling.type" in meta else ""
+    if "rope_freqs.weight" in tensors or scaling_type == "llama3":
+        # llama.cpp writes Llama-3 scaling as precomputed factors; the parameters are Llama-3.1's.
+        config["rope_scaling"] = {
+            "rope_type": "llama3",
+            "factor": float(_value(meta.get(f"{arch}.rope.scaling.factor", 8.0))),
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": int(
+                _value(meta.get(f"{arch}.rope.scaling.original_context_length", 8192))
+            ),
+        }
+    elif scaling_type == "linear":
+        config["rope_scaling"] = {"type": "linear", "factor": float(_value(meta[f"{arch}.rope.scaling.factor"]))}
+
+    weights = {}
+    for name, arr in tensors.items():
+        new = _rename(name)
+        if new is not None:
+            weights[new] = arr
+    config["tie_word_embeddings"] = "lm_head.weight" not in weights
+    missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size") if k not in config]
+    if missing:
+        raise CorruptModelError(f"{path.name}: GGUF metadata lacks {', '.join(missing)}")
+    quant = quantization_from_weights(weights, GGUF_GROUP_SIZE)
+    if quant:
+        config["quantization"] = quant
+    return config, weights, meta
+
+
+def quantization_from_weights(weights: Dict[str, mx.array], group_size: int) -> Dict[str, Any]:
+    """Per-layer quantization in mlx-lm's config form, inferred from packed shapes.
+
+    For a layer with in_features n: packed weight width = n * bits / 32 and scales width =
+    n / group_size, so bits = 32 * packed / (scales * group_size). The most common setting
+    becomes the global one; the others are per-layer overrides keyed by module path.
+    """
+    per_layer = {}
+    for k in weights:
+        if k.endswith(".scales"):
+            prefix = k[: -len(".scales")]
+            packed = weights[prefix + ".weight"].shape[-1]
+            groups = weights[k].shape[-1]
+            bits = 32 * packed // (groups * group_size)
+            per_layer[prefix] = {"group_size": group_size, "bits": int(bits)}
+    if not per_layer:
+        return {}
+    bits_list = [v["bits"] for v in per_layer.values()]
+    common = max(set(bits_list), key=bits_list.count)
+    quant: Dict[str, Any] = {"group_size": group_size, "bits": common}
+    for prefix, q in sorted(per_layer.items()):
+        if q["bits"] != common:
+            quant[prefix] = q
+    return quant

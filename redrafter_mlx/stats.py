@@ -1,0 +1,120 @@
+"""Per-step and per-run statistics of a generation, for the API, the bench and the chat UI.
+
+A *step* is one base-model forward after prefill: plain decoding emits one token per step,
+ReDrafter emits 1 + (accepted draft tokens). `RunStats` aggregates steps into the figures
+people compare: tokens/s, tokens/step, acceptance rate, accepted-length histogram, and the
+share of time spent drafting vs verifying.
+"""
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+
+@dataclass
+class StepStats:
+    emitted: int  # tokens this step added to the output (accepted drafts + the base model's own)
+    drafted: int = 0  # draft tokens proposed (W * (L - 1)), 0 for plain decoding
+    packed: int = 0  # tokens in the verification pass after merging shared prefixes
+    accepted: int = 0  # draft tokens accepted (emitted - 1 unless stopped early)
+    beam: int = 0  # index of the beam the accepted tokens came from
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    seconds: float = 0.0
+
+
+@dataclass
+class RunStats:
+    mode: str = "ar"
+    prompt_tokens: int = 0
+    new_tokens: int = 0  # all generated tokens, the one sampled from the prefill included
+    step_tokens: int = 0  # tokens emitted by decode steps (new_tokens minus the prefill's)
+    steps: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    drafted_tokens: int = 0
+    packed_tokens: int = 0
+    accepted_tokens: int = 0
+    beam_width: int = 0
+    beam_length: int = 0
+    peak_memory_mb: float = 0.0
+    accepted_lengths: List[int] = field(default_factory=list)  # tokens emitted per step
+
+    def add(self, step: StepStats):
+        self.steps += 1
+        self.new_tokens += step.emitted
+        self.step_tokens += step.emitted
+        self.drafted_tokens += step.drafted
+        self.packed_tokens += step.packed
+        self.accepted_tokens += step.accepted
+        self.draft_seconds += step.draft_seconds
+        self.verify_seconds += step.verify_seconds
+        self.decode_seconds += step.seconds
+        self.accepted_lengths.append(step.emitted)
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.step_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Tokens emitted by decode steps over decode time (prefill and its token excluded,
+        as mlx-lm reports generation speed)."""
+        return self.step_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def seconds(self) -> float:
+        return self.prefill_seconds + self.decode_seconds
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens per draft position tried (L - 1 per step), in [0, 1]."""
+        tried = self.steps * max(self.beam_length - 1, 0)
+        return self.accepted_tokens / tried if tried else 0.0
+
+    @property
+    def merged_tokens(self) -> int:
+        """Tokens the prefix merge removed from verification: W * L per step minus packed."""
+        return self.steps * self.beam_width * self.beam_length - self.packed_tokens if self.beam_width else 0
+
+    def histogram(self) -> Dict[int, int]:
+        return dict(sorted(Counter(self.accepted_lengths).items()))
+
+    def to_dict(self) -> Dict[str, object]:
+        return {
+            "mode": self.mode,
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "step_tokens": self.step_tokens,
+            "steps": self.steps,
+            "prefill_seconds": self.prefill_seconds,
+            "decode_seconds": self.decode_seconds,
+            "draft_seconds": self.draft_seconds,
+            "verify_seconds": self.verify_seconds,
+            "drafted_tokens": self.drafted_tokens,
+            "packed_tokens": self.packed_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "beam_width": self.beam_width,
+            "beam_length": self.beam_length,
+            "tokens_per_second": self.tokens_per_second,
+            "tokens_per_step": self.tokens_per_step,
+            "acceptance_rate": self.acceptance_rate,
+            "peak_memory_mb": self.peak_memory_mb,
+            "accepted_length_histogram": self.histogram(),
+        }
+
+
+def merge(stats: List[RunStats]) -> Optional[RunStats]:
+    """Sum several runs (e.g. the turns of a chat) into one."""
+    if not stats:
+        return None
+    out = RunStats(mode=stats[-1].mode, beam_width=stats[-1].beam_width, beam_length=stats[-1].beam_length)
+    for s in stats:
+        for name in ("prompt_tokens", "new_tokens", "step_tokens", "steps", "prefill_seconds", "decode_seconds", "draft_seconds",
+                     "verify_seconds", "drafted_tokens", "packed_tokens", "accepted_tokens"):
+            setattr(out, name, getattr(out, name) + getattr(s, name))
+        out.accepted_lengths += s.accepted_lengths
+        out.peak_memory_mb = max(out.peak_memory_mb, s.peak_memory_mb)
+    return out

@@ -1,0 +1,221 @@
+"""Tokenizer: encode/decode, chat template, stop tokens, incremental detokenization.
+
+Two sources, one class:
+- a Hugging Face / MLX model folder: `transformers.AutoTokenizer` (tokenizer.json etc.);
+- a GGUF file: the BPE vocabulary, merges, special tokens and chat template stored in its
+  metadata, assembled with the `tokenizers` library and wrapped in transformers' fast
+  tokenizer so both sources render chat templates the same (Jinja, as transformers does).
+
+`Detokenizer` turns a growing list of ids into text deltas without ever emitting half a
+multi-byte character (the windowed-decode scheme used by TGI and vLLM).
+"""
+
+import os
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no "PyTorch was not found" banner
+
+from .errors import CorruptModelError, EmptyPromptError, UnsupportedModelError  # noqa: E402
+
+# Pre-tokenizer per GGUF `tokenizer.ggml.pre`, as llama.cpp defines them.
+# "digits" = split every digit on its own before the GPT-2 byte-level regex.
+_LLAMA3_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+GGUF_PRETOKENIZERS = {
+    "default": "gpt2",
+    "gpt2": "gpt2",
+    "gpt-2": "gpt2",
+    "smollm": "digits",
+    "starcoder": "digits",
+    "refact": "digits",
+    "llama3": "llama3",
+    "llama-bpe": "llama3",
+    "llama-v3": "llama3",
+    "smaug-bpe": "llama3",
+}
+
+# Tokens that end an assistant turn in common chat templates, used as extra stop tokens
+# when they are special tokens of the vocabulary.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>")
+
+Messages = List[Dict[str, str]]
+
+
+def _gguf_tokenizer_object(meta: Dict[str, Any]):
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    model = meta.get("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise UnsupportedModelError(
+            f"GGUF tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2'); "
+            "convert the model to a Hugging Face folder with its tokenizer.json instead"
+        )
+    pre = str(meta.get("tokenizer.ggml.pre", "default"))
+    kind = GGUF_PRETOKENIZERS.get(pre)
+    if kind is None:
+        raise UnsupportedModelError(
+            f"GGUF pre-tokenizer {pre!r} is not supported (known: {', '.join(sorted(GGUF_PRETOKENIZERS))})"
+        )
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if len(vocab) != len(tokens):
+        raise CorruptModelError("GGUF tokenizer has duplicate tokens")
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=(kind == "llama3")))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=(kind != "llama3"))
+    if kind == "digits":
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    elif kind == "llama3":
+        split = pre_tokenizers.Split(Regex(_LLAMA3_REGEX), behavior="isolated")
+        tok.pre_tokenizer = pre_tokenizers.Sequence([split, byte_level])
+    else:
+        tok.pre_tokenizer = byte_level
+    tok.decoder = decoders.ByteLevel()
+    # token_type 3 = control, 4 = user-defined: matched whole, never split by BPE.
+    types = meta.get("tokenizer.ggml.token_type")
+    types = types.tolist() if hasattr(types, "tolist") else list(types or [])
+    special = [AddedToken(tokens[i], special=(t == 3), normalized=False) for i, t in enumerate(types) if t in (3, 4)]
+    tok.add_special_tokens([t for t in special if t.special])
+    tok.add_tokens([t for t in special if not t.special])
+    return tok, tokens
+
+
+class Tokenizer:
+    """Thin wrapper over a transformers fast tokenizer with what generation needs."""
+
+    def __init__(self, hf_tokenizer, eos_token_ids: Iterable[int], add_bos: bool = False):
+        self.hf = hf_tokenizer
+        self.eos_token_ids = sorted(set(int(i) for i in eos_token_ids))
+        self.add_bos = add_bos
+        self.bos_token_id = hf_tokenizer.bos_token_id
+        self.vocab_size = len(hf_tokenizer)
+
+    # ----- construction -------------------------------------------------------------
+    @classmethod
+    def from_gguf_metadata(cls, meta: Dict[str, Any]) -> "Tokenizer":
+        from transformers import PreTrainedTokenizerFast
+
+        tok, tokens = _gguf_tokenizer_object(meta)
+
+        def token_of(key):
+            v = meta.get(key)
+            if v is None:
+                return None
+            v = int(v.item() if hasattr(v, "item") else v)
+            return tokens[v] if 0 <= v < len(tokens) else None
+
+        hf = PreTrainedTokenizerFast(
+            tokenizer_object=tok,
+            bos_token=token_of("tokenizer.ggml.bos_token_id"),
+            eos_token=token_of("tokenizer.ggml.eos_token_id"),
+            unk_token=token_of("tokenizer.ggml.unknown_token_id"),
+            pad_token=token_of("tokenizer.ggml.padding_token_id"),
+        )
+        hf.chat_template = meta.get("tokenizer.chat_template")
+        eos = {hf.convert_tokens_to_ids(t) for t in (token_of("tokenizer.ggml.eos_token_id"), token_of("tokenizer.ggml.eot_token_id")) if t}
+        add_bos = meta.get("tokenizer.ggml.add_bos_token")
+        add_bos = bool(add_bos.item() if hasattr(add_bos, "item") else add_bos) if add_bos is not None else False
+        return cls(hf, eos | cls._end_of_turn_ids(hf), add_bos=add_bos)
+
+    @classmethod
+    def from_folder(cls, path, eos_token_ids: Sequence[int] = ()) -> "Tokenizer":
+        from transformers import AutoTokenizer
+
+        try:
+            hf = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+        except Exception as e:
+            raise CorruptModelError(f"cannot load the tokenizer in {path}: {str(e).splitlines()[0]}") from e
+        eos = set(eos_token_ids)
+        if hf.eos_token_id is not None:
+            eos.add(hf.eos_token_id)
+        # Folders that carry their own BOS in the post-processor need nothing more.
+        return cls(hf, eos | cls._end_of_turn_ids(hf), add_bos=False)
+
+    @staticmethod
+    def _end_of_turn_ids(hf) -> set:
+        specials = set(hf.all_special_tokens) | {str(t) for t in getattr(hf, "added_tokens_decoder", {}).values() if getattr(t, "special", False)}
+        return {hf.convert_tokens_to_ids(t) for t in END_OF_TURN_TOKENS if t in specials}
+
+    # ----- encoding -----------------------------------------------------------------
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.hf, "chat_template", None))
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> List[int]:
+        ids = self.hf.encode(text, add_special_tokens=add_special_tokens)
+        if add_special_tokens and self.add_bos and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
+            ids = [self.bos_token_id] + ids
+        return ids
+
+    def apply_chat_template(self, messages: Messages, add_generation_prompt: bool = True) -> List[int]:
+        """Render messages with the model's own chat template and tokenize (no extra BOS)."""
+        if not self.has_chat_template:
+            # A model without a template: plain concatenation of the contents.
+            return self.encode("\n".join(m["content"] for m in messages))
+        text = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+        return self.hf.encode(text, add_special_tokens=False)
+
+    def prompt_ids(self, prompt: Union[str, Messages, Sequence[int]], system: Optional[str] = None) -> List[int]:
+        """Token ids for a prompt: a user message (str), a message list, or ids as they are."""
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise EmptyPromptError("the prompt is empty")
+            messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+            ids = self.apply_chat_template(messages)
+        elif len(prompt) and isinstance(prompt[0], dict):
+            if not any(str(m.get("content", "")).strip() for m in prompt):
+                raise EmptyPromptError("the conversation has no text")
+            ids = self.apply_chat_template(list(prompt))
+        else:
+            ids = [int(i) for i in prompt]
+        if not ids:
+            raise EmptyPromptError("the prompt is empty")
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def detokenizer(self) -> "Detokenizer":
+        return Detokenizer(self)
+
+
+class Detokenizer:
+    """Incremental detokenization: `add(ids) -> new text` that is safe for multi-byte text.
+
+    Decodes a small window of recent tokens; text is released only once it no longer ends
+    in U+FFFD (an incomplete UTF-8 sequence). Special tokens (e.g. EOS) are not rendered.
+    """
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.tokens: List[int] = []
+        self.text = ""
+        self._prefix = 0  # start of the decode window
+        self._read = 0  # tokens whose text has been released
+
+    def _decode(self, ids):
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def add(self, ids: Iterable[int]) -> str:
+        out = []
+        for i in ids:
+            self.tokens.append(int(i))
+            prefix_text = self._decode(self.tokens[self._prefix : self._read])
+            full_text = self._decode(self.tokens[self._prefix :])
+            if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
+                delta = full_text[len(prefix_text) :]
+                out.append(delta)
+                self._prefix, self._read = self._read, len(self.tokens)
+        delta = "".join(out)
+        self.text += delta
+        return delta
+
+    def flush(self) -> str:
+        """Release whatever is left (a trailing incomplete character becomes U+FFFD)."""
+        full_text = self._decode(self.tokens[self._prefix :])
+        prefix_text = self._decode(self.tokens[self._prefix : self._read])
+        delta = full_text[len(prefix_text) :] if len(full_text) > len(prefix_text) else ""
+        self._prefix = self._read = len(self.tokens)
+        self.text += delta
+        return delta
