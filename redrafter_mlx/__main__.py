@@ -1,0 +1,63 @@
+"""`python -m redrafter_mlx "prompt"`: one reply from a model, streamed, with its stats.
+
+    python -m redrafter_mlx "Explain speculative decoding in one paragraph."
+    python -m redrafter_mlx --model smollm2-135m --mode ar --max-tokens 64 "Hi"
+"""
+
+import argparse
+import sys
+
+from . import _platform  # noqa: F401
+from .errors import RedrafterError
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m redrafter_mlx",
+        description="Generate one chat reply with ReDrafter speculative decoding (or plain decoding) and print its stats.",
+    )
+    p.add_argument("prompt", help="the user message (wrapped in the model's chat template)")
+    p.add_argument("--model", default=None, help="registry name, local path or hub id (default: smollm2-135m)")
+    p.add_argument("--drafter", default=None, help="drafter folder overriding the one found beside the model")
+    p.add_argument("--mode", default="auto", choices=["auto", "ar", "redrafter"],
+                   help="auto = redrafter when a drafter is found, else plain decoding")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--beam-width", type=int, default=4)
+    p.add_argument("--beam-length", type=int, default=4)
+    p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--weight-format", default="auto", help="auto, stored, float32, float16 or bfloat16")
+    args = p.parse_args(argv)
+
+    from .generate import stream
+    from .loader import load
+
+    try:
+        m = load(args.model, drafter=args.drafter, weight_format=args.weight_format,
+                 use_drafter=args.mode != "ar", progress=lambda s: print(f"[{s}]", file=sys.stderr))
+        print(f"[{m.name}: {m.weight_format} on {m.device}; drafter: {m.drafter_path or 'none'}]", file=sys.stderr)
+        last = None
+        for last in stream(m, args.prompt, mode=args.mode, max_tokens=args.max_tokens, temperature=args.temperature,
+                           top_p=args.top_p, seed=args.seed, beam_width=args.beam_width,
+                           beam_length=args.beam_length, system=args.system):
+            print(last.text, end="", flush=True)
+        print()
+    except RedrafterError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\n[cancelled]", file=sys.stderr)
+        return 130
+    s = last.stats
+    line = (f"[{s.mode}: {s.new_tokens} tokens, {s.tokens_per_second:.1f} tok/s, {s.tokens_per_step:.2f} tokens/step, "
+            f"prefill {s.prefill_seconds:.2f}s ({s.prompt_tokens} tokens), stop: {last.finish_reason}")
+    if s.mode == "redrafter":
+        line += f", acceptance {s.acceptance_rate:.2f}, W={s.beam_width} L={s.beam_length}"
+    print(line + "]", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""redrafter-bench: tokens/s and tokens/step of plain and ReDrafter decoding on a prompt set.
+
+    redrafter-bench --model smollm2-135m --prompts ../shared/data/mt_bench.jsonl --limit 10 \
+        --modes ar,redrafter --beam-width 4 --beam-length 4 --json out.json
+
+Prompts are Spec-Bench JSONL (`{"question_id", "category", "turns": [...]}`); the first turn
+is wrapped in the model's chat template. Every question runs in every mode, one after the
+other, on the same loaded weights. The JSON holds "model", "device", "results" (one object
+per question and mode) and "summary" (per mode: mean tokens/s, tokens/step, speedup over ar,
+and, for greedy runs, whether every output equals ar's token for token).
+"""
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from statistics import mean
+from typing import Dict, List
+
+from . import _platform  # noqa: F401  (OpenBLAS before mlx)
+from .errors import RedrafterError
+
+MODES = ("ar", "redrafter")
+
+
+def read_prompts(path: Path, limit: int = None) -> List[Dict]:
+    if not path.is_file():
+        raise RedrafterError(f"prompt file {path} not found")
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            turns = row["turns"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise RedrafterError(f"{path}:{n} is not a Spec-Bench line with 'turns': {e}") from e
+        out.append({"question_id": row.get("question_id", n), "category": row.get("category", ""), "prompt": turns[0]})
+        if limit and len(out) >= limit:
+            break
+    return out
+
+
+def run_one(loaded, prompt: str, mode: str, args) -> Dict:
+    from .generate import generate
+
+    t0 = time.perf_counter()
+    g = generate(
+        loaded,
+        prompt,
+        mode=mode,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        beam_width=args.beam_width,
+        beam_length=args.beam_length,
+    )
+    seconds = time.perf_counter() - t0
+    s = g.stats
+    return {
+        "mode": mode,
+        "prompt_tokens": g.prompt_tokens,
+        "tokens": g.tokens,
+        "new_tokens": s.new_tokens,
+        "steps": s.steps,
+        "seconds": seconds,
+        "tokens_per_second": s.tokens_per_second,
+        "tokens_per_step": s.tokens_per_step,
+        "finish_reason": g.finish_reason,
+        "prefill_seconds": s.prefill_seconds,
+        "decode_seconds": s.decode_seconds,
+        "draft_seconds": s.draft_seconds,
+        "verify_seconds": s.verify_seconds,
+        "drafted_tokens": s.drafted_tokens,
+        "packed_tokens": s.packed_tokens,
+        "accepted_tokens": s.accepted_tokens,
+        "acceptance_rate": s.acceptance_rate,
+        "peak_memory_mb": s.peak_memory_mb,
+        "accepted_length_histogram": s.histogram(),
+    }
+
+
+def summarize(results: List[Dict], modes: List[str], greedy: bool) -> Dict[str, Dict]:
+    by_mode = defaultdict(list)
+    for r in results:
+        by_mode[r["mode"]].append(r)
+    summary = {}
+    for mode in modes:
+        rows = by_mode[mode]
+        steps = sum(r["steps"] for r in rows)
+        decode = sum(r["decode_seconds"] for r in rows)
+        step_tokens = sum(r["new_tokens"] - 1 for r in rows if r["new_tokens"] > 0)
+        summary[mode] = {
+            "questions": len(rows),
+            "new_tokens": sum(r["new_tokens"] for r in rows),
+            "mean_tokens_per_second": mean(r["tokens_per_second"] for r in rows) if rows else 0.0,
+            "tokens_per_second": step_tokens / decode if decode else 0.0,  # pooled over all questions
+            "tokens_per_step": step_tokens / steps if steps else 0.0,
+            "peak_memory_mb": max((r["peak_memory_mb"] for r in rows), default=0.0),
+        }
+        if mode == "redrafter":
+            drafted = sum(r["drafted_tokens"] for r in rows)
+            summary[mode]["packed_tokens_per_step"] = sum(r["packed_tokens"] for r in rows) / steps if steps else 0
+            summary[mode]["drafted_tokens_per_step"] = drafted / steps if steps else 0
+            summary[mode]["acceptance_rate"] = mean(r["acceptance_rate"] for r in rows) if rows else 0.0
+    if "ar" in summary:
+        base = summary["ar"]["tokens_per_second"]
+        ar_tokens = {r["question_id"]: r["tokens"] for r in by_mode["ar"]}
+        for mode in modes:
+            summary[mode]["speedup"] = summary[mode]["tokens_per_second"] / base if base else 0.0
+            if greedy and mode != "ar":
+                summary[mode]["identical_to_ar"] = all(r["tokens"] == ar_tokens.get(r["question_id"]) for r in by_mode[mode])
+    return summary
+
+
+def print_table(results: List[Dict], summary: Dict, modes: List[str], out=sys.stdout):
+    print(f"{'question':>9} {'category':<12} {'mode':<10} {'new':>5} {'steps':>5} {'tok/step':>8} {'tok/s':>7}", file=out)
+    for r in results:
+        print(
+            f"{r['question_id']!s:>9} {r['category'][:12]:<12} {r['mode']:<10} {r['new_tokens']:>5} {r['steps']:>5} "
+            f"{r['tokens_per_step']:>8.2f} {r['tokens_per_second']:>7.2f}",
+            file=out,
+        )
+    print(file=out)
+    for mode in modes:
+        s = summary[mode]
+        extra = ""
+        if "packed_tokens_per_step" in s:
+            extra = (f"  drafted/step {s['drafted_tokens_per_step']:.1f}  packed/step {s['packed_tokens_per_step']:.1f}"
+                     f"  acceptance {s['acceptance_rate']:.2f}")
+        if "identical_to_ar" in s:
+            extra += f"  identical_to_ar {s['identical_to_ar']}"
+        print(
+            f"{mode:<10} tok/s {s['tokens_per_second']:7.2f}  tokens/step {s['tokens_per_step']:5.2f}  "
+            f"speedup {s.get('speedup', 0):5.2f}x  peak {s['peak_memory_mb']:.0f} MB{extra}",
+            file=out,
+        )
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        prog="redrafter-bench",
+        description="Measure plain (ar) and ReDrafter decoding speed on Spec-Bench-format prompts.",
+        epilog="example: redrafter-bench --model smollm2-135m --prompts ../shared/data/mt_bench.jsonl "
+        "--limit 10 --modes ar,redrafter --json bench.json",
+    )
+    p.add_argument("--model", default=None, help="registry name, local path or hub id (default: the registry default)")
+    p.add_argument("--drafter", default=None, help="drafter folder (default: the one found beside the model)")
+    p.add_argument("--prompts", required=True, type=Path, help="Spec-Bench JSONL file (first turn of each question)")
+    p.add_argument("--limit", type=int, default=None, help="only the first N questions")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--modes", default="ar", help=f"comma-separated, from {', '.join(MODES)} (default: ar)")
+    p.add_argument("--beam-width", type=int, default=4)
+    p.add_argument("--beam-length", type=int, default=4, help="tokens per beam, counting the base model's own")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--weight-format", default="auto", help="auto, stored, float32, float16 or bfloat16")
+    p.add_argument("--json", type=Path, default=None, help="write all results here")
+    args = p.parse_args(argv)
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in args.modes if m not in MODES]
+    if bad or not args.modes:
+        p.error(f"unknown mode(s) {', '.join(bad) or '(none)'}; choose from {', '.join(MODES)}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from .generate import generate
+    from .loader import load
+
+    try:
+        prompts = read_prompts(args.prompts, args.limit)
+        loaded = load(args.model, drafter=args.drafter, weight_format=args.weight_format,
+                      use_drafter="redrafter" in args.modes, progress=lambda s: print(s, file=sys.stderr))
+        if "redrafter" in args.modes and loaded.drafter is None:
+            raise RedrafterError(f"mode redrafter needs a drafter and none was found for {loaded.name}: pass --drafter PATH")
+    except RedrafterError as e:
+        print(f"redrafter-bench: error: {e}", file=sys.stderr)
+        return 2
+    print(f"model {loaded.name} ({loaded.weight_format}) on {loaded.device}; drafter {loaded.drafter_path}; "
+          f"{len(prompts)} prompts, modes {','.join(args.modes)}, W={args.beam_width} L={args.beam_length}", file=sys.stderr)
+    for mode in args.modes:  # warm-up: first calls pay for kernel set-up
+        generate(loaded, "Hello", mode=mode, max_tokens=8, beam_width=args.beam_width, beam_length=args.beam_length)
+    results = []
+    for q in prompts:
+        for mode in args.modes:
+            r = run_one(loaded, q["prompt"], mode, args)
+            results.append({"question_id": q["question_id"], "category": q["category"], **r})
+            print(f"  q{q['question_id']} {mode}: {r['new_tokens']} tokens, {r['tokens_per_step']:.2f} tok/step, "
+                  f"{r['tokens_per_second']:.2f} tok/s", file=sys.stderr)
+    summary = summarize(results, args.modes, args.temperature == 0.0)
+    print_table(results, summary, args.modes)
+    if args.json:
+        report = {
+            "model": loaded.name,
+            "device": loaded.device,
+            "weight_format": loaded.weight_format,
+            "drafter": str(loaded.drafter_path) if loaded.drafter_path else None,
+            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "results": results,
+            "summary": summary,
+        }
+        args.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
