@@ -37,11 +37,12 @@ def beam_search(
     scores = mx.concatenate([mx.zeros((1,)), mx.full((width - 1,), -mx.inf)])  # (W,)
     context = mx.broadcast_to(h.reshape(1, -1), (width, h.size))  # (W, H)
     state = mx.zeros_like(context)  # (W, H)
+    vocab = drafter.draft_vocab if "draft_vocab" in drafter else None
     beams = [root]  # list of (W, 1), reordered as beams are chosen
     last = root[:, 0]  # (W,)
     for _ in range(length - 1):
         state = drafter.update_state(base.embed(last).astype(state.dtype), state)
-        logits = drafter.logits(context, state, base).astype(mx.float32)  # (W, V)
+        logits = drafter.draft_logits(context, state, base).astype(mx.float32)  # (W, V_draft)
         if top_k is not None and top_k < logits.shape[-1]:
             kth = mx.sort(logits, axis=-1)[:, -top_k][:, None]
             logits = mx.where(logits >= kth, logits, -mx.inf)
@@ -52,6 +53,8 @@ def beam_search(
         scores = candidates[best]
         parent = best // V
         last = (best % V).astype(mx.int32)
+        if vocab is not None:
+            last = vocab[last]  # draft-vocabulary index -> token id
         beams = [b[parent] for b in beams] + [last[:, None]]
         state = state[parent]
     return mx.concatenate(beams, axis=1)  # (W, L)

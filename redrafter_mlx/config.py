@@ -84,6 +84,10 @@ class DrafterArgs(BaseArgs):
     num_draft_layers: int = 1
     rnn: bool = True
     lm_head: str = "own"
+    # Size of the draft vocabulary: when set, drafts use only these tokens (a `draft_vocab`
+    # tensor of ids, e.g. the most frequent tokens of the base model's outputs), which makes
+    # each draft step's vocabulary projection that much cheaper. 0 = the whole vocabulary.
+    draft_vocab_size: int = 0
     model_type: str = "recurrent_drafting_drafter"
 
     def __post_init__(self):

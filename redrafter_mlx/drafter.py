@@ -14,6 +14,12 @@ token, and e_k, the base model's own input embedding of the k-th token of a draf
 On disk: a folder with config.json + model.safetensors, tensor names as in Apple's release
 (`rnn_u.weight`, `rnn_u.bias`, `rnn_w.weight`, `lm_head.{i}.linear.weight|bias`,
 `lm_head.{N}.weight`, optional `input_proj.*`).
+
+Draft vocabulary (our addition, optional): `draft_vocab` (int32 ids) restricts drafting to a
+subset of tokens. The vocabulary projection is the largest cost of a draft step (for
+SmolLM2, 49152 x 576 per beam per depth); projecting onto the few thousand tokens the base
+model actually writes makes drafting several times cheaper. It never affects correctness:
+verification always uses the base model's full distribution.
 """
 
 import json
@@ -52,6 +58,22 @@ class Drafter(nn.Module):
         out_dim = args.vocab_size if args.lm_head == "own" else h
         self.lm_head = [ResBlock(args.exit_dim) for _ in range(args.num_draft_layers)]
         self.lm_head.append(nn.Linear(args.exit_dim, out_dim, bias=False))
+        if args.draft_vocab_size:
+            self.draft_vocab = mx.arange(args.draft_vocab_size, dtype=mx.int32)
+            self.freeze(keys=["draft_vocab"], recurse=False)  # ids, not weights
+        self._projection = None  # (key, function) cache for draft_logits
+
+    def set_draft_vocab(self, ids):
+        """Restrict drafting to `ids` (None: the whole vocabulary)."""
+        if ids is None:
+            if "draft_vocab" in self:
+                del self["draft_vocab"]
+            self.args.draft_vocab_size = 0
+        else:
+            self.draft_vocab = mx.array(ids, dtype=mx.int32)
+            self.freeze(keys=["draft_vocab"], recurse=False)
+            self.args.draft_vocab_size = int(self.draft_vocab.size)
+        self._projection = None
 
     def update_state(self, emb: mx.array, state: mx.array) -> mx.array:
         """s_k from e_k and s_{k-1}: (..., hidden) -> (..., hidden)."""
@@ -60,22 +82,67 @@ class Drafter(nn.Module):
         return emb + state
 
     def features(self, h: mx.array, state: mx.array) -> mx.array:
-        """The head's output before any shared embedding: (..., hidden) x2 -> (..., V or hidden)."""
+        """The residual blocks' output: (..., hidden) x2 -> (..., exit_dim)."""
         x = mx.concatenate([h, state], axis=-1)
         if "input_proj" in self:
             x = self.input_proj(x)
-        for layer in self.lm_head:
+        for layer in self.lm_head[:-1]:
             x = layer(x)
         return x
 
     def logits(self, h: mx.array, state: mx.array, base=None) -> mx.array:
-        """Draft logits (..., V). `base` (the base model) is needed for lm_head='shared'."""
-        x = self.features(h, state)
+        """Draft logits over the whole vocabulary (..., V). `base` is needed for lm_head='shared'."""
+        x = self.lm_head[-1](self.features(h, state))
         if self.args.lm_head == "shared":
-            if base is None:
-                raise ValueError("a drafter with lm_head='shared' needs the base model to compute logits")
-            x = base.logits(x.astype(_activation_dtype(base)))
+            x = self._base(base).logits(x.astype(_activation_dtype(base)))
         return x
+
+    def _base(self, base):
+        if base is None:
+            raise ValueError("a drafter with lm_head='shared' needs the base model to compute logits")
+        return base
+
+    def _draft_projection(self, base):
+        """(..., exit_dim) -> logits over the draft vocabulary, with the weights gathered once."""
+        key = (id(base), int(self.draft_vocab.size) if "draft_vocab" in self else 0)
+        if self._projection is not None and self._projection[0] == key:
+            return self._projection[1]
+        if "draft_vocab" not in self:
+            fn = self.lm_head[-1]
+            if self.args.lm_head == "shared":
+                dtype = _activation_dtype(base)
+                fn = lambda x: base.logits(self.lm_head[-1](x).astype(dtype))  # noqa: E731
+        else:
+            ids = self.draft_vocab
+            if self.args.lm_head == "own":
+                layer = self.lm_head[-1]
+            elif base.args.tie_word_embeddings:
+                layer = base.model.embed_tokens
+            else:
+                layer = base.lm_head
+            if hasattr(layer, "scales"):  # quantized: gather rows of the packed weight and their scales
+                w, s, b = layer.weight[ids], layer.scales[ids], layer.biases[ids]
+                gs, bits = layer.group_size, layer.bits
+                mx.eval(w, s, b)
+                project = lambda x: mx.quantized_matmul(x, w, s, b, transpose=True, group_size=gs, bits=bits)  # noqa: E731
+            else:
+                w = layer.weight[ids]
+                mx.eval(w)
+                project = lambda x: x @ w.T  # noqa: E731
+            if self.args.lm_head == "own":
+                fn = project
+            else:
+                dtype = _activation_dtype(base)
+                fn = lambda x: project(self.lm_head[-1](x).astype(dtype))  # noqa: E731
+        self._projection = (key, fn)
+        return fn
+
+    def draft_logits(self, h: mx.array, state: mx.array, base=None) -> mx.array:
+        """Logits over the draft vocabulary, (..., V_draft); index i is token `draft_vocab[i]`
+        when a draft vocabulary is set, token i otherwise."""
+        if self.args.lm_head == "shared":
+            self._base(base)
+        return self._draft_projection(base)(self.features(h, state))
 
     def __call__(self, h: mx.array, embeddings: mx.array, base=None) -> mx.array:
         """Teacher-forced logits for training: h (B, T, H), embeddings (B, T, K, H) of the K
@@ -145,10 +212,12 @@ def load_drafter(path: Union[str, Path], base=None) -> Drafter:
     drafter = Drafter(args)
     try:
         drafter.load_weights(list(weights.items()), strict=True)
+        if args.draft_vocab_size and int(drafter.draft_vocab.max()) >= args.vocab_size:
+            raise ValueError("draft_vocab holds ids outside the vocabulary")
     except ValueError as e:
         raise CorruptModelError(f"drafter weights in {weights_path} do not fit its config: {str(e).splitlines()[0]}") from e
     dtype = _activation_dtype(base) if base is not None else mx.float32
-    drafter.set_dtype(dtype)
+    drafter.set_dtype(dtype)  # floating parameters only; draft_vocab stays int32
     mx.eval(drafter.parameters())
     return drafter
 

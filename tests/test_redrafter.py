@@ -1,0 +1,364 @@
+"""ReDrafter decoding: packing, acceptance, losslessness (greedy and sampled), the draft head's format.
+
+Tiny random base models with small vocabularies make random drafts agree with the base model
+often, so multi-token acceptance, shared prefixes and every stopping rule are exercised.
+"""
+
+import importlib
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from redrafter_mlx import generate, stream
+from redrafter_mlx.config import DrafterArgs, LlamaArgs
+from redrafter_mlx.drafter import Drafter, load_drafter, new_drafter, save_drafter
+from redrafter_mlx.errors import DrafterMismatchError, RedrafterError
+from redrafter_mlx.generate import PromptCache
+from redrafter_mlx.llama import Model
+from redrafter_mlx.loader import LoadedModel
+from redrafter_mlx.tokenizer import Detokenizer
+from redrafter_mlx.tree import accept, pack
+
+BEAM_SHAPES = [(1, 1), (1, 4), (4, 4), (8, 5), (16, 6)]
+
+
+class CharTokenizer:
+    """Ids -> letters; enough of the Tokenizer interface for id prompts."""
+
+    def __init__(self, eos=()):
+        self.eos_token_ids = list(eos)
+
+    def prompt_ids(self, prompt, system=None):
+        return [int(i) for i in prompt]
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(97 + i % 26) for i in ids)
+
+    def detokenizer(self):
+        return Detokenizer(self)
+
+
+def tiny_loaded(vocab=12, seed=0, context=4096, eos=(), lm_head="own", traditional=False):
+    mx.random.seed(seed)
+    args = LlamaArgs(
+        hidden_size=32, num_hidden_layers=2, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=vocab, max_position_embeddings=context, rope_traditional=traditional, tie_word_embeddings=False,
+    )
+    model = Model(args)
+    # Sharpen the output so greedy choices are far from ties and sampling is not uniform.
+    model.lm_head.weight = model.lm_head.weight * 4
+    mx.eval(model.parameters())
+    drafter = new_drafter(args, lm_head=lm_head, seed=seed + 1)
+    mx.eval(drafter.parameters())
+    return LoadedModel(model=model, tokenizer=CharTokenizer(eos), args=args, name="tiny", path=Path("."),
+                       weight_format="float32", drafter=drafter)
+
+
+PROMPT = [1, 5, 3, 7, 2, 9, 4]
+
+
+# ---- packing and acceptance ------------------------------------------------------------
+
+def test_pack_round_trip_and_mask():
+    beams = np.array([
+        [5, 1, 2, 3],
+        [5, 1, 2, 4],
+        [5, 1, 7, 3],
+        [5, 6, 2, 3],
+        [5, 1, 2, 3],  # duplicate of beam 0
+    ])
+    tree = pack(beams)
+    assert np.array_equal(tree.tokens[tree.unpacker], beams)
+    # unique prefixes: root, 1, 1-2, 1-2-3, 1-2-4, 1-7, 1-7-3, 6, 6-2, 6-2-3
+    assert tree.size == 10
+    assert np.array_equal(tree.unpacker[0], tree.unpacker[4])
+    for w in range(len(beams)):
+        for d in range(beams.shape[1]):
+            node = tree.unpacker[w, d]
+            assert tree.depth[node] == d
+            # a node sees exactly its own beam's prefix
+            assert set(np.nonzero(tree.mask[node])[0]) == set(tree.unpacker[w, : d + 1])
+    assert all(tree.parent[i] < i for i in range(1, tree.size))
+
+
+def test_pack_rejects_bad_beams():
+    with pytest.raises(ValueError):
+        pack(np.array([[1, 2], [3, 2]]))
+    with pytest.raises(ValueError):
+        pack(np.zeros((0, 3), dtype=np.int32))
+
+
+def test_accept_walks_the_choices():
+    beams = np.array([[5, 1, 2, 3], [5, 1, 7, 3], [5, 6, 2, 3]])
+    tree = pack(beams)
+    choices = np.full(tree.size, 9)
+    choices[0] = 1  # root -> 1
+    choices[tree.unpacker[0, 1]] = 7  # 1 -> 7 (beam 1)
+    choices[tree.unpacker[1, 2]] = 3  # 7 -> 3
+    choices[tree.unpacker[1, 3]] = 8  # bonus after the full beam
+    path, bonus = accept(tree, choices)
+    assert list(tree.tokens[path]) == [5, 1, 7, 3] and bonus == 8
+    choices[0] = 4  # nothing matches: only the root, the base model's own token next
+    path, bonus = accept(tree, choices)
+    assert path == [0] and bonus == 4
+
+
+# ---- greedy losslessness -----------------------------------------------------------------
+
+@pytest.mark.parametrize("width,length", BEAM_SHAPES)
+@pytest.mark.parametrize("lm_head", ["own", "shared"])
+def test_greedy_equals_plain_tiny(width, length, lm_head):
+    m = tiny_loaded(lm_head=lm_head)
+    ar = generate(m, PROMPT, mode="ar", max_tokens=256)
+    rd = generate(m, PROMPT, mode="redrafter", max_tokens=256, beam_width=width, beam_length=length)
+    assert rd.tokens == ar.tokens
+    assert len(rd.tokens) == 256 and rd.finish_reason == "length"
+    assert rd.stats.steps <= ar.stats.steps
+    if width >= 4 and length > 1:
+        assert rd.stats.accepted_tokens > 0  # 4+ beams over 12 tokens: some drafts get accepted
+        assert rd.stats.packed_tokens <= rd.stats.steps * width * length
+
+
+def test_greedy_stops_at_eos_mid_run():
+    m = tiny_loaded()
+    ar = generate(m, PROMPT, mode="ar", max_tokens=120)
+    eos = ar.tokens[60]
+    cut = ar.tokens.index(eos)
+    m.tokenizer = CharTokenizer(eos=[eos])
+    for width, length in [(1, 4), (8, 5)]:
+        rd = generate(m, PROMPT, mode="redrafter", max_tokens=120, beam_width=width, beam_length=length)
+        assert rd.tokens == ar.tokens[:cut] and rd.finish_reason == "eos"
+    assert generate(m, PROMPT, mode="ar", max_tokens=120).tokens == ar.tokens[:cut]
+
+
+def test_greedy_context_limit():
+    m = tiny_loaded(context=len(PROMPT) + 40)
+    ar = generate(m, PROMPT, mode="ar", max_tokens=500)
+    assert ar.finish_reason == "context"
+    assert len(PROMPT) + len(ar.tokens) == m.context_length + 1  # the last token is emitted, never fed
+    for width, length in [(4, 4), (16, 6)]:
+        rd = generate(m, PROMPT, mode="redrafter", max_tokens=500, beam_width=width, beam_length=length)
+        assert rd.tokens == ar.tokens and rd.finish_reason == "context"
+
+
+def test_cancel_keeps_prompt_cache_consistent():
+    m = tiny_loaded()
+    pc = PromptCache(m.model)
+    calls = {"n": 0}
+
+    def stop_after_three():
+        calls["n"] += 1
+        return calls["n"] > 3
+
+    part = generate(m, PROMPT, mode="redrafter", max_tokens=100, prompt_cache=pc, should_stop=stop_after_three)
+    assert part.finish_reason == "cancelled"
+    assert pc.cache.offset == len(pc.ids)
+    assert pc.ids[: len(PROMPT)] == PROMPT
+    # Continuing the conversation on the reused cache gives what a fresh cache gives.
+    follow = PROMPT + part.tokens + [3, 3]
+    reused = generate(m, follow, mode="redrafter", max_tokens=40, prompt_cache=pc)
+    fresh = generate(m, follow, mode="ar", max_tokens=40)
+    assert reused.tokens == fresh.tokens
+    assert pc.cache.offset == len(pc.ids)
+
+
+def test_interrupted_step_rolls_back(monkeypatch):
+    m = tiny_loaded()
+    pc = PromptCache(m.model)
+    gen = importlib.import_module("redrafter_mlx.generate")
+
+    real_pack = gen.pack
+    calls = {"n": 0}
+
+    def failing_pack(beams):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real_pack(beams)
+
+    monkeypatch.setattr(gen, "pack", failing_pack)
+    with pytest.raises(KeyboardInterrupt):
+        generate(m, PROMPT, mode="redrafter", max_tokens=50, prompt_cache=pc)
+    assert pc.cache.offset == len(pc.ids)
+    monkeypatch.setattr(gen, "pack", real_pack)
+    again = generate(m, PROMPT, mode="redrafter", max_tokens=30, prompt_cache=pc)
+    assert again.tokens == generate(m, PROMPT, mode="ar", max_tokens=30).tokens
+
+
+def test_redrafter_without_drafter_is_refused():
+    m = tiny_loaded()
+    m.drafter = None
+    with pytest.raises(RedrafterError, match="no drafter"):
+        generate(m, PROMPT, mode="redrafter")
+    assert generate(m, PROMPT, mode="auto", max_tokens=5).stats.mode == "ar"
+
+
+# ---- sampled losslessness ----------------------------------------------------------------
+
+def exact_distribution(m, prompt, k, temperature, top_p):
+    """P(first k tokens) by enumeration with the base model: (V,)*k array."""
+    from redrafter_mlx.sampling import Sampler
+
+    s = Sampler(temperature, top_p)
+    V = m.args.vocab_size
+    probs = np.zeros((V,) * k)
+    for seq in np.ndindex(*(V,) * k):
+        ids = mx.array([prompt + list(seq[:-1])])
+        logits, _ = m.model(ids)
+        lp = np.array(s.logprobs(logits[0, -k:]))  # rows predict seq[0..k-1]
+        probs[seq] = np.exp(sum(lp[i, seq[i]] for i in range(k)))
+    return probs
+
+
+def sampled_counts(m, prompt, k, n, **kw):
+    V = m.args.vocab_size
+    counts = np.zeros((V,) * k)
+    for seed in range(n):
+        toks = generate(m, prompt, max_tokens=k, seed=seed, **kw).tokens
+        counts[tuple(toks)] += 1
+    return counts
+
+
+def chi_square_p(counts, probs):
+    from scipy.stats import chisquare
+
+    keep = probs.ravel() > 0
+    expected = probs.ravel()[keep] / probs.ravel()[keep].sum() * counts.sum()
+    assert counts.ravel()[~keep].sum() == 0, "sampled a sequence of probability 0"
+    return chisquare(counts.ravel()[keep], expected).pvalue
+
+
+SAMPLING_PROMPT = [1, 2, 3]
+
+
+@pytest.fixture(scope="module")
+def sampling_model():
+    return tiny_loaded(vocab=4, seed=3)
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.8)])
+def test_sampling_matches_base_distribution(sampling_model, temperature, top_p):
+    m = sampling_model
+    probs = exact_distribution(m, SAMPLING_PROMPT, 3, temperature, top_p)
+    counts = sampled_counts(m, SAMPLING_PROMPT, 3, 1500, mode="redrafter", temperature=temperature, top_p=top_p,
+                            beam_width=3, beam_length=3)
+    assert chi_square_p(counts, probs) > 1e-3
+
+
+def test_sampling_test_catches_a_wrong_scheme(sampling_model, monkeypatch):
+    """Accepting the first beam's drafts without checking them must fail the same test."""
+    gen = importlib.import_module("redrafter_mlx.generate")
+
+    def trusting_accept(tree, choices):
+        path = [int(i) for i in tree.unpacker[0]]
+        return path, int(choices[path[-1]])
+
+    monkeypatch.setattr(gen, "accept", trusting_accept)
+    m = sampling_model
+    probs = exact_distribution(m, SAMPLING_PROMPT, 3, 1.0, 1.0)
+    counts = sampled_counts(m, SAMPLING_PROMPT, 3, 1500, mode="redrafter", temperature=1.0, beam_width=3, beam_length=3)
+    assert chi_square_p(counts, probs) < 1e-3
+
+
+# ---- the draft head: Apple's format and a reference forward -------------------------------
+
+def _reference_logits(weights, h, embs, n_layers):
+    """The paper's equations in numpy: s_k = silu(W e_k + U s_{k-1} + b); head on [h, s_k]."""
+    silu = lambda x: x / (1 + np.exp(-x))  # noqa: E731
+    s = np.zeros_like(h)
+    out = []
+    for e in embs:
+        s = silu(e @ weights["rnn_w.weight"].T + s @ weights["rnn_u.weight"].T + weights["rnn_u.bias"])
+        x = np.concatenate([h, s])
+        if "input_proj.weight" in weights:
+            x = x @ weights["input_proj.weight"].T + weights["input_proj.bias"]
+        for i in range(n_layers):
+            x = x + silu(x @ weights[f"lm_head.{i}.linear.weight"].T + weights[f"lm_head.{i}.linear.bias"])
+        out.append(x @ weights[f"lm_head.{n_layers}.weight"].T)
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("exit_dim", [None, 48])
+def test_apple_format_drafter_loads_and_matches_reference(tmp_path, exit_dim):
+    H, V, N = 16, 30, 2
+    rng = np.random.default_rng(0)
+    E = exit_dim or 2 * H
+    weights = {
+        "rnn_u.weight": rng.normal(size=(H, H)) * 0.3,
+        "rnn_u.bias": rng.normal(size=(H,)) * 0.1,
+        "rnn_w.weight": rng.normal(size=(H, H)) * 0.3,
+        f"lm_head.{N}.weight": rng.normal(size=(V, E)) * 0.3,
+    }
+    for i in range(N):
+        weights[f"lm_head.{i}.linear.weight"] = rng.normal(size=(E, E)) * 0.2
+        weights[f"lm_head.{i}.linear.bias"] = rng.normal(size=(E,)) * 0.1
+    if exit_dim:
+        weights["input_proj.weight"] = rng.normal(size=(E, 2 * H)) * 0.3
+        weights["input_proj.bias"] = rng.normal(size=(E,)) * 0.1
+    weights = {k: v.astype(np.float32) for k, v in weights.items()}
+    folder = tmp_path / "drafter"
+    folder.mkdir()
+    config = {"hidden_size": H, "vocab_size": V, "num_draft_layers": N, "rnn": True, "emb_norm": False}
+    if exit_dim:
+        config["exit_dim"] = exit_dim
+    (folder / "config.json").write_text(json.dumps(config))
+    mx.save_safetensors(str(folder / "model.safetensors"), {k: mx.array(v) for k, v in weights.items()})
+
+    drafter = load_drafter(folder)
+    h = rng.normal(size=(H,)).astype(np.float32)
+    embs = rng.normal(size=(3, H)).astype(np.float32)
+    got = drafter(mx.array(h)[None, None], mx.array(embs)[None, None])[0, 0]  # (K, V)
+    want = _reference_logits(weights, h, embs, N)
+    assert np.allclose(np.array(got), want, atol=1e-4)
+
+
+def test_drafter_save_load_round_trip(tmp_path):
+    m = tiny_loaded(lm_head="shared")
+    save_drafter(m.drafter, tmp_path / "d")
+    again = load_drafter(tmp_path / "d", m.model)
+    h, s = mx.ones((1, 32)), mx.zeros((1, 32))
+    assert mx.allclose(again.logits(h, s, m.model), m.drafter.logits(h, s, m.model)).item()
+
+
+def test_drafter_for_another_model_is_refused(tmp_path):
+    m = tiny_loaded()
+    other = Drafter(DrafterArgs(hidden_size=48, vocab_size=12))
+    save_drafter(other, tmp_path / "other")
+    with pytest.raises(DrafterMismatchError, match="hidden size 48"):
+        load_drafter(tmp_path / "other", m.model)
+
+
+@pytest.mark.parametrize("lm_head", ["own", "shared"])
+def test_draft_vocabulary_restricts_drafts_and_stays_lossless(tmp_path, lm_head):
+    m = tiny_loaded(lm_head=lm_head)
+    ar = generate(m, PROMPT, mode="ar", max_tokens=100)
+    allowed = sorted(set(ar.tokens))[:5]
+    m.drafter.set_draft_vocab(allowed)
+    seen = []
+    import redrafter_mlx.tree as tree_module
+
+    real_pack = tree_module.pack
+    gen = importlib.import_module("redrafter_mlx.generate")
+
+    def spy(beams):
+        seen.append(np.array(beams))
+        return real_pack(beams)
+
+    gen.pack = spy
+    try:
+        rd = generate(m, PROMPT, mode="redrafter", max_tokens=100, beam_width=4, beam_length=4)
+    finally:
+        gen.pack = real_pack
+    assert rd.tokens == ar.tokens
+    drafted = np.concatenate([b[:, 1:].ravel() for b in seen])
+    assert set(drafted.tolist()) <= set(allowed)
+    # The restricted vocabulary survives a save/load round trip.
+    save_drafter(m.drafter, tmp_path / "d")
+    again = load_drafter(tmp_path / "d", m.model)
+    assert again.draft_vocab.tolist() == allowed
+    h, s = mx.ones((2, 32)), mx.zeros((2, 32))
+    assert mx.allclose(again.draft_logits(h, s, m.model), m.drafter.draft_logits(h, s, m.model), atol=1e-5).item()
