@@ -174,71 +174,85 @@ def stream(
         return
 
     # ---- decode: `token` is the latest emitted token, not yet in the cache ---------------
-    token_id = first
-    while True:
-        if stopped():
-            yield event([], None, "cancelled")
-            return
-        room = limit - len(pc.ids)  # positions left for tokens fed to the model
-        if room < 1:
-            yield event([], None, "context")
-            return
-        start = len(pc.ids)
-        t_step = time.perf_counter()
-        try:
-            if mode == "ar":
-                logits, h = model(token.reshape(1, 1), pc.cache)
-                token = sampler(logits[0, -1])
-                new = [token.item()]
-                pc.ids.append(token_id)
-                step = StepStats(emitted=1)
-            else:
-                # Draft W beams of L tokens from h (the hidden state at the last cached token).
-                L = min(beam_length, room)
-                t_draft = time.perf_counter()
-                beams = beam_search(drafter, model, h, token, beam_width, L, draft_top_k)  # (W, L)
-                beams_np = np.array(beams)
-                t_verify = time.perf_counter()
-                # Merge shared prefixes, verify all beams in one forward pass.
-                tree = pack(beams_np)
-                positions = mx.array(start + tree.depth, dtype=mx.int32)
-                mask = mx.array(tree.mask)
-                logits, hidden = model(mx.array(tree.tokens)[None], pc.cache, positions=positions, mask=mask)
-                choices = np.array(sampler(logits[0]))  # (P,) base model's pick after each node
-                # Accept the longest path the base model agrees with; keep only its K/V.
-                path, bonus = accept(tree, choices)
-                pc.cache.commit(start, path)
-                pc.ids.extend(int(t) for t in tree.tokens[path])
-                h = hidden[0, path[-1]]
-                token = mx.array(bonus, dtype=mx.int32)
-                new = [int(t) for t in tree.tokens[path[1:]]] + [bonus]
-                step = StepStats(
-                    emitted=len(new),
-                    drafted=beam_width * (L - 1),
-                    packed=tree.size,
-                    accepted=len(path) - 1,
-                    beam=beam_of(tree, path),
-                    draft_seconds=t_verify - t_draft,
-                    verify_seconds=time.perf_counter() - t_verify,
-                )
-        except BaseException:
-            pc.truncate(start)
-            raise
-        token_id = new[-1]
-        # ---- stopping rules over this step's tokens ------------------------------------
-        reason = None
-        for i, t in enumerate(new):
-            if t in eos:
-                new, reason = new[:i], "eos"
-                break
-        if stats.new_tokens + len(new) >= max_tokens:
-            new, reason = new[: max_tokens - stats.new_tokens], "length"
-        step.emitted = len(new)
-        step.seconds = time.perf_counter() - t_step
-        stats.add(step)
-        yield event(new, step, reason)
-        if reason:
-            return
+    token_id, ahead = first, None
+    try:
+        while True:
+            if stopped():
+                yield event([], None, "cancelled")
+                return
+            room = limit - len(pc.ids)  # positions left for tokens fed to the model
+            if room < 1:
+                yield event([], None, "context")
+                return
+            start = len(pc.ids)
+            t_step = time.perf_counter()
+            try:
+                if mode == "ar":
+                    # One token per step, pipelined as mlx-lm does: the next step's forward is queued
+                    # (async_eval) before this step's token is read back, so graph building and
+                    # device work overlap. A queued token sits in the cache ahead of `pc.ids` until
+                    # the next step records it; `finally` below drops it if generation ends first.
+                    if ahead is None:
+                        logits, h = model(token.reshape(1, 1), pc.cache)
+                        ahead = sampler(logits[0, -1])
+                    pc.ids.append(token_id)
+                    after = None
+                    if room >= 2 and stats.new_tokens + 1 < max_tokens:
+                        logits, h = model(ahead.reshape(1, 1), pc.cache)
+                        after = sampler(logits[0, -1])
+                        mx.async_eval(after)
+                    new = [ahead.item()]
+                    token, ahead = ahead, after
+                    step = StepStats(emitted=1)
+                else:
+                    # Draft W beams of L tokens from h (the hidden state at the last cached token).
+                    L = min(beam_length, room)
+                    t_draft = time.perf_counter()
+                    beams = beam_search(drafter, model, h, token, beam_width, L, draft_top_k)  # (W, L)
+                    beams_np = np.array(beams)
+                    t_verify = time.perf_counter()
+                    # Merge shared prefixes, verify all beams in one forward pass.
+                    tree = pack(beams_np)
+                    positions = mx.array(start + tree.depth, dtype=mx.int32)
+                    mask = mx.array(tree.mask)
+                    logits, hidden = model(mx.array(tree.tokens)[None], pc.cache, positions=positions, mask=mask)
+                    choices = np.array(sampler(logits[0]))  # (P,) base model's pick after each node
+                    # Accept the longest path the base model agrees with; keep only its K/V.
+                    path, bonus = accept(tree, choices)
+                    pc.cache.commit(start, path)
+                    pc.ids.extend(int(t) for t in tree.tokens[path])
+                    h = hidden[0, path[-1]]
+                    token = mx.array(bonus, dtype=mx.int32)
+                    new = [int(t) for t in tree.tokens[path[1:]]] + [bonus]
+                    step = StepStats(
+                        emitted=len(new),
+                        drafted=beam_width * (L - 1),
+                        packed=tree.size,
+                        accepted=len(path) - 1,
+                        beam=beam_of(tree, path),
+                        draft_seconds=t_verify - t_draft,
+                        verify_seconds=time.perf_counter() - t_verify,
+                    )
+            except BaseException:
+                pc.truncate(start)
+                raise
+            token_id = new[-1]
+            # ---- stopping rules over this step's tokens ------------------------------------
+            reason = None
+            for i, t in enumerate(new):
+                if t in eos:
+                    new, reason = new[:i], "eos"
+                    break
+            if stats.new_tokens + len(new) >= max_tokens:
+                new, reason = new[: max_tokens - stats.new_tokens], "length"
+            step.emitted = len(new)
+            step.seconds = time.perf_counter() - t_step
+            stats.add(step)
+            yield event(new, step, reason)
+            if reason:
+                return
+    finally:
+        pc.cache.trim_to(len(pc.ids))  # drop a pipelined token nobody will read
 
 
 def generate(loaded, prompt, **kwargs) -> Generation:
