@@ -1,0 +1,129 @@
+"""The output folder: written whole or not at all, with a manifest of what went in.
+
+`OutputFolder` stages everything in a hidden temporary folder beside the target (same
+filesystem, so the final step is a rename). On success the staging folder is renamed to the
+target (with `force`, an existing target is moved aside first and removed after); on any
+failure, Ctrl-C or SIGTERM it is deleted. Either way no half-written model is ever left
+where a loader would find it.
+
+The manifest (`manifest.json`) records the sources, the sha256 of every input file, the
+dtype, the quantization and the versions of the tools that wrote the folder.
+"""
+
+import datetime
+import hashlib
+import json
+import os
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Iterable, Optional
+
+from redrafter_mlx.errors import RedrafterError
+
+MANIFEST = "manifest.json"
+
+
+class ConversionError(RedrafterError):
+    """A conversion that cannot go on (bad arguments, an existing output, ...)."""
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        path.resolve().relative_to(folder.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+class OutputFolder:
+    """Context manager: `with OutputFolder(target, force) as tmp: write into tmp`."""
+
+    def __init__(self, target, force: bool = False, sources: Iterable[Path] = ()):
+        self.target = Path(target).expanduser()
+        self.force = force
+        self.tmp: Optional[Path] = None
+        if self.target.exists() or self.target.is_symlink():
+            if not self.target.is_dir():
+                raise ConversionError(f"output {self.target} exists and is not a folder")
+            if not force:
+                raise ConversionError(f"output folder {self.target} already exists (use --force to replace it)")
+            for src in sources:
+                if _inside(Path(src), self.target):
+                    raise ConversionError(f"--force would delete the input {src}: choose another output folder")
+
+    def __enter__(self) -> Path:
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.partial-", dir=self.target.parent))
+        self._old_sigterm = signal.getsignal(signal.SIGTERM)
+        if self._old_sigterm in (signal.SIG_DFL, None):
+            # Turn SIGTERM into an exception so the staging folder is cleaned up.
+            signal.signal(signal.SIGTERM, _raise_on_sigterm)
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            if exc_type is None:
+                self._commit()
+        finally:
+            if self.tmp is not None and self.tmp.exists():
+                shutil.rmtree(self.tmp, ignore_errors=True)
+            if self._old_sigterm in (signal.SIG_DFL, None):
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        return False
+
+    def _commit(self):
+        if self.target.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.old-", dir=self.target.parent))
+            os.rename(self.target, old / "x")
+            os.rename(self.tmp, self.target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(self.tmp, self.target)
+        self.tmp = None
+
+
+def _raise_on_sigterm(signum, frame):
+    raise KeyboardInterrupt("terminated")
+
+
+def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def describe_inputs(files: Iterable[Path], root: Optional[Path] = None) -> Dict[str, str]:
+    """{file name (relative to root): sha256} for the files a conversion read."""
+    out = {}
+    for f in sorted(set(Path(p) for p in files)):
+        name = str(f.relative_to(root)) if root is not None and _inside(f, root) else f.name
+        out[name] = sha256_of(f)
+    return out
+
+
+def tool_versions() -> Dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("redrafter-mlx", "mlx", "mlx-lm", "transformers", "torch"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def write_manifest(folder: Path, base: Optional[Dict[str, Any]], drafter: Optional[Dict[str, Any]], **extra):
+    manifest = {
+        "tool": "python -m convert",
+        "versions": tool_versions(),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "base": base,
+        "drafter": drafter,
+    }
+    manifest.update(extra)
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")

@@ -1,0 +1,140 @@
+"""Builders for tiny models the tests write themselves (folders, GGUF files, tokenizers)."""
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
+
+from redrafter_mlx.config import LlamaArgs
+from redrafter_mlx.llama import Model
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def tiny_args(vocab=300, **kw) -> LlamaArgs:
+    cfg = dict(hidden_size=32, num_hidden_layers=2, intermediate_size=64, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=512, tie_word_embeddings=False)
+    cfg.update(kw)
+    return LlamaArgs(**cfg)
+
+
+def tiny_model(seed=0, **kw) -> Model:
+    mx.random.seed(seed)
+    model = Model(tiny_args(**kw))
+    mx.eval(model.parameters())
+    return model
+
+
+def byte_level_tokenizer(vocab_size=300):
+    """A byte-level BPE tokenizer (256 bytes + a few merges + chat specials) as a transformers
+    fast tokenizer with a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    byte_chars = list(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {c: i for i, c in enumerate(sorted(byte_chars))}
+    merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a")]
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>")
+    hf.add_special_tokens({"additional_special_tokens": SPECIALS})
+    hf.chat_template = CHAT_TEMPLATE
+    assert len(hf) <= vocab_size
+    return hf
+
+
+def write_folder(path: Path, model: Model = None, quantize=None, **kw) -> Path:
+    """A Hugging Face-style folder: config.json, model.safetensors, tokenizer files."""
+    path.mkdir(parents=True, exist_ok=True)
+    model = model or tiny_model(**kw)
+    config = {k: v for k, v in model.args.to_dict().items() if v is not None}
+    config["eos_token_id"] = None
+    if quantize:
+        import mlx.nn as nn
+
+        nn.quantize(model, group_size=quantize[1], bits=quantize[0])
+        config["quantization"] = {"group_size": quantize[1], "bits": quantize[0]}
+    hf = byte_level_tokenizer(config["vocab_size"])
+    hf.save_pretrained(str(path))
+    config["eos_token_id"] = hf.convert_tokens_to_ids("<|im_end|>")
+    (path / "config.json").write_text(json.dumps(config))
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    return path
+
+
+def permute_for_gguf(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """HF (half-split rotary) Q/K rows -> GGUF's interleaved order (llama.cpp's convert permute)."""
+    out, inp = w.shape
+    return w.reshape(n_heads, 2, out // n_heads // 2, inp).swapaxes(1, 2).reshape(out, inp)
+
+
+def write_gguf(path: Path, model: Model, arch="llama") -> Path:
+    """A float32 GGUF of a (half-split rope) model, with llama.cpp's names, Q/K permutation
+    and a byte-level BPE tokenizer in the metadata."""
+    a = model.args
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    per_layer = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+                 "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+                 "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    tensors = {}
+    for k, v in tree_flatten(model.parameters()):
+        v = np.array(v)
+        if k in names:
+            tensors[names[k]] = v
+            continue
+        layer, rest = k.split(".")[2], ".".join(k.split(".")[3:])
+        mod = rest.rsplit(".", 1)[0]
+        if mod == "self_attn.q_proj":
+            v = permute_for_gguf(v, a.num_attention_heads)
+        if mod == "self_attn.k_proj":
+            v = permute_for_gguf(v, a.num_key_value_heads)
+        tensors[f"blk.{layer}.{per_layer[mod]}.weight"] = v
+    hf = byte_level_tokenizer(a.vocab_size)
+    vocab = hf.get_vocab()
+    tokens = [None] * a.vocab_size
+    for t, i in vocab.items():
+        tokens[i] = t
+    types = [1] * a.vocab_size
+    for i, t in enumerate(tokens):
+        if t is None:
+            tokens[i], types[i] = f"<unused{i}>", 5
+        elif t in SPECIALS:
+            types[i] = 3
+    import json as _json
+
+    merges = [" ".join(m) if isinstance(m, (list, tuple)) else m
+              for m in _json.loads(hf.backend_tokenizer.to_str())["model"]["merges"]]
+    meta = {
+        "general.architecture": arch,
+        f"{arch}.embedding_length": mx.array(a.hidden_size, dtype=mx.uint32),
+        f"{arch}.block_count": mx.array(a.num_hidden_layers, dtype=mx.uint32),
+        f"{arch}.feed_forward_length": mx.array(a.intermediate_size, dtype=mx.uint32),
+        f"{arch}.attention.head_count": mx.array(a.num_attention_heads, dtype=mx.uint32),
+        f"{arch}.attention.head_count_kv": mx.array(a.num_key_value_heads, dtype=mx.uint32),
+        f"{arch}.attention.layer_norm_rms_epsilon": mx.array(a.rms_norm_eps, dtype=mx.float32),
+        f"{arch}.rope.freq_base": mx.array(a.rope_theta, dtype=mx.float32),
+        f"{arch}.context_length": mx.array(a.max_position_embeddings, dtype=mx.uint32),
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": mx.array(types, dtype=mx.int32),
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.eos_token_id": mx.array(vocab["<|im_end|>"], dtype=mx.uint32),
+        "tokenizer.ggml.bos_token_id": mx.array(vocab["<|endoftext|>"], dtype=mx.uint32),
+        "tokenizer.chat_template": CHAT_TEMPLATE,
+    }
+    mx.save_gguf(str(path), {k: mx.array(v) for k, v in tensors.items()}, meta)
+    return path

@@ -1,0 +1,250 @@
+"""Foundation: KV cache, tree-masked forward, loading (folder, GGUF, quantized), tokenizer, errors."""
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from helpers import tiny_model, write_folder, write_gguf
+
+from redrafter_mlx import generate, load
+from redrafter_mlx.cache import Cache, KVCache
+from redrafter_mlx.errors import (
+    ContextLengthError,
+    CorruptModelError,
+    EmptyPromptError,
+    ModelNotFoundError,
+    NetworkError,
+    UnsupportedModelError,
+)
+from redrafter_mlx.generate import PromptCache
+from redrafter_mlx.sampling import Sampler, apply_top_p
+
+
+# ---- cache -----------------------------------------------------------------------------
+
+def _kv(start, n):
+    k = mx.arange(start, start + n, dtype=mx.float32).reshape(1, 1, n, 1) * mx.ones((1, 2, n, 3))
+    return k, -k
+
+
+def test_cache_append_rewind_commit_and_growth():
+    c = KVCache()
+    c.step = 4  # force several growths
+    for s in range(0, 10, 3):
+        c.update_and_fetch(*_kv(s, 3))
+    assert c.offset == 12 and c.capacity >= 12
+    assert np.array_equal(np.array(c.keys[0, 0, :12, 0]), np.arange(12))
+    c.rewind(2)
+    assert c.offset == 10
+    k, v = c.update_and_fetch(*_kv(100, 5))  # a "tree" of 5 tokens at [10, 15)
+    assert k.shape == (1, 2, 15, 3)
+    c.commit(10, [0, 2, 4])  # keep tokens 100, 102, 104, in order
+    assert c.offset == 13
+    assert np.array_equal(np.array(c.keys[0, 1, :13, 0]), list(range(10)) + [100, 102, 104])
+    assert np.array_equal(np.array(c.values[0, 1, 10:13, 2]), [-100, -102, -104])
+    with pytest.raises(ValueError):
+        c.rewind(14)
+    with pytest.raises(ValueError):
+        c.commit(12, [0, 1, 2])
+
+
+def test_cache_trim_to_repairs_partial_layers():
+    cache = Cache(3)
+    for c in cache:
+        c.update_and_fetch(*_kv(0, 4))
+    cache[0].update_and_fetch(*_kv(4, 2))  # an interrupted forward: only layer 0 advanced
+    cache.trim_to(4)
+    assert [c.offset for c in cache] == [4, 4, 4]
+
+
+# ---- model -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("traditional", [False, True])
+def test_tree_mask_and_positions_equal_separate_sequences(traditional):
+    model = tiny_model(rope_traditional=traditional)
+    prefix = [3, 14, 15, 92, 65]
+    branches = [[7, 8, 9], [7, 8, 2], [4, 1, 6]]  # share "7 8"; the last shares nothing
+    # Packed trie: 7, 8, 9, 2, 4, 1, 6 with parents and depths
+    tokens = [7, 8, 9, 2, 4, 1, 6]
+    parent = [-1, 0, 1, 1, -1, 4, 5]
+    depth = [0, 1, 2, 2, 0, 1, 2]
+    T = len(tokens)
+    mask = np.zeros((T, T), bool)
+    for i in range(T):
+        j = i
+        while j >= 0:
+            mask[i, j] = True
+            j = parent[j]
+    cache = model.make_cache()
+    model(mx.array([prefix]), cache)
+    logits, hidden = model(mx.array([tokens]), cache, positions=mx.array(len(prefix) + np.array(depth)),
+                           mask=mx.array(mask))
+    where = {(0, 0): 0, (0, 1): 1, (0, 2): 2, (1, 2): 3, (2, 0): 4, (2, 1): 5, (2, 2): 6}
+    for b, branch in enumerate(branches):
+        ref_logits, ref_hidden = model(mx.array([prefix + branch]))
+        for d in range(3):
+            i = where.get((b, d), where.get((0, d)) if b == 1 else None)
+            assert np.allclose(np.array(logits[0, i]), np.array(ref_logits[0, len(prefix) + d]), atol=1e-4)
+            assert np.allclose(np.array(hidden[0, i]), np.array(ref_hidden[0, len(prefix) + d]), atol=1e-4)
+
+
+def test_gqa_and_quantized_model_run():
+    import mlx.nn as nn
+
+    model = tiny_model(num_attention_heads=8, num_key_value_heads=2, hidden_size=64)
+    ref, _ = model(mx.array([[1, 2, 3]]))
+    nn.quantize(model, group_size=32, bits=8)
+    q, _ = model(mx.array([[1, 2, 3]]))
+    assert q.shape == ref.shape and np.allclose(np.array(q), np.array(ref), atol=0.05)
+
+
+# ---- loading ---------------------------------------------------------------------------
+
+def test_folder_and_gguf_load_and_agree(tmp_path):
+    model = tiny_model()
+    ids = mx.array([[5, 9, 77, 100, 3]])
+    want, _ = model(ids)
+    folder = load(str(write_folder(tmp_path / "f", model)))
+    gguf = load(str(write_gguf(tmp_path / "m.gguf", model)))
+    assert gguf.args.rope_traditional and not folder.args.rope_traditional
+    for m in (folder, gguf):
+        got, _ = m.model(ids)
+        assert np.allclose(np.array(got), np.array(want), atol=1e-4)
+    assert folder.tokenizer.prompt_ids("the cat") == gguf.tokenizer.prompt_ids("the cat")
+    a, b = generate(folder, "the cat", max_tokens=12), generate(gguf, "the cat", max_tokens=12)
+    assert a.tokens == b.tokens and len(a.tokens) > 0
+
+
+@pytest.mark.parametrize("fmt,dtype", [("float16", mx.float16), ("bfloat16", mx.bfloat16), ("float32", mx.float32)])
+def test_weight_formats(tmp_path, fmt, dtype):
+    m = load(str(write_folder(tmp_path / "f")), weight_format=fmt)
+    assert m.model.model.norm.weight.dtype == dtype and m.weight_format == fmt
+
+
+def test_mlx_community_quantized_folder(tmp_path):
+    path = write_folder(tmp_path / "q", quantize=(4, 32), hidden_size=64, intermediate_size=128)
+    stored = load(str(path), weight_format="stored")
+    assert "4-bit" in stored.weight_format
+    assert type(stored.model.model.layers[0].mlp.up_proj).__name__ == "QuantizedLinear"
+    deq = load(str(path), weight_format="float32")
+    ids = mx.array([[1, 2, 3, 4]])
+    assert np.allclose(np.array(stored.model(ids)[0]), np.array(deq.model(ids)[0]), atol=1e-3)
+    assert len(generate(stored, "the", max_tokens=5).tokens) > 0
+
+
+# ---- tokenizer -------------------------------------------------------------------------
+
+def test_detokenizer_never_splits_multibyte_characters(tmp_path):
+    m = load(str(write_folder(tmp_path / "f")))
+    text = "naïve café — 日本語のテキスト 🙂🚀 ok"
+    ids = m.tokenizer.encode(text, add_special_tokens=False)
+    assert len(ids) > len(text)  # byte-level: multi-byte characters span several tokens
+    detok = m.tokenizer.detokenizer()
+    deltas = [detok.add([i]) for i in ids] + [detok.flush()]
+    assert "".join(deltas) == text
+    assert not any("\ufffd" in d for d in deltas)
+
+
+def test_chat_template_multi_turn_and_empty_prompt(tmp_path):
+    m = load(str(write_folder(tmp_path / "f")))
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "again"}]
+    text = m.tokenizer.decode(m.tokenizer.prompt_ids(msgs))
+    assert text.count("<|im_start|>") == 4 and text.endswith("<|im_start|>assistant\n")
+    assert "<|im_start|>system\nbe brief<|im_end|>" in m.tokenizer.decode(m.tokenizer.prompt_ids("x", system="be brief"))
+    for bad in ["", "   ", [], [{"role": "user", "content": " "}]]:
+        with pytest.raises(EmptyPromptError):
+            generate(m, bad)
+
+
+# ---- generation ------------------------------------------------------------------------
+
+def test_sampling_seeded_and_top_p(tmp_path):
+    m = load(str(write_folder(tmp_path / "f")))
+    a = generate(m, "the cat", max_tokens=20, temperature=1.0, seed=7).tokens
+    b = generate(m, "the cat", max_tokens=20, temperature=1.0, seed=7).tokens
+    c = generate(m, "the cat", max_tokens=20, temperature=1.0, seed=8).tokens
+    assert a == b and a != c
+    logits = mx.log(mx.array([[0.5, 0.3, 0.15, 0.05]]))
+    kept = np.isfinite(np.array(apply_top_p(logits, 0.75)))[0]
+    assert kept.tolist() == [True, True, False, False]
+    assert np.isfinite(np.array(apply_top_p(logits, 0.85)))[0].tolist() == [True, True, True, False]
+    with pytest.raises(ValueError):
+        Sampler(temperature=-1)
+
+
+def test_eos_max_tokens_context_and_cancel(tmp_path):
+    m = load(str(write_folder(tmp_path / "f")))
+    free = generate(m, "the cat", max_tokens=40)
+    assert free.finish_reason == "length" and len(free.tokens) == 40
+    m.tokenizer.eos_token_ids = [free.tokens[10]]
+    cut = free.tokens.index(free.tokens[10])
+    stopped = generate(m, "the cat", max_tokens=40)
+    assert stopped.finish_reason == "eos" and stopped.tokens == free.tokens[:cut]
+    m.tokenizer.eos_token_ids = []
+    prompt = m.tokenizer.prompt_ids("the cat")
+    m.args.max_position_embeddings = len(prompt) + 10
+    ctx = generate(m, "the cat", max_tokens=40)
+    assert ctx.finish_reason == "context" and ctx.tokens == free.tokens[:11]
+    with pytest.raises(ContextLengthError, match="context"):
+        generate(m, "the cat " * 20)
+    m.args.max_position_embeddings = 512
+    pc = PromptCache(m.model)
+    n = {"calls": 0}
+
+    def stop():
+        n["calls"] += 1
+        return n["calls"] > 5
+
+    part = generate(m, "the cat", max_tokens=40, prompt_cache=pc, should_stop=stop)
+    assert part.finish_reason == "cancelled" and part.tokens == free.tokens[: len(part.tokens)]
+    assert pc.cache.offset == len(pc.ids)
+    assert generate(m, "the cat", max_tokens=40, prompt_cache=pc).tokens == free.tokens
+
+
+# ---- errors ----------------------------------------------------------------------------
+
+def test_unknown_name_lists_known_models():
+    with pytest.raises(ModelNotFoundError, match="smollm2-135m"):
+        load("no-such-model")
+
+
+def test_missing_and_bad_paths(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="no config.json"):
+        load(str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ModelNotFoundError, match="safetensors"):
+        load(str(tmp_path))
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(ModelNotFoundError, match="not a .gguf"):
+        load(str(tmp_path / "notes.txt"))
+
+
+def test_corrupt_and_unsupported(tmp_path):
+    path = write_folder(tmp_path / "f")
+    data = (path / "model.safetensors").read_bytes()
+    (path / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CorruptModelError):
+        load(str(path))
+    path = write_folder(tmp_path / "g")
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt_neox"}))
+    with pytest.raises(UnsupportedModelError, match="gpt_neox"):
+        load(str(path))
+    (path / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 3}))
+    with pytest.raises(CorruptModelError, match="do not fit"):
+        load(str(path))
+    gguf = write_gguf(tmp_path / "m.gguf", tiny_model(), arch="gpt2")
+    with pytest.raises(UnsupportedModelError, match="gpt2"):
+        load(str(gguf))
+    (tmp_path / "bad.gguf").write_bytes(b"GGUF" + b"\0" * 20)
+    with pytest.raises((CorruptModelError, UnsupportedModelError)):
+        load(str(tmp_path / "bad.gguf"))
+
+
+def test_hub_id_without_network(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with pytest.raises((NetworkError, ModelNotFoundError), match="no-such-org/no-such-model"):
+        load("no-such-org/no-such-model")
