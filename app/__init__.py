@@ -1,0 +1,1 @@
+"""redrafter-chat: a Textual terminal chat app on redrafter_mlx (see app.py; run `redrafter-chat --help`)."""

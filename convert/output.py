@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Dict, Iterable, Optional
 
@@ -40,26 +41,28 @@ def _inside(path: Path, folder: Path) -> bool:
 class OutputFolder:
     """Context manager: `with OutputFolder(target, force) as tmp: write into tmp`."""
 
-    def __init__(self, target, force: bool = False, sources: Iterable[Path] = ()):
+    def __init__(self, target, force: bool = False):
         self.target = Path(target).expanduser()
-        self.force = force
         self.tmp: Optional[Path] = None
+        self._sigterm_installed = False
         if self.target.exists() or self.target.is_symlink():
             if not self.target.is_dir():
                 raise ConversionError(f"output {self.target} exists and is not a folder")
             if not force:
                 raise ConversionError(f"output folder {self.target} already exists (use --force to replace it)")
-            for src in sources:
-                if _inside(Path(src), self.target):
-                    raise ConversionError(f"--force would delete the input {src}: choose another output folder")
+
+    def protect(self, source: Path):
+        """Refuse an output that replacing would delete `source` with."""
+        if self.target.exists() and _inside(Path(source), self.target):
+            raise ConversionError(f"--force would delete the input {source}: choose another output folder")
 
     def __enter__(self) -> Path:
         self.target.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.partial-", dir=self.target.parent))
-        self._old_sigterm = signal.getsignal(signal.SIGTERM)
-        if self._old_sigterm in (signal.SIG_DFL, None):
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
             # Turn SIGTERM into an exception so the staging folder is cleaned up.
             signal.signal(signal.SIGTERM, _raise_on_sigterm)
+            self._sigterm_installed = True
         return self.tmp
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -69,7 +72,7 @@ class OutputFolder:
         finally:
             if self.tmp is not None and self.tmp.exists():
                 shutil.rmtree(self.tmp, ignore_errors=True)
-            if self._old_sigterm in (signal.SIG_DFL, None):
+            if self._sigterm_installed:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
         return False
 

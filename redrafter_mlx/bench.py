@@ -22,7 +22,7 @@ from typing import Dict, List
 from . import _platform  # noqa: F401  (OpenBLAS before mlx)
 from .errors import RedrafterError
 
-MODES = ("ar", "redrafter")
+MODES = ("ar", "redrafter", "mlx-lm")
 
 
 def read_prompts(path: Path, limit: int = None) -> List[Dict]:
@@ -41,6 +41,68 @@ def read_prompts(path: Path, limit: int = None) -> List[Dict]:
         if limit and len(out) >= limit:
             break
     return out
+
+
+def mlx_lm_twin(loaded):
+    """mlx-lm's own Llama module holding the very same tensors (same format: float or quantized)."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import llama as mllama
+
+    a = loaded.args
+    twin = mllama.Model(mllama.ModelArgs(
+        model_type="llama", hidden_size=a.hidden_size, num_hidden_layers=a.num_hidden_layers,
+        intermediate_size=a.intermediate_size, num_attention_heads=a.num_attention_heads,
+        rms_norm_eps=a.rms_norm_eps, vocab_size=a.vocab_size, num_key_value_heads=a.num_key_value_heads,
+        head_dim=a.head_dim, max_position_embeddings=a.max_position_embeddings, rope_theta=a.rope_theta,
+        rope_traditional=a.rope_traditional, rope_scaling=a.rope_scaling, tie_word_embeddings=a.tie_word_embeddings,
+        attention_bias=a.attention_bias, mlp_bias=a.mlp_bias))
+    ours = dict(loaded.model.named_modules())
+
+    def same_quantization(path, module):
+        q = ours.get(path)
+        return {"group_size": q.group_size, "bits": q.bits} if hasattr(q, "bits") else False
+
+    nn.quantize(twin, class_predicate=same_quantization)
+    twin.load_weights(tree_flatten(loaded.model.parameters()), strict=True)
+    mx.eval(twin.parameters())
+    return twin
+
+
+def run_mlx_lm(loaded, twin, prompt: str, args) -> Dict:
+    """mlx-lm's plain generation (generate_step) of the same prompt ids; tokens/s as mlx-lm
+    counts it: tokens after the first over the time after the first."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_sampler
+
+    ids = loaded.tokenizer.prompt_ids(prompt)
+    eos = set(loaded.tokenizer.eos_token_ids)
+    mx.reset_peak_memory()
+    tokens, t0, t_first, reason = [], time.perf_counter(), None, "length"
+    sampler = make_sampler(temp=args.temperature, top_p=args.top_p if args.top_p < 1 else 0.0)
+    if args.seed is not None:
+        mx.random.seed(args.seed)
+    for t, _ in generate_step(mx.array(ids), twin, max_tokens=args.max_tokens, sampler=sampler):
+        t = int(t)
+        if t_first is None:
+            t_first = time.perf_counter()
+        if t in eos:
+            reason = "eos"
+            break
+        tokens.append(t)
+    end = time.perf_counter()
+    decode = end - t_first if t_first else 0.0
+    n = len(tokens)
+    return {
+        "mode": "mlx-lm", "prompt_tokens": ids, "tokens": tokens, "new_tokens": n, "steps": max(n - 1, 0),
+        "seconds": end - t0, "tokens_per_second": (n - 1) / decode if decode > 0 and n > 1 else 0.0,
+        "tokens_per_step": 1.0 if n > 1 else 0.0, "finish_reason": reason,
+        "prefill_seconds": (t_first or end) - t0, "decode_seconds": decode, "draft_seconds": 0.0,
+        "verify_seconds": 0.0, "drafted_tokens": 0, "packed_tokens": 0, "accepted_tokens": 0,
+        "acceptance_rate": 0.0, "peak_memory_mb": mx.get_peak_memory() / 1e6, "accepted_length_histogram": {},
+    }
 
 
 def run_one(loaded, prompt: str, mode: str, args) -> Dict:
@@ -93,6 +155,8 @@ def summarize(results: List[Dict], modes: List[str], greedy: bool) -> Dict[str, 
         steps = sum(r["steps"] for r in rows)
         decode = sum(r["decode_seconds"] for r in rows)
         step_tokens = sum(r["new_tokens"] - 1 for r in rows if r["new_tokens"] > 0)
+        if mode == "mlx-lm":
+            steps = step_tokens
         summary[mode] = {
             "questions": len(rows),
             "new_tokens": sum(r["new_tokens"] for r in rows),
@@ -111,7 +175,7 @@ def summarize(results: List[Dict], modes: List[str], greedy: bool) -> Dict[str, 
         ar_tokens = {r["question_id"]: r["tokens"] for r in by_mode["ar"]}
         for mode in modes:
             summary[mode]["speedup"] = summary[mode]["tokens_per_second"] / base if base else 0.0
-            if greedy and mode != "ar":
+            if greedy and mode != "ar":  # mlx-lm included: an independent check of our plain decoding
                 summary[mode]["identical_to_ar"] = all(r["tokens"] == ar_tokens.get(r["question_id"]) for r in by_mode[mode])
     return summary
 
@@ -152,7 +216,8 @@ def parse_args(argv=None):
     p.add_argument("--prompts", required=True, type=Path, help="Spec-Bench JSONL file (first turn of each question)")
     p.add_argument("--limit", type=int, default=None, help="only the first N questions")
     p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--modes", default="ar", help=f"comma-separated, from {', '.join(MODES)} (default: ar)")
+    p.add_argument("--modes", default="ar", help=f"comma-separated, from {', '.join(MODES)} (default: ar); "
+                   "mlx-lm = mlx-lm's own Llama module and generate_step on the same weights")
     p.add_argument("--beam-width", type=int, default=4)
     p.add_argument("--beam-length", type=int, default=4, help="tokens per beam, counting the base model's own")
     p.add_argument("--temperature", type=float, default=0.0)
@@ -184,12 +249,16 @@ def main(argv=None):
         return 2
     print(f"model {loaded.name} ({loaded.weight_format}) on {loaded.device}; drafter {loaded.drafter_path}; "
           f"{len(prompts)} prompts, modes {','.join(args.modes)}, W={args.beam_width} L={args.beam_length}", file=sys.stderr)
+    twin = mlx_lm_twin(loaded) if "mlx-lm" in args.modes else None
     for mode in args.modes:  # warm-up: first calls pay for kernel set-up
-        generate(loaded, "Hello", mode=mode, max_tokens=8, beam_width=args.beam_width, beam_length=args.beam_length)
+        if mode == "mlx-lm":
+            run_mlx_lm(loaded, twin, "Hello", argparse.Namespace(**{**vars(args), "max_tokens": 8}))
+        else:
+            generate(loaded, "Hello", mode=mode, max_tokens=8, beam_width=args.beam_width, beam_length=args.beam_length)
     results = []
     for q in prompts:
         for mode in args.modes:
-            r = run_one(loaded, q["prompt"], mode, args)
+            r = run_mlx_lm(loaded, twin, q["prompt"], args) if mode == "mlx-lm" else run_one(loaded, q["prompt"], mode, args)
             results.append({"question_id": q["question_id"], "category": q["category"], **r})
             print(f"  q{q['question_id']} {mode}: {r['new_tokens']} tokens, {r['tokens_per_step']:.2f} tok/step, "
                   f"{r['tokens_per_second']:.2f} tok/s", file=sys.stderr)

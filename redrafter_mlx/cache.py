@@ -16,8 +16,20 @@ history is not copied on every step. Shapes: keys/values (B, H_kv, T_max, D).
 from typing import List, Sequence, Union
 
 import mlx.core as mx
+import numpy as np
 
 Indices = Union[mx.array, Sequence[int]]
+
+
+def _checked_indices(indices: Indices, start: int, offset: int) -> mx.array:
+    """`indices` as int32, after checking they pick tokens written after `start`."""
+    host = np.asarray(indices if not isinstance(indices, mx.array) else np.array(indices)).reshape(-1)
+    n = host.size
+    if start < 0 or start + n > offset:
+        raise ValueError(f"commit of {n} tokens at {start} exceeds the cache ({offset})")
+    if n and (host.min() < 0 or host.max() >= offset - start):
+        raise ValueError(f"commit indices {host.tolist()} must lie in [0, {offset - start}): the tokens after {start}")
+    return mx.array(host.astype(np.int32))
 
 
 class KVCache:
@@ -64,10 +76,8 @@ class KVCache:
 
     def commit(self, start: int, indices: Indices):
         """Keep the tokens at `start + indices` (in that order) and drop the rest after `start`."""
-        idx = mx.array(indices, dtype=mx.int32) if not isinstance(indices, mx.array) else indices
+        idx = _checked_indices(indices, start, self.offset)
         n = idx.size
-        if start < 0 or start + n > self.offset:
-            raise ValueError(f"commit of {n} tokens at {start} exceeds the cache ({self.offset})")
         if n:
             src = idx.astype(mx.int32) + start
             self.keys[..., start : start + n, :] = mx.take(self.keys, src, axis=2)
@@ -91,9 +101,9 @@ class Cache(list):
     def offset(self) -> int:
         return self[0].offset
 
-    def reserve(self, B: int, H: int, D: int, dtype, total: int):
+    def reserve(self, B: int, H: int, D: int, dtype, total: int, v_dim: int = None):
         for c in self:
-            c.reserve(B, H, D, dtype, total)
+            c.reserve(B, H, D, dtype, total, v_dim)
 
     def rewind(self, n: int):
         for c in self:
@@ -107,7 +117,7 @@ class Cache(list):
                 c.rewind(c.offset - offset)
 
     def commit(self, start: int, indices: Indices):
-        idx = mx.array(indices, dtype=mx.int32) if not isinstance(indices, mx.array) else indices
+        idx = _checked_indices(indices, start, self.offset)
         for c in self:
             c.commit(start, idx)
 

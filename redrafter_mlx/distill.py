@@ -159,7 +159,8 @@ def main(argv=None):
     p.add_argument("--model", default=None)
     p.add_argument("--data", nargs="+", type=Path, required=True, help="prompt JSONL files (never MT-Bench)")
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--limit", type=int, default=None, help="use the first N prompts (interleaved across files)")
+    p.add_argument("--offset", type=int, default=0, help="skip the first N prompts (interleaved across files)")
+    p.add_argument("--limit", type=int, default=None, help="use N prompts from --offset (interleaved across files)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--weight-format", default="float32")
@@ -167,7 +168,7 @@ def main(argv=None):
     from .loader import load
 
     per_file = [read_prompts([f]) for f in args.data]
-    prompts = interleave(per_file)
+    prompts = interleave(per_file)[args.offset :]
     if args.limit:
         prompts = prompts[: args.limit]
     loaded = load(args.model, weight_format=args.weight_format, use_drafter=False)

@@ -161,6 +161,8 @@ def resolve(name: Optional[str] = None, progress=None) -> ResolvedModel:
         if path.is_file() and path.suffix != ".gguf":
             raise ModelNotFoundError(f"{path} is a file but not a .gguf model; pass a .gguf file or a model folder")
         return ResolvedModel(name, path.resolve())
+    if path.suffix == ".gguf":  # a missing file, not a hub id: never ask the network about it
+        raise ModelNotFoundError(f"GGUF file not found: {path}")
     parts = name.split("/")
     if len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~")):
         return ResolvedModel(name, fetch_hub(name, progress))

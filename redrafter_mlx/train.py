@@ -22,6 +22,7 @@ import json
 import math
 import sys
 import time
+import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -74,6 +75,12 @@ class PositionData:
         return self.hidden[pos], np.maximum(toks[:, :K], 0), toks[:, 1:]
 
 
+def is_held_out(sample: dict, fraction: float) -> bool:
+    """A stable train/held-out split: by a hash of the reply's first tokens."""
+    key = np.asarray(sample["reply"][:32], dtype=np.int32).tobytes()
+    return zlib.crc32(key) % 10000 < fraction * 10000
+
+
 def frequent_tokens(samples: List[dict], size: int, always=()) -> List[int]:
     counts = Counter()
     for s in samples:
@@ -108,26 +115,28 @@ def lr_schedule(peak: float, warmup: int, total: int):
     return optim.join_schedules([warm, cos], [max(warmup, 1)])
 
 
-def save_checkpoint(folder: Path, drafter: Drafter, opt, step: int, rng: np.random.Generator):
+def save_checkpoint(folder: Path, drafter: Drafter, opt, step: int, rng: np.random.Generator, extra: dict = None):
     folder.mkdir(parents=True, exist_ok=True)
     save_drafter(drafter, folder / "drafter")
     state = dict(tree_flatten(opt.state))
     mx.save_safetensors(str(folder / "optimizer.tmp.safetensors"), {k: v for k, v in state.items() if isinstance(v, mx.array)})
     (folder / "optimizer.tmp.safetensors").replace(folder / "optimizer.safetensors")
-    meta = {"step": step, "rng": rng.bit_generator.state}
+    meta = {"step": step, "rng": rng.bit_generator.state, **(extra or {})}
     (folder / "state.tmp.json").write_text(json.dumps(meta))
     (folder / "state.tmp.json").replace(folder / "state.json")
 
 
 def load_checkpoint(folder: Path, drafter: Drafter, opt):
     d = load_drafter(folder / "drafter")
-    drafter.update(d.parameters())
+    params = d.parameters()
+    params.pop("draft_vocab", None)  # the caller sets the vocabulary from its data
+    drafter.update(params)
     state = mx.load(str(folder / "optimizer.safetensors"))
     opt.state = tree_unflatten(list(state.items()))
     meta = json.loads((folder / "state.json").read_text())
     rng = np.random.default_rng()
     rng.bit_generator.state = meta["rng"]
-    return meta["step"], rng
+    return meta["step"], rng, meta
 
 
 def train(
@@ -149,8 +158,22 @@ def train(
     seed: int = 0,
     progress: bool = True,
     log=None,
+    reload=None,
+    reload_every: int = 0,
+    val_every: int = 0,
+    val_fraction: float = 0.05,
+    val_positions: int = 4096,
 ) -> Drafter:
-    """Train (or resume) a 'shared'-head drafter for `base` on distillation samples."""
+    """Train (or resume) a 'shared'-head drafter for `base` on distillation samples.
+
+    reload: optional callable returning the samples again (a distillation folder that is still
+    growing); called every `reload_every` steps. The draft vocabulary always follows the data
+    at hand (for lm_head='shared' it only picks rows of the base model's output embedding, so
+    it can change between runs without touching the trained weights).
+
+    val_every: every N steps, the loss and per-depth accuracy on held-out replies (a stable
+    `val_fraction` of them, chosen by a hash of their tokens) is logged, and the drafter with
+    the lowest held-out loss so far is saved to out/best (small data overfits fast)."""
     from tqdm import tqdm
 
     out = Path(out)
@@ -158,17 +181,40 @@ def train(
     args = DrafterArgs(hidden_size=base.args.hidden_size, vocab_size=base.args.vocab_size, exit_dim=exit_dim,
                        num_draft_layers=layers, lm_head="shared")
     drafter = Drafter(args)
-    vocab = frequent_tokens(samples, draft_vocab, eos_ids) if draft_vocab else list(range(args.vocab_size))
-    drafter.set_draft_vocab(vocab if draft_vocab else None)
-    remap = np.full(args.vocab_size, -1, np.int32)
-    remap[np.array(vocab)] = np.arange(len(vocab))
-    remap = mx.array(remap)
-    data = PositionData(samples, depth)
+
+    val = {"data": None, "best": math.inf}
+
+    def use_data(samples):
+        vocab = frequent_tokens(samples, draft_vocab, eos_ids) if draft_vocab else list(range(args.vocab_size))
+        drafter.set_draft_vocab(vocab if draft_vocab else None)
+        remap = np.full(args.vocab_size, -1, np.int32)
+        remap[np.array(vocab)] = np.arange(len(vocab))
+        if val_every:
+            held = [is_held_out(s, val_fraction) for s in samples]
+            val_samples = [s for s, v in zip(samples, held) if v]
+            samples = [s for s, v in zip(samples, held) if not v]
+            val["data"] = PositionData(val_samples, depth) if val_samples else None
+        return PositionData(samples, depth), mx.array(remap)
+
+    def validate():
+        vd = val["data"]
+        idx = np.unique(np.linspace(0, len(vd) - 1, min(val_positions, len(vd))).astype(np.int64))
+        losses, hits, weights = [], [], []
+        for b in range(0, len(idx), 1024):
+            h, i, t = (mx.array(a) for a in vd.batch(idx[b : b + 1024]))
+            loss, hit = loss_fn(drafter, base, h, i, t, remap)
+            losses.append(loss.item())
+            hits.append(np.array(hit))
+            weights.append(len(idx[b : b + 1024]))
+        return float(np.average(losses, weights=weights)), np.average(hits, axis=0, weights=weights).tolist()
+
     opt = optim.AdamW(learning_rate=lr_schedule(lr, warmup, steps), weight_decay=weight_decay)
     ckpt = out / "checkpoint"
     step, rng = 0, np.random.default_rng(seed)
     if (ckpt / "state.json").is_file():
-        step, rng = load_checkpoint(ckpt, drafter, opt)
+        step, rng, meta = load_checkpoint(ckpt, drafter, opt)
+        val["best"] = meta.get("best_val_loss", math.inf)
+    data, remap = use_data(samples)  # after a resume too: the vocabulary follows the data
     base.freeze()
     value_and_grad = nn.value_and_grad(drafter, lambda h, i, t: loss_fn(drafter, base, h, i, t, remap))
 
@@ -180,6 +226,13 @@ def train(
     bar = tqdm(total=steps, initial=step, desc="train", disable=not progress)
     t0 = time.perf_counter()
     while step < steps:
+        if reload is not None and reload_every and step % reload_every == 0 and step > 0:
+            samples = reload()
+            data, remap = use_data(samples)
+            value_and_grad = nn.value_and_grad(drafter, lambda h, i, t: loss_fn(drafter, base, h, i, t, remap))
+            val["best"] = math.inf  # a new held-out set: not comparable with the old one
+            if log:
+                log.write(json.dumps({"step": step, "reload": len(samples), "positions": len(data)}) + "\n")
         idx = rng.integers(0, len(data), size=batch)
         h, inputs, targets = (mx.array(a) for a in data.batch(idx))
         loss, hits = train_step(h, inputs, targets)
@@ -192,65 +245,140 @@ def train(
             log.write(json.dumps({"step": step, "loss": loss.item(), "acc": np.array(hits).tolist(),
                                   "seconds": time.perf_counter() - t0}) + "\n")
             log.flush()
+        if val_every and val["data"] is not None and (step % val_every == 0 or step == steps):
+            vloss, vacc = validate()
+            if log:
+                log.write(json.dumps({"step": step, "val_loss": vloss, "val_acc": vacc}) + "\n")
+                log.flush()
+            bar.write(f"step {step}: held-out loss {vloss:.3f} acc {' '.join(f'{a:.2f}' for a in vacc)}")
+            if vloss < val["best"]:
+                val["best"] = vloss
+                save_drafter(drafter, out / "best", extra_config={"training": {"step": step, "val_loss": vloss,
+                                                                                "val_acc": vacc}})
         if step % save_every == 0 or step == steps:
-            save_checkpoint(ckpt, drafter, opt, step, rng)
+            save_checkpoint(ckpt, drafter, opt, step, rng, {"best_val_loss": val["best"]})
     bar.close()
     return drafter
 
 
 def evaluate(loaded, prompts: List[str], width: int, length: int, max_tokens: int = 128) -> Dict[str, float]:
+    """Real ReDrafter decoding (greedy) of `prompts`; tokens/step = tokens emitted by decode
+    steps / decode steps (the prefill's first token is not counted)."""
     from .generate import generate
 
     steps = tokens = 0
+    seconds = 0.0
     for p in prompts:
         g = generate(loaded, p, mode="redrafter", max_tokens=max_tokens, beam_width=width, beam_length=length)
         steps += g.stats.steps
         tokens += g.stats.step_tokens
-    return {"tokens_per_step": tokens / max(steps, 1), "steps": steps, "tokens": tokens}
+        seconds += g.stats.decode_seconds
+    return {"tokens_per_step": tokens / max(steps, 1), "steps": steps, "tokens": tokens,
+            "tokens_per_second": tokens / max(seconds, 1e-9)}
+
+
+def eval_prompts(path: Path, per_category: int) -> List[dict]:
+    """The first `per_category` questions (first turns) of each category of a Spec-Bench file."""
+    from .bench import read_prompts
+
+    taken: Dict[str, int] = {}
+    out = []
+    for q in read_prompts(Path(path)):
+        if taken.get(q["category"], 0) < per_category:
+            taken[q["category"]] = taken.get(q["category"], 0) + 1
+            out.append(q)
+    return out
+
+
+def evaluate_shapes(loaded, questions: List[dict], shapes, max_tokens: int = 128, out=sys.stderr) -> List[dict]:
+    """tokens/step per beam shape (W, L), overall and per category; one JSON line per shape."""
+    results = []
+    for width, length in shapes:
+        per_cat: Dict[str, List[int]] = {}
+        t0 = time.perf_counter()
+        for cat in dict.fromkeys(q["category"] for q in questions):
+            r = evaluate(loaded, [q["prompt"] for q in questions if q["category"] == cat], width, length, max_tokens)
+            per_cat[cat] = [r["tokens"], r["steps"]]
+        tokens = sum(t for t, _ in per_cat.values())
+        steps = sum(n for _, n in per_cat.values())
+        row = {"beam_width": width, "beam_length": length, "questions": len(questions), "max_tokens": max_tokens,
+               "tokens_per_step": round(tokens / max(steps, 1), 3),
+               "per_category": {c: round(t / max(n, 1), 3) for c, (t, n) in per_cat.items()},
+               "seconds": round(time.perf_counter() - t0, 1)}
+        print(json.dumps(row), file=out, flush=True)
+        results.append(row)
+    return results
+
+
+def parse_shapes(text: str):
+    """'4x5,8x5' -> [(4, 5), (8, 5)] (beam width x beam length)."""
+    return [tuple(int(v) for v in part.lower().split("x")) for part in text.split(",") if part.strip()]
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m redrafter_mlx.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None)
-    p.add_argument("--data", type=Path, required=True, help="distillation folder from redrafter_mlx.distill")
+    p.add_argument("--data", type=Path, nargs="+", help="distillation folder(s) from redrafter_mlx.distill")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--depth", type=int, default=4, help="draft tokens predicted per position (beam length - 1)")
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--batch", type=int, default=512)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=50)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--val-every", type=int, default=0, help="held-out loss every N steps; best drafter -> OUT/best")
+    p.add_argument("--val-fraction", type=float, default=0.05)
     p.add_argument("--exit-dim", type=int, default=None)
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--draft-vocab", type=int, default=8192, help="0 = the whole vocabulary")
     p.add_argument("--save-every", type=int, default=200)
+    p.add_argument("--reload-every", type=int, default=0,
+                   help="re-read --data every N steps (a distillation run still adding shards)")
+    p.add_argument("--dtype", default="float16", choices=["float16", "float32"], help="saved weights")
+    p.add_argument("--eval-only", action="store_true", help="skip training: evaluate --eval-drafter")
+    p.add_argument("--eval-drafter", type=Path, default=None, help="drafter folder to evaluate (default OUT/drafter)")
     p.add_argument("--eval-prompts", type=Path, default=None, help="Spec-Bench JSONL to report tokens/step on")
-    p.add_argument("--eval-limit", type=int, default=10)
-    p.add_argument("--beam-width", type=int, default=4)
-    p.add_argument("--beam-length", type=int, default=5)
+    p.add_argument("--eval-per-category", type=int, default=2, help="questions per category")
+    p.add_argument("--eval-max-tokens", type=int, default=128)
+    p.add_argument("--beam-shapes", default="4x5", help="W x L list, e.g. 4x5,8x5")
     args = p.parse_args(argv)
     from .distill import read_shards
     from .loader import load
 
     loaded = load(args.model, use_drafter=False)
-    samples = list(read_shards(args.data))
-    if not samples:
-        sys.exit(f"no distillation shards in {args.data}")
-    print(f"{len(samples)} replies, {sum(len(s['reply']) for s in samples)} tokens", file=sys.stderr)
     args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "train_log.jsonl", "a") as log:
-        drafter = train(loaded.model, samples, args.out, depth=args.depth, steps=args.steps, batch=args.batch,
-                        lr=args.lr, warmup=args.warmup, exit_dim=args.exit_dim, layers=args.layers,
-                        draft_vocab=args.draft_vocab, eos_ids=loaded.tokenizer.eos_token_ids,
-                        save_every=args.save_every, log=log)
-    drafter.set_dtype(mx.float16)
-    save_drafter(drafter, args.out / "drafter")
-    print(f"saved {args.out / 'drafter'}", file=sys.stderr)
-    if args.eval_prompts:
-        from .bench import read_prompts
+    if not args.eval_only:
+        if args.data is None:
+            sys.exit("--data is required for training")
 
-        loaded.drafter = load_drafter(args.out / "drafter", loaded.model)
-        prompts = [q["prompt"] for q in read_prompts(args.eval_prompts, args.eval_limit)]
-        print(json.dumps(evaluate(loaded, prompts, args.beam_width, args.beam_length)), file=sys.stderr)
+        latest = {}
+
+        def samples_now():
+            latest["samples"] = [s for folder in args.data for s in read_shards(folder)]
+            return latest["samples"]
+
+        samples = samples_now()
+        if not samples:
+            sys.exit(f"no distillation shards in {args.data}")
+        print(f"{len(samples)} replies, {sum(len(s['reply']) for s in samples)} tokens", file=sys.stderr)
+        t0 = time.perf_counter()
+        with open(args.out / "train_log.jsonl", "a") as log:
+            drafter = train(loaded.model, samples, args.out, depth=args.depth, steps=args.steps, batch=args.batch,
+                            lr=args.lr, warmup=args.warmup, weight_decay=args.weight_decay, exit_dim=args.exit_dim, layers=args.layers,
+                            draft_vocab=args.draft_vocab, eos_ids=loaded.tokenizer.eos_token_ids,
+                            save_every=args.save_every, log=log, reload=samples_now, reload_every=args.reload_every,
+                            val_every=args.val_every, val_fraction=args.val_fraction)
+        drafter.set_dtype(getattr(mx, args.dtype))
+        save_drafter(drafter, args.out / "drafter", extra_config={"training": {
+            "depth": args.depth, "steps": args.steps, "batch": args.batch, "lr": args.lr,
+            "replies": len(latest["samples"]), "seconds_this_run": round(time.perf_counter() - t0)}})
+        print(f"saved {args.out / 'drafter'}", file=sys.stderr)
+    if args.eval_prompts:
+        loaded.drafter = load_drafter(args.eval_drafter or args.out / "drafter", loaded.model)
+        questions = eval_prompts(args.eval_prompts, args.eval_per_category)
+        with open(args.out / "eval.jsonl", "a") as f:
+            for row in evaluate_shapes(loaded, questions, parse_shapes(args.beam_shapes), args.eval_max_tokens):
+                f.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":

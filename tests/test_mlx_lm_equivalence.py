@@ -1,56 +1,88 @@
-"""Greedy decoding of the default model equals an independent implementation of the same weights:
-mlx-lm's own Llama module and KV cache, 10 MT-Bench prompts x 64 tokens."""
+"""Greedy decoding of the default model (float32) is token-for-token identical to an independent
+implementation of the same weights: mlx-lm's own Llama module and KV cache, fed the same prompt
+ids, for the first 10 MT-Bench questions (first turn, in the chat template) x 64 tokens."""
 
 import json
 
 import mlx.core as mx
 import pytest
-from helpers import SHARED_DATA
 from mlx.utils import tree_flatten
 
 from redrafter_mlx import generate, load
 
+N_PROMPTS = 10
+N_TOKENS = 64
+
 
 @pytest.fixture(scope="module")
-def models():
-    ours = load("smollm2-135m", use_drafter=False)
-    from mlx_lm.models import llama as mllama
+def questions(shared_data):
+    path = shared_data / "mt_bench.jsonl"
+    if not path.is_file():
+        pytest.skip(f"MT-Bench prompts not found at {path} (expected in ../shared/data beside the repository)")
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line)["turns"][0] for line in lines[:N_PROMPTS]]
+
+
+@pytest.fixture(scope="module")
+def ours(default_model):
+    if default_model.weight_format == "float32":
+        return default_model
+    return load("smollm2-135m", weight_format="float32", use_drafter=False)  # e.g. on a GPU
+
+
+@pytest.fixture(scope="module")
+def reference(ours):
+    """mlx-lm's Llama with ModelArgs built from ours (GGUF weights: traditional rope)."""
+    from mlx_lm.models import llama as mlx_lm_llama
 
     a = ours.args
-    ref = mllama.Model(mllama.ModelArgs(
+    assert a.rope_traditional and a.rope_scaling is None
+    ref = mlx_lm_llama.Model(mlx_lm_llama.ModelArgs(
         model_type="llama", hidden_size=a.hidden_size, num_hidden_layers=a.num_hidden_layers,
         intermediate_size=a.intermediate_size, num_attention_heads=a.num_attention_heads,
         rms_norm_eps=a.rms_norm_eps, vocab_size=a.vocab_size, num_key_value_heads=a.num_key_value_heads,
         head_dim=a.head_dim, max_position_embeddings=a.max_position_embeddings, rope_theta=a.rope_theta,
-        rope_traditional=a.rope_traditional, tie_word_embeddings=a.tie_word_embeddings))
-    ref.load_weights(tree_flatten(ours.model.parameters()), strict=True)
+        rope_traditional=True, tie_word_embeddings=a.tie_word_embeddings,
+        attention_bias=a.attention_bias, mlp_bias=a.mlp_bias))
+    weights = tree_flatten(ours.model.parameters())
+    assert all(v.dtype == mx.float32 for _, v in weights)
+    ref.load_weights(weights, strict=True)
     mx.eval(ref.parameters())
-    return ours, ref
+    return ref
 
 
 def mlx_lm_greedy(model, ids, n):
+    """Plain greedy decoding with mlx-lm's model and prompt cache."""
     from mlx_lm.models.cache import make_prompt_cache
 
     cache = make_prompt_cache(model)
     logits = model(mx.array([ids]), cache=cache)
     out = []
     for _ in range(n):
-        t = int(mx.argmax(logits[0, -1]))
-        out.append(t)
-        logits = model(mx.array([[t]]), cache=cache)
+        token = int(mx.argmax(logits[0, -1]))
+        out.append(token)
+        logits = model(mx.array([[token]]), cache=cache)
     return out
 
 
-def test_greedy_matches_mlx_lm_on_mt_bench(models):
-    path = SHARED_DATA / "mt_bench.jsonl"
-    if not path.is_file():
-        pytest.skip(f"{path} not found (../shared/data beside the repository)")
-    ours, ref = models
-    questions = [json.loads(line)["turns"][0] for line in path.read_text().splitlines()[:10]]
-    for q in questions:
-        ids = ours.tokenizer.prompt_ids(q)
-        got = generate(ours, ids, mode="ar", max_tokens=64)
-        want = mlx_lm_greedy(ref, ids, 64)
-        eos = set(ours.tokenizer.eos_token_ids)
-        cut = next((i for i, t in enumerate(want) if t in eos), len(want))
-        assert got.tokens == want[:cut], q
+@pytest.mark.parametrize("index", range(N_PROMPTS))
+def test_greedy_matches_mlx_lm_on_mt_bench(ours, reference, questions, index):
+    question = questions[index]
+    ids = ours.tokenizer.prompt_ids(question)  # chat template (with the model's default system prompt)
+    suffix = ours.tokenizer.hf.encode("<|im_start|>assistant\n", add_special_tokens=False)
+    assert ids[-len(suffix):] == suffix and question in ours.tokenizer.decode(ids)
+    want = mlx_lm_greedy(reference, ids, N_TOKENS)
+    got = generate(ours, ids, mode="ar", max_tokens=N_TOKENS)
+    assert got.prompt_tokens == ids
+    eos = set(ours.tokenizer.eos_token_ids)
+    cut = next((i for i, t in enumerate(want) if t in eos), None)
+    if cut is None:
+        assert got.finish_reason == "length"
+        assert got.tokens == want, f"differs at token {first_difference(got.tokens, want)} for {question!r}"
+    else:  # ours stops at the end-of-turn token and does not emit it
+        assert got.finish_reason == "eos"
+        assert got.tokens == want[:cut], f"differs at token {first_difference(got.tokens, want)} for {question!r}"
+
+
+def first_difference(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

@@ -95,7 +95,7 @@ def patterned():
 
 
 def _losses(log: io.StringIO):
-    return [json.loads(line)["loss"] for line in log.getvalue().splitlines()]
+    return [json.loads(line)["loss"] for line in log.getvalue().splitlines() if "loss" in json.loads(line)]
 
 
 def test_training_reduces_loss(patterned, tmp_path):
@@ -117,3 +117,49 @@ def test_resume_gives_the_same_next_losses(patterned, tmp_path):
     train(model, data, tmp_path / "b", steps=6, save_every=3, log=second, **kw)  # resumes at step 3
     assert len(_losses(second)) == 3
     assert np.allclose(_losses(first) + _losses(second), _losses(straight), rtol=1e-4)
+
+
+def test_reload_follows_a_growing_data_folder(patterned, tmp_path):
+    """A run can re-read its (growing) data and resume on more data than it started with;
+    the draft vocabulary follows the data at hand."""
+    model, data = patterned
+    calls = []
+
+    def reload():
+        calls.append(1)
+        return data
+
+    log = io.StringIO()
+    kw = dict(depth=3, batch=16, lr=3e-3, warmup=1, draft_vocab=8, progress=False)
+    d = train(model, data[:5], tmp_path / "r", steps=4, save_every=2, log=log, reload=reload, reload_every=2, **kw)
+    assert len(calls) == 1 and '"reload": 30' in log.getvalue()
+    d2 = train(model, data, tmp_path / "r", steps=6, save_every=2, log=io.StringIO(), draft_vocab=16,
+               depth=3, batch=16, lr=3e-3, warmup=1, progress=False)  # resume with a bigger vocabulary
+    assert d.draft_vocab.size == 8 and d2.draft_vocab.size == 16
+
+
+def test_eval_helpers(tmp_path):
+    from redrafter_mlx.train import eval_prompts, parse_shapes
+
+    assert parse_shapes("4x5, 8X6") == [(4, 5), (8, 6)]
+    f = tmp_path / "q.jsonl"
+    rows = [{"question_id": i, "category": c, "turns": [f"q{i}", "again"]} for i, c in enumerate("aaabbc")]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [q["prompt"] for q in eval_prompts(f, 2)] == ["q0", "q1", "q3", "q4", "q5"]
+
+
+def test_held_out_validation_keeps_the_best(patterned, tmp_path):
+    from redrafter_mlx.drafter import load_drafter
+    from redrafter_mlx.train import is_held_out
+
+    model, data = patterned
+    held = [is_held_out(s, 0.2) for s in data]
+    assert 0 < sum(held) < len(data) and held == [is_held_out(s, 0.2) for s in data]  # stable
+    log = io.StringIO()
+    train(model, data, tmp_path / "v", depth=3, steps=20, batch=32, lr=3e-3, warmup=2, draft_vocab=0,
+          progress=False, log=log, save_every=10, val_every=5, val_fraction=0.2)
+    vals = [json.loads(line) for line in log.getvalue().splitlines() if "val_loss" in line]
+    assert [v["step"] for v in vals] == [5, 10, 15, 20] and vals[-1]["val_loss"] < vals[0]["val_loss"]
+    best = json.loads((tmp_path / "v" / "best" / "config.json").read_text())["training"]
+    assert best["val_loss"] == min(v["val_loss"] for v in vals)
+    load_drafter(tmp_path / "v" / "best", model)

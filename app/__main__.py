@@ -1,0 +1,97 @@
+"""`redrafter-chat`: the terminal chat app (argparse shell around app.app.create_app).
+
+    redrafter-chat                                  # the default model, its drafter if shipped
+    redrafter-chat --model path/to/model --drafter path/to/drafter --beam-width 8 --beam-length 5
+"""
+
+import argparse
+import sys
+
+from .engine import Engine, Settings
+
+EXAMPLES = """\
+examples:
+  redrafter-chat
+      chat with the default model (smollm2-135m, fetched once into $REDRAFTER_CACHE),
+      with speculative decoding when a drafter is found beside it
+  redrafter-chat --model ~/models/llama-7b --drafter ~/models/llama-7b/drafter -W 8 -L 5
+      a local model folder (or .gguf file) with a ReDrafter head, 8 beams of 5 tokens
+  redrafter-chat --model mlx-community/Llama-2-7b-chat-mlx-4bit --no-speculative
+      a Hugging Face hub model, plain decoding to start with (Ctrl+T switches)
+  redrafter-chat --temperature 0.7 --top-p 0.9 --max-tokens 512 --system "Answer briefly."
+
+in the app:
+  Enter send · Up/Down prompt history · Esc or Ctrl+C cancel the reply (the streamed part stays)
+  Ctrl+N new chat · Ctrl+Y copy the last reply · Ctrl+T speculative decoding on/off
+  F5/F6 beam width -/+ · F7/F8 beam length -/+ · /help lists the /commands · Ctrl+Q quits
+"""
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _temperature(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, not {value}")
+    return value
+
+
+def _top_p(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], not {value}")
+    return value
+
+
+def configure_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="redrafter-chat",
+        description="Chat with a local LLM in the terminal, with ReDrafter speculative decoding on MLX "
+        "and live decoding stats (tok/s, tokens/step, acceptance, speedup).",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", metavar="NAME|PATH|HUB_ID", default=None,
+                   help="registry name, local .gguf file or model folder, or Hugging Face hub id "
+                   "(default: the registry default, smollm2-135m)")
+    p.add_argument("--drafter", metavar="PATH", default=None,
+                   help="ReDrafter head folder (default: the one found beside the model, if any; "
+                   "without one, plain decoding)")
+    p.add_argument("-W", "--beam-width", type=_positive, default=4, metavar="N",
+                   help="beams drafted per step (default: 4)")
+    p.add_argument("-L", "--beam-length", type=_positive, default=4, metavar="N",
+                   help="tokens per beam, the base model's own next token included (default: 4)")
+    p.add_argument("--temperature", type=_temperature, default=0.0, metavar="T", help="0 = greedy (default: 0)")
+    p.add_argument("--top-p", type=_top_p, default=1.0, metavar="P", help="nucleus sampling mass (default: 1)")
+    p.add_argument("--max-tokens", type=_positive, default=256, metavar="N",
+                   help="longest reply in tokens (default: 256)")
+    p.add_argument("--system", default=None, metavar="TEXT", help="system prompt")
+    p.add_argument("--no-speculative", action="store_true",
+                   help="start with plain decoding (the drafter is still loaded: Ctrl+T switches live)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = configure_parser().parse_args(argv)
+    from .app import create_app  # after parsing: --help stays fast
+
+    settings = Settings(
+        speculative=not args.no_speculative,
+        beam_width=args.beam_width,
+        beam_length=args.beam_length,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_tokens=args.max_tokens,
+        system=args.system,
+    )
+    create_app(Engine(args.model, args.drafter), settings).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,365 @@
+"""The redrafter-chat Textual app: a streamed multi-turn chat with live decoding stats.
+
+`create_app(engine, settings)` is the seam: the console script passes the real MLX `Engine`,
+tests pass a scripted `FakeEngine`. The app never touches MLX; workers talk to the engine
+and reach the UI only by posting messages (messages.py):
+
+    mount -> load worker:  engine.start_load(progress)  -> LoadProgress* -> LoadFinished | LoadFailed
+    Enter -> reply worker: engine.reply(messages, ...)  -> ReplyProgress* (last has finish_reason) | ReplyFailed
+
+Cancelling (Esc, Ctrl+C) sets the reply's stop flag, which the library checks between
+steps: what was streamed stays, and becomes the assistant turn of the conversation, so the
+next prompt re-uses the KV cache up to there. Settings (speculative on/off, beam width and
+length) change live and apply from the next reply.
+"""
+
+import asyncio
+import threading
+from dataclasses import replace
+from typing import Callable, Dict, List, Optional
+
+from textual import work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.screen import Screen
+from textual.widgets import Footer, Header
+
+from .engine import EngineError, EngineInfo, Settings, Stats
+from .messages import LoadFailed, LoadFinished, LoadProgress, ReplyFailed, ReplyProgress
+from .stats_view import Baseline, speculative_state, stats_rows
+from .widgets import AssistantMessage, LoadStatus, Notice, PromptInput, StatsPanel, Transcript, UserMessage
+
+BEAM_LIMITS = (1, 16)
+FINISH_NOTES = {
+    "eos": "",
+    "length": "stopped: max tokens",
+    "context": "stopped: context full",
+    "cancelled": "cancelled",
+}
+HELP = """\
+Keys
+  Enter send · ↑/↓ prompt history · Esc or Ctrl+C cancel the reply
+  Ctrl+N new chat · Ctrl+Y copy the last reply · Ctrl+Q quit
+  Ctrl+T speculative decoding on/off
+  F5/F6 beam width −/+ · F7/F8 beam length −/+ · Ctrl+P all commands
+Commands
+  /new · /copy · /spec [on|off] · /beam W L · /width N · /length N"""
+
+
+class ChatApp(App):
+    CSS_PATH = "chat.tcss"
+    TITLE = "redrafter-chat"
+    BINDINGS = [
+        Binding("escape", "cancel", "Cancel"),
+        Binding("ctrl+c", "cancel", "Cancel", show=False, priority=True),
+        Binding("ctrl+n", "new_chat", "New chat"),
+        Binding("ctrl+y", "copy_reply", "Copy"),
+        Binding("ctrl+t", "toggle_speculative", "Speculative"),
+        Binding("f5", "beam('width', -1)", "Width−"),
+        Binding("f6", "beam('width', 1)", "Width+"),
+        Binding("f7", "beam('length', -1)", "Length−"),
+        Binding("f8", "beam('length', 1)", "Length+"),
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+    ]
+
+    def __init__(self, engine, settings: Optional[Settings] = None):
+        super().__init__()
+        self.engine = engine
+        self.settings = settings or Settings()
+        self.info: Optional[EngineInfo] = None
+        self.status = "loading"  # loading | ready | generating | cancelling | cancelled | load failed
+        self.messages: List[Dict[str, str]] = []  # the conversation sent to the model
+        self.stats: Optional[Stats] = None  # the current (or last) reply's figures
+        self.baseline = Baseline()
+        self.reply_id = 0
+        self.reply_view: Optional[AssistantMessage] = None
+        self._cancel: Optional[threading.Event] = None
+        self._after_reply: Optional[Callable] = None  # runs once the cancelled reply has ended
+
+    # ---- layout ----------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Header(icon="»")
+        with Horizontal(id="main"):
+            yield Transcript(id="transcript")
+            yield StatsPanel(id="stats")
+        yield PromptInput(id="prompt", placeholder="Loading the model…")
+        yield Footer()
+
+    def on_mount(self):
+        self.load_status = LoadStatus(self.engine.label)
+        self.query_one(Transcript).mount(self.load_status)
+        self.query_one(PromptInput).focus()
+        self._refresh()
+        self._load()
+
+    @property
+    def generating(self) -> bool:
+        return self.status in ("generating", "cancelling")
+
+    @property
+    def ready(self) -> bool:
+        return self.info is not None
+
+    def _refresh(self):
+        """Redraw the stats panel and the header from the app's state."""
+        status = {"generating": "generating…", "cancelling": "cancelling…"}.get(self.status, self.status)
+        self.query_one(StatsPanel).show(stats_rows(self.info, self.settings, self.stats, self.baseline, status))
+        self.refresh_bindings()  # the footer shows "Cancel" only while a reply runs
+        if self.info is not None:
+            spec = speculative_state(self.info, self.settings)
+            shape = f" {self.settings.beam_width}×{self.settings.beam_length}" if spec == "on" else ""
+            self.sub_title = f"{self.info.model} · speculative {spec.split(' ')[0]}{shape}"
+
+    async def _add(self, widget):
+        await self.query_one(Transcript).mount(widget)
+        return widget
+
+    def _note(self, text: str, kind: str = "info"):
+        self.query_one(Transcript).mount(Notice(text, kind))
+
+    # ---- loading ---------------------------------------------------------------------------
+
+    @work(group="load")
+    async def _load(self):
+        progress = lambda stage, text: self.post_message(LoadProgress(stage, text))  # noqa: E731 (engine thread)
+        try:
+            info = await asyncio.wrap_future(self.engine.start_load(progress))
+        except EngineError as e:
+            self.post_message(LoadFailed(str(e)))
+        except Exception as e:  # an engine that breaks its contract still gets a readable line
+            self.post_message(LoadFailed(f"{type(e).__name__}: {e}"))
+        else:
+            self.post_message(LoadFinished(info))
+
+    def on_load_progress(self, msg: LoadProgress):
+        self.load_status.progress(msg.stage, msg.text)
+
+    def on_load_finished(self, msg: LoadFinished):
+        info = self.info = msg.info
+        self.status = "ready"
+        self.baseline.calibration = info.plain_tokens_per_second
+        weights = info.weight_format + (f" (stored {info.stored_format})" if info.stored_format else "")
+        self.load_status.done(f"Ready in {info.load_seconds:.1f} s: {info.model}, {weights}, on {info.device}.")
+        for text in info.notices:
+            self._note(text, "warning")
+        if info.drafter is not None:
+            state = "on" if self.settings.speculative else "off"
+            self._note(f"Speculative decoding (ReDrafter) is {state}: Ctrl+T toggles it. "
+                       "/help lists keys and commands.")
+        else:
+            self._note("/help lists keys and commands.")
+        prompt = self.query_one(PromptInput)
+        prompt.placeholder = "Ask something (Enter sends, ↑/↓ history, /help)"
+        self._refresh()
+
+    def on_load_failed(self, msg: LoadFailed):
+        self.status = "load failed"
+        self.load_status.failed(
+            f"The model did not load: {msg.error}\nCheck --model / --drafter and start again; Ctrl+Q quits."
+        )
+        prompt = self.query_one(PromptInput)
+        prompt.placeholder = "No model loaded (Ctrl+Q quits)"
+        prompt.disabled = True
+        self._refresh()
+
+    # ---- sending and streaming -------------------------------------------------------------
+
+    async def on_input_submitted(self, event: PromptInput.Submitted):
+        text = event.value.strip()
+        prompt = self.query_one(PromptInput)
+        if not text:
+            return
+        if text.startswith("/"):
+            prompt.remember(text)
+            prompt.value = ""
+            await self.run_command(text)
+            return
+        if not self.ready:
+            self.notify("The model is still loading.", severity="warning")
+            return
+        if self.generating:
+            self.notify("A reply is still running: Esc cancels it.", severity="warning")
+            return
+        prompt.remember(text)
+        prompt.value = ""
+        await self.send(text)
+
+    async def send(self, text: str):
+        """Add a user turn and start streaming the reply."""
+        self.messages.append({"role": "user", "content": text})
+        await self._add(UserMessage(text))
+        self.reply_view = await self._add(AssistantMessage())
+        self.reply_id += 1
+        self._cancel = threading.Event()
+        self.status, self.stats = "generating", None
+        self._refresh()
+        self._reply(self.reply_id, list(self.messages), replace(self.settings), self._cancel)
+
+    @work(thread=True, group="reply")
+    def _reply(self, reply_id: int, messages, settings: Settings, cancel: threading.Event):
+        text, last = "", None
+        try:
+            for chunk in self.engine.reply(messages, settings, cancel.is_set):
+                text += chunk.text
+                last = chunk
+                self.post_message(ReplyProgress(reply_id, text, chunk.stats, chunk.finish_reason))
+        except EngineError as e:
+            self.post_message(ReplyFailed(reply_id, str(e), text))
+        except Exception as e:
+            self.post_message(ReplyFailed(reply_id, f"{type(e).__name__}: {e}", text))
+        else:
+            if last is None or last.finish_reason is None:
+                self.post_message(ReplyFailed(reply_id, "the engine ended the reply without a reason", text))
+
+    async def on_reply_progress(self, msg: ReplyProgress):
+        if msg.reply_id != self.reply_id or self.reply_view is None:
+            return
+        await self.reply_view.show(msg.text)
+        self.stats = msg.stats
+        if msg.finish_reason is None:
+            self._refresh()
+            return
+        note = FINISH_NOTES.get(msg.finish_reason, msg.finish_reason)
+        await self.reply_view.finish(note)
+        self.messages.append({"role": "assistant", "content": msg.text})
+        self.baseline.observe(msg.stats)
+        self.status = "cancelled" if msg.finish_reason == "cancelled" else f"done ({msg.finish_reason})"
+        await self._reply_ended()
+
+    async def on_reply_failed(self, msg: ReplyFailed):
+        if msg.reply_id != self.reply_id or self.reply_view is None:
+            return
+        await self.reply_view.finish("error")
+        if msg.text:  # keep what was streamed, as a cancel would
+            self.messages.append({"role": "assistant", "content": msg.text})
+        else:  # the model never answered: leave the prompt out of the conversation
+            turn = self.messages.pop()
+            await self.reply_view.remove()
+            prompt = self.query_one(PromptInput)
+            if not prompt.value:
+                prompt.value = turn["content"]
+        self._note(f"The reply failed: {msg.error}", "error")
+        self.status = "error"
+        await self._reply_ended()
+
+    async def _reply_ended(self):
+        self.reply_view, self._cancel = None, None
+        self._refresh()
+        then, self._after_reply = self._after_reply, None
+        if then is not None:
+            await then()
+
+    # ---- actions ---------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters) -> Optional[bool]:
+        if action == "cancel":
+            return self.generating  # otherwise Ctrl+C goes on to the prompt box (copy)
+        return True
+
+    def action_cancel(self):
+        if self._cancel is not None and not self._cancel.is_set():
+            self._cancel.set()
+            self.status = "cancelling"
+            self._refresh()
+
+    async def action_new_chat(self):
+        if self.generating:
+            self._after_reply = self._new_chat
+            self.action_cancel()
+        else:
+            await self._new_chat()
+
+    async def _new_chat(self):
+        self.messages.clear()
+        self.stats = None
+        self.status = "ready" if self.ready else self.status
+        self.engine.new_chat()
+        transcript = self.query_one(Transcript)
+        await transcript.remove_children()
+        await transcript.mount(Notice("New chat."))
+        self._refresh()
+
+    def action_copy_reply(self):
+        last = next((m["content"] for m in reversed(self.messages) if m["role"] == "assistant" and m["content"]), None)
+        if last is None:
+            self.notify("No reply to copy yet.", severity="warning")
+            return
+        self.copy_to_clipboard(last)
+        self.notify(f"Copied the last reply ({len(last)} characters).")
+
+    def _later(self) -> str:
+        return " (from the next reply)" if self.generating else ""
+
+    def action_toggle_speculative(self, on: Optional[bool] = None):
+        if self.info is not None and self.info.drafter is None:
+            self.notify("No drafter loaded: plain decoding only. Start with --drafter PATH to use ReDrafter.",
+                        severity="warning")
+            return
+        self.settings.speculative = (not self.settings.speculative) if on is None else on
+        self.notify(f"Speculative decoding {'on' if self.settings.speculative else 'off'}{self._later()}.")
+        self._refresh()
+
+    def action_beam(self, which: str, delta: int):
+        width, length = self.settings.beam_width, self.settings.beam_length
+        if which == "width":
+            width += delta
+        else:
+            length += delta
+        self.set_beam(width, length)
+
+    def set_beam(self, width: int, length: int):
+        lo, hi = BEAM_LIMITS
+        width, length = max(lo, min(hi, width)), max(lo, min(hi, length))
+        self.settings.beam_width, self.settings.beam_length = width, length
+        self.notify(f"Beam: {width} × {length} (width × length){self._later()}.")
+        self._refresh()
+
+    def action_help(self):
+        self._note(HELP)
+
+    async def run_command(self, line: str):
+        """The prompt box's /commands."""
+        name, *args = line[1:].split()
+        try:
+            if name == "new":
+                await self.action_new_chat()
+            elif name == "copy":
+                self.action_copy_reply()
+            elif name == "spec" and args in ([], ["on"], ["off"]):
+                self.action_toggle_speculative(None if not args else args[0] == "on")
+            elif name == "beam" and len(args) in (1, 2):
+                w, l = args if len(args) == 2 else args[0].lower().split("x")
+                self.set_beam(int(w), int(l))
+            elif name == "width" and len(args) == 1:
+                self.set_beam(int(args[0]), self.settings.beam_length)
+            elif name == "length" and len(args) == 1:
+                self.set_beam(self.settings.beam_width, int(args[0]))
+            elif name == "help":
+                self.action_help()
+            else:
+                raise ValueError
+        except ValueError:
+            self.notify(f"Unknown command {line!r}: /help lists them.", severity="warning")
+
+    def get_system_commands(self, screen: Screen):
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("New chat", "Clear the conversation and its KV cache", self.action_new_chat)
+        yield SystemCommand("Copy last reply", "Copy the last reply to the clipboard", self.action_copy_reply)
+        yield SystemCommand("Toggle speculative decoding", "ReDrafter on/off, live", self.action_toggle_speculative)
+        for w in (1, 2, 4, 8):
+            for n in (2, 3, 4, 5, 6):
+                set_it = lambda w=w, n=n: self.set_beam(w, n)  # noqa: E731
+                yield SystemCommand(f"Beam {w} × {n}", "Set beam width × length", set_it)
+        yield SystemCommand("Keys and commands", "Show help in the transcript", self.action_help)
+
+    def on_unmount(self):
+        if self._cancel is not None:
+            self._cancel.set()
+        self.engine.close()
+
+
+def create_app(engine, settings: Optional[Settings] = None) -> ChatApp:
+    """The chat app around an engine (app.engine.Engine, FakeEngine, or anything with their methods)."""
+    return ChatApp(engine, settings)

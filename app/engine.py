@@ -1,0 +1,500 @@
+"""The chat app's engine: the one thread that owns MLX, and a scripted stand-in for tests.
+
+Everything the UI needs from a model goes through these calls, all safe to make from any
+thread (the app makes them from Textual workers):
+
+    future = engine.start_load(progress)              # Future[EngineInfo]; progress(stage, text), stage in STAGES
+    info = engine.load(progress)                      # the same, waiting for it
+    for chunk in engine.reply(messages, settings, should_stop):
+        chunk.text, chunk.stats, chunk.finish_reason  # a text delta and a stats snapshot per step
+    engine.new_chat()                                 # forget the conversation's KV cache
+    engine.close()
+
+`EngineThread` runs every job, in order, on a single long-lived daemon thread fed by a queue
+(as mlx-lm's server does): the real `Engine` imports and calls `redrafter_mlx` only from
+there, so MLX never sees two threads. `reply()` hands the library's events across through a
+second queue; its `should_stop` is the library's own, so a cancelled reply leaves the
+`PromptCache` consistent. Stats cross as frozen `Stats` snapshots, never as the library's
+`RunStats`, which the engine thread keeps updating in place.
+
+`FakeEngine` runs on the same thread machinery with scripted replies and virtual timings:
+deterministic stats, no MLX, no model. It can hold a reply mid-way until it is cancelled.
+
+This module imports neither Textual nor MLX; errors leave it as `EngineError` with a
+one-line message the UI can show as is.
+"""
+
+import queue
+import re
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterator, List, Optional, Tuple
+
+STAGES = ("fetch", "load", "warm-up")
+Progress = Callable[[str, str], None]  # (stage, text)
+Messages = List[dict]  # [{"role": "user" | "assistant", "content": str}, ...]
+
+
+class EngineError(Exception):
+    """A readable, one-line reason a load or a reply failed."""
+
+
+@dataclass
+class Settings:
+    """How to generate; the app keeps one and passes a copy with each reply."""
+
+    speculative: bool = True
+    beam_width: int = 4
+    beam_length: int = 4
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    system: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Stats:
+    """A snapshot of one reply's figures so far (see redrafter_mlx.stats.RunStats)."""
+
+    mode: str = "ar"  # "ar" (plain decoding) or "redrafter"
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    steps: int = 0
+    tokens_per_second: float = 0.0  # decode steps only, prefill excluded
+    tokens_per_step: float = 0.0  # mean
+    last_step_tokens: int = 0  # tokens of the last step that emitted any
+    acceptance: float = 0.0  # accepted draft tokens / draft positions tried
+    accepted_tokens: int = 0
+    accepted_lengths: Tuple[int, ...] = ()  # tokens emitted per step
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    peak_memory_mb: float = 0.0
+    beam_width: int = 0
+    beam_length: int = 0
+
+
+@dataclass(frozen=True)
+class Chunk:
+    text: str  # text delta since the previous chunk
+    stats: Stats
+    finish_reason: Optional[str] = None  # on the last chunk: "eos" | "length" | "context" | "cancelled"
+
+
+@dataclass
+class EngineInfo:
+    """What was loaded, for the stats panel and the notices."""
+
+    model: str
+    weight_format: str  # the format weights run in, e.g. "float32"
+    device: str
+    context_length: int
+    drafter: Optional[str] = None  # where the drafter came from; None: plain decoding only
+    stored_format: Optional[str] = None  # the file's own quantization, when it differs
+    load_seconds: float = 0.0
+    plain_tokens_per_second: Optional[float] = None  # measured while warming up
+    notices: List[str] = field(default_factory=list)
+
+
+class EngineThread:
+    """One daemon thread that runs every job in submission order."""
+
+    _DONE = object()
+
+    def __init__(self, name: str = "engine"):
+        self._jobs: "queue.SimpleQueue[Optional[Callable[[], None]]]" = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while (job := self._jobs.get()) is not None:
+            job()
+
+    def submit(self, fn, *args) -> Future:
+        """Queue fn(*args) on the engine thread; returns its Future."""
+        future: Future = Future()
+
+        def job():
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as e:  # handed to the caller, who re-raises it
+                    future.set_exception(e)
+
+        self._jobs.put(job)
+        return future
+
+    def call(self, fn, *args):
+        """Run fn(*args) on the engine thread and wait for its result."""
+        return self.submit(fn, *args).result()
+
+    def iterate(self, gen_fn, *args) -> Iterator:
+        """Run the generator gen_fn(*args) on the engine thread, yielding its items here.
+
+        If the caller stops iterating, the generator is closed after its next item (its
+        `finally` blocks run on the engine thread)."""
+        items: queue.SimpleQueue = queue.SimpleQueue()
+        abandoned = threading.Event()
+
+        def job():
+            gen = gen_fn(*args)
+            try:
+                for item in gen:
+                    items.put((True, item))
+                    if abandoned.is_set():
+                        break
+            except BaseException as e:
+                items.put((False, e))
+            finally:
+                gen.close()
+                items.put((True, self._DONE))
+
+        self._jobs.put(job)
+        try:
+            while True:
+                ok, item = items.get()
+                if not ok:
+                    raise item
+                if item is self._DONE:
+                    return
+                yield item
+        finally:
+            abandoned.set()
+
+    def close(self):
+        self._jobs.put(None)
+
+
+# ---- the real engine ------------------------------------------------------------------------
+
+
+def _describe_quantization(quant) -> Optional[str]:
+    if not quant or "bits" not in quant:
+        return None
+    return f"{quant['bits']}-bit g{quant.get('group_size', '?')}"
+
+
+def _readable(e: BaseException) -> str:
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return text or type(e).__name__
+
+
+def _readable_errors(fn):
+    """fn, raising EngineError with a one-line message for whatever it raises."""
+
+    def wrapped(*args):
+        try:
+            return fn(*args)
+        except EngineError:
+            raise
+        except Exception as e:  # not a user error: name it
+            raise EngineError(f"{type(e).__name__}: {_readable(e)}") from e
+
+    return wrapped
+
+
+class Engine(EngineThread):
+    """redrafter_mlx behind the engine thread: load, warm up, then stream chat replies.
+
+    model: registry name, local path or hub id (None: the registry default).
+    drafter: a drafter folder; without one, the drafter found beside the model is used.
+    If the drafter is missing or does not load, replies use plain decoding and
+    `EngineInfo.notices` says why."""
+
+    def __init__(self, model: Optional[str] = None, drafter: Optional[str] = None, warm_up: bool = True):
+        super().__init__(name="mlx-engine")
+        self.model_name = model
+        self.drafter_path = drafter
+        self.warm_up = warm_up
+        self._m = None  # LoadedModel, engine thread only
+        self._cache = None  # PromptCache of the chat, engine thread only
+
+    @property
+    def label(self) -> str:
+        return self.model_name or "the default model"
+
+    def start_load(self, progress: Progress) -> Future:
+        return self.submit(_readable_errors(self._load), progress)
+
+    def load(self, progress: Progress) -> EngineInfo:
+        return self.start_load(progress).result()
+
+    def reply(self, messages: Messages, settings: Settings, should_stop: Callable[[], bool]) -> Iterator[Chunk]:
+        if self._m is None:
+            raise EngineError("no model loaded")
+        try:
+            yield from self.iterate(self._reply, list(messages), replace(settings), should_stop)
+        except EngineError:
+            raise
+        except Exception as e:  # not a user error: name it
+            raise EngineError(f"{type(e).__name__}: {_readable(e)}") from e
+
+    def new_chat(self):
+        self.submit(self._new_chat)
+
+    def _new_chat(self):
+        if self._cache is not None:
+            self._cache.reset()
+
+    # ---- engine thread only ------------------------------------------------------------
+
+    def _load(self, progress: Progress) -> EngineInfo:
+        t0 = time.perf_counter()
+        progress("fetch", "starting MLX")
+        from redrafter_mlx import PromptCache, RedrafterError, generate, load
+        from redrafter_mlx.drafter import load_drafter
+        from redrafter_mlx.registry import default_model_name
+
+        progress("fetch", f"finding {self.model_name or default_model_name() + ' (the default)'}")
+
+        stage = ["fetch"]
+
+        def on_progress(text: str):
+            if text.startswith("loading"):
+                stage[0] = "drafter" if text.startswith("loading drafter") else "load"
+            else:  # "downloading ..."
+                stage[0] = "fetch"
+            progress("load" if stage[0] == "drafter" else stage[0], text)
+
+        notices = []
+        try:
+            if self.drafter_path:  # an explicit drafter: its failure should not cost the base model
+                m = load(self.model_name, use_drafter=False, progress=on_progress)
+                progress("load", f"loading drafter {self.drafter_path}")
+                try:
+                    m.drafter = load_drafter(self.drafter_path, m.model)
+                    m.drafter_path = Path(self.drafter_path)
+                except (RedrafterError, OSError, ValueError) as e:
+                    notices.append(f"The drafter {self.drafter_path} did not load ({_readable(e)}): plain decoding.")
+            else:
+                try:
+                    m = load(self.model_name, progress=on_progress)
+                except RedrafterError as e:
+                    if stage[0] != "drafter":
+                        raise
+                    notices.append(f"The model's drafter did not load ({_readable(e)}): plain decoding.")
+                    m = load(self.model_name, use_drafter=False, progress=on_progress)
+        except RedrafterError as e:
+            raise EngineError(str(e)) from e
+        if m.drafter is None and not notices:
+            notices.append(
+                f"No drafter found for {m.name}: replies use plain decoding. "
+                "Pass --drafter PATH to use speculative decoding."
+            )
+
+        plain_tps = None
+        if self.warm_up:
+            progress("warm-up", "plain decoding (also measures its speed)")
+            g = generate(m, "Hello", mode="ar", max_tokens=8)
+            plain_tps = g.stats.tokens_per_second or None
+            if m.drafter is not None:
+                progress("warm-up", "speculative decoding")
+                generate(m, "Hello", mode="redrafter", max_tokens=4)
+        self._m, self._cache = m, PromptCache(m.model)
+        return EngineInfo(
+            model=m.name,
+            weight_format=m.weight_format,
+            device=m.device,
+            context_length=m.context_length,
+            drafter=str(m.drafter_path) if m.drafter is not None else None,
+            stored_format=_describe_quantization(m.info.get("source_quantization")),
+            load_seconds=time.perf_counter() - t0,
+            plain_tokens_per_second=plain_tps,
+            notices=notices,
+        )
+
+    def _reply(self, messages: Messages, settings: Settings, should_stop) -> Iterator[Chunk]:
+        try:
+            yield from self._stream(messages, settings, should_stop)
+        except Exception as e:
+            from redrafter_mlx import RedrafterError
+
+            if isinstance(e, (RedrafterError, ValueError)):  # the user's to fix: say it plainly
+                raise EngineError(_readable(e)) from e
+            raise
+
+    def _stream(self, messages: Messages, settings: Settings, should_stop) -> Iterator[Chunk]:
+        import mlx.core as mx
+        from redrafter_mlx import stream
+
+        m = self._m
+        mode = "redrafter" if settings.speculative and m.drafter is not None else "ar"
+        last = 0
+        for ev in stream(
+            m,
+            messages,
+            mode=mode,
+            max_tokens=settings.max_tokens,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            beam_width=settings.beam_width,
+            beam_length=settings.beam_length,
+            system=settings.system,
+            prompt_cache=self._cache,
+            should_stop=should_stop,
+        ):
+            if ev.step is not None and ev.step.emitted:  # not a final step that only found the end token
+                last = ev.step.emitted
+            s = ev.stats
+            stats = Stats(
+                mode=s.mode,
+                prompt_tokens=s.prompt_tokens,
+                new_tokens=s.new_tokens,
+                steps=s.steps,
+                tokens_per_second=s.tokens_per_second,
+                tokens_per_step=s.tokens_per_step,
+                last_step_tokens=last,
+                acceptance=s.acceptance_rate,
+                accepted_tokens=s.accepted_tokens,
+                accepted_lengths=tuple(s.accepted_lengths),
+                prefill_seconds=s.prefill_seconds,
+                decode_seconds=s.decode_seconds,
+                draft_seconds=s.draft_seconds,
+                verify_seconds=s.verify_seconds,
+                peak_memory_mb=mx.get_peak_memory() / 1e6,  # stream() resets the peak per reply
+                beam_width=s.beam_width,
+                beam_length=s.beam_length,
+            )
+            yield Chunk(ev.text, stats, ev.finish_reason)
+
+
+# ---- the scripted engine ----------------------------------------------------------------------
+
+PLAIN_STEP_SECONDS = 0.05  # virtual: 20 tok/s plain decoding
+DRAFT_SECONDS, VERIFY_SECONDS = 0.012, 0.048  # virtual: a speculative step costs 1.2 plain steps
+ACCEPT_PATTERN = (3, 1, 2, 4, 2)  # tokens per speculative step, cut to the beam length
+
+
+class FakeEngine(EngineThread):
+    """A deterministic engine for tests: scripted replies, virtual timings, no MLX.
+
+    replies: answered in turn (cycling); a "token" is a word with its trailing space.
+    drafter: None to act like a model without a drafter.
+    fail_load: a message to fail loading with.
+    hold_after: after this many chunks of each reply, wait until `should_stop()` (a reply
+        that only ends by being cancelled).
+    step_delay: real seconds to sleep per chunk (for trying the UI by hand).
+
+    Records `calls` (messages, settings) and `new_chats` for tests to check."""
+
+    def __init__(
+        self,
+        replies=("Hello! I am a **scripted** reply.",),
+        *,
+        model: str = "fake-135m",
+        drafter: Optional[str] = "fake-drafter",
+        fail_load: Optional[str] = None,
+        hold_after: Optional[int] = None,
+        step_delay: float = 0.0,
+    ):
+        super().__init__(name="fake-engine")
+        self.replies = list(replies)
+        self.model, self.drafter, self.fail_load = model, drafter, fail_load
+        self.hold_after, self.step_delay = hold_after, step_delay
+        self.calls: List[Tuple[Messages, Settings]] = []
+        self.new_chats = 0
+        self.loaded = False
+
+    @property
+    def label(self) -> str:
+        return self.model
+
+    def start_load(self, progress: Progress) -> Future:
+        return self.submit(self._load, progress)
+
+    def load(self, progress: Progress) -> EngineInfo:
+        return self.start_load(progress).result()
+
+    def reply(self, messages: Messages, settings: Settings, should_stop: Callable[[], bool]) -> Iterator[Chunk]:
+        if not self.loaded:
+            raise EngineError("no model loaded")
+        return self.iterate(self._reply, [dict(m) for m in messages], replace(settings), should_stop)
+
+    def new_chat(self):
+        def reset():
+            self.new_chats += 1
+
+        self.submit(reset)
+
+    def _load(self, progress: Progress) -> EngineInfo:
+        progress("fetch", f"{self.model}.gguf (cached)")
+        progress("load", f"loading {self.model}.gguf")
+        if self.fail_load:
+            raise EngineError(self.fail_load)
+        progress("warm-up", "plain decoding")
+        self.loaded = True
+        notices = [] if self.drafter else [f"No drafter found for {self.model}: replies use plain decoding."]
+        return EngineInfo(
+            model=self.model,
+            weight_format="float32",
+            device="cpu (fake)",
+            context_length=2048,
+            drafter=self.drafter,
+            stored_format="4-bit g32",
+            load_seconds=1.5,
+            plain_tokens_per_second=1 / PLAIN_STEP_SECONDS,
+            notices=notices,
+        )
+
+    def _reply(self, messages: Messages, settings: Settings, should_stop) -> Iterator[Chunk]:
+        self.calls.append((messages, settings))
+        text = self.replies[(len(self.calls) - 1) % len(self.replies)]
+        tokens = re.findall(r"\S+\s*|\s+", text)
+        spec = settings.speculative and self.drafter is not None
+        W, L = (settings.beam_width, settings.beam_length) if spec else (0, 0)
+        prompt_tokens = sum(len(m["content"].split()) + 4 for m in messages)
+        run = dict(mode="redrafter" if spec else "ar", prompt_tokens=prompt_tokens, beam_width=W, beam_length=L,
+                   prefill_seconds=0.01 * prompt_tokens, peak_memory_mb=512.0)
+        lengths: List[int] = []
+        seconds = {"decode": 0.0, "draft": 0.0, "verify": 0.0}
+
+        def stats(new: int) -> Stats:
+            steps, emitted = len(lengths), sum(lengths)
+            tried = steps * max(L - 1, 0)
+            accepted = sum(n - 1 for n in lengths)
+            return Stats(
+                new_tokens=new, steps=steps, last_step_tokens=lengths[-1] if lengths else 0,
+                tokens_per_second=emitted / seconds["decode"] if steps else 0.0,
+                tokens_per_step=emitted / steps if steps else 0.0,
+                acceptance=accepted / tried if tried else 0.0, accepted_tokens=accepted if spec else 0,
+                accepted_lengths=tuple(lengths), decode_seconds=seconds["decode"],
+                draft_seconds=seconds["draft"], verify_seconds=seconds["verify"], **run,
+            )
+
+        limit = min(len(tokens), settings.max_tokens)
+        if limit == 0:
+            yield Chunk("", stats(0), "eos")
+            return
+
+        def reason(done: int) -> Optional[str]:
+            return None if done < limit else ("eos" if limit == len(tokens) else "length")
+
+        yield Chunk(tokens[0], stats(1), reason(1))  # the prefill's token
+        done, sent, step = 1, 1, 0
+        while done < limit:
+            if self.hold_after is not None and sent >= self.hold_after:
+                while not should_stop():
+                    time.sleep(0.01)
+            if should_stop():
+                yield Chunk("", stats(done), "cancelled")
+                return
+            if self.step_delay:
+                time.sleep(self.step_delay)
+            n = min(ACCEPT_PATTERN[step % len(ACCEPT_PATTERN)], L) if spec else 1
+            n = min(n, limit - done)
+            step += 1
+            lengths.append(n)
+            if spec:
+                seconds["draft"] += DRAFT_SECONDS
+                seconds["verify"] += VERIFY_SECONDS
+                seconds["decode"] += DRAFT_SECONDS + VERIFY_SECONDS
+            else:
+                seconds["decode"] += PLAIN_STEP_SECONDS
+            new = "".join(tokens[done : done + n])
+            done += n
+            sent += 1
+            yield Chunk(new, stats(done), reason(done))

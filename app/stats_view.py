@@ -1,0 +1,147 @@
+"""What the stats panel says: (label, value) rows computed from the engine's snapshots.
+
+Pure functions and one small accumulator (`Baseline`), no Textual: the panel widget only
+lays these rows out, and tests can read them directly. The labels `tok/s`, `tokens/step`
+and `acceptance` are the ones the library's bench and CLI print.
+
+Speedup is measured, not assumed: speculative tok/s over plain decoding's tok/s, where the
+plain figure comes from this session's plain replies (all of them, token-weighted) or, until
+there is one, from the short plain run the engine makes while warming up.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+from .engine import EngineInfo, Settings, Stats
+
+SPARK = "▁▂▃▄▅▆▇█"
+SPARK_STEPS = 24  # steps shown in the sparkline
+BAR_WIDTH = 16
+MIN_PLAIN_STEPS = 4  # plain replies shorter than this are too noisy to time
+
+Row = Tuple[str, Optional[str]]  # (label, value); value None: a section heading
+
+
+@dataclass
+class Baseline:
+    """Plain decoding speed, for the speedup figure."""
+
+    calibration: Optional[float] = None  # tok/s of the engine's warm-up run
+    plain_tokens: int = 0
+    plain_seconds: float = 0.0
+    plain_replies: int = 0
+
+    def observe(self, stats: Stats):
+        """Count a finished reply if it was decoded plainly and long enough to time."""
+        if stats.mode == "ar" and stats.steps >= MIN_PLAIN_STEPS and stats.decode_seconds > 0:
+            self.plain_tokens += sum(stats.accepted_lengths)
+            self.plain_seconds += stats.decode_seconds
+            self.plain_replies += 1
+
+    @property
+    def tokens_per_second(self) -> Optional[float]:
+        if self.plain_seconds > 0:
+            return self.plain_tokens / self.plain_seconds
+        return self.calibration
+
+    @property
+    def source(self) -> str:
+        if self.plain_seconds > 0:
+            n = self.plain_replies
+            return f"{n} plain repl{'y' if n == 1 else 'ies'}"
+        return "warm-up run" if self.calibration else ""
+
+
+def sparkline(values: Sequence[int], top: int) -> str:
+    top = max(top, max(values, default=0), 1)
+    return "".join(SPARK[min(len(SPARK) - 1, round(v / top * (len(SPARK) - 1)))] for v in values)
+
+
+def histogram(values: Sequence[int], top: int) -> List[Row]:
+    """One bar per length 1..max: how many steps emitted that many tokens."""
+    if not values:
+        return []
+    longest = max(max(values), top, 1)
+    counts = [sum(1 for v in values if v == n) for n in range(1, longest + 1)]
+    most = max(counts) or 1
+    return [
+        (f"  {n} tok", ("█" * round(c / most * BAR_WIDTH) or ("▏" if c else "·")) + f" {c}")
+        for n, c in enumerate(counts, start=1)
+    ]
+
+
+def _short_path(path: str) -> str:
+    parts = Path(path).parts
+    return str(Path(*parts[-2:])) if len(parts) > 2 else path
+
+
+def speculative_state(info: Optional[EngineInfo], settings: Settings) -> str:
+    if info is not None and info.drafter is None:
+        return "unavailable (no drafter)"
+    return "on" if settings.speculative else "off"
+
+
+def reply_rows(stats: Optional[Stats], baseline: Baseline, status: str) -> List[Row]:
+    rows: List[Row] = [("Reply", None), ("status", status)]
+    if stats is None:
+        return rows + [("tok/s", "—"), ("tokens/step", "—"), ("acceptance", "—")]
+    spec = stats.mode == "redrafter"
+    rows.append(("decoding", f"speculative {stats.beam_width}×{stats.beam_length}" if spec else "plain"))
+    rows.append(("tok/s", f"{stats.tokens_per_second:.1f}" if stats.steps else "—"))
+    per_step = f"{stats.last_step_tokens} last · {stats.tokens_per_step:.2f} mean"
+    rows.append(("tokens/step", per_step if stats.steps else "—"))
+    accepted = f"{stats.acceptance:.0%} ({stats.accepted_tokens} drafts accepted)"
+    rows.append(("acceptance", accepted if spec and stats.steps else "—"))
+    base = baseline.tokens_per_second
+    if not spec:
+        rows.append(("speedup", "1.00× (plain decoding)"))
+    elif base and stats.steps:
+        rows.append(("speedup", f"{stats.tokens_per_second / base:.2f}×"))
+    else:
+        rows.append(("speedup", "— (no plain baseline yet)"))
+    if base:
+        rows.append(("  vs plain", f"{base:.1f} tok/s ({baseline.source})"))
+    if spec and stats.accepted_lengths:
+        recent = stats.accepted_lengths[-SPARK_STEPS:]
+        rows.append(("accepted", sparkline(recent, stats.beam_length)))
+        rows.extend(histogram(stats.accepted_lengths, stats.beam_length))
+    if spec and stats.decode_seconds > 0:
+        d, v = stats.draft_seconds / stats.decode_seconds, stats.verify_seconds / stats.decode_seconds
+        rows.append(("draft/verify", f"{d:.0%} / {v:.0%} of decode"))
+    rows.append(("prefill", f"{stats.prefill_seconds:.2f} s · {stats.prompt_tokens} tokens"))
+    rows.append(("peak memory", f"{stats.peak_memory_mb:,.0f} MB"))
+    rows.append(("generated", f"{stats.new_tokens} tokens · {stats.steps} steps"))
+    return rows
+
+
+def session_rows(info: Optional[EngineInfo], settings: Settings) -> List[Row]:
+    rows: List[Row] = [("Session", None)]
+    if info is None:
+        return rows + [("model", "loading…")]
+    weights = info.weight_format + (f" (stored {info.stored_format})" if info.stored_format else "")
+    rows += [
+        ("model", info.model),
+        ("drafter", _short_path(info.drafter) if info.drafter else "none: plain decoding"),
+        ("weights", weights),
+        ("device", info.device),
+        ("speculative", speculative_state(info, settings)),
+        ("beam", f"{settings.beam_width} × {settings.beam_length} (width × length)"),
+        ("sampling", f"temp {settings.temperature:g} · top-p {settings.top_p:g}"),
+        ("max tokens", str(settings.max_tokens)),
+        ("context", f"{info.context_length} tokens"),
+    ]
+    return rows
+
+
+def stats_rows(info: Optional[EngineInfo], settings: Settings, stats: Optional[Stats], baseline: Baseline,
+               status: str) -> List[Row]:
+    return reply_rows(stats, baseline, status) + [("", "")] + session_rows(info, settings)
+
+
+def as_text(rows: List[Row], label_width: int = 13) -> str:
+    """Plain-text layout of the rows (what the panel shows, without colours)."""
+    lines = []
+    for label, value in rows:
+        lines.append(label if value is None else f"{label:<{label_width}}{value}".rstrip())
+    return "\n".join(lines)

@@ -1,0 +1,156 @@
+"""The chat screen's widgets: transcript entries, the prompt box with history, the stats panel.
+
+They only display what they are given; the app decides what happens (see app.py).
+"""
+
+from typing import List, Optional, Tuple
+
+from rich.text import Text
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.widgets import Input, Markdown, Static
+
+from .stats_view import Row, as_text
+
+
+class UserMessage(Static):
+    def __init__(self, text: str):
+        super().__init__(text, markup=False, classes="user")
+        self.border_title = "you"
+
+
+class AssistantMessage(Markdown):
+    """A reply, rendered as Markdown while it streams in."""
+
+    def __init__(self):
+        super().__init__("", classes="assistant -streaming")
+        self.border_title = "assistant"
+        self.text = ""
+        self._stream = None
+
+    async def show(self, text: str):
+        """Show the reply so far (`text` only ever grows)."""
+        delta = text[len(self.text) :]
+        if not delta:
+            return
+        self.text = text
+        if self._stream is None:
+            self._stream = Markdown.get_stream(self)
+        await self._stream.write(delta)
+
+    async def finish(self, note: str = ""):
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        self.remove_class("-streaming")
+        self.border_subtitle = note
+
+
+class Notice(Static):
+    """A line from the app itself: load progress, errors, help, mode changes."""
+
+    def __init__(self, text: str = "", kind: str = "info", markup: bool = False):
+        super().__init__(text, markup=markup, classes=f"notice -{kind}")
+
+    def set_kind(self, kind: str):
+        self.remove_class("-info", "-warning", "-error")
+        self.add_class(f"-{kind}")
+
+
+class LoadStatus(Notice):
+    """Model loading, one line per stage: ✓ done, … running, ✗ failed."""
+
+    def __init__(self, model: str):
+        super().__init__()
+        self.model = model
+        self.stages: List[Tuple[str, str]] = []
+        self.state = "running"  # running | done | failed
+        self.footer = ""
+
+    def on_mount(self):
+        self._render_stages()
+
+    def progress(self, stage: str, text: str):
+        if self.stages and self.stages[-1][0] == stage:
+            self.stages[-1] = (stage, text)
+        else:
+            self.stages.append((stage, text))
+        self._render_stages()
+
+    def done(self, footer: str):
+        self.state, self.footer = "done", footer
+        self._render_stages()
+
+    def failed(self, error: str):
+        self.state, self.footer = "failed", error
+        self.set_kind("error")
+        self._render_stages()
+
+    def _render_stages(self):
+        lines = [f"Loading {self.model}"]
+        for i, (stage, text) in enumerate(self.stages):
+            last = i == len(self.stages) - 1
+            mark = {"running": "…", "done": "✓", "failed": "✗"}[self.state] if last else "✓"
+            lines.append(f" {mark} {stage:<8} {text}")
+        if self.footer:
+            lines.append(self.footer)
+        self.update("\n".join(lines))
+
+
+class PromptInput(Input):
+    """The prompt box: Enter sends (Input.Submitted), up/down walk the sent prompts."""
+
+    BINDINGS = [
+        Binding("up", "history(-1)", "Previous prompt", show=False),
+        Binding("down", "history(1)", "Next prompt", show=False),
+    ]
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.history: List[str] = []
+        self._index: Optional[int] = None  # position while walking the history
+        self._draft = ""  # what was typed before walking
+
+    def remember(self, text: str):
+        if not self.history or self.history[-1] != text:
+            self.history.append(text)
+        self._index = None
+
+    def action_history(self, delta: int):
+        if not self.history or (self._index is None and delta > 0):
+            return
+        if self._index is None:
+            self._draft, self._index = self.value, len(self.history)
+        self._index = max(0, min(len(self.history), self._index + delta))
+        if self._index == len(self.history):
+            self.value, self._index = self._draft, None
+        else:
+            self.value = self.history[self._index]
+        self.cursor_position = len(self.value)
+
+
+class StatsPanel(Static):
+    """Live figures of the current reply and the session (rows from stats_view)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.plain = ""
+
+    def show(self, rows: List[Row]):
+        self.plain = as_text(rows)
+        text = Text(no_wrap=False)
+        for label, value in rows:
+            if value is None:
+                text.append(label + "\n", style="bold")
+            else:
+                text.append(f"{label:<13}", style="dim")
+                text.append(value + "\n")
+        text.rstrip()
+        self.update(text)
+
+
+class Transcript(VerticalScroll):
+    """The conversation; stays scrolled to the end while replies stream, until the user scrolls up."""
+
+    def on_mount(self):
+        self.anchor()

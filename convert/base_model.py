@@ -1,0 +1,246 @@
+"""Base model -> MLX weights, config and tokenizer: a Hugging Face Llama-family checkpoint or a llama GGUF.
+
+Hugging Face folders go through mlx-lm's own utilities: `load_model` (lazy, strict, never
+`trust_remote_code`), `quantize_model`, `save_model`, `save_config`. mlx-lm reads only
+`model*.safetensors`, so `pytorch_model*.bin` shards are first rewritten as safetensors in
+a staging folder inside the (temporary) output folder, read with torch's weights-only loader.
+
+GGUF files are read and validated by the library (`redrafter_mlx.gguf.read_gguf`,
+`redrafter_mlx.loader.build_model`). Their quantization is kept (the per-layer block mlx-lm
+writes, e.g. {"group_size": 32, "bits": 4, "model.embed_tokens": {"group_size": 32, "bits": 8}},
+and `rope_traditional: true` because GGUF permutes Q/K) with every tensor as stored in the
+file, unless a dtype is asked for: then the library dequantizes them.
+
+Every tensor is materialized once, under a progress bar, before mlx-lm writes the shards.
+"""
+
+import contextlib
+import io
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map
+
+from redrafter_mlx.config import LlamaArgs
+from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError, RedrafterError, UnsupportedModelError
+
+from .checkpoint import load_safetensors, pytorch_to_safetensors, read_json, weight_files
+from .output import ConversionError
+from .tokenizer import save_gguf_tokenizer, save_hf_tokenizer, write_generation_config
+
+DTYPES = ("float16", "bfloat16", "float32")
+STAGING = ".pytorch-as-safetensors"
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+@dataclass
+class BaseSource:
+    """A base model source, opened far enough to know its architecture."""
+
+    path: Path
+    kind: str  # "hf" or "gguf"
+    config: Dict[str, Any]
+    args: LlamaArgs
+    gguf: Optional[tuple] = field(default=None, repr=False)  # (weights, metadata) of a GGUF file
+
+
+def check_architecture(config: Dict[str, Any], where: str) -> LlamaArgs:
+    """Refuse anything redrafter_mlx cannot run, before any work is done."""
+    try:
+        return LlamaArgs.from_dict(config)
+    except TypeError as e:
+        needed = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "vocab_size")
+        missing = ", ".join(k for k in needed if k not in config)
+        raise CorruptModelError(f"{where} is not a Llama-family model config (it lacks {missing or e})") from e
+
+
+def open_base(path: Path) -> BaseSource:
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelNotFoundError(f"{path} is a file but not a .gguf model: pass a .gguf file or a checkpoint folder")
+        from redrafter_mlx.gguf import read_gguf
+
+        config, weights, meta = read_gguf(path)
+        return BaseSource(path, "gguf", config, check_architecture(config, path.name), (weights, meta))
+    config = read_json(path / "config.json", "model")
+    return BaseSource(path, "hf", config, check_architecture(config, str(path / "config.json")))
+
+
+def _materialize(model: nn.Module, report, desc: str) -> int:
+    """Evaluate every parameter (reading, casting, quantizing happen here), one bar step each."""
+    params = tree_flatten(model.parameters())
+    bar = report.bar(total=len(params), desc=desc)
+    try:
+        for name, value in params:
+            try:
+                mx.eval(value)
+            except Exception as e:
+                raise CorruptModelError(f"cannot read tensor {name}: {_one_line(e)}") from e
+            bar.update(1)
+    finally:
+        bar.close()
+    return len(params)
+
+
+def _cast(model: nn.Module, dtype: str):
+    target = getattr(mx, dtype)
+    model.update(tree_map(lambda v: v.astype(target) if mx.issubdtype(v.dtype, mx.floating) else v, model.parameters()))
+
+
+def _quantize(model: nn.Module, config: Dict[str, Any], bits: int, group_size: int, report):
+    from mlx_lm.utils import quantize_model
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):  # mlx-lm prints a bits-per-weight line
+        model, config = quantize_model(model, config, group_size, bits)
+    for line in printed.getvalue().splitlines():
+        report.say(line.replace("[INFO] ", "").strip())
+    return model, config
+
+
+def _save(model: nn.Module, config: Dict[str, Any], dest: Path):
+    from mlx_lm.utils import save_config, save_model
+
+    save_model(dest, model, donate_model=True)
+    save_config(config, config_path=dest / "config.json")
+
+
+def _quant_summary(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    q = config.get("quantization")
+    if not q:
+        return None
+    summary = {k: v for k, v in q.items() if not isinstance(v, dict)}
+    overrides = {k: v for k, v in q.items() if isinstance(v, dict)}
+    if overrides:
+        summary["per_layer"] = overrides
+    return summary
+
+
+def rope_overrides(config: Dict[str, Any]) -> Dict[str, Any]:
+    """Transformers >= 5 writes `rope_parameters` ({"rope_theta", "rope_type", ...}) where
+    mlx-lm's llama and redrafter_mlx read `rope_theta` / `rope_scaling`: spell both out."""
+    params = config.get("rope_parameters")
+    if not isinstance(params, dict) or "rope_theta" not in params:
+        return {}
+    out = {"rope_theta": params["rope_theta"]}
+    scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    if scaling.get("rope_type", scaling.get("type", "default")) != "default":
+        out["rope_scaling"] = scaling
+    return out
+
+
+def _load_hf(src: Path, dest: Path, config: Dict[str, Any], report):
+    """mlx-lm's lazy model for a checkpoint folder (`.bin` shards rewritten first)."""
+    from mlx_lm.utils import load_model
+
+    kind, files = weight_files(src)
+    model_dir = src
+    if kind == "pytorch":
+        staging = dest / STAGING
+        index = src / "pytorch_model.bin.index.json"
+        total = len(read_json(index, "checkpoint").get("weight_map") or {}) if index.is_file() else None
+        bar = report.bar(total=total, desc="reading .bin")
+        try:
+            pytorch_to_safetensors(files, staging, bar.update)
+        finally:
+            bar.close()
+        for name in ("config.json", "generation_config.json"):
+            if (src / name).is_file():
+                shutil.copy(src / name, staging / name)
+        model_dir = staging
+    # Read every shard's header now: a truncated file fails here, by name (lazy, no data read).
+    names = set()
+    for f in sorted(model_dir.glob("model*.safetensors")):
+        names.update(load_safetensors(f).keys())
+    overrides = rope_overrides(config)
+    if "tie_word_embeddings" not in config:
+        # Transformers leaves the default out of config.json (False for Llama); mlx-lm assumes
+        # True and would silently drop lm_head.weight. Decide from the tensors themselves.
+        overrides["tie_word_embeddings"] = "lm_head.weight" not in names
+    try:
+        model, config = load_model(model_dir, lazy=True, strict=True, model_config=overrides, trust_remote_code=False)
+    except FileNotFoundError as e:
+        raise ModelNotFoundError(f"{src}: {_one_line(e)}") from e
+    except ValueError as e:
+        text = _one_line(e)
+        if "not supported" in text:
+            raise UnsupportedModelError(f"{src}: {text}") from e
+        raise CorruptModelError(f"{src}: the tensors do not fit config.json: {text}") from e
+    except RedrafterError:
+        raise
+    except Exception as e:  # mx.load on a truncated or corrupt shard
+        raise CorruptModelError(f"cannot read {src}: {_one_line(e)}") from e
+    return model, config, kind, files
+
+
+def convert_hf(base: BaseSource, dest: Path, dtype, quantize, q_bits, q_group_size, template, report) -> Dict[str, Any]:
+    src = base.path
+    if quantize and base.config.get("quantization"):
+        raise ConversionError(f"{src} is already quantized; convert it without --quantize")
+    report.say("tokenizer")
+    tok = save_hf_tokenizer(src, dest, template)
+    if (src / "generation_config.json").is_file():
+        shutil.copy(src / "generation_config.json", dest / "generation_config.json")
+    model, config, kind, files = _load_hf(src, dest, base.config, report)
+    if dtype is None:
+        stated = config.get("torch_dtype") or config.get("dtype")
+        dtype = stated if stated in DTYPES else None
+    if dtype:
+        _cast(model, dtype)
+        for key in ("torch_dtype", "dtype"):
+            if key in config:
+                config[key] = dtype
+    if quantize:
+        model, config = _quantize(model, config, q_bits, q_group_size, report)
+    count = _materialize(model, report, "converting")
+    shutil.rmtree(dest / STAGING, ignore_errors=True)
+    _save(model, config, dest)
+    inputs = [src / "config.json", *files, *tok["files"]]
+    if (src / "generation_config.json").is_file():
+        inputs.append(src / "generation_config.json")
+    return {"format": kind, "files": inputs, "tensors": count, "dtype": dtype or "as stored",
+            "quantization": _quant_summary(config), "chat_template": tok["chat_template"]}
+
+
+def convert_gguf(base: BaseSource, dest: Path, dtype, quantize, q_bits, q_group_size, template, report) -> Dict[str, Any]:
+    from redrafter_mlx.loader import build_model
+
+    weights, meta = base.gguf
+    base.gguf = None
+    config = dict(base.config)
+    report.say("tokenizer")
+    tok = save_gguf_tokenizer(meta, dest, template)
+    write_generation_config(dest, tok["bos_token_id"], tok["eos_token_id"])
+    if quantize and dtype is None:
+        dtype = "float16"
+    # build_model validates names and shapes strictly; with a dtype it also dequantizes.
+    model, _ = build_model(config, weights, dtype or "stored")
+    if dtype:
+        config.pop("quantization", None)
+    else:
+        # Keep the file's tensors bit for bit: build_model("stored") casts the float32 norms
+        # to the scales' float16 (how redrafter_mlx runs them); the folder keeps float32, as
+        # the GGUF has it, and each loader picks its own compute dtype.
+        model.load_weights([(k, v) for k, v in model.sanitize(weights).items() if v.ndim == 1], strict=False)
+    del weights
+    if quantize:
+        model, config = _quantize(model, config, q_bits, q_group_size, report)
+    count = _materialize(model, report, "converting")
+    _save(model, config, dest)
+    return {"format": "gguf", "files": [base.path], "tensors": count, "dtype": dtype or "as stored",
+            "quantization": _quant_summary(config), "chat_template": tok["chat_template"]}
+
+
+def convert_base(base: BaseSource, dest: Path, dtype: Optional[str], quantize: bool, q_bits: int, q_group_size: int,
+                 template: Optional[str], report) -> Dict[str, Any]:
+    """Write the base model (weights, config.json, tokenizer, generation_config.json) into dest."""
+    convert = convert_gguf if base.kind == "gguf" else convert_hf
+    info = convert(base, dest, dtype, quantize, q_bits, q_group_size, template, report)
+    return {"source": str(base.path), **info}

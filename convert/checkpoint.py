@@ -1,0 +1,179 @@
+"""Checkpoint files in, MLX arrays out: locating sources, listing shards, reading tensors.
+
+- Sources are local folders/files or Hugging Face hub ids (fetched with huggingface-hub,
+  JSON/tokenizer/weight files only: never code).
+- `.safetensors` files are read by MLX itself (no torch needed).
+- `.bin` / `.pt` files are pickles. They are read only with `torch.load(..., weights_only=True)`,
+  which refuses anything but tensors and plain containers, so a checkpoint can never run
+  code here. torch is an optional dependency (`pip install 'redrafter-mlx[convert]'`).
+"""
+
+import json
+import pickle
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import mlx.core as mx
+
+from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError, NetworkError
+
+from .output import ConversionError
+
+HUB_PATTERNS = ["*.json", "model*.safetensors", "tokenizer.model", "*.tiktoken", "*.txt", "*.jinja"]
+HUB_PYTORCH_PATTERNS = ["pytorch_model*.bin"]
+DRAFTER_FILES = ("model.safetensors", "pytorch_model.bin", "model.pt")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def resolve(source: str, what: str, drafter: bool = False) -> Path:
+    """A local path as is; otherwise an `org/name` hub id fetched into the hub cache."""
+    path = Path(source).expanduser()
+    if path.exists():
+        return path.resolve()
+    parts = source.split("/")
+    if len(parts) != 2 or not all(parts) or source.startswith((".", "/", "~")):
+        raise ModelNotFoundError(f"{what} {source!r} not found: not a local path, nor a Hugging Face hub id (org/name)")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as e:  # pragma: no cover - a dependency of the package
+        raise ModelNotFoundError(f"{source!r} looks like a hub id, but huggingface-hub is not installed") from e
+    patterns = ["*.json", *DRAFTER_FILES] if drafter else HUB_PATTERNS
+    try:
+        folder = Path(snapshot_download(source, allow_patterns=patterns))
+        if not drafter and not list(folder.glob("model*.safetensors")):
+            folder = Path(snapshot_download(source, allow_patterns=patterns + HUB_PYTORCH_PATTERNS))
+    except Exception as e:
+        kind = type(e).__name__
+        if "RepositoryNotFound" in kind or "404" in str(e):
+            raise ModelNotFoundError(f"no {what} {source!r} on the Hugging Face hub") from e
+        raise NetworkError(f"could not fetch {source!r} from the Hugging Face hub ({kind}): {_first_line(e)}") from e
+    return folder
+
+
+def read_json(path: Path, what: str) -> dict:
+    if not path.is_file():
+        raise ModelNotFoundError(f"{path.parent} has no {path.name}: not a {what} folder")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CorruptModelError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise CorruptModelError(f"{path} does not hold a JSON object")
+    return data
+
+
+def _shards_from_index(folder: Path, index_name: str) -> List[Path]:
+    index = read_json(folder / index_name, "checkpoint")
+    names = sorted(set((index.get("weight_map") or {}).values()))
+    if not names:
+        raise CorruptModelError(f"{folder / index_name} lists no weight files")
+    missing = [n for n in names if not (folder / n).is_file()]
+    if missing:
+        raise CorruptModelError(f"{folder.name} is missing weight shard(s) listed in {index_name}: {', '.join(missing)}")
+    return [folder / n for n in names]
+
+
+def weight_files(folder: Path) -> Tuple[str, List[Path]]:
+    """("safetensors" | "pytorch", shard files) of a Hugging Face checkpoint folder.
+
+    safetensors (the names mlx-lm reads, `model*.safetensors`) win over `pytorch_model*.bin`.
+    """
+    if (folder / "model.safetensors.index.json").is_file():
+        return "safetensors", _shards_from_index(folder, "model.safetensors.index.json")
+    files = sorted(folder.glob("model*.safetensors"))
+    if files:
+        return "safetensors", files
+    if (folder / "pytorch_model.bin.index.json").is_file():
+        return "pytorch", _shards_from_index(folder, "pytorch_model.bin.index.json")
+    files = sorted(folder.glob("pytorch_model*.bin"))
+    if files:
+        return "pytorch", files
+    others = sorted(p.name for p in folder.glob("*.safetensors")) + sorted(p.name for p in folder.glob("*.pt*"))
+    hint = f" (found {', '.join(others[:3])})" if others else ""
+    raise ModelNotFoundError(
+        f"{folder} has no weights: expected model*.safetensors or pytorch_model*.bin{hint}"
+    )
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as e:
+        raise ConversionError(
+            "reading .bin/.pt checkpoints needs PyTorch: pip install 'redrafter-mlx[convert]' "
+            "(or convert the checkpoint to safetensors)"
+        ) from e
+    return torch
+
+
+def torch_state_dict(path: Path) -> Dict[str, "object"]:
+    """Tensors of a `.bin`/`.pt` pickle, loaded with weights_only=True (never runs its code)."""
+    torch = _torch()
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ConversionError(
+            f"{path.name} is not a weights-only checkpoint: loading it would run code stored in the file, "
+            "which this tool never does (re-save it as a plain state dict or as safetensors)"
+        ) from e
+    except Exception as e:
+        raise CorruptModelError(f"cannot read {path.name}: {_first_line(e)}") from e
+    # Training scripts sometimes wrap the state dict.
+    for key in ("state_dict", "model", "module"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict) and not torch.is_tensor(obj.get(key)):
+            obj = obj[key]
+            break
+    if not isinstance(obj, dict):
+        raise CorruptModelError(f"{path.name} holds a {type(obj).__name__}, not a dictionary of tensors")
+    bad = [k for k, v in obj.items() if not torch.is_tensor(v)]
+    if bad:
+        raise CorruptModelError(f"{path.name} holds entries that are not tensors: {', '.join(map(str, bad[:5]))}")
+    return obj
+
+
+def torch_to_mx(t) -> mx.array:
+    """A CPU torch tensor as an MLX array of the same dtype (bfloat16 included)."""
+    torch = _torch()
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        return mx.array(t.view(torch.int16).numpy()).view(mx.bfloat16)
+    return mx.array(t.numpy())
+
+
+def load_safetensors(path: Path) -> Dict[str, mx.array]:
+    try:
+        return mx.load(str(path))
+    except Exception as e:
+        raise CorruptModelError(f"cannot read {path.name}: {_first_line(e)}") from e
+
+
+def load_tensors(path: Path) -> Dict[str, mx.array]:
+    """All tensors of one file (.safetensors, .bin or .pt) as MLX arrays."""
+    if path.suffix == ".safetensors":
+        return load_safetensors(path)
+    return {k: torch_to_mx(v) for k, v in torch_state_dict(path).items()}
+
+
+def pytorch_to_safetensors(files: List[Path], dest: Path, progress=None) -> List[Path]:
+    """Rewrite `.bin` shards as `model-XXXXX-of-YYYYY.safetensors` in dest (what mlx-lm reads).
+
+    `progress(n)` is called once per tensor written.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i, f in enumerate(files, 1):
+        state = torch_state_dict(f)
+        arrays = {}
+        for k in list(state):
+            arrays[k] = torch_to_mx(state.pop(k))
+            if progress:
+                progress(1)
+        name = dest / (f"model-{i:05d}-of-{len(files):05d}.safetensors" if len(files) > 1 else "model.safetensors")
+        mx.save_safetensors(str(name), arrays, metadata={"format": "mlx"})
+        out.append(name)
+        del arrays, state
+    return out

