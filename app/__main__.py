@@ -62,10 +62,11 @@ def configure_parser() -> argparse.ArgumentParser:
     p.add_argument("--drafter", metavar="PATH", default=None,
                    help="ReDrafter head folder (default: the one found beside the model, if any; "
                    "without one, plain decoding)")
-    p.add_argument("-W", "--beam-width", type=_positive, default=4, metavar="N",
-                   help="beams drafted per step (default: 4)")
-    p.add_argument("-L", "--beam-length", type=_positive, default=4, metavar="N",
-                   help="tokens per beam, the base model's own next token included (default: 4)")
+    p.add_argument("-W", "--beam-width", type=_positive, default=None, metavar="N",
+                   help="beams drafted per step (default: the shape `redrafter-bench --tune` stored for this "
+                   "model and device, else 4)")
+    p.add_argument("-L", "--beam-length", type=_positive, default=None, metavar="N",
+                   help="tokens per beam, the base model's own next token included (default: tuned, else 4)")
     p.add_argument("--temperature", type=_temperature, default=0.0, metavar="T", help="0 = greedy (default: 0)")
     p.add_argument("--top-p", type=_top_p, default=1.0, metavar="P", help="nucleus sampling mass (default: 1)")
     p.add_argument("--max-tokens", type=_positive, default=256, metavar="N",
@@ -82,8 +83,9 @@ def main(argv=None) -> int:
 
     settings = Settings(
         speculative=not args.no_speculative,
-        beam_width=args.beam_width,
-        beam_length=args.beam_length,
+        beam_width=args.beam_width or 4,
+        beam_length=args.beam_length or 4,
+        beam_tuned=args.beam_width is None and args.beam_length is None,
         temperature=args.temperature,
         top_p=args.top_p,
         max_tokens=args.max_tokens,

@@ -144,6 +144,8 @@ class ChatApp(App):
         self.load_status.done(f"Ready in {info.load_seconds:.1f} s: {info.model}, {weights}, on {info.device}.")
         for text in info.notices:
             self._note(text, "warning")
+        if info.beam_shape and self.settings.beam_tuned:
+            self.settings.beam_width, self.settings.beam_length = info.beam_shape
         if info.drafter is not None:
             state = "on" if self.settings.speculative else "off"
             self._note(f"Speculative decoding (ReDrafter) is {state}: Ctrl+T toggles it. "

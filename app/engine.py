@@ -49,6 +49,7 @@ class Settings:
     speculative: bool = True
     beam_width: int = 4
     beam_length: int = 4
+    beam_tuned: bool = True  # adopt the model's tuned beam shape (EngineInfo.beam_shape) when it loads
     temperature: float = 0.0
     top_p: float = 1.0
     max_tokens: int = 256
@@ -98,6 +99,7 @@ class EngineInfo:
     load_seconds: float = 0.0
     plain_tokens_per_second: Optional[float] = None  # measured while warming up
     notices: List[str] = field(default_factory=list)
+    beam_shape: Optional[Tuple[int, int]] = None  # (W, L) tuned for this device (redrafter-bench --tune)
 
 
 class EngineThread:
@@ -305,6 +307,7 @@ class Engine(EngineThread):
             load_seconds=time.perf_counter() - t0,
             plain_tokens_per_second=plain_tps,
             notices=notices,
+            beam_shape=m.beam_shape if m.drafter is not None else None,
         )
 
     def _reply(self, messages: Messages, settings: Settings, should_stop) -> Iterator[Chunk]:
@@ -378,6 +381,7 @@ class FakeEngine(EngineThread):
     hold_after: after this many chunks of each reply, wait until `should_stop()` (a reply
         that only ends by being cancelled).
     step_delay: real seconds to sleep per chunk (for trying the UI by hand).
+    beam_shape: the tuned (W, L) the load reports.
 
     Records `calls` (messages, settings) and `new_chats` for tests to check."""
 
@@ -390,8 +394,10 @@ class FakeEngine(EngineThread):
         fail_load: Optional[str] = None,
         hold_after: Optional[int] = None,
         step_delay: float = 0.0,
+        beam_shape: Optional[Tuple[int, int]] = None,
     ):
         super().__init__(name="fake-engine")
+        self.beam_shape = beam_shape
         self.replies = list(replies)
         self.model, self.drafter, self.fail_load = model, drafter, fail_load
         self.hold_after, self.step_delay = hold_after, step_delay
@@ -438,6 +444,7 @@ class FakeEngine(EngineThread):
             load_seconds=1.5,
             plain_tokens_per_second=1 / PLAIN_STEP_SECONDS,
             notices=notices,
+            beam_shape=self.beam_shape,
         )
 
     def _reply(self, messages: Messages, settings: Settings, should_stop) -> Iterator[Chunk]:

@@ -8,6 +8,16 @@ is wrapped in the model's chat template. Every question runs in every mode, one 
 other, on the same loaded weights. The JSON holds "model", "device", "results" (one object
 per question and mode) and "summary" (per mode: mean tokens/s, tokens/step, speedup over ar,
 and, for greedy runs, whether every output equals ar's token for token).
+
+    redrafter-bench --prompts ../shared/data/mt_bench.jsonl --limit 8 --modes ar,redrafter \
+        --grid --widths 1,2,4,8 --lengths 3,4,5 --plot grid.png
+    redrafter-bench --prompts ../shared/data/mt_bench.jsonl --limit 6 --tune
+
+`--grid` runs redrafter once per beam shape W x L (variants named `redrafter@WxL` in the
+summary); `--plot` draws speedup and tokens/step against the shape and the accepted-length
+histogram of the fastest shape; `--tune` runs the grid and stores the fastest shape whose
+greedy output equals ar's in the model folder (`beam_shape.json`, per device), where
+`load()`, the API, the chat and this bench pick it up as their default.
 """
 
 import argparse
@@ -21,6 +31,7 @@ from typing import Dict, List
 
 from . import _platform  # noqa: F401  (OpenBLAS before mlx)
 from .errors import RedrafterError
+from .tuning import DEFAULT_SHAPE, save_beam_shape
 
 MODES = ("ar", "redrafter", "mlx-lm")
 
@@ -105,9 +116,10 @@ def run_mlx_lm(loaded, twin, prompt: str, args) -> Dict:
     }
 
 
-def run_one(loaded, prompt: str, mode: str, args) -> Dict:
+def run_one(loaded, prompt: str, mode: str, args, shape=None) -> Dict:
     from .generate import generate
 
+    width, length = shape or (args.beam_width, args.beam_length)
     t0 = time.perf_counter()
     g = generate(
         loaded,
@@ -117,13 +129,14 @@ def run_one(loaded, prompt: str, mode: str, args) -> Dict:
         temperature=args.temperature,
         top_p=args.top_p,
         seed=args.seed,
-        beam_width=args.beam_width,
-        beam_length=args.beam_length,
+        beam_width=width,
+        beam_length=length,
     )
     seconds = time.perf_counter() - t0
     s = g.stats
     return {
         "mode": mode,
+        **({"beam_width": width, "beam_length": length} if mode == "redrafter" else {}),
         "prompt_tokens": g.prompt_tokens,
         "tokens": g.tokens,
         "new_tokens": s.new_tokens,
@@ -145,10 +158,15 @@ def run_one(loaded, prompt: str, mode: str, args) -> Dict:
     }
 
 
+def variant_of(r: Dict) -> str:
+    return r.get("variant", r["mode"])
+
+
 def summarize(results: List[Dict], modes: List[str], greedy: bool) -> Dict[str, Dict]:
+    """Per variant ("ar", "redrafter", "redrafter@4x5", "mlx-lm"), pooled over the questions."""
     by_mode = defaultdict(list)
     for r in results:
-        by_mode[r["mode"]].append(r)
+        by_mode[variant_of(r)].append(r)
     summary = {}
     for mode in modes:
         rows = by_mode[mode]
@@ -157,6 +175,7 @@ def summarize(results: List[Dict], modes: List[str], greedy: bool) -> Dict[str, 
         step_tokens = sum(r["new_tokens"] - 1 for r in rows if r["new_tokens"] > 0)
         if mode == "mlx-lm":
             steps = step_tokens
+        first = rows[0] if rows else {}
         summary[mode] = {
             "questions": len(rows),
             "new_tokens": sum(r["new_tokens"] for r in rows),
@@ -165,7 +184,9 @@ def summarize(results: List[Dict], modes: List[str], greedy: bool) -> Dict[str, 
             "tokens_per_step": step_tokens / steps if steps else 0.0,
             "peak_memory_mb": max((r["peak_memory_mb"] for r in rows), default=0.0),
         }
-        if mode == "redrafter":
+        if "beam_width" in first:
+            summary[mode]["beam_width"], summary[mode]["beam_length"] = first["beam_width"], first["beam_length"]
+        if first.get("mode") == "redrafter":
             drafted = sum(r["drafted_tokens"] for r in rows)
             summary[mode]["packed_tokens_per_step"] = sum(r["packed_tokens"] for r in rows) / steps if steps else 0
             summary[mode]["drafted_tokens_per_step"] = drafted / steps if steps else 0
@@ -180,11 +201,36 @@ def summarize(results: List[Dict], modes: List[str], greedy: bool) -> Dict[str, 
     return summary
 
 
-def print_table(results: List[Dict], summary: Dict, modes: List[str], out=sys.stdout):
-    print(f"{'question':>9} {'category':<12} {'mode':<10} {'new':>5} {'steps':>5} {'tok/step':>8} {'tok/s':>7}", file=out)
+def per_category(results: List[Dict], modes: List[str]) -> Dict[str, Dict[str, Dict]]:
+    """{category: {variant: {tokens_per_step, tokens_per_second, speedup}}}, pooled per category."""
+    out = {}
+    for cat in sorted({r["category"] for r in results}):
+        rows = [r for r in results if r["category"] == cat]
+        s = summarize(rows, [m for m in modes if any(variant_of(r) == m for r in rows)], greedy=False)
+        out[cat] = {m: {k: v[k] for k in ("tokens_per_step", "tokens_per_second", "speedup") if k in v}
+                    for m, v in s.items()}
+    return out
+
+
+def print_categories(cats: Dict[str, Dict[str, Dict]], modes: List[str], out=None):
+    out = out or sys.stdout
+    shown = [m for m in modes if m != "ar"] or modes
+    print(f"{'category':<12} " + " ".join(f"{m[:22]:>22}" for m in shown), file=out)
+    print(f"{'':<12} " + " ".join(f"{'tok/step  speedup':>22}" for _ in shown), file=out)
+    for cat, row in cats.items():
+        cells = []
+        for m in shown:
+            v = row.get(m)
+            cells.append(f"{v['tokens_per_step']:>12.2f} {v.get('speedup', 0):>8.2f}x" if v else f"{'-':>22}")
+        print(f"{cat[:12]:<12} " + " ".join(cells), file=out)
+
+
+def print_table(results: List[Dict], summary: Dict, modes: List[str], out=None):
+    out = out or sys.stdout
+    print(f"{'question':>9} {'category':<12} {'mode':<16} {'new':>5} {'steps':>5} {'tok/step':>8} {'tok/s':>7}", file=out)
     for r in results:
         print(
-            f"{r['question_id']!s:>9} {r['category'][:12]:<12} {r['mode']:<10} {r['new_tokens']:>5} {r['steps']:>5} "
+            f"{r['question_id']!s:>9} {r['category'][:12]:<12} {variant_of(r):<16} {r['new_tokens']:>5} {r['steps']:>5} "
             f"{r['tokens_per_step']:>8.2f} {r['tokens_per_second']:>7.2f}",
             file=out,
         )
@@ -198,10 +244,58 @@ def print_table(results: List[Dict], summary: Dict, modes: List[str], out=sys.st
         if "identical_to_ar" in s:
             extra += f"  identical_to_ar {s['identical_to_ar']}"
         print(
-            f"{mode:<10} tok/s {s['tokens_per_second']:7.2f}  tokens/step {s['tokens_per_step']:5.2f}  "
+            f"{mode:<16} tok/s {s['tokens_per_second']:7.2f}  tokens/step {s['tokens_per_step']:5.2f}  "
             f"speedup {s.get('speedup', 0):5.2f}x  peak {s['peak_memory_mb']:.0f} MB{extra}",
             file=out,
         )
+
+
+def plot(summary: Dict, results: List[Dict], path: Path):
+    """Speedup and tokens/step against beam shape, and the accepted-length histogram of the
+    fastest redrafter variant (matplotlib, written to `path`)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise RedrafterError("--plot needs matplotlib: pip install 'redrafter-mlx[bench]'") from e
+    shapes = [m for m, v in summary.items() if "beam_width" in v]
+    if not shapes:
+        raise RedrafterError("--plot needs redrafter results (--modes ...,redrafter)")
+    shapes.sort(key=lambda m: (summary[m]["beam_width"], summary[m]["beam_length"]))
+    labels = [f"{summary[m]['beam_width']}x{summary[m]['beam_length']}" for m in shapes]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    axes[0].bar(labels, [summary[m].get("speedup", 0) for m in shapes], color="tab:blue")
+    axes[0].axhline(1.0, color="grey", lw=1, ls="--")
+    axes[0].set(title="speedup over ar (tokens/s)", xlabel="beams W x length L")
+    axes[1].bar(labels, [summary[m]["tokens_per_step"] for m in shapes], color="tab:green")
+    axes[1].set(title="tokens per step", xlabel="beams W x length L")
+    for ax in axes[:2]:
+        ax.tick_params(axis="x", rotation=60)
+    best = max(shapes, key=lambda m: summary[m].get("speedup", summary[m]["tokens_per_second"]))
+    hist = defaultdict(int)
+    for r in results:
+        if variant_of(r) == best:
+            for k, n in r.get("accepted_length_histogram", {}).items():
+                hist[int(k)] += n
+    ks = sorted(hist)
+    axes[2].bar([str(k) for k in ks], [hist[k] for k in ks], color="tab:orange")
+    axes[2].set(title=f"tokens emitted per step ({best})", xlabel="tokens (accepted drafts + 1)", ylabel="steps")
+    fig.suptitle(f"{len({r['question_id'] for r in results})} prompts")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_shapes(text: str, what: str) -> List[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{what} must be a comma-separated list of positive integers, not {text!r}")
+    return values
 
 
 def parse_args(argv=None):
@@ -218,8 +312,16 @@ def parse_args(argv=None):
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--modes", default="ar", help=f"comma-separated, from {', '.join(MODES)} (default: ar); "
                    "mlx-lm = mlx-lm's own Llama module and generate_step on the same weights")
-    p.add_argument("--beam-width", type=int, default=4)
-    p.add_argument("--beam-length", type=int, default=4, help="tokens per beam, counting the base model's own")
+    p.add_argument("--beam-width", type=int, default=None,
+                   help="beams drafted per step (default: the tuned shape for this model and device, else 4)")
+    p.add_argument("--beam-length", type=int, default=None,
+                   help="tokens per beam, counting the base model's own (default: tuned, else 4)")
+    p.add_argument("--grid", action="store_true", help="run redrafter for every shape in --widths x --lengths")
+    p.add_argument("--widths", type=lambda t: parse_shapes(t, "--widths"), default=[1, 2, 4, 8])
+    p.add_argument("--lengths", type=lambda t: parse_shapes(t, "--lengths"), default=[3, 4, 5])
+    p.add_argument("--tune", action="store_true", help="run the grid (with ar) and store the fastest lossless "
+                   "shape in the model folder as this model's default on this device")
+    p.add_argument("--plot", type=Path, default=None, help="write speedup / tokens-per-step / acceptance plots (PNG)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
@@ -227,6 +329,12 @@ def parse_args(argv=None):
     p.add_argument("--json", type=Path, default=None, help="write all results here")
     args = p.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if args.tune:
+        args.grid = True
+        args.modes = list(dict.fromkeys(["ar", "redrafter", *args.modes]))
+        args.temperature = 0.0
+        if args.limit is None:
+            args.limit = 6
     bad = [m for m in args.modes if m not in MODES]
     if bad or not args.modes:
         p.error(f"unknown mode(s) {', '.join(bad) or '(none)'}; choose from {', '.join(MODES)}")
@@ -247,23 +355,59 @@ def main(argv=None):
     except RedrafterError as e:
         print(f"redrafter-bench: error: {e}", file=sys.stderr)
         return 2
+    tuned = loaded.beam_shape or DEFAULT_SHAPE
+    args.beam_width = args.beam_width or tuned[0]
+    args.beam_length = args.beam_length or tuned[1]
+    # Variants: (name, mode, beam shape); with --grid, redrafter runs once per shape.
+    variants = []
+    for mode in args.modes:
+        if mode == "redrafter" and args.grid:
+            variants += [(f"redrafter@{w}x{n}", mode, (w, n)) for w in args.widths for n in args.lengths]
+        else:
+            variants.append((mode, mode, (args.beam_width, args.beam_length) if mode == "redrafter" else None))
+    names = [v[0] for v in variants]
+    shape_text = f"grid W in {args.widths} x L in {args.lengths}" if args.grid else f"W={args.beam_width} L={args.beam_length}"
     print(f"model {loaded.name} ({loaded.weight_format}) on {loaded.device}; drafter {loaded.drafter_path}; "
-          f"{len(prompts)} prompts, modes {','.join(args.modes)}, W={args.beam_width} L={args.beam_length}", file=sys.stderr)
+          f"{len(prompts)} prompts, modes {','.join(args.modes)}, {shape_text}", file=sys.stderr)
     twin = mlx_lm_twin(loaded) if "mlx-lm" in args.modes else None
-    for mode in args.modes:  # warm-up: first calls pay for kernel set-up
+    for _, mode, shape in variants:  # warm-up: first calls pay for kernel set-up
         if mode == "mlx-lm":
             run_mlx_lm(loaded, twin, "Hello", argparse.Namespace(**{**vars(args), "max_tokens": 8}))
         else:
-            generate(loaded, "Hello", mode=mode, max_tokens=8, beam_width=args.beam_width, beam_length=args.beam_length)
+            run_one(loaded, "Hello", mode, argparse.Namespace(**{**vars(args), "max_tokens": 8}), shape)
     results = []
     for q in prompts:
-        for mode in args.modes:
-            r = run_mlx_lm(loaded, twin, q["prompt"], args) if mode == "mlx-lm" else run_one(loaded, q["prompt"], mode, args)
-            results.append({"question_id": q["question_id"], "category": q["category"], **r})
-            print(f"  q{q['question_id']} {mode}: {r['new_tokens']} tokens, {r['tokens_per_step']:.2f} tok/step, "
+        for name, mode, shape in variants:
+            r = run_mlx_lm(loaded, twin, q["prompt"], args) if mode == "mlx-lm" else run_one(loaded, q["prompt"], mode, args, shape)
+            r = {"question_id": q["question_id"], "category": q["category"], **r}
+            if name != mode:
+                r["variant"] = name
+            results.append(r)
+            print(f"  q{q['question_id']} {name}: {r['new_tokens']} tokens, {r['tokens_per_step']:.2f} tok/step, "
                   f"{r['tokens_per_second']:.2f} tok/s", file=sys.stderr)
-    summary = summarize(results, args.modes, args.temperature == 0.0)
-    print_table(results, summary, args.modes)
+    summary = summarize(results, names, args.temperature == 0.0)
+    categories = per_category(results, names)
+    print_table(results, summary, names)
+    print()
+    print_categories(categories, names)
+    if args.plot:
+        try:
+            plot(summary, results, args.plot)
+        except RedrafterError as e:
+            print(f"redrafter-bench: error: {e}", file=sys.stderr)
+            return 2
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    if args.tune:
+        best = best_shape(summary)
+        if best is None:
+            print("redrafter-bench: no beam shape reproduced ar's output; nothing stored", file=sys.stderr)
+            return 1
+        path = save_beam_shape(loaded, best["beam_width"], best["beam_length"], {
+            "tokens_per_second": best["tokens_per_second"], "speedup": best.get("speedup"),
+            "tokens_per_step": best["tokens_per_step"], "prompts": str(args.prompts), "questions": len(prompts),
+            "max_tokens": args.max_tokens})
+        print(f"fastest shape W={best['beam_width']} L={best['beam_length']} "
+              f"({best.get('speedup', 0):.2f}x over ar) stored in {path}")
     if args.json:
         report = {
             "model": loaded.name,
@@ -273,9 +417,16 @@ def main(argv=None):
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "results": results,
             "summary": summary,
+            "categories": categories,
         }
         args.json.write_text(json.dumps(report, indent=1))
     return 0
+
+
+def best_shape(summary: Dict) -> Dict:
+    """The fastest redrafter variant whose greedy outputs equal ar's (None if there is none)."""
+    ok = [v for v in summary.values() if "beam_width" in v and v.get("identical_to_ar", True)]
+    return max(ok, key=lambda v: v["tokens_per_second"], default=None)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,14 @@ LLAMA_FAMILY = {"llama", "mistral", "vicuna", "smollm", "smollm2"}
 class BaseArgs:
     @classmethod
     def from_dict(cls, params: Dict[str, Any]):
+        params = cls.normalize(dict(params))
         known = inspect.signature(cls).parameters
         return cls(**{k: v for k, v in params.items() if k in known})
+
+    @classmethod
+    def normalize(cls, params: Dict[str, Any]) -> Dict[str, Any]:
+        """Map other spellings of a config onto the fields (a hook for subclasses)."""
+        return params
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -27,6 +33,16 @@ class BaseArgs:
 
 @dataclass
 class LlamaArgs(BaseArgs):
+    @classmethod
+    def normalize(cls, params: Dict[str, Any]) -> Dict[str, Any]:
+        # transformers >= 5 writes rope settings as {"rope_parameters": {"rope_theta", "rope_type", ...}}.
+        rope = params.get("rope_parameters")
+        if isinstance(rope, dict):
+            params.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+            if rope.get("rope_type", "default") != "default":
+                params.setdefault("rope_scaling", rope)
+        return params
+
     hidden_size: int
     num_hidden_layers: int
     intermediate_size: int

@@ -54,10 +54,13 @@ def key_of(prompt: str) -> str:
     return hashlib.sha1(prompt.encode()).hexdigest()[:16]
 
 
-def generate_batch(model, prompts: List[List[int]], max_tokens: int, eos: Sequence[int]) -> List[Tuple[List[int], np.ndarray]]:
-    """Greedy replies to a batch of prompt ids. Returns per row (reply ids, hidden (n, H) f16),
-    where hidden[i] is the base model's final hidden state at the position *before* reply
-    token i (the state that predicted it): the last prompt token, then reply tokens."""
+def generate_batch(
+    model, prompts: List[List[int]], max_tokens: int, eos: Sequence[int], temperature: float = 0.0
+) -> List[Tuple[List[int], np.ndarray]]:
+    """Replies to a batch of prompt ids: greedy, or sampled at `temperature` (mx.random state).
+    Returns per row (reply ids, hidden (n, H) f16), where hidden[i] is the base model's final
+    hidden state at the position *before* reply token i (the state that predicted it): the
+    last prompt token, then reply tokens."""
     B = len(prompts)
     T = max(len(p) for p in prompts)
     pad = np.array([T - len(p) for p in prompts])
@@ -78,7 +81,11 @@ def generate_batch(model, prompts: List[List[int]], max_tokens: int, eos: Sequen
     hiddens = [[] for _ in range(B)]
     done = np.zeros(B, dtype=bool)
     for _ in range(max_tokens):
-        nxt = mx.argmax(model.logits(h), axis=-1)  # (B,)
+        logits = model.logits(h)  # (B, V)
+        if temperature > 0:
+            nxt = mx.random.categorical(logits.astype(mx.float32) / temperature, axis=-1)  # (B,)
+        else:
+            nxt = mx.argmax(logits, axis=-1)  # (B,)
         h_np = np.array(h.astype(mx.float16))
         nxt_np = np.array(nxt)
         for i in range(B):
@@ -154,6 +161,67 @@ def distill(loaded, prompts: List[str], out: Path, batch_size: int = 16, max_tok
     return len(encoded)
 
 
+SELF_INSTRUCT = "Come up with a series of diverse tasks:\n{examples}\n{next}."  # continued as plain text
+
+
+def clean_task(text: str) -> str:
+    """The first non-empty line of a generated task, without numbering or quotes; '' if unusable."""
+    for line in text.splitlines():
+        line = line.strip().lstrip("0123456789.-*) ").strip().strip('"').strip()
+        if line.lower().startswith(("task:", "new task:")):
+            line = line.split(":", 1)[1].strip()
+        if line.lower().startswith(("here", "sure", "i ")):
+            return ""
+        if line:
+            return line if 15 <= len(line) <= 400 else ""
+    return ""
+
+
+def self_instruct(loaded, seeds: List[str], n: int, path: Path, batch_size: int = 16, seed: int = 0,
+                  progress=True) -> List[str]:
+    """Widen the prompt set (self-instruct, Wang et al. 2022): the base model writes new tasks,
+    continuing a numbered list of 3 random seed tasks as plain text (no chat template),
+    sampled at temperature 0.7 until the line ends. Tasks are appended to
+    `path` as JSONL ({"instruction": ...}); a rerun keeps the ones there and writes the rest.
+    Returns all n (or fewer, if the model keeps repeating itself) tasks."""
+    from tqdm import tqdm
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    have = [json.loads(l)["instruction"] for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
+    seen = set(have) | set(seeds)
+    rng = np.random.default_rng(seed + len(have))
+    mx.random.seed(seed + len(have))
+    tok = loaded.tokenizer
+    bar = tqdm(total=n, initial=min(len(have), n), desc="self-instruct", unit="task", disable=not progress)
+    tries = 0
+    stops = list(tok.eos_token_ids) + [i for i in range(tok.vocab_size) if "\n" in tok.decode([i])]  # end of line
+    while len(have) < n and tries < 4 * n:
+        picks = [rng.choice(len(seeds), size=3, replace=False) for _ in range(batch_size)]
+        prompts = [
+            tok.encode(SELF_INSTRUCT.format(
+                examples="\n".join(f"{j + 1}. {' '.join(seeds[i].split())}" for j, i in enumerate(p)), next=len(p) + 1))
+            for p in picks
+        ]
+        rows = generate_batch(loaded.model, prompts, 64, stops, temperature=0.7)
+        tries += batch_size
+        new = []
+        for reply, _ in rows:
+            if len(reply) >= 64:  # ran on without ending its line: usually a loop
+                continue
+            task = clean_task(tok.decode(reply))
+            if task and task not in seen:
+                seen.add(task)
+                new.append(task)
+        new = new[: n - len(have)]
+        with open(path, "a") as f:
+            for task in new:
+                f.write(json.dumps({"instruction": task}) + "\n")
+        have += new
+        bar.update(len(new))
+    bar.close()
+    return have
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m redrafter_mlx.distill", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None)
@@ -164,14 +232,22 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--weight-format", default="float32")
+    p.add_argument("--self-instruct", type=int, default=0, metavar="N",
+                   help="first have the model write N new tasks from the seed tasks (files named seed_tasks*, "
+                        "else all --data) into OUT/self_instruct.jsonl, and answer them too")
     args = p.parse_args(argv)
     from .loader import load
 
     per_file = [read_prompts([f]) for f in args.data]
+    loaded = load(args.model, weight_format=args.weight_format, use_drafter=False)
+    if args.self_instruct:
+        seeds = [q for f, qs in zip(args.data, per_file) if "seed_tasks" in Path(f).name for q in qs]
+        seeds = seeds or [q for qs in per_file for q in qs]
+        tasks = self_instruct(loaded, seeds, args.self_instruct, args.out / "self_instruct.jsonl", args.batch_size)
+        per_file.append(tasks)
     prompts = interleave(per_file)[args.offset :]
     if args.limit:
         prompts = prompts[: args.limit]
-    loaded = load(args.model, weight_format=args.weight_format, use_drafter=False)
     n = distill(loaded, prompts, args.out, args.batch_size, args.max_tokens)
     print(f"answered {n} prompts into {args.out}", file=sys.stderr)
 

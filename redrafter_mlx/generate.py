@@ -28,6 +28,7 @@ from .errors import ContextLengthError, RedrafterError
 from .sampling import Sampler
 from .stats import RunStats, StepStats
 from .tree import accept, beam_of, pack
+from .tuning import DEFAULT_SHAPE
 
 PREFILL_CHUNK = 512
 MODES = ("auto", "ar", "redrafter")
@@ -82,11 +83,15 @@ class Generation:
     step_stats: List[StepStats] = field(default_factory=list)
 
 
-def _prefill(model, pc: PromptCache, prompt: List[int]):
-    """Run the uncached part of the prompt. Returns (logits (V,), hidden (H,)) of its last token."""
+def _prefill(model, pc: PromptCache, prompt: List[int], stopped: Callable[[], bool]):
+    """Run the uncached part of the prompt. Returns (logits (V,), hidden (H,)) of its last token,
+    or None when `stopped()` turns true between chunks (the chunks done stay cached: a valid
+    prefix that the next prompt can reuse)."""
     start = pc.reuse(prompt)
     todo = prompt[start:]
     for i in range(0, len(todo), PREFILL_CHUNK):
+        if i and stopped():
+            return None
         chunk = mx.array(todo[i : i + PREFILL_CHUNK], dtype=mx.int32)[None]
         h = model.hidden(chunk, pc.cache)
         mx.eval(h)  # keep prefill memory bounded chunk by chunk
@@ -104,8 +109,8 @@ def stream(
     temperature: float = 0.0,
     top_p: float = 1.0,
     seed: Optional[int] = None,
-    beam_width: int = 4,
-    beam_length: int = 4,
+    beam_width: Optional[int] = None,
+    beam_length: Optional[int] = None,
     draft_top_k: Optional[int] = None,
     system: Optional[str] = None,
     prompt_cache: Optional[PromptCache] = None,
@@ -117,7 +122,8 @@ def stream(
     of {"role", "content"} messages, or a list of token ids (used as is).
     mode: "ar" (plain decoding), "redrafter" (needs a drafter), or "auto" (redrafter when the
     model has a drafter). beam_width/beam_length: W beams of L tokens, L counting the base
-    model's own next token (so L=1 is plain decoding).
+    model's own next token (so L=1 is plain decoding); None takes the shape tuned for this
+    device (`redrafter-bench --tune`, `loaded.beam_shape`), else tuning.DEFAULT_SHAPE.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -125,6 +131,9 @@ def stream(
         mode = "redrafter" if loaded.drafter is not None else "ar"
     if mode == "redrafter" and loaded.drafter is None:
         raise RedrafterError(f"model {loaded.name} has no drafter: pass drafter=PATH to load(), or use mode='ar'")
+    tuned = getattr(loaded, "beam_shape", None) or DEFAULT_SHAPE
+    beam_width = tuned[0] if beam_width is None else beam_width
+    beam_length = tuned[1] if beam_length is None else beam_length
     if mode == "redrafter" and (beam_width < 1 or beam_length < 1):
         raise ValueError(f"beam width and length must be >= 1, not {beam_width} x {beam_length}")
     if max_tokens < 1:
@@ -157,7 +166,11 @@ def stream(
     saved = len(pc.ids)
     try:
         t0 = time.perf_counter()
-        logits, h = _prefill(model, pc, ids)
+        prefilled = _prefill(model, pc, ids, stopped)
+        if prefilled is None:
+            yield event([], None, "cancelled")
+            return
+        logits, h = prefilled
         token = sampler(logits)
         first = token.item()
         stats.prefill_seconds = time.perf_counter() - t0

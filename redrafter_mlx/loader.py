@@ -27,6 +27,7 @@ from .errors import CorruptModelError, ModelNotFoundError, UnsupportedModelError
 from .gguf import read_gguf
 from .llama import Model
 from .tokenizer import Tokenizer
+from .tuning import find_beam_shape
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 WEIGHT_FORMATS = ("auto", "stored", *DTYPES)
@@ -43,6 +44,7 @@ class LoadedModel:
     drafter: Any = None  # a redrafter_mlx.drafter.Drafter when one was found
     drafter_path: Optional[Path] = None
     info: Dict[str, Any] = field(default_factory=dict)
+    beam_shape: Optional[Tuple[int, int]] = None  # (W, L) tuned for this device (see tuning.py), if any
 
     @property
     def context_length(self) -> int:
@@ -87,6 +89,8 @@ def _describe_quant(quant: Dict[str, Any]) -> str:
 def build_model(config: Dict[str, Any], weights: Dict[str, mx.array], weight_format: str = "stored") -> Tuple[Model, str]:
     """Instantiate, (de)quantize and load weights strictly. Returns (model, format description)."""
     args = LlamaArgs.from_dict(config)
+    if "tie_word_embeddings" not in config:  # some configs omit it: the weights tell
+        args.tie_word_embeddings = not any(k.startswith("lm_head.") for k in weights)
     model = Model(args)
     weights = model.sanitize(weights)
     quant = config.get("quantization") or {}
@@ -195,6 +199,7 @@ def load(
 
             loaded.drafter = load_drafter(drafter_path, loaded.model)
             loaded.drafter_path = drafter_path
+            loaded.beam_shape = find_beam_shape(resolved.path, drafter_path)
     loaded.info["load_seconds"] = time.perf_counter() - t0
     return loaded
 

@@ -97,6 +97,18 @@ async def test_stats_panel_after_a_speculative_reply():
             assert row in text
 
 
+async def test_tuned_beam_shape_is_the_default_unless_given():
+    app = create_app(FakeEngine([REPLY], beam_shape=(2, 6)), Settings())
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert (app.settings.beam_width, app.settings.beam_length) == (2, 6)
+        assert "beam         2 × 6 (width × length)" in panel(app)
+    app = create_app(FakeEngine([REPLY], beam_shape=(2, 6)), Settings(beam_width=3, beam_length=4, beam_tuned=False))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert (app.settings.beam_width, app.settings.beam_length) == (3, 4)
+
+
 async def test_stats_panel_updates_while_generating():
     engine = FakeEngine([REPLY], hold_after=3)
     app = create_app(engine)
@@ -268,7 +280,7 @@ async def test_real_engine_load_error_is_one_readable_line():
 def test_command_line():
     p = configure_parser()
     a = p.parse_args([])
-    assert (a.model, a.drafter, a.beam_width, a.beam_length, a.no_speculative) == (None, None, 4, 4, False)
+    assert (a.model, a.drafter, a.beam_width, a.beam_length, a.no_speculative) == (None, None, None, None, False)
     a = p.parse_args(["--model", "x.gguf", "--drafter", "d", "--beam-width", "8", "--beam-length", "5",
                       "--temperature", "0.7", "--top-p", "0.9", "--max-tokens", "32", "--system", "Be brief.",
                       "--no-speculative"])

@@ -219,6 +219,21 @@ def test_should_stop_cancels_and_keeps_the_cache_consistent(tiny_loaded):
     assert_cache_holds(m.model, pc)
 
 
+def test_cancel_during_a_long_prefill(tiny_loaded, monkeypatch):
+    import sys
+
+    gen = sys.modules["redrafter_mlx.generate"]  # the package exports a function of the same name
+    m = tiny_loaded
+    free = generate(m, PROMPT, max_tokens=10)
+    monkeypatch.setattr(gen, "PREFILL_CHUNK", 4)
+    pc = PromptCache(m.model)
+    part = generate(m, PROMPT, max_tokens=10, prompt_cache=pc, should_stop=stop_after(1))
+    assert part.finish_reason == "cancelled" and part.tokens == []
+    assert pc.ids == free.prompt_tokens[:8]  # two chunks ran, then the stop was seen
+    assert_cache_holds(m.model, pc)
+    assert generate(m, PROMPT, max_tokens=10, prompt_cache=pc).tokens == free.tokens
+
+
 def test_prompt_cache_reuses_the_common_prefix(tiny_loaded, monkeypatch):
     m = tiny_loaded
     pc = PromptCache(m.model)

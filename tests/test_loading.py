@@ -81,6 +81,30 @@ def test_tied_folder(tiny_kit, tmp_path):
     assert_close(logits_of(m.model), logits_of(model), 1e-6)
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_config_without_tie_flag_follows_the_weights(tiny_kit, tmp_path, tied):
+    model = tiny_kit.model(seed=2, tie_word_embeddings=tied)
+    path = tiny_kit.write_folder(tmp_path / "t", model)
+    config = json.loads((path / "config.json").read_text())
+    del config["tie_word_embeddings"]
+    (path / "config.json").write_text(json.dumps(config))
+    m = load(str(path))
+    assert m.args.tie_word_embeddings == tied
+    assert_close(logits_of(m.model), logits_of(model), 1e-6)
+
+
+def test_transformers5_rope_parameters(tiny_kit, tmp_path):
+    model = tiny_kit.model(seed=3, rope_theta=50000.0)
+    path = tiny_kit.write_folder(tmp_path / "r", model)
+    config = json.loads((path / "config.json").read_text())
+    del config["rope_theta"]
+    config["rope_parameters"] = {"rope_theta": 50000.0, "rope_type": "default"}
+    (path / "config.json").write_text(json.dumps(config))
+    m = load(str(path))
+    assert m.args.rope_theta == 50000.0 and m.args.rope_scaling is None
+    assert_close(logits_of(m.model), logits_of(model), 1e-6)
+
+
 # ---- weight formats --------------------------------------------------------------------
 
 @pytest.mark.parametrize("fmt,dtype,atol", [("float32", mx.float32, 1e-6), ("float16", mx.float16, 2e-2),

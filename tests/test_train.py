@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from redrafter_mlx.config import LlamaArgs
-from redrafter_mlx.distill import distill, generate_batch, interleave, read_prompts, read_shards
+from redrafter_mlx.distill import clean_task, distill, generate_batch, interleave, read_prompts, read_shards, self_instruct
 from redrafter_mlx.llama import Model
 from redrafter_mlx.train import train
 
@@ -70,6 +70,34 @@ def test_distill_round_trip_and_resume(samples, tmp_path):
     prompts = [f"question number {i} about {w}" for i, w in enumerate(["cats", "dogs", "rivers", "maths"] * 4)]
     assert distill(TinyLoaded(model), prompts + ["one more"], out, batch_size=5, max_tokens=24, progress=False) == 1
     assert len(sorted(out.glob("shard-*.npz"))) == len(shards) + 1
+
+
+class WordTokenizer(TinyTokenizer):
+    """ids 2..9 are line breaks, the others short words."""
+    vocab_size = 48
+
+    def encode(self, text):
+        return [10 + (ord(c) % 38) for c in text]
+
+    def decode(self, ids):
+        return "".join("\n" if 2 <= i <= 9 else f"w{i} " for i in ids if i != 1)
+
+
+def test_self_instruct_writes_new_tasks_and_resumes(tmp_path):
+    loaded = TinyLoaded(tiny_model(1))
+    loaded.tokenizer = WordTokenizer()
+    seeds = ["Write a poem about the sea.", "Sort these numbers: 3, 1, 2.", "Explain photosynthesis.", "Name a color."]
+    path = tmp_path / "si.jsonl"
+    first = self_instruct(loaded, seeds, 4, path, batch_size=8, progress=False)
+    assert len(first) == 4 and len(set(first)) == 4
+    assert not set(first) & set(seeds)
+    assert all(t.startswith("w") and "\n" not in t for t in first)
+    # A rerun asking for more keeps what is on disk and appends.
+    more = self_instruct(loaded, seeds, 7, path, batch_size=8, progress=False)
+    assert more[:4] == first and len(more) == 7
+    assert [json.loads(l)["instruction"] for l in path.read_text().splitlines()] == more
+    assert clean_task("3. Task: Name three rivers in Europe.") == "Name three rivers in Europe."
+    assert clean_task("Here's a new task for you") == "" and clean_task("short") == ""
 
 
 def test_mt_bench_is_refused(tmp_path):

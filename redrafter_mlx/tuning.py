@@ -1,0 +1,70 @@
+"""Per-device default beam shape: what `redrafter-bench --tune` measured, read back by `load()`.
+
+The fastest beam shape depends on the machine (Apple found 1-3 beams best on M1 Max / M2 Ultra
+and 50+ on an H100), so it is stored per device in a small JSON file:
+
+    {"cpu (x86_64, OpenBLAS)": {"beam_width": 2, "beam_length": 4, "tokens_per_second": ..., ...}}
+
+Lookup order: `beam_shape.json` in the model folder (the GGUF file's folder for a single file:
+written by --tune on this machine), then the one shipped in the drafter folder, then
+DEFAULT_SHAPE. A shape stored for another device is not used.
+"""
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+from ._platform import device_description
+
+DEFAULT_SHAPE = (4, 4)  # (beam width W, beam length L counting the base model's token)
+FILE = "beam_shape.json"
+
+
+def model_folder(path: Path) -> Path:
+    path = Path(path)
+    return path if path.is_dir() else path.parent
+
+
+def read_beam_shape(folder: Optional[Path], device: Optional[str] = None) -> Optional[Tuple[int, int]]:
+    """The shape stored for `device` (default: this one) in folder/beam_shape.json, or None."""
+    if folder is None or not (Path(folder) / FILE).is_file():
+        return None
+    try:
+        entry = json.loads((Path(folder) / FILE).read_text()).get(device or device_description())
+        if entry:
+            w, n = int(entry["beam_width"]), int(entry["beam_length"])
+            if w >= 1 and n >= 1:
+                return w, n
+    except (ValueError, KeyError, TypeError, AttributeError):
+        pass  # a damaged file means "not tuned", never a failed load
+    return None
+
+
+def find_beam_shape(model_path: Path, drafter_path: Optional[Path]) -> Optional[Tuple[int, int]]:
+    return read_beam_shape(model_folder(model_path)) or read_beam_shape(drafter_path)
+
+
+def save_beam_shape(loaded, width: int, length: int, measured: Dict[str, Any]) -> Path:
+    """Store (width, length) for this device in the model folder, keeping other devices' entries.
+    The file is replaced atomically. Returns its path."""
+    path = model_folder(loaded.path) / FILE
+    data = {}
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text())
+        except ValueError:
+            data = {}
+    data[device_description()] = {
+        "beam_width": int(width),
+        "beam_length": int(length),
+        "drafter": str(loaded.drafter_path) if loaded.drafter_path else None,
+        "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **measured,
+    }
+    tmp = path.with_name(f".{FILE}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+    loaded.beam_shape = (int(width), int(length))
+    return path

@@ -1,0 +1,109 @@
+"""redrafter-bench: the JSON schema, beam-shape grid, per-category table, plot, and --tune
+storing a per-device default shape that load() / stream() then use. Tiny random models only."""
+
+import json
+
+import pytest
+
+from redrafter_mlx import bench, generate, load
+from redrafter_mlx.drafter import new_drafter, save_drafter
+from redrafter_mlx.tuning import DEFAULT_SHAPE, FILE, read_beam_shape
+
+QUESTIONS = [
+    {"question_id": 81, "category": "writing", "turns": ["Write a haiku about the sea.", "again"]},
+    {"question_id": 82, "category": "math", "turns": ["What is 12 times 12?"]},
+    {"question_id": 83, "category": "writing", "turns": ["Describe a cat."]},
+]
+
+
+@pytest.fixture
+def model_dir(tiny_kit, tmp_path):
+    model = tiny_kit.model(seed=0)
+    path = tiny_kit.write_folder(tmp_path / "tiny", model)
+    save_drafter(new_drafter(model.args, lm_head="shared", seed=1), path / "drafter")
+    return path
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    f = tmp_path / "q.jsonl"
+    f.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    return f
+
+
+def run(capsys, *argv):
+    rc = bench.main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_json_schema_and_lossless_summary(model_dir, prompts, tmp_path, capsys):
+    out = tmp_path / "b.json"
+    rc, text, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 12,
+                      "--modes", "ar,redrafter", "--beam-width", 2, "--beam-length", 3, "--json", out)
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert {"model", "device", "results", "summary", "categories"} <= set(report)
+    rows = report["results"]
+    assert [(r["question_id"], r["mode"]) for r in rows] == [(q["question_id"], m) for q in QUESTIONS
+                                                             for m in ("ar", "redrafter")]
+    for r in rows:
+        for key in ("category", "prompt_tokens", "tokens", "new_tokens", "steps", "seconds",
+                    "tokens_per_second", "tokens_per_step"):
+            assert key in r
+        assert r["new_tokens"] == len(r["tokens"]) > 0
+    assert all((r["beam_width"], r["beam_length"]) == (2, 3) for r in rows if r["mode"] == "redrafter")
+    s = report["summary"]
+    assert s["ar"]["speedup"] == pytest.approx(1.0) and s["ar"]["tokens_per_step"] == pytest.approx(1.0)
+    assert s["redrafter"]["identical_to_ar"] is True and 1.0 <= s["redrafter"]["tokens_per_step"] <= 3.0
+    assert set(report["categories"]) == {"writing", "math"}
+    assert "writing" in text and "tok/step" in text
+
+
+def test_grid_runs_every_shape_and_plots(model_dir, prompts, tmp_path, capsys):
+    out, png = tmp_path / "g.json", tmp_path / "g.png"
+    rc, text, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 2, "--max-tokens", 8,
+                        "--modes", "ar,redrafter", "--grid", "--widths", "1,3", "--lengths", "2,4",
+                        "--json", out, "--plot", png)
+    assert rc == 0
+    s = json.loads(out.read_text())["summary"]
+    shapes = {k: (v["beam_width"], v["beam_length"]) for k, v in s.items() if k != "ar"}
+    assert shapes == {"redrafter@1x2": (1, 2), "redrafter@1x4": (1, 4), "redrafter@3x2": (3, 2), "redrafter@3x4": (3, 4)}
+    assert all(v["identical_to_ar"] for k, v in s.items() if k != "ar")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "redrafter@3x4" in text
+
+
+def test_tune_stores_the_default_shape_per_device(model_dir, prompts, capsys):
+    assert load(str(model_dir)).beam_shape is None
+    rc, text, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 8, "--tune",
+                      "--widths", "1,2", "--lengths", "2,3")
+    assert rc == 0 and "stored in" in text
+    stored = json.loads((model_dir / FILE).read_text())
+    assert len(stored) == 1
+    entry = next(iter(stored.values()))
+    shape = (entry["beam_width"], entry["beam_length"])
+    assert shape in {(1, 2), (1, 3), (2, 2), (2, 3)}
+    m = load(str(model_dir))
+    assert m.beam_shape == shape
+    g = generate(m, "hello there", mode="redrafter", max_tokens=6)
+    assert (g.stats.beam_width, g.stats.beam_length) == shape
+    # Another device's entry is not used; a damaged file reads as "not tuned".
+    assert read_beam_shape(model_dir, device="gpu (elsewhere)") is None
+    (model_dir / FILE).write_text("{not json")
+    assert load(str(model_dir)).beam_shape is None
+    g = generate(load(str(model_dir)), "hello there", mode="redrafter", max_tokens=4)
+    assert (g.stats.beam_width, g.stats.beam_length) == DEFAULT_SHAPE
+
+
+def test_bad_input_is_reported(model_dir, tmp_path, capsys):
+    rc, _, err = run(capsys, "--model", model_dir, "--prompts", tmp_path / "missing.jsonl")
+    assert rc == 2 and "not found" in err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question_id": 1}\n')
+    rc, _, err = run(capsys, "--model", model_dir, "--prompts", bad)
+    assert rc == 2 and "turns" in err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--prompts", "x", "--widths", "0,2"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--prompts", "x", "--modes", "fast"])
