@@ -8,7 +8,8 @@ the base model's token after them.
 All W beams advance together as a batch: (W, hidden) states, (W, V) log-probs, one top-W over
 the W * V candidates per depth. Beams start as W copies of the root with scores [0, -inf, ...]
 so the first expansion draws all W beams from one distribution without duplicates, and the
-shapes never change (mx.compile-friendly).
+shapes never change (mx.compile-friendly). The returned beams are ordered best first, so the
+packed tree lays the most likely beam out contiguously (its K/V then need no moving on commit).
 """
 
 from typing import Optional
@@ -57,4 +58,5 @@ def beam_search(
             last = vocab[last]  # draft-vocabulary index -> token id
         beams = [b[parent] for b in beams] + [last[:, None]]
         state = state[parent]
-    return mx.concatenate(beams, axis=1)  # (W, L)
+    order = mx.argsort(-scores)  # (W,) best first
+    return mx.concatenate(beams, axis=1)[order]  # (W, L)

@@ -21,15 +21,15 @@ import numpy as np
 Indices = Union[mx.array, Sequence[int]]
 
 
-def _checked_indices(indices: Indices, start: int, offset: int) -> mx.array:
-    """`indices` as int32, after checking they pick tokens written after `start`."""
+def _checked_indices(indices: Indices, start: int, offset: int) -> np.ndarray:
+    """`indices` as a host int32 array, after checking they pick tokens written after `start`."""
     host = np.asarray(indices if not isinstance(indices, mx.array) else np.array(indices)).reshape(-1)
     n = host.size
     if start < 0 or start + n > offset:
         raise ValueError(f"commit of {n} tokens at {start} exceeds the cache ({offset})")
     if n and (host.min() < 0 or host.max() >= offset - start):
         raise ValueError(f"commit indices {host.tolist()} must lie in [0, {offset - start}): the tokens after {start}")
-    return mx.array(host.astype(np.int32))
+    return host.astype(np.int32)
 
 
 class KVCache:
@@ -75,13 +75,19 @@ class KVCache:
         self.offset -= n
 
     def commit(self, start: int, indices: Indices):
-        """Keep the tokens at `start + indices` (in that order) and drop the rest after `start`."""
+        """Keep the tokens at `start + indices` (in that order) and drop the rest after `start`.
+
+        Tokens already in place (a leading run indices[i] == i, the usual case when the best
+        beam is packed first) are not moved: only the rest of the path is gathered."""
         idx = _checked_indices(indices, start, self.offset)
         n = idx.size
-        if n:
-            src = idx.astype(mx.int32) + start
-            self.keys[..., start : start + n, :] = mx.take(self.keys, src, axis=2)
-            self.values[..., start : start + n, :] = mx.take(self.values, src, axis=2)
+        in_place = idx == np.arange(n)
+        moved = n if in_place.all() else int(np.argmin(in_place))  # first index that must move
+        if moved < n:
+            src = mx.array(idx[moved:] + start)
+            lo, hi = start + moved, start + n
+            self.keys[..., lo:hi, :] = mx.take(self.keys, src, axis=2)
+            self.values[..., lo:hi, :] = mx.take(self.values, src, axis=2)
         self.offset = start + n
 
     @property

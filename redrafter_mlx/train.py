@@ -109,6 +109,21 @@ def loss_fn(drafter: Drafter, base, h, inputs, targets, remap):
     return sum(losses), mx.stack(hits)
 
 
+def accepted_drafts(acc) -> float:
+    """Expected accepted draft tokens per step of one greedy beam whose depth-k draft is right
+    with probability acc[k] given the earlier ones: acc[0] + acc[0] acc[1] + ..."""
+    return float(np.sum(np.cumprod(acc)))
+
+
+def save_copy(drafter: Drafter, path: Path, dtype=None, extra_config: dict = None):
+    """Save the drafter (cast to `dtype`, if given) without touching the one being trained."""
+    copy = Drafter(drafter.args)
+    copy.update(drafter.parameters())
+    if dtype is not None:
+        copy.set_dtype(dtype)  # floating parameters only
+    save_drafter(copy, path, extra_config)
+
+
 def lr_schedule(peak: float, warmup: int, total: int):
     warm = optim.linear_schedule(peak * 0.01, peak, max(warmup, 1))
     cos = optim.cosine_decay(peak, max(total - warmup, 1), end=peak * 0.05)
@@ -163,6 +178,7 @@ def train(
     val_every: int = 0,
     val_fraction: float = 0.05,
     val_positions: int = 4096,
+    save_dtype=None,
 ) -> Drafter:
     """Train (or resume) a 'shared'-head drafter for `base` on distillation samples.
 
@@ -173,7 +189,10 @@ def train(
 
     val_every: every N steps, the loss and per-depth accuracy on held-out replies (a stable
     `val_fraction` of them, chosen by a hash of their tokens) is logged, and the drafter with
-    the lowest held-out loss so far is saved to out/best (small data overfits fast)."""
+    the most expected accepted drafts so far (`accepted_drafts` of the held-out accuracies) is
+    saved to out/best in `save_dtype` (small data overfits fast; held-out loss keeps rising
+    from overconfident misses well after top-1 accuracy has stopped improving, so accuracy,
+    which is what decoding rewards, decides)."""
     from tqdm import tqdm
 
     out = Path(out)
@@ -182,7 +201,7 @@ def train(
                        num_draft_layers=layers, lm_head="shared")
     drafter = Drafter(args)
 
-    val = {"data": None, "best": math.inf}
+    val = {"data": None, "best": -math.inf}
 
     def use_data(samples):
         vocab = frequent_tokens(samples, draft_vocab, eos_ids) if draft_vocab else list(range(args.vocab_size))
@@ -213,7 +232,7 @@ def train(
     step, rng = 0, np.random.default_rng(seed)
     if (ckpt / "state.json").is_file():
         step, rng, meta = load_checkpoint(ckpt, drafter, opt)
-        val["best"] = meta.get("best_val_loss", math.inf)
+        val["best"] = meta.get("best_accepted_drafts", -math.inf)
     data, remap = use_data(samples)  # after a resume too: the vocabulary follows the data
     base.freeze()
     value_and_grad = nn.value_and_grad(drafter, lambda h, i, t: loss_fn(drafter, base, h, i, t, remap))
@@ -230,7 +249,7 @@ def train(
             samples = reload()
             data, remap = use_data(samples)
             value_and_grad = nn.value_and_grad(drafter, lambda h, i, t: loss_fn(drafter, base, h, i, t, remap))
-            val["best"] = math.inf  # a new held-out set: not comparable with the old one
+            val["best"] = -math.inf  # a new held-out set: not comparable with the old one
             if log:
                 log.write(json.dumps({"step": step, "reload": len(samples), "positions": len(data)}) + "\n")
         idx = rng.integers(0, len(data), size=batch)
@@ -247,16 +266,19 @@ def train(
             log.flush()
         if val_every and val["data"] is not None and (step % val_every == 0 or step == steps):
             vloss, vacc = validate()
+            score = accepted_drafts(vacc)
             if log:
-                log.write(json.dumps({"step": step, "val_loss": vloss, "val_acc": vacc}) + "\n")
+                log.write(json.dumps({"step": step, "val_loss": vloss, "val_acc": vacc,
+                                      "val_accepted_drafts": score}) + "\n")
                 log.flush()
-            bar.write(f"step {step}: held-out loss {vloss:.3f} acc {' '.join(f'{a:.2f}' for a in vacc)}")
-            if vloss < val["best"]:
-                val["best"] = vloss
-                save_drafter(drafter, out / "best", extra_config={"training": {"step": step, "val_loss": vloss,
-                                                                                "val_acc": vacc}})
+            bar.write(f"step {step}: held-out loss {vloss:.3f} acc {' '.join(f'{a:.2f}' for a in vacc)}"
+                      f" accepted drafts {score:.3f}")
+            if score > val["best"]:
+                val["best"] = score
+                save_copy(drafter, out / "best", save_dtype, {"training": {
+                    "step": step, "val_loss": vloss, "val_acc": vacc, "val_accepted_drafts": score}})
         if step % save_every == 0 or step == steps:
-            save_checkpoint(ckpt, drafter, opt, step, rng, {"best_val_loss": val["best"]})
+            save_checkpoint(ckpt, drafter, opt, step, rng, {"best_accepted_drafts": val["best"]})
     bar.close()
     return drafter
 
@@ -326,7 +348,8 @@ def main(argv=None):
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--val-every", type=int, default=0, help="held-out loss every N steps; best drafter -> OUT/best")
+    p.add_argument("--val-every", type=int, default=0,
+                   help="held-out loss and accuracy every N steps; the most accurate drafter -> OUT/best")
     p.add_argument("--val-fraction", type=float, default=0.05)
     p.add_argument("--exit-dim", type=int, default=None)
     p.add_argument("--layers", type=int, default=1)
@@ -367,7 +390,8 @@ def main(argv=None):
                             lr=args.lr, warmup=args.warmup, weight_decay=args.weight_decay, exit_dim=args.exit_dim, layers=args.layers,
                             draft_vocab=args.draft_vocab, eos_ids=loaded.tokenizer.eos_token_ids,
                             save_every=args.save_every, log=log, reload=samples_now, reload_every=args.reload_every,
-                            val_every=args.val_every, val_fraction=args.val_fraction)
+                            val_every=args.val_every, val_fraction=args.val_fraction,
+                            save_dtype=getattr(mx, args.dtype))
         drafter.set_dtype(getattr(mx, args.dtype))
         save_drafter(drafter, args.out / "drafter", extra_config={"training": {
             "depth": args.depth, "steps": args.steps, "batch": args.batch, "lr": args.lr,

@@ -130,6 +130,24 @@ def test_commit_follows_the_given_order_and_start():
 
 
 @pytest.mark.parametrize(
+    "path,expected",
+    [
+        ([0, 1, 2], [100, 101, 102]),  # the first packed beam: nothing moves
+        ([0, 1, 4, 5], [100, 101, 104, 105]),  # a shared prefix stays, the rest is gathered
+        ([0, 3], [100, 103]),
+        ([2, 1, 0], [102, 101, 100]),  # not a path, but commit must still follow the order
+    ],
+)
+def test_commit_moves_only_what_is_out_of_place(path, expected):
+    c = KVCache()
+    c.update_and_fetch(*kv(list(range(5))))
+    c.update_and_fetch(*kv([100, 101, 102, 103, 104, 105]))
+    c.commit(5, path)
+    assert c.offset == 5 + len(path)
+    assert held(c) == list(range(5)) + expected
+
+
+@pytest.mark.parametrize(
     "start,indices,match",
     [
         (8, [0, 1, 2], "exceeds"),  # more tokens than were written after start

@@ -61,7 +61,36 @@ def tiny_loaded(vocab=12, seed=0, context=4096, eos=(), lm_head="own", tradition
 PROMPT = [1, 5, 3, 7, 2, 9, 4]
 
 
-# ---- packing and acceptance ------------------------------------------------------------
+# ---- drafting, packing and acceptance --------------------------------------------------
+
+@pytest.mark.parametrize("width,length", [(1, 4), (4, 3), (6, 4)])
+def test_beam_search_returns_distinct_beams_best_first(width, length):
+    from redrafter_mlx.beam_search import beam_search
+
+    loaded = tiny_loaded(seed=3)
+    model, drafter = loaded.model, loaded.drafter
+    h = mx.random.normal((model.args.hidden_size,))
+    beams = np.array(beam_search(drafter, model, h, mx.array(5), width, length))
+    assert beams.shape == (width, length) and (beams[:, 0] == 5).all()
+    assert len({tuple(b) for b in beams}) == width  # no duplicates
+
+    def score(beam):  # the draft log-probability of a beam, one token at a time
+        state, total = mx.zeros((model.args.hidden_size,)), 0.0
+        for prev, nxt in zip(beam[:-1], beam[1:]):
+            state = drafter.update_state(model.embed(mx.array(int(prev))), state)
+            logp = nn.log_softmax(drafter.draft_logits(h, state, model).astype(mx.float32))
+            total += logp[int(nxt)].item()
+        return total
+
+    scores = [score(b) for b in beams]
+    assert scores == sorted(scores, reverse=True), scores
+    if width == 1:  # one beam is greedy drafting
+        state, token = mx.zeros((model.args.hidden_size,)), 5
+        for d in range(1, length):
+            state = drafter.update_state(model.embed(mx.array(token)), state)
+            token = int(mx.argmax(drafter.draft_logits(h, state, model)).item())
+            assert beams[0, d] == token
+
 
 def test_pack_round_trip_and_mask():
     beams = np.array([

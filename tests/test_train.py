@@ -10,7 +10,7 @@ import pytest
 from redrafter_mlx.config import LlamaArgs
 from redrafter_mlx.distill import clean_task, distill, generate_batch, interleave, read_prompts, read_shards, self_instruct
 from redrafter_mlx.llama import Model
-from redrafter_mlx.train import train
+from redrafter_mlx.train import accepted_drafts, train
 
 
 class TinyTokenizer:
@@ -185,9 +185,21 @@ def test_held_out_validation_keeps_the_best(patterned, tmp_path):
     assert 0 < sum(held) < len(data) and held == [is_held_out(s, 0.2) for s in data]  # stable
     log = io.StringIO()
     train(model, data, tmp_path / "v", depth=3, steps=20, batch=32, lr=3e-3, warmup=2, draft_vocab=0,
-          progress=False, log=log, save_every=10, val_every=5, val_fraction=0.2)
+          progress=False, log=log, save_every=10, val_every=5, val_fraction=0.2, save_dtype=mx.float16)
     vals = [json.loads(line) for line in log.getvalue().splitlines() if "val_loss" in line]
     assert [v["step"] for v in vals] == [5, 10, 15, 20] and vals[-1]["val_loss"] < vals[0]["val_loss"]
+    for v in vals:
+        assert v["val_accepted_drafts"] == pytest.approx(accepted_drafts(v["val_acc"]))
     best = json.loads((tmp_path / "v" / "best" / "config.json").read_text())["training"]
-    assert best["val_loss"] == min(v["val_loss"] for v in vals)
+    assert best["val_accepted_drafts"] == max(v["val_accepted_drafts"] for v in vals)
+    weights = mx.load(str(tmp_path / "v" / "best" / "model.safetensors"))
+    assert weights["rnn_u.weight"].dtype == mx.float16  # saved in the requested dtype ...
+    trained = mx.load(str(tmp_path / "v" / "checkpoint" / "drafter" / "model.safetensors"))
+    assert trained["rnn_u.weight"].dtype == mx.float32  # ... while training went on in float32
     load_drafter(tmp_path / "v" / "best", model)
+
+
+def test_accepted_drafts():
+    assert accepted_drafts([1.0, 1.0, 1.0]) == 3.0
+    assert accepted_drafts([0.5, 0.5]) == pytest.approx(0.75)
+    assert accepted_drafts([0.0, 1.0]) == 0.0
