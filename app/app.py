@@ -145,7 +145,13 @@ class ChatApp(App):
         for text in info.notices:
             self._note(text, "warning")
         if info.beam_shape and self.settings.beam_tuned:
-            self.settings.beam_width, self.settings.beam_length = info.beam_shape
+            if info.beam_shape[1] == 1:  # tuned: plain decoding was the fastest on this device
+                self.settings.speculative = False
+                if info.drafter is not None:
+                    self._note("redrafter-bench --tune measured plain decoding as faster than ReDrafter on "
+                               "this device, so it starts off.")
+            else:
+                self.settings.beam_width, self.settings.beam_length = info.beam_shape
         if info.drafter is not None:
             state = "on" if self.settings.speculative else "off"
             self._note(f"Speculative decoding (ReDrafter) is {state}: Ctrl+T toggles it. "

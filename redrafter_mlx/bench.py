@@ -17,7 +17,9 @@ and, for greedy runs, whether every output equals ar's token for token).
 summary); `--plot` draws speedup and tokens/step against the shape and the accepted-length
 histogram of the fastest shape; `--tune` runs the grid and stores the fastest shape whose
 greedy output equals ar's in the model folder (`beam_shape.json`, per device), where
-`load()`, the API, the chat and this bench pick it up as their default.
+`load()`, the API, the chat and this bench pick it up as their default. When plain decoding
+beats every shape, --tune stores W=1 L=1 instead ("plain decoding"): mode "auto" and the
+chat then decode plainly on this device.
 """
 
 import argparse
@@ -402,12 +404,19 @@ def main(argv=None):
         if best is None:
             print("redrafter-bench: no beam shape reproduced ar's output; nothing stored", file=sys.stderr)
             return 1
-        path = save_beam_shape(loaded, best["beam_width"], best["beam_length"], {
+        width, length, plain = tuned_default(summary, best)
+        path = save_beam_shape(loaded, width, length, {
             "tokens_per_second": best["tokens_per_second"], "speedup": best.get("speedup"),
             "tokens_per_step": best["tokens_per_step"], "prompts": str(args.prompts), "questions": len(prompts),
-            "max_tokens": args.max_tokens})
-        print(f"fastest shape W={best['beam_width']} L={best['beam_length']} "
-              f"({best.get('speedup', 0):.2f}x over ar) stored in {path}")
+            "max_tokens": args.max_tokens, "fastest_shape": [best["beam_width"], best["beam_length"]],
+            "plain_is_faster": plain})
+        if plain:
+            print(f"plain decoding beat every beam shape on this device (best W={best['beam_width']} "
+                  f"L={best['beam_length']}: {best.get('speedup', 0):.2f}x over ar); W=1 L=1 (plain decoding) "
+                  f"stored in {path}")
+        else:
+            print(f"fastest shape W={best['beam_width']} L={best['beam_length']} "
+                  f"({best.get('speedup', 0):.2f}x over ar) stored in {path}")
     if args.json:
         report = {
             "model": loaded.name,
@@ -421,6 +430,15 @@ def main(argv=None):
         }
         args.json.write_text(json.dumps(report, indent=1))
     return 0
+
+
+def tuned_default(summary: Dict, best: Dict):
+    """(W, L, plain): the shape --tune stores, given the fastest lossless variant `best`.
+    L=1 is plain decoding, stored when ar was at least as fast as every shape."""
+    ar = summary.get("ar")
+    if ar is not None and ar["tokens_per_second"] >= best["tokens_per_second"]:
+        return 1, 1, True
+    return best["beam_width"], best["beam_length"], False
 
 
 def best_shape(summary: Dict) -> Dict:

@@ -121,19 +121,20 @@ def stream(
     loaded: a LoadedModel from `load()`. prompt: text (wrapped in the chat template), a list
     of {"role", "content"} messages, or a list of token ids (used as is).
     mode: "ar" (plain decoding), "redrafter" (needs a drafter), or "auto" (redrafter when the
-    model has a drafter). beam_width/beam_length: W beams of L tokens, L counting the base
-    model's own next token (so L=1 is plain decoding); None takes the shape tuned for this
-    device (`redrafter-bench --tune`, `loaded.beam_shape`), else tuning.DEFAULT_SHAPE.
+    model has a drafter and the beam length is not 1). beam_width/beam_length: W beams of L
+    tokens, L counting the base model's own next token (so L=1 is plain decoding); None takes
+    the shape tuned for this device (`redrafter-bench --tune`, `loaded.beam_shape`; W=1 L=1
+    when plain decoding measured fastest), else tuning.DEFAULT_SHAPE.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
-    if mode == "auto":
-        mode = "redrafter" if loaded.drafter is not None else "ar"
-    if mode == "redrafter" and loaded.drafter is None:
-        raise RedrafterError(f"model {loaded.name} has no drafter: pass drafter=PATH to load(), or use mode='ar'")
     tuned = getattr(loaded, "beam_shape", None) or DEFAULT_SHAPE
     beam_width = tuned[0] if beam_width is None else beam_width
     beam_length = tuned[1] if beam_length is None else beam_length
+    if mode == "auto":  # L=1 (e.g. tuned: plain decoding was fastest here) drafts nothing
+        mode = "redrafter" if loaded.drafter is not None and beam_length != 1 else "ar"
+    if mode == "redrafter" and loaded.drafter is None:
+        raise RedrafterError(f"model {loaded.name} has no drafter: pass drafter=PATH to load(), or use mode='ar'")
     if mode == "redrafter" and (beam_width < 1 or beam_length < 1):
         raise ValueError(f"beam width and length must be >= 1, not {beam_width} x {beam_length}")
     if max_tokens < 1:

@@ -109,6 +109,18 @@ async def test_tuned_beam_shape_is_the_default_unless_given():
         assert (app.settings.beam_width, app.settings.beam_length) == (3, 4)
 
 
+async def test_tuned_plain_decoding_starts_with_speculation_off():
+    """--tune stores W=1 L=1 when plain decoding was fastest: the chat starts with ReDrafter off
+    and keeps its beam shape for when Ctrl+T turns it on."""
+    app = create_app(FakeEngine([REPLY], beam_shape=(1, 1)), Settings())
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert app.settings.speculative is False
+        assert (app.settings.beam_width, app.settings.beam_length) == (Settings().beam_width, Settings().beam_length)
+        await pilot.press("ctrl+t")
+        assert app.settings.speculative is True
+
+
 async def test_stats_panel_updates_while_generating():
     engine = FakeEngine([REPLY], hold_after=3)
     app = create_app(engine)

@@ -83,9 +83,13 @@ def test_tune_stores_the_default_shape_per_device(model_dir, prompts, capsys):
     assert len(stored) == 1
     entry = next(iter(stored.values()))
     shape = (entry["beam_width"], entry["beam_length"])
-    assert shape in {(1, 2), (1, 3), (2, 2), (2, 3)}
+    assert tuple(entry["fastest_shape"]) in {(1, 2), (1, 3), (2, 2), (2, 3)}
+    # the timings decide: the fastest shape, or W=1 L=1 when plain decoding beat them all
+    assert shape == ((1, 1) if entry["plain_is_faster"] else tuple(entry["fastest_shape"]))
     m = load(str(model_dir))
     assert m.beam_shape == shape
+    g = generate(m, "hello there", max_tokens=6)  # mode "auto"
+    assert g.stats.mode == ("ar" if shape[1] == 1 else "redrafter")
     g = generate(m, "hello there", mode="redrafter", max_tokens=6)
     assert (g.stats.beam_width, g.stats.beam_length) == shape
     # Another device's entry is not used; a damaged file reads as "not tuned".
@@ -107,3 +111,10 @@ def test_bad_input_is_reported(model_dir, tmp_path, capsys):
         bench.parse_args(["--prompts", "x", "--widths", "0,2"])
     with pytest.raises(SystemExit):
         bench.parse_args(["--prompts", "x", "--modes", "fast"])
+
+
+def test_tune_prefers_plain_decoding_when_it_is_faster():
+    shape = {"beam_width": 2, "beam_length": 3, "tokens_per_second": 10.0}
+    assert bench.tuned_default({"ar": {"tokens_per_second": 9.0}, "redrafter@2x3": shape}, shape) == (2, 3, False)
+    assert bench.tuned_default({"ar": {"tokens_per_second": 11.0}, "redrafter@2x3": shape}, shape) == (1, 1, True)
+    assert bench.tuned_default({"redrafter@2x3": shape}, shape) == (2, 3, False)  # no ar to compare with

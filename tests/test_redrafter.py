@@ -226,6 +226,17 @@ def test_redrafter_without_drafter_is_refused():
     assert generate(m, PROMPT, mode="auto", max_tokens=5).stats.mode == "ar"
 
 
+def test_auto_mode_follows_the_tuned_shape():
+    m = tiny_loaded()
+    assert generate(m, PROMPT, max_tokens=5).stats.mode == "redrafter"  # drafter, default shape
+    m.beam_shape = (2, 3)
+    g = generate(m, PROMPT, max_tokens=5)
+    assert g.stats.mode == "redrafter" and (g.stats.beam_width, g.stats.beam_length) == (2, 3)
+    m.beam_shape = (1, 1)  # tuned: plain decoding was fastest on this device
+    assert generate(m, PROMPT, max_tokens=5).stats.mode == "ar"
+    assert generate(m, PROMPT, max_tokens=5, beam_length=3).stats.mode == "redrafter"  # asked for drafts
+
+
 # ---- sampled losslessness ----------------------------------------------------------------
 
 def exact_distribution(m, prompt, k, temperature, top_p):
