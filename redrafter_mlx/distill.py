@@ -129,10 +129,13 @@ def read_shards(out: Path) -> Iterator[dict]:
                 yield {"prompt": z[f"prompt_{j}"], "reply": z[f"reply_{j}"], "hidden": z[f"hidden_{j}"]}
 
 
-def distill(loaded, prompts: List[str], out: Path, batch_size: int = 16, max_tokens: int = 256, progress=True) -> int:
-    """Answer every prompt not yet in out/done.txt. Returns the number answered now."""
+def distill(loaded, prompts: List[str], out: Path, batch_size: int = 16, max_tokens: int = 256, progress=True,
+            temperature: float = 0.0, seed: int = 0) -> int:
+    """Answer every prompt not yet in out/done.txt (greedily, or sampled at `temperature`).
+    Returns the number answered now."""
     from tqdm import tqdm
 
+    mx.random.seed(seed)
     out.mkdir(parents=True, exist_ok=True)
     done_file = out / "done.txt"
     done = set(done_file.read_text().split()) if done_file.exists() else set()
@@ -147,7 +150,7 @@ def distill(loaded, prompts: List[str], out: Path, batch_size: int = 16, max_tok
     bar = tqdm(total=len(encoded), desc="distill", unit="prompt", disable=not progress)
     produced, t0 = 0, time.perf_counter()
     for b in batches:
-        rows = generate_batch(loaded.model, [encoded[i][1] for i in b], max_tokens, tok.eos_token_ids)
+        rows = generate_batch(loaded.model, [encoded[i][1] for i in b], max_tokens, tok.eos_token_ids, temperature)
         samples = [
             {"key": encoded[i][0], "prompt": encoded[i][1], "reply": r, "hidden": hs}
             for i, (r, hs) in zip(b, rows)
@@ -235,6 +238,10 @@ def main(argv=None):
     p.add_argument("--self-instruct", type=int, default=0, metavar="N",
                    help="first have the model write N new tasks from the seed tasks (files named seed_tasks*, "
                         "else all --data) into OUT/self_instruct.jsonl, and answer them too")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sample replies at T instead of greedy ones: more varied contexts, still the model's own "
+                        "text (answers are keyed by prompt, so use another --out than the greedy run)")
+    p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     from .loader import load
 
@@ -248,7 +255,8 @@ def main(argv=None):
     prompts = interleave(per_file)[args.offset :]
     if args.limit:
         prompts = prompts[: args.limit]
-    n = distill(loaded, prompts, args.out, args.batch_size, args.max_tokens)
+    n = distill(loaded, prompts, args.out, args.batch_size, args.max_tokens, temperature=args.temperature,
+                seed=args.seed)
     print(f"answered {n} prompts into {args.out}", file=sys.stderr)
 
 

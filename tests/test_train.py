@@ -72,6 +72,20 @@ def test_distill_round_trip_and_resume(samples, tmp_path):
     assert len(sorted(out.glob("shard-*.npz"))) == len(shards) + 1
 
 
+def test_sampled_distillation_is_seeded_and_differs_from_greedy(samples, tmp_path):
+    model, _, greedy = samples
+    prompts = [f"question number {i} about {w}" for i, w in enumerate(["cats", "dogs", "rivers", "maths"] * 4)]
+    runs = []
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        distill(TinyLoaded(model), prompts, tmp_path / name, batch_size=5, max_tokens=24, progress=False,
+                temperature=1.0, seed=seed)
+        runs.append(sorted((s["prompt"].tolist(), s["reply"].tolist()) for s in read_shards(tmp_path / name)))
+    assert runs[0] == runs[1] and runs[0] != runs[2]  # the seed decides
+    assert runs[0] != sorted((s["prompt"].tolist(), s["reply"].tolist()) for s in greedy)  # sampled, not greedy
+    for s in read_shards(tmp_path / "a"):
+        assert s["hidden"].shape == (len(s["reply"]), 32)
+
+
 class WordTokenizer(TinyTokenizer):
     """ids 2..9 are line breaks, the others short words."""
     vocab_size = 48
