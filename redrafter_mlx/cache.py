@@ -13,7 +13,7 @@ Storage is pre-allocated in chunks of `step` tokens (or all at once with `reserv
 history is not copied on every step. Shapes: keys/values (B, H_kv, T_max, D).
 """
 
-from typing import List, Sequence, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import mlx.core as mx
 import numpy as np
@@ -30,6 +30,17 @@ def _checked_indices(indices: Indices, start: int, offset: int) -> np.ndarray:
     if n and (host.min() < 0 or host.max() >= offset - start):
         raise ValueError(f"commit indices {host.tolist()} must lie in [0, {offset - start}): the tokens after {start}")
     return host.astype(np.int32)
+
+
+def _commit_plan(indices: Indices, start: int, offset: int) -> Tuple[int, int, Optional[mx.array]]:
+    """(n, moved, src) for a commit of `indices` at `start`: n tokens kept; the first `moved`
+    are already in place (indices[i] == i, the usual case when the best beam is packed first);
+    src holds the cache positions to gather into [start + moved, start + n), None if none."""
+    idx = _checked_indices(indices, start, offset)
+    n = idx.size
+    in_place = idx == np.arange(n)
+    moved = n if in_place.all() else int(np.argmin(in_place))  # first index that must move
+    return n, moved, (mx.array(idx[moved:] + start) if moved < n else None)
 
 
 class KVCache:
@@ -79,12 +90,10 @@ class KVCache:
 
         Tokens already in place (a leading run indices[i] == i, the usual case when the best
         beam is packed first) are not moved: only the rest of the path is gathered."""
-        idx = _checked_indices(indices, start, self.offset)
-        n = idx.size
-        in_place = idx == np.arange(n)
-        moved = n if in_place.all() else int(np.argmin(in_place))  # first index that must move
-        if moved < n:
-            src = mx.array(idx[moved:] + start)
+        self._apply_commit(start, *_commit_plan(indices, start, self.offset))
+
+    def _apply_commit(self, start: int, n: int, moved: int, src: Optional[mx.array]):
+        if src is not None:
             lo, hi = start + moved, start + n
             self.keys[..., lo:hi, :] = mx.take(self.keys, src, axis=2)
             self.values[..., lo:hi, :] = mx.take(self.values, src, axis=2)
@@ -123,9 +132,9 @@ class Cache(list):
                 c.rewind(c.offset - offset)
 
     def commit(self, start: int, indices: Indices):
-        idx = _checked_indices(indices, start, self.offset)
+        plan = _commit_plan(indices, start, self.offset)  # checked and planned once for all layers
         for c in self:
-            c.commit(start, idx)
+            c._apply_commit(start, *plan)
 
     @property
     def state(self) -> List[mx.array]:

@@ -112,19 +112,16 @@ def build_model(config: Dict[str, Any], weights: Dict[str, mx.array], weight_for
             return q if isinstance(q, dict) else {"group_size": quant["group_size"], "bits": quant["bits"]}
 
         nn.quantize(model, class_predicate=predicate)
-        if on_cpu():
-            # MLX's CPU kernels are slow in float16 (measured on the default model: 5.3 s per token
-            # with float16 activations, 0.2 s in float32), so the CPU computes in float32 around
-            # the packed weights: scales, biases and norms become float32.
-            act = mx.float32
-            weights = {k: v.astype(act) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()}
-        else:
-            # Keep activations in the scales' dtype (GGUF stores norms in float32, scales in float16).
-            act = next(v.dtype for k, v in weights.items() if k.endswith(".scales"))
-            weights = {
-                k: v.astype(act) if mx.issubdtype(v.dtype, mx.floating) and v.ndim == 1 else v
-                for k, v in weights.items()
-            }
+        # A GPU keeps activations in the scales' dtype (GGUF stores norms in float32, scales in
+        # float16): only norms are cast. MLX's CPU kernels are slow in float16 (default model:
+        # 5.3 s per token in float16, 0.2 s in float32), so the CPU casts scales, biases and
+        # norms to float32 and computes in float32 around the packed weights.
+        cpu = on_cpu()
+        act = mx.float32 if cpu else next(v.dtype for k, v in weights.items() if k.endswith(".scales"))
+        weights = {
+            k: v.astype(act) if mx.issubdtype(v.dtype, mx.floating) and (cpu or v.ndim == 1) else v
+            for k, v in weights.items()
+        }
         description = _describe_quant(quant)
     else:
         description = str(next(iter(weights.values())).dtype).replace("mlx.core.", "")

@@ -392,8 +392,7 @@ def main(argv=None):
                             save_every=args.save_every, log=log, reload=samples_now, reload_every=args.reload_every,
                             val_every=args.val_every, val_fraction=args.val_fraction,
                             save_dtype=getattr(mx, args.dtype))
-        drafter.set_dtype(getattr(mx, args.dtype))
-        save_drafter(drafter, args.out / "drafter", extra_config={"training": {
+        save_copy(drafter, args.out / "drafter", getattr(mx, args.dtype), {"training": {
             "depth": args.depth, "steps": args.steps, "batch": args.batch, "lr": args.lr,
             "replies": len(latest["samples"]), "seconds_this_run": round(time.perf_counter() - t0)}})
         print(f"saved {args.out / 'drafter'}", file=sys.stderr)
