@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+import redrafter_mlx  # noqa: F401  first, before any test module imports mlx.core (loads OpenBLAS; see _platform)
+
 sys.path.insert(0, str(Path(__file__).parent))  # tests/helpers.py stays importable
 
 REPO = Path(__file__).resolve().parents[1]

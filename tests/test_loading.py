@@ -1,7 +1,11 @@
 """load(): Hugging Face folders (float and mlx-community quantized) and GGUF files the tests
 write themselves, weight formats, and the registry's default model."""
 
+import ctypes.util
 import json
+import os
+import subprocess
+import sys
 
 import mlx.core as mx
 import numpy as np
@@ -298,3 +302,21 @@ def test_default_model_stored_4bit(default_model):
     a = generate(stored, prompt, mode="ar", max_tokens=8)
     b = generate(default_model, prompt, mode="ar", max_tokens=8)
     assert a.tokens == b.tokens and "Paris" in a.text
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or not ctypes.util.find_library("openblas"),
+    reason="OpenBLAS is only swapped in on Linux with the library installed",
+)
+def test_importing_mlx_before_redrafter_warns_about_the_slow_blas():
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "REDRAFTER_NO_OPENBLAS")}
+    strict = "import warnings; warnings.simplefilter('error')\n"
+
+    def run(code):
+        return subprocess.run([sys.executable, "-c", strict + code], capture_output=True, text=True, env=env)
+
+    late = run("import mlx.core\nimport redrafter_mlx")
+    assert late.returncode != 0 and "import redrafter_mlx first" in late.stderr
+    first = run("import redrafter_mlx\nimport mlx.core\nfrom redrafter_mlx._platform import OPENBLAS_LOADED\n"
+                "assert OPENBLAS_LOADED")
+    assert first.returncode == 0, first.stderr
