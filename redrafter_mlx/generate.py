@@ -159,8 +159,7 @@ def stream(
 
     def event(new: List[int], step: Optional[StepStats], reason: Optional[str]) -> Event:
         text = detok.add(new) + (detok.flush() if reason else "")
-        if reason:
-            stats.peak_memory_mb = mx.get_peak_memory() / 1e6
+        stats.peak_memory_mb = mx.get_peak_memory() / 1e6  # live, for UIs (a cheap host query)
         return Event(text, new, stats, step, reason)
 
     # ---- prefill: the prompt's last logits give the first token --------------------------

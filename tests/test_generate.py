@@ -315,3 +315,9 @@ def test_exception_in_should_stop_keeps_the_cache_consistent(tiny_loaded):
     with pytest.raises(RuntimeError, match="stop here"):
         generate(m, PROMPT, max_tokens=20, prompt_cache=pc, should_stop=boom)
     assert_cache_holds(m.model, pc)
+
+
+def test_peak_memory_is_reported_live(tiny_loaded):
+    """UIs show peak memory during a reply, so every event carries it, not just the last."""
+    seen = [e.stats.peak_memory_mb for e in stream(tiny_loaded, PROMPT, mode="ar", max_tokens=5)]
+    assert len(seen) == 5 and all(mb > 0 for mb in seen)  # read as each event arrives (stats is shared)
