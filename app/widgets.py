@@ -137,7 +137,10 @@ class StatsPanel(Static):
         self.plain = ""
 
     def show(self, rows: List[Row]):
-        self.plain = as_text(rows)
+        plain = as_text(rows)
+        if plain == self.plain:
+            return
+        self.plain = plain
         text = Text(no_wrap=False)
         for label, value in rows:
             if value is None:
@@ -146,7 +149,10 @@ class StatsPanel(Static):
                 text.append(f"{label:<13}", style="dim")
                 text.append(value + "\n")
         text.rstrip()
-        self.update(text)
+        # The panel's size is fixed by chat.tcss (width 48, height 1fr, scrolls), so no layout
+        # pass: one over the whole screen (every Markdown block of the transcript) cost ~20 ms
+        # per update, which slowed decoding while a reply streamed.
+        self.update(text, layout=False)
 
 
 class Transcript(VerticalScroll):

@@ -121,6 +121,31 @@ async def test_tuned_plain_decoding_starts_with_speculation_off():
         assert app.settings.speculative is True
 
 
+async def test_redraws_are_coalesced_while_streaming(monkeypatch):
+    """Chunks faster than UPDATE_SECONDS are drawn together (redraws cost decoding speed), and the
+    newest one is still drawn while the reply runs; the final text is whole."""
+    import app.app as app_module
+
+    monkeypatch.setattr(app_module, "UPDATE_SECONDS", 0.5)
+    shown = []
+    original = AssistantMessage.show
+
+    async def counting_show(self, text):
+        shown.append(text)
+        await original(self, text)
+
+    monkeypatch.setattr(AssistantMessage, "show", counting_show)
+    engine = FakeEngine([REPLY + " " + REPLY], step_delay=0.01)
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "Explain.")
+        await finished(pilot)
+        assert transcript_replies(app) == [REPLY + " " + REPLY]
+    chunks = len((REPLY + " " + REPLY).split(" "))  # about a word per chunk, or fewer chunks
+    assert 2 <= len(shown) < chunks / 3, (len(shown), chunks)  # some redraws while streaming, far fewer than chunks
+
+
 async def test_stats_panel_updates_while_generating():
     engine = FakeEngine([REPLY], hold_after=3)
     app = create_app(engine)
