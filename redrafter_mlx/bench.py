@@ -143,6 +143,7 @@ def run_one(loaded, prompt: str, mode: str, args, shape=None) -> Dict:
         "tokens": g.tokens,
         "new_tokens": s.new_tokens,
         "steps": s.steps,
+        "end_tokens": s.end_tokens,
         "seconds": seconds,
         "tokens_per_second": s.tokens_per_second,
         "tokens_per_step": s.tokens_per_step,
@@ -175,15 +176,16 @@ def summarize(results: List[Dict], modes: List[str], greedy: bool) -> Dict[str, 
         steps = sum(r["steps"] for r in rows)
         decode = sum(r["decode_seconds"] for r in rows)
         step_tokens = sum(r["new_tokens"] - 1 for r in rows if r["new_tokens"] > 0)
+        produced = step_tokens + sum(r.get("end_tokens", 0) for r in rows)  # what tokens/step counts
         if mode == "mlx-lm":
-            steps = step_tokens
+            steps = produced = step_tokens
         first = rows[0] if rows else {}
         summary[mode] = {
             "questions": len(rows),
             "new_tokens": sum(r["new_tokens"] for r in rows),
             "mean_tokens_per_second": mean(r["tokens_per_second"] for r in rows) if rows else 0.0,
             "tokens_per_second": step_tokens / decode if decode else 0.0,  # pooled over all questions
-            "tokens_per_step": step_tokens / steps if steps else 0.0,
+            "tokens_per_step": produced / steps if steps else 0.0,
             "peak_memory_mb": max((r["peak_memory_mb"] for r in rows), default=0.0),
         }
         if "beam_width" in first:

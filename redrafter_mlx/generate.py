@@ -259,6 +259,7 @@ def stream(
             if stats.new_tokens + len(new) >= max_tokens:
                 new, reason = new[: max_tokens - stats.new_tokens], "length"
             step.emitted = len(new)
+            step.ended = reason == "eos"
             step.seconds = time.perf_counter() - t_step
             stats.add(step)
             yield event(new, step, reason)

@@ -21,6 +21,7 @@ class StepStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     seconds: float = 0.0
+    ended: bool = False  # the step also produced the end-of-turn token (not emitted as output)
 
 
 @dataclass
@@ -29,6 +30,7 @@ class RunStats:
     prompt_tokens: int = 0
     new_tokens: int = 0  # all generated tokens, the one sampled from the prefill included
     step_tokens: int = 0  # tokens emitted by decode steps (new_tokens minus the prefill's)
+    end_tokens: int = 0  # end-of-turn tokens decode steps produced (not in the output)
     steps: int = 0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
@@ -40,23 +42,26 @@ class RunStats:
     beam_width: int = 0
     beam_length: int = 0
     peak_memory_mb: float = 0.0
-    accepted_lengths: List[int] = field(default_factory=list)  # tokens emitted per step
+    accepted_lengths: List[int] = field(default_factory=list)  # tokens produced per step (an end token included)
 
     def add(self, step: StepStats):
         self.steps += 1
         self.new_tokens += step.emitted
         self.step_tokens += step.emitted
+        self.end_tokens += int(step.ended)
         self.drafted_tokens += step.drafted
         self.packed_tokens += step.packed
         self.accepted_tokens += step.accepted
         self.draft_seconds += step.draft_seconds
         self.verify_seconds += step.verify_seconds
         self.decode_seconds += step.seconds
-        self.accepted_lengths.append(step.emitted)
+        self.accepted_lengths.append(step.emitted + int(step.ended))
 
     @property
     def tokens_per_step(self) -> float:
-        return self.step_tokens / self.steps if self.steps else 0.0
+        """Tokens each decode step produced, the end-of-turn token it may stop at included, so
+        plain decoding is exactly 1.00 (a last step that only finds the end token is 1, not 0)."""
+        return (self.step_tokens + self.end_tokens) / self.steps if self.steps else 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -88,6 +93,7 @@ class RunStats:
             "prompt_tokens": self.prompt_tokens,
             "new_tokens": self.new_tokens,
             "step_tokens": self.step_tokens,
+            "end_tokens": self.end_tokens,
             "steps": self.steps,
             "prefill_seconds": self.prefill_seconds,
             "decode_seconds": self.decode_seconds,
@@ -112,7 +118,7 @@ def merge(stats: List[RunStats]) -> Optional[RunStats]:
         return None
     out = RunStats(mode=stats[-1].mode, beam_width=stats[-1].beam_width, beam_length=stats[-1].beam_length)
     for s in stats:
-        for name in ("prompt_tokens", "new_tokens", "step_tokens", "steps", "prefill_seconds", "decode_seconds", "draft_seconds",
+        for name in ("prompt_tokens", "new_tokens", "step_tokens", "end_tokens", "steps", "prefill_seconds", "decode_seconds", "draft_seconds",
                      "verify_seconds", "drafted_tokens", "packed_tokens", "accepted_tokens"):
             setattr(out, name, getattr(out, name) + getattr(s, name))
         out.accepted_lengths += s.accepted_lengths

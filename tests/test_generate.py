@@ -160,6 +160,9 @@ def test_eos_stops_generation(tiny_loaded):
     m.tokenizer.eos_token_ids = [free[k]]
     g = generate(m, PROMPT, max_tokens=30)
     assert g.finish_reason == "eos" and g.tokens == free[:k]  # the EOS token itself is not emitted
+    # The step that produced the end token counts it: plain decoding is exactly 1 token per step.
+    assert g.stats.end_tokens == 1 and g.stats.steps == k and g.stats.tokens_per_step == 1.0
+    assert set(g.stats.histogram()) == {1}
     # EOS as the very first token.
     m.tokenizer.eos_token_ids = [free[0]]
     g = generate(m, PROMPT, max_tokens=30)
