@@ -321,7 +321,6 @@ class Engine(EngineThread):
             raise
 
     def _stream(self, messages: Messages, settings: Settings, should_stop) -> Iterator[Chunk]:
-        import mlx.core as mx
         from redrafter_mlx import stream
 
         m = self._m
@@ -358,7 +357,7 @@ class Engine(EngineThread):
                 decode_seconds=s.decode_seconds,
                 draft_seconds=s.draft_seconds,
                 verify_seconds=s.verify_seconds,
-                peak_memory_mb=mx.get_peak_memory() / 1e6,  # stream() resets the peak per reply
+                peak_memory_mb=s.peak_memory_mb,  # stream() resets the peak per reply and reports it live
                 beam_width=s.beam_width,
                 beam_length=s.beam_length,
             )

@@ -35,7 +35,7 @@ class Baseline:
     def observe(self, stats: Stats):
         """Count a finished reply if it was decoded plainly and long enough to time."""
         if stats.mode == "ar" and stats.steps >= MIN_PLAIN_STEPS and stats.decode_seconds > 0:
-            self.plain_tokens += round(stats.tokens_per_second * stats.decode_seconds)  # emitted tokens
+            self.plain_tokens += stats.new_tokens - 1  # the decode steps' tokens (the prefill's is not timed)
             self.plain_seconds += stats.decode_seconds
             self.plain_replies += 1
 
