@@ -99,6 +99,11 @@ class KVCache:
             self.values[..., lo:hi, :] = mx.take(self.values, src, axis=2)
         self.offset = start + n
 
+    def keep_rows(self, rows: mx.array):
+        """Keep only the batch rows `rows` (B',) of keys and values, in that order."""
+        if self.keys is not None:
+            self.keys, self.values = self.keys[rows], self.values[rows]
+
     @property
     def state(self):
         if self.keys is None:
@@ -135,6 +140,12 @@ class Cache(list):
         plan = _commit_plan(indices, start, self.offset)  # checked and planned once for all layers
         for c in self:
             c._apply_commit(start, *plan)
+
+    def keep_rows(self, rows: Sequence[int]):
+        """Keep only some batch rows (e.g. drop the sequences that finished), in that order."""
+        rows = mx.array(np.asarray(rows, dtype=np.int32))
+        for c in self:
+            c.keep_rows(rows)
 
     @property
     def state(self) -> List[mx.array]:

@@ -7,9 +7,11 @@
 The ReDrafter paper trains on the base model's own outputs (about +10% tokens/step over
 dataset text): the head learns what *this* model writes. Prompts are wrapped in the chat
 template and answered greedily in batches (left padding, per-row positions, a padding-aware
-mask). Each finished batch is one shard `shard-NNNNN.npz` holding, per sample, the prompt
-and reply ids and the base model's final hidden states for the reply positions (float16),
-which is all training needs: the base model never runs again. A `done.txt` lists the
+mask; rows that finished are dropped from the batch, a quarter at a time, so long replies
+do not keep finished ones running). Each finished batch is one shard `shard-NNNNN.npz`
+holding, per sample, the prompt and reply ids, the base model's final hidden states for
+the reply positions (float16) and, for sampled replies, its greedy token at each of them:
+all that training needs, the base model never runs again. A `done.txt` lists the
 prompt keys already answered, so an interrupted run resumes where it stopped.
 MT-Bench is evaluation data: files named mt_bench* are refused.
 """
@@ -58,9 +60,10 @@ def generate_batch(
     model, prompts: List[List[int]], max_tokens: int, eos: Sequence[int], temperature: float = 0.0
 ) -> List[Tuple[List[int], np.ndarray]]:
     """Replies to a batch of prompt ids: greedy, or sampled at `temperature` (mx.random state).
-    Returns per row (reply ids, hidden (n, H) f16), where hidden[i] is the base model's final
-    hidden state at the position *before* reply token i (the state that predicted it): the
-    last prompt token, then reply tokens."""
+    Returns per row (reply ids, hidden (n, H) f16, greedy ids), where hidden[i] is the base
+    model's final hidden state at the position *before* reply token i (the state that
+    predicted it): the last prompt token, then reply tokens; greedy[i] is that state's
+    argmax token (equal to reply[i] when decoding greedily)."""
     B = len(prompts)
     T = max(len(p) for p in prompts)
     pad = np.array([T - len(p) for p in prompts])
@@ -79,30 +82,36 @@ def generate_batch(
     eos = set(eos)
     replies = [[] for _ in range(B)]
     hiddens = [[] for _ in range(B)]
-    done = np.zeros(B, dtype=bool)
+    greedy = [[] for _ in range(B)]
+    rows = np.arange(B)  # the original row of each row still in the batch
+    live = np.ones(B, dtype=bool)  # rows still writing (finished ones run on, ignored, until dropped)
     for _ in range(max_tokens):
-        logits = model.logits(h)  # (B, V)
-        if temperature > 0:
-            nxt = mx.random.categorical(logits.astype(mx.float32) / temperature, axis=-1)  # (B,)
-        else:
-            nxt = mx.argmax(logits, axis=-1)  # (B,)
+        logits = model.logits(h)  # (b, V)
+        best = mx.argmax(logits, axis=-1)  # (b,)
+        nxt = mx.random.categorical(logits.astype(mx.float32) / temperature, axis=-1) if temperature > 0 else best
         h_np = np.array(h.astype(mx.float16))
-        nxt_np = np.array(nxt)
-        for i in range(B):
-            if done[i]:
+        nxt_np, best_np = np.array(nxt), np.array(best)
+        for j in np.flatnonzero(live):
+            if int(nxt_np[j]) in eos:
+                live[j] = False
                 continue
-            if int(nxt_np[i]) in eos:
-                done[i] = True
-                continue
-            replies[i].append(int(nxt_np[i]))
-            hiddens[i].append(h_np[i])
-        if done.all():
+            replies[rows[j]].append(int(nxt_np[j]))
+            hiddens[rows[j]].append(h_np[j])
+            greedy[rows[j]].append(int(best_np[j]))
+        if not live.any():
             break
-        valid = np.concatenate([valid, np.ones((B, 1), dtype=bool)], axis=1)
-        step_mask = valid[:, None, None, :]  # (B, 1, 1, S)
-        h = model.hidden(nxt.reshape(B, 1), cache, positions=mx.array(pos.reshape(B, 1)), mask=mx.array(step_mask))[:, -1]
+        if (~live).sum() * 4 >= len(rows):  # a quarter finished: drop them (copying the cache costs a step)
+            keep = np.flatnonzero(live)
+            cache.keep_rows(keep)
+            rows, valid, pos, live = rows[keep], valid[keep], pos[keep], live[keep]
+            nxt = nxt[mx.array(keep)]
+        b = len(rows)
+        valid = np.concatenate([valid, np.ones((b, 1), dtype=bool)], axis=1)
+        step_mask = valid[:, None, None, :]  # (b, 1, 1, S)
+        h = model.hidden(nxt.reshape(b, 1), cache, positions=mx.array(pos.reshape(b, 1)), mask=mx.array(step_mask))[:, -1]
         pos = pos + 1
-    return [(r, np.stack(hs) if hs else np.zeros((0, h.shape[-1]), np.float16)) for r, hs in zip(replies, hiddens)]
+    return [(r, np.stack(hs) if hs else np.zeros((0, h.shape[-1]), np.float16), g)
+            for r, hs, g in zip(replies, hiddens, greedy)]
 
 
 def write_shard(out: Path, index: int, samples: List[dict]):
@@ -111,6 +120,8 @@ def write_shard(out: Path, index: int, samples: List[dict]):
         arrays[f"prompt_{j}"] = np.array(s["prompt"], dtype=np.int32)
         arrays[f"reply_{j}"] = np.array(s["reply"], dtype=np.int32)
         arrays[f"hidden_{j}"] = s["hidden"]
+        if s.get("greedy") is not None and list(s["greedy"]) != list(s["reply"]):  # sampled replies only
+            arrays[f"greedy_{j}"] = np.array(s["greedy"], dtype=np.int32)
     tmp = out / f".shard-{index:05d}.npz"
     with open(tmp, "wb") as f:
         np.savez(f, **arrays)
@@ -121,12 +132,16 @@ def write_shard(out: Path, index: int, samples: List[dict]):
 
 
 def read_shards(out: Path) -> Iterator[dict]:
-    """Samples back from disk: dicts with prompt, reply (int32) and hidden (float16, (n, H))."""
+    """Samples back from disk: dicts with prompt, reply (int32), hidden (float16, (n, H)) and
+    greedy (int32, the base model's argmax at each reply position; the reply itself when it
+    was decoded greedily or the shard predates this field)."""
     for shard in sorted(Path(out).glob("shard-*.npz")):
         with np.load(shard) as z:
             n = sum(1 for k in z.files if k.startswith("reply_"))
             for j in range(n):
-                yield {"prompt": z[f"prompt_{j}"], "reply": z[f"reply_{j}"], "hidden": z[f"hidden_{j}"]}
+                reply = z[f"reply_{j}"]
+                greedy = z[f"greedy_{j}"] if f"greedy_{j}" in z.files else reply
+                yield {"prompt": z[f"prompt_{j}"], "reply": reply, "hidden": z[f"hidden_{j}"], "greedy": greedy}
 
 
 def distill(loaded, prompts: List[str], out: Path, batch_size: int = 16, max_tokens: int = 256, progress=True,
@@ -152,12 +167,12 @@ def distill(loaded, prompts: List[str], out: Path, batch_size: int = 16, max_tok
     for b in batches:
         rows = generate_batch(loaded.model, [encoded[i][1] for i in b], max_tokens, tok.eos_token_ids, temperature)
         samples = [
-            {"key": encoded[i][0], "prompt": encoded[i][1], "reply": r, "hidden": hs}
-            for i, (r, hs) in zip(b, rows)
+            {"key": encoded[i][0], "prompt": encoded[i][1], "reply": r, "hidden": hs, "greedy": g}
+            for i, (r, hs, g) in zip(b, rows)
         ]
         write_shard(out, index, samples)
         index += 1
-        produced += sum(len(r) for r, _ in rows)
+        produced += sum(len(r) for r, _, _ in rows)
         bar.update(len(b))
         bar.set_postfix(tok_s=f"{produced / (time.perf_counter() - t0):.0f}")
     bar.close()
@@ -208,7 +223,7 @@ def self_instruct(loaded, seeds: List[str], n: int, path: Path, batch_size: int 
         rows = generate_batch(loaded.model, prompts, 64, stops, temperature=0.7)
         tries += batch_size
         new = []
-        for reply, _ in rows:
+        for reply, _, _ in rows:
             if len(reply) >= 64:  # ran on without ending its line: usually a loop
                 continue
             task = clean_task(tok.decode(reply))

@@ -104,13 +104,29 @@ class Drafter(nn.Module):
 
     def _draft_projection(self, base):
         """(..., exit_dim) -> logits over the draft vocabulary, with the weights gathered once."""
+        return self._projections(base)[1]
+
+    def vocab_logits(self, hidden: mx.array, base) -> mx.array:
+        """The base model's own logits over the draft vocabulary for its hidden states
+        (..., hidden_size) -> (..., V_draft): the teacher's view of what the head drafts
+        ('shared' heads only; used for distillation targets)."""
+        if self.args.lm_head != "shared":
+            raise ValueError("vocab_logits needs a drafter with lm_head='shared'")
+        return self._projections(self._base(base))[0](hidden)
+
+    def _projections(self, base):
+        """(project, draft): project maps (..., hidden) to logits over the draft vocabulary
+        through the base model's output embedding ('shared'; for 'own' it is the head's own
+        output layer), draft maps the head's features (..., exit_dim) to draft logits."""
         key = (id(base), int(self.draft_vocab.size) if "draft_vocab" in self else 0)
         if self._projection is not None and self._projection[0] == key:
             return self._projection[1]
+        project = None
         if "draft_vocab" not in self:
             fn = self.lm_head[-1]
             if self.args.lm_head == "shared":
                 dtype = _activation_dtype(base)
+                project = base.logits
                 fn = lambda x: base.logits(self.lm_head[-1](x).astype(dtype))  # noqa: E731
         else:
             ids = self.draft_vocab
@@ -134,8 +150,8 @@ class Drafter(nn.Module):
             else:
                 dtype = _activation_dtype(base)
                 fn = lambda x: project(self.lm_head[-1](x).astype(dtype))  # noqa: E731
-        self._projection = (key, fn)
-        return fn
+        self._projection = (key, (project, fn))
+        return project, fn
 
     def draft_logits(self, h: mx.array, state: mx.array, base=None) -> mx.array:
         """Logits over the draft vocabulary, (..., V_draft); index i is token `draft_vocab[i]`

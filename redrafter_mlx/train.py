@@ -41,10 +41,15 @@ from .drafter import Drafter, load_drafter, save_drafter  # noqa: E402
 
 
 class PositionData:
-    """All (hidden, following tokens) training positions of a distillation folder."""
+    """All (hidden, following tokens) training positions of a distillation folder.
 
-    def __init__(self, samples: List[dict], depth: int):
-        hs, toks, starts = [], [], []
+    greedy_targets: predict the base model's greedy token at each position (the sample's
+    "greedy" ids) instead of the reply token itself. The same for greedy replies; for sampled
+    ones it is what greedy verification accepts, while the inputs stay the sampled tokens
+    (the contexts the reply actually went through)."""
+
+    def __init__(self, samples: List[dict], depth: int, greedy_targets: bool = False):
+        hs, toks, starts, best = [], [], [], []
         offset = 0
         for s in samples:
             n = len(s["reply"])
@@ -52,10 +57,12 @@ class PositionData:
                 continue
             hs.append(s["hidden"])
             toks.append(np.asarray(s["reply"], dtype=np.int32))
+            best.append(np.asarray(s.get("greedy", s["reply"]) if greedy_targets else s["reply"], dtype=np.int32))
             starts.append(np.arange(offset, offset + n - 1))  # positions with at least one target
             offset += n
         self.hidden = np.concatenate(hs).astype(np.float32)  # (N, H)
         self.tokens = np.concatenate([np.concatenate(toks), np.full(depth + 1, -1, np.int32)])  # padded with -1
+        self.targets = np.concatenate([np.concatenate(best), np.full(depth + 1, -1, np.int32)])
         self.positions = np.concatenate(starts)
         # a position's window must not run into the next reply
         ends = np.concatenate([np.full(len(t), o + len(t)) for t, o in zip(toks, np.cumsum([0] + [len(t) for t in toks[:-1]]))])
@@ -66,13 +73,17 @@ class PositionData:
         return len(self.positions)
 
     def batch(self, idx: np.ndarray):
-        """h (B, H), inputs (B, K) = r_i..r_{i+K-1}, targets (B, K) = r_{i+1}..r_{i+K} (-1 = none)."""
+        """h (B, H), inputs (B, K) = r_i..r_{i+K-1}, targets (B, K) = r_{i+1}..r_{i+K} (-1 = none),
+        and the base model's hidden states that predicted the targets, (B, K, H) (the teacher's
+        view of each target, for soft targets; rows past the reply's end are arbitrary)."""
         pos = self.positions[idx]
         K = self.depth
         window = pos[:, None] + np.arange(K + 1)[None, :]  # (B, K+1)
-        toks = self.tokens[window]
-        toks = np.where(window < self.end[pos][:, None], toks, -1)
-        return self.hidden[pos], np.maximum(toks[:, :K], 0), toks[:, 1:]
+        inside = window < self.end[pos][:, None]
+        toks = np.where(inside, self.tokens[window], -1)
+        targets = np.where(inside, self.targets[window], -1)[:, 1:]
+        teacher = self.hidden[np.minimum(window[:, 1:], len(self.hidden) - 1)]  # (B, K, H)
+        return self.hidden[pos], np.maximum(toks[:, :K], 0), targets, teacher
 
 
 def is_held_out(sample: dict, fraction: float) -> bool:
@@ -92,8 +103,14 @@ def frequent_tokens(samples: List[dict], size: int, always=()) -> List[int]:
     return sorted(ids[: max(size, len(always))])
 
 
-def loss_fn(drafter: Drafter, base, h, inputs, targets, remap):
-    """Sum over depths of the mean cross-entropy; also per-depth accuracy (B, K) hits."""
+def loss_fn(drafter: Drafter, base, h, inputs, targets, remap, teacher=None, soft: float = 0.0):
+    """Sum over depths of the mean cross-entropy; also per-depth top-1 accuracy on the targets.
+
+    soft > 0 mixes in distillation from the base model's own distribution (Hinton et al.):
+    (1 - soft) * CE(target token) + soft * CE(softmax of the base logits over the draft
+    vocabulary, computed from `teacher` (B, K, H), the hidden states that predicted the
+    targets). The full distribution says more per position than its sampled token, and its
+    argmax is the greedy token even where a sampled reply took another one."""
     emb = base.embed(inputs).astype(h.dtype)  # (B, K, H)
     state = mx.zeros_like(h)
     losses, hits = [], []
@@ -104,7 +121,13 @@ def loss_fn(drafter: Drafter, base, h, inputs, targets, remap):
         valid = (targets[:, k] >= 0) & (tgt >= 0)
         ce = nn.losses.cross_entropy(logits, mx.maximum(tgt, 0), reduction="none")
         n = mx.maximum(valid.sum(), 1)
-        losses.append((ce * valid).sum() / n)
+        loss = (ce * valid).sum() / n
+        if soft > 0:
+            p = mx.softmax(mx.stop_gradient(drafter.vocab_logits(teacher[:, k], base)).astype(mx.float32), axis=-1)
+            soft_ce = -(p * nn.log_softmax(logits, axis=-1)).sum(axis=-1)  # (B,)
+            present = targets[:, k] >= 0
+            loss = (1 - soft) * loss + soft * (soft_ce * present).sum() / mx.maximum(present.sum(), 1)
+        losses.append(loss)
         hits.append(((mx.argmax(logits, axis=-1) == tgt) & valid).sum() / n)
     return sum(losses), mx.stack(hits)
 
@@ -179,6 +202,8 @@ def train(
     val_fraction: float = 0.05,
     val_positions: int = 4096,
     save_dtype=None,
+    soft: float = 0.0,
+    greedy_targets: bool = False,
 ) -> Drafter:
     """Train (or resume) a 'shared'-head drafter for `base` on distillation samples.
 
@@ -188,7 +213,9 @@ def train(
     it can change between runs without touching the trained weights).
 
     val_every: every N steps, the loss and per-depth accuracy on held-out replies (a stable
-    `val_fraction` of them, chosen by a hash of their tokens) is logged, and the drafter with
+    `val_fraction` of them, chosen by a hash of their tokens; accuracy counts agreement with
+    the base model's greedy token, which for sampled replies may differ from the reply's) is
+    logged, and the drafter with
     the most expected accepted drafts so far (`accepted_drafts` of the held-out accuracies) is
     saved to out/best in `save_dtype` (small data overfits fast; held-out loss keeps rising
     from overconfident misses well after top-1 accuracy has stopped improving, so accuracy,
@@ -212,16 +239,17 @@ def train(
             held = [is_held_out(s, val_fraction) for s in samples]
             val_samples = [s for s, v in zip(samples, held) if v]
             samples = [s for s, v in zip(samples, held) if not v]
-            val["data"] = PositionData(val_samples, depth) if val_samples else None
-        return PositionData(samples, depth), mx.array(remap)
+            # held-out accuracy is agreement with the greedy token: what greedy decoding accepts
+            val["data"] = PositionData(val_samples, depth, greedy_targets=True) if val_samples else None
+        return PositionData(samples, depth, greedy_targets), mx.array(remap)
 
     def validate():
         vd = val["data"]
         idx = np.unique(np.linspace(0, len(vd) - 1, min(val_positions, len(vd))).astype(np.int64))
         losses, hits, weights = [], [], []
         for b in range(0, len(idx), 1024):
-            h, i, t = (mx.array(a) for a in vd.batch(idx[b : b + 1024]))
-            loss, hit = loss_fn(drafter, base, h, i, t, remap)
+            h, i, t, th = (mx.array(a) for a in vd.batch(idx[b : b + 1024]))
+            loss, hit = loss_fn(drafter, base, h, i, t, remap, th, soft)
             losses.append(loss.item())
             hits.append(np.array(hit))
             weights.append(len(idx[b : b + 1024]))
@@ -235,10 +263,10 @@ def train(
         val["best"] = meta.get("best_accepted_drafts", -math.inf)
     data, remap = use_data(samples)  # after a resume too: the vocabulary follows the data
     base.freeze()
-    value_and_grad = nn.value_and_grad(drafter, lambda h, i, t: loss_fn(drafter, base, h, i, t, remap))
+    value_and_grad = nn.value_and_grad(drafter, lambda h, i, t, th: loss_fn(drafter, base, h, i, t, remap, th, soft))
 
-    def train_step(h, i, t):
-        (loss, hits), grads = value_and_grad(h, i, t)
+    def train_step(h, i, t, th):
+        (loss, hits), grads = value_and_grad(h, i, t, th)
         opt.update(drafter, grads)
         return loss, hits
 
@@ -248,13 +276,13 @@ def train(
         if reload is not None and reload_every and step % reload_every == 0 and step > 0:
             samples = reload()
             data, remap = use_data(samples)
-            value_and_grad = nn.value_and_grad(drafter, lambda h, i, t: loss_fn(drafter, base, h, i, t, remap))
+            value_and_grad = nn.value_and_grad(drafter, lambda h, i, t, th: loss_fn(drafter, base, h, i, t, remap, th, soft))
             val["best"] = -math.inf  # a new held-out set: not comparable with the old one
             if log:
                 log.write(json.dumps({"step": step, "reload": len(samples), "positions": len(data)}) + "\n")
         idx = rng.integers(0, len(data), size=batch)
-        h, inputs, targets = (mx.array(a) for a in data.batch(idx))
-        loss, hits = train_step(h, inputs, targets)
+        h, inputs, targets, teacher = (mx.array(a) for a in data.batch(idx))
+        loss, hits = train_step(h, inputs, targets, teacher)
         mx.eval(loss, hits, drafter.parameters(), opt.state)
         step += 1
         acc = " ".join(f"{a:.2f}" for a in np.array(hits).tolist())
@@ -351,6 +379,12 @@ def main(argv=None):
     p.add_argument("--val-every", type=int, default=0,
                    help="held-out loss and accuracy every N steps; the most accurate drafter -> OUT/best")
     p.add_argument("--val-fraction", type=float, default=0.05)
+    p.add_argument("--soft", type=float, default=0.0, metavar="A",
+                   help="weight of the base model's own distribution as target (0: the reply tokens only; "
+                        "1: the distribution only); see loss_fn")
+    p.add_argument("--greedy-targets", action="store_true",
+                   help="predict the base model's greedy token at each position of sampled replies (stored by "
+                        "distill --temperature), not the sampled one")
     p.add_argument("--exit-dim", type=int, default=None)
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--draft-vocab", type=int, default=8192, help="0 = the whole vocabulary")
@@ -391,9 +425,10 @@ def main(argv=None):
                             draft_vocab=args.draft_vocab, eos_ids=loaded.tokenizer.eos_token_ids,
                             save_every=args.save_every, log=log, reload=samples_now, reload_every=args.reload_every,
                             val_every=args.val_every, val_fraction=args.val_fraction,
-                            save_dtype=getattr(mx, args.dtype))
+                            save_dtype=getattr(mx, args.dtype), soft=args.soft, greedy_targets=args.greedy_targets)
         save_copy(drafter, args.out / "drafter", getattr(mx, args.dtype), {"training": {
-            "depth": args.depth, "steps": args.steps, "batch": args.batch, "lr": args.lr,
+            "depth": args.depth, "steps": args.steps, "batch": args.batch, "lr": args.lr, "soft": args.soft,
+            "greedy_targets": args.greedy_targets,
             "replies": len(latest["samples"]), "seconds_this_run": round(time.perf_counter() - t0)}})
         print(f"saved {args.out / 'drafter'}", file=sys.stderr)
     if args.eval_prompts:

@@ -217,3 +217,19 @@ def test_cache_reserve_applies_to_every_layer():
     cache.reserve(B, H, D, mx.float32, 300, v_dim=DV)
     assert all(c.capacity >= 300 for c in cache)
     assert all(held(c) == [0, 1, 2] for c in cache)
+
+
+def test_keep_rows_keeps_the_chosen_batch_rows_in_order():
+    cache = Cache(2)
+    for c in cache:
+        c.update_and_fetch(*kv([0, 1, 2], b=4))
+    cache.keep_rows([3, 1])
+    for c in cache:
+        k = np.array(c.keys[..., : c.offset, :])
+        v = np.array(c.values[..., : c.offset, :])
+        assert k.shape[0] == 2 and c.offset == 3
+        assert k[:, 0, 0, 0].tolist() == [3000.0, 1000.0]  # rows 3 and 1, in that order
+        assert v[:, 0, 2, 0].tolist() == [-3.5, -2.5]
+    for c in cache:  # and it goes on appending as a 2-row cache
+        c.update_and_fetch(*kv([3], b=2))
+    assert cache.offset == 4

@@ -50,13 +50,28 @@ def test_batched_distillation_equals_greedy_decoding():
     model = tiny_model()
     prompts = [[3, 4, 5], [7, 8, 9, 10, 11, 12], [5]]
     rows = generate_batch(model, prompts, 10, eos=[])
-    for p, (reply, hidden) in zip(prompts, rows):
+    for p, (reply, hidden, greedy) in zip(prompts, rows):
+        assert greedy == reply
         ids = list(p)
         for t in reply:
             logits, h = model(mx.array([ids]))
             assert int(mx.argmax(logits[0, -1])) == t
             assert np.allclose(np.array(h[0, -1]), hidden[len(ids) - len(p)].astype(np.float32), atol=2e-2)
             ids.append(t)
+
+
+def test_batched_distillation_drops_finished_rows_without_changing_the_others():
+    model = tiny_model()
+    prompts = [[3, 4, 5], [7, 8, 9, 10, 11, 12], [5], [9, 9, 2, 30], [40, 41], [6, 6, 6]]  # 6: finished rows run on a while
+    full = generate_batch(model, prompts, 12, eos=[])
+    # an end token that some rows write early and others later or never: rows leave the batch mid-run
+    stop = full[1][0][2]
+    ended = generate_batch(model, prompts, 12, eos=[stop])
+    cut = [r.index(stop) if stop in r else len(r) for r, _, _ in full]
+    assert min(cut) < max(cut)
+    for (reply, hidden, _), (ref, ref_hidden, _), n in zip(ended, full, cut):
+        assert reply == ref[:n]
+        assert np.allclose(hidden.astype(np.float32), ref_hidden[:n].astype(np.float32), atol=2e-2)
 
 
 def test_distill_round_trip_and_resume(samples, tmp_path):
@@ -84,6 +99,12 @@ def test_sampled_distillation_is_seeded_and_differs_from_greedy(samples, tmp_pat
     assert runs[0] != sorted((s["prompt"].tolist(), s["reply"].tolist()) for s in greedy)  # sampled, not greedy
     for s in read_shards(tmp_path / "a"):
         assert s["hidden"].shape == (len(s["reply"]), 32)
+        # the greedy token at each position of a sampled reply: the argmax of its hidden state
+        assert s["greedy"].shape == s["reply"].shape
+        if len(s["reply"]):
+            assert (np.argmax(np.array(model.logits(mx.array(s["hidden"].astype(np.float32)))), -1) == s["greedy"]).mean() > 0.9
+    assert any((s["greedy"] != s["reply"]).any() for s in read_shards(tmp_path / "a"))
+    assert all((s["greedy"] == s["reply"]).all() for s in greedy)
 
 
 class WordTokenizer(TinyTokenizer):
@@ -217,3 +238,67 @@ def test_accepted_drafts():
     assert accepted_drafts([1.0, 1.0, 1.0]) == 3.0
     assert accepted_drafts([0.5, 0.5]) == pytest.approx(0.75)
     assert accepted_drafts([0.0, 1.0]) == 0.0
+
+
+def test_soft_targets_are_the_base_models_distribution_over_the_draft_vocabulary(samples):
+    """soft=1: the loss is the cross-entropy from the base model's softmax (over the draft
+    vocabulary, from the hidden states that predicted the targets) to the head's."""
+    from redrafter_mlx.config import DrafterArgs
+    from redrafter_mlx.drafter import Drafter
+    from redrafter_mlx.train import PositionData, loss_fn
+
+    model, _, data = samples
+    vocab = list(range(1, 48, 2))
+    d = Drafter(DrafterArgs(hidden_size=32, vocab_size=48, lm_head="shared"))
+    d.set_draft_vocab(vocab)
+    mx.eval(d.parameters())
+    h = mx.random.normal((3, 32))
+    assert np.allclose(np.array(d.vocab_logits(h, model)), np.array(model.logits(h))[:, vocab], atol=1e-5)
+
+    pd = PositionData(data, depth=2)
+    h, inputs, targets, teacher = pd.batch(np.arange(len(pd)))
+    whole = (targets >= 0).all(axis=1)  # windows that do not run past their reply's end
+    h, inputs, targets, teacher = h[whole], inputs[whole], targets[whole], teacher[whole]
+    assert len(h) > 50
+    remap = np.full(48, -1, np.int32)
+    remap[vocab] = np.arange(len(vocab))
+    soft_loss, _ = loss_fn(d, model, mx.array(h), mx.array(inputs), mx.array(targets), mx.array(remap),
+                           mx.array(teacher), soft=1.0)
+    want, state = 0.0, mx.zeros((len(h), 32))
+    emb = model.embed(mx.array(inputs))
+    for k in range(2):
+        state = d.update_state(emb[:, k], state)
+        student = np.array(nn_log_softmax(d.draft_logits(mx.array(h), state, model)))
+        p = np.exp(np.array(nn_log_softmax(model.logits(mx.array(teacher[:, k]))[:, vocab])))
+        want += float(np.mean(-(p * student).sum(-1)))
+    assert abs(soft_loss.item() - want) < 1e-3 * max(1.0, abs(want))
+    # the hidden state that predicted each target is the teacher: its greedy token is the (greedy) reply token
+    for k in range(2):
+        assert (np.argmax(np.array(model.logits(mx.array(teacher[:, k]))), -1) == targets[:, k]).mean() > 0.95
+
+
+def nn_log_softmax(x):
+    return x - mx.logsumexp(x, axis=-1, keepdims=True)
+
+
+def test_training_on_soft_targets_reduces_loss(patterned, tmp_path):
+    model, data = patterned
+    log = io.StringIO()
+    train(model, data, tmp_path / "soft", depth=3, steps=60, batch=64, lr=3e-3, warmup=5, draft_vocab=32,
+          progress=False, log=log, save_every=1000, soft=0.5)
+    losses = _losses(log)
+    assert np.mean(losses[-10:]) < 0.8 * np.mean(losses[:5])
+
+
+def test_greedy_targets_replace_sampled_tokens_as_targets_only():
+    from redrafter_mlx.train import PositionData
+
+    h = np.zeros((6, 32), np.float16)
+    sample = {"prompt": np.array([2]), "reply": np.array([5, 6, 7, 8, 9, 10]), "hidden": h,
+              "greedy": np.array([5, 16, 7, 18, 9, 20])}
+    _, inputs, targets, _ = PositionData([sample], depth=2).batch(np.array([0, 3]))
+    assert inputs.tolist() == [[5, 6], [8, 9]] and targets.tolist() == [[6, 7], [9, 10]]
+    _, inputs, targets, _ = PositionData([sample], depth=2, greedy_targets=True).batch(np.array([0, 3]))
+    assert inputs.tolist() == [[5, 6], [8, 9]] and targets.tolist() == [[16, 7], [9, 20]]
+    _, _, targets, _ = PositionData([sample], depth=2, greedy_targets=True).batch(np.array([4]))
+    assert targets.tolist() == [[20, -1]]  # the window stops at the reply's end
