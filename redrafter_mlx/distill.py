@@ -122,6 +122,7 @@ def write_shard(out: Path, index: int, samples: List[dict]):
         arrays[f"hidden_{j}"] = s["hidden"]
         if s.get("greedy") is not None and list(s["greedy"]) != list(s["reply"]):  # sampled replies only
             arrays[f"greedy_{j}"] = np.array(s["greedy"], dtype=np.int32)
+    arrays["greedy_checked"] = np.array(1)  # greedy tokens are stored wherever they differ from the reply
     tmp = out / f".shard-{index:05d}.npz"
     with open(tmp, "wb") as f:
         np.savez(f, **arrays)
@@ -142,6 +143,33 @@ def read_shards(out: Path) -> Iterator[dict]:
                 reply = z[f"reply_{j}"]
                 greedy = z[f"greedy_{j}"] if f"greedy_{j}" in z.files else reply
                 yield {"prompt": z[f"prompt_{j}"], "reply": reply, "hidden": z[f"hidden_{j}"], "greedy": greedy}
+
+
+def backfill_greedy(model, out: Path, chunk: int = 2048) -> int:
+    """Add the greedy tokens to the shards of a sampled run written before they were stored:
+    argmax of the base model's logits from each stored hidden state. Shards are rewritten
+    atomically, one at a time. Returns the number of shards changed."""
+    changed = 0
+    for shard in sorted(Path(out).glob("shard-*.npz")):
+        with np.load(shard) as z:
+            arrays = {k: z[k] for k in z.files}
+        n = sum(1 for k in arrays if k.startswith("reply_"))
+        if n == 0 or "greedy_checked" in arrays:
+            continue
+        for j in range(n):
+            hidden = arrays[f"hidden_{j}"]
+            best = [np.array(mx.argmax(model.logits(mx.array(hidden[i : i + chunk].astype(np.float32))), axis=-1))
+                    for i in range(0, len(hidden), chunk)]
+            best = np.concatenate(best).astype(np.int32) if best else np.zeros(0, np.int32)
+            if not np.array_equal(best, arrays[f"reply_{j}"]):
+                arrays[f"greedy_{j}"] = best
+        arrays["greedy_checked"] = np.array(1)
+        tmp = shard.with_name("." + shard.name)
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, shard)
+        changed += 1
+    return changed
 
 
 def distill(loaded, prompts: List[str], out: Path, batch_size: int = 16, max_tokens: int = 256, progress=True,
@@ -243,7 +271,7 @@ def self_instruct(loaded, seeds: List[str], n: int, path: Path, batch_size: int 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m redrafter_mlx.distill", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None)
-    p.add_argument("--data", nargs="+", type=Path, required=True, help="prompt JSONL files (never MT-Bench)")
+    p.add_argument("--data", nargs="+", type=Path, help="prompt JSONL files (never MT-Bench)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--offset", type=int, default=0, help="skip the first N prompts (interleaved across files)")
     p.add_argument("--limit", type=int, default=None, help="use N prompts from --offset (interleaved across files)")
@@ -257,8 +285,17 @@ def main(argv=None):
                    help="sample replies at T instead of greedy ones: more varied contexts, still the model's own "
                         "text (answers are keyed by prompt, so use another --out than the greedy run)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--backfill-greedy", action="store_true",
+                   help="only add the greedy tokens to the shards of an older sampled run in OUT, then stop")
     args = p.parse_args(argv)
     from .loader import load
+
+    if args.backfill_greedy:
+        loaded = load(args.model, weight_format=args.weight_format, use_drafter=False)
+        print(f"added greedy tokens to {backfill_greedy(loaded.model, args.out)} shards", file=sys.stderr)
+        return
+    if not args.data:
+        p.error("--data is required (prompt JSONL files)")
 
     per_file = [read_prompts([f]) for f in args.data]
     loaded = load(args.model, weight_format=args.weight_format, use_drafter=False)

@@ -302,3 +302,22 @@ def test_greedy_targets_replace_sampled_tokens_as_targets_only():
     assert inputs.tolist() == [[5, 6], [8, 9]] and targets.tolist() == [[16, 7], [9, 20]]
     _, _, targets, _ = PositionData([sample], depth=2, greedy_targets=True).batch(np.array([4]))
     assert targets.tolist() == [[20, -1]]  # the window stops at the reply's end
+
+
+def test_backfill_adds_the_greedy_tokens_an_older_sampled_run_lacks(samples, tmp_path):
+    from redrafter_mlx.distill import backfill_greedy
+
+    model, _, _ = samples
+    prompts = [f"question number {i} about {w}" for i, w in enumerate(["cats", "dogs", "rivers", "maths"] * 4)]
+    distill(TinyLoaded(model), prompts, tmp_path, batch_size=5, max_tokens=24, progress=False, temperature=1.0, seed=1)
+    new = list(read_shards(tmp_path))
+    for shard in tmp_path.glob("shard-*.npz"):  # as written before greedy tokens were stored
+        with np.load(shard) as z:
+            old = {k: z[k] for k in z.files if not k.startswith("greedy")}
+        np.savez(shard, **old)
+    assert all((s["greedy"] == s["reply"]).all() for s in read_shards(tmp_path))
+    assert backfill_greedy(model, tmp_path) == len(list(tmp_path.glob("shard-*.npz")))
+    back = list(read_shards(tmp_path))
+    assert all((a["greedy"] == b["greedy"]).mean() > 0.9 for a, b in zip(new, back) if len(a["reply"]))
+    assert any((b["greedy"] != b["reply"]).any() for b in back)
+    assert backfill_greedy(model, tmp_path) == 0  # done once
