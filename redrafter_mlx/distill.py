@@ -123,13 +123,22 @@ def write_shard(out: Path, index: int, samples: List[dict]):
         if s.get("greedy") is not None and list(s["greedy"]) != list(s["reply"]):  # sampled replies only
             arrays[f"greedy_{j}"] = np.array(s["greedy"], dtype=np.int32)
     arrays["greedy_checked"] = np.array(1)  # greedy tokens are stored wherever they differ from the reply
-    tmp = out / f".shard-{index:05d}.npz"
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(tmp, out / f"shard-{index:05d}.npz")
+    _save_shard(out / f"shard-{index:05d}.npz", arrays)
     with open(out / "done.txt", "a") as f:
         for s in samples:
             f.write(s["key"] + "\n")
+
+
+def _save_shard(path: Path, arrays: dict):
+    """Write a shard atomically: a hidden temp file, then a rename."""
+    tmp = path.with_name("." + path.name)
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, path)
+
+
+def _samples_in(files) -> int:
+    return sum(1 for k in files if k.startswith("reply_"))
 
 
 def read_shards(out: Path) -> Iterator[dict]:
@@ -138,8 +147,7 @@ def read_shards(out: Path) -> Iterator[dict]:
     was decoded greedily or the shard predates this field)."""
     for shard in sorted(Path(out).glob("shard-*.npz")):
         with np.load(shard) as z:
-            n = sum(1 for k in z.files if k.startswith("reply_"))
-            for j in range(n):
+            for j in range(_samples_in(z.files)):
                 reply = z[f"reply_{j}"]
                 greedy = z[f"greedy_{j}"] if f"greedy_{j}" in z.files else reply
                 yield {"prompt": z[f"prompt_{j}"], "reply": reply, "hidden": z[f"hidden_{j}"], "greedy": greedy}
@@ -153,7 +161,7 @@ def backfill_greedy(model, out: Path, chunk: int = 2048) -> int:
     for shard in sorted(Path(out).glob("shard-*.npz")):
         with np.load(shard) as z:
             arrays = {k: z[k] for k in z.files}
-        n = sum(1 for k in arrays if k.startswith("reply_"))
+        n = _samples_in(arrays)
         if n == 0 or "greedy_checked" in arrays:
             continue
         for j in range(n):
@@ -164,10 +172,7 @@ def backfill_greedy(model, out: Path, chunk: int = 2048) -> int:
             if not np.array_equal(best, arrays[f"reply_{j}"]):
                 arrays[f"greedy_{j}"] = best
         arrays["greedy_checked"] = np.array(1)
-        tmp = shard.with_name("." + shard.name)
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, shard)
+        _save_shard(shard, arrays)
         changed += 1
     return changed
 

@@ -57,12 +57,13 @@ class PositionData:
                 continue
             hs.append(s["hidden"])
             toks.append(np.asarray(s["reply"], dtype=np.int32))
-            best.append(np.asarray(s.get("greedy", s["reply"]) if greedy_targets else s["reply"], dtype=np.int32))
+            if greedy_targets:
+                best.append(np.asarray(s.get("greedy", s["reply"]), dtype=np.int32))
             starts.append(np.arange(offset, offset + n - 1))  # positions with at least one target
             offset += n
         self.hidden = np.concatenate(hs).astype(np.float32)  # (N, H)
         self.tokens = np.concatenate([np.concatenate(toks), np.full(depth + 1, -1, np.int32)])  # padded with -1
-        self.targets = np.concatenate([np.concatenate(best), np.full(depth + 1, -1, np.int32)])
+        self.targets = np.concatenate([np.concatenate(best), np.full(depth + 1, -1, np.int32)]) if best else self.tokens
         self.positions = np.concatenate(starts)
         # a position's window must not run into the next reply
         ends = np.concatenate([np.full(len(t), o + len(t)) for t, o in zip(toks, np.cumsum([0] + [len(t) for t in toks[:-1]]))])
@@ -263,6 +264,7 @@ def train(
         val["best"] = meta.get("best_accepted_drafts", -math.inf)
     data, remap = use_data(samples)  # after a resume too: the vocabulary follows the data
     base.freeze()
+    # reads `remap` when called: after a reload, the new data's
     value_and_grad = nn.value_and_grad(drafter, lambda h, i, t, th: loss_fn(drafter, base, h, i, t, remap, th, soft))
 
     def train_step(h, i, t, th):
@@ -276,7 +278,6 @@ def train(
         if reload is not None and reload_every and step % reload_every == 0 and step > 0:
             samples = reload()
             data, remap = use_data(samples)
-            value_and_grad = nn.value_and_grad(drafter, lambda h, i, t, th: loss_fn(drafter, base, h, i, t, remap, th, soft))
             val["best"] = -math.inf  # a new held-out set: not comparable with the old one
             if log:
                 log.write(json.dumps({"step": step, "reload": len(samples), "positions": len(data)}) + "\n")

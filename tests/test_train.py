@@ -4,6 +4,7 @@ import io
 import json
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 
@@ -268,17 +269,13 @@ def test_soft_targets_are_the_base_models_distribution_over_the_draft_vocabulary
     emb = model.embed(mx.array(inputs))
     for k in range(2):
         state = d.update_state(emb[:, k], state)
-        student = np.array(nn_log_softmax(d.draft_logits(mx.array(h), state, model)))
-        p = np.exp(np.array(nn_log_softmax(model.logits(mx.array(teacher[:, k]))[:, vocab])))
+        student = np.array(nn.log_softmax(d.draft_logits(mx.array(h), state, model)))
+        p = np.exp(np.array(nn.log_softmax(model.logits(mx.array(teacher[:, k]))[:, vocab])))
         want += float(np.mean(-(p * student).sum(-1)))
     assert abs(soft_loss.item() - want) < 1e-3 * max(1.0, abs(want))
     # the hidden state that predicted each target is the teacher: its greedy token is the (greedy) reply token
     for k in range(2):
         assert (np.argmax(np.array(model.logits(mx.array(teacher[:, k]))), -1) == targets[:, k]).mean() > 0.95
-
-
-def nn_log_softmax(x):
-    return x - mx.logsumexp(x, axis=-1, keepdims=True)
 
 
 def test_training_on_soft_targets_reduces_loss(patterned, tmp_path):
