@@ -34,6 +34,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, not {value}")
+    return value
+
+
 def _temperature(text: str) -> float:
     value = float(text)
     if value < 0:
@@ -67,6 +74,9 @@ def configure_parser() -> argparse.ArgumentParser:
                    "model and device, else 4)")
     p.add_argument("-L", "--beam-length", type=_positive, default=None, metavar="N",
                    help="tokens per beam, the base model's own next token included (default: tuned, else 4)")
+    p.add_argument("--lookup", type=_non_negative, default=None, metavar="N",
+                   help="also draft up to N tokens copied from the conversation where its last tokens recur "
+                   "(one more beam, checked like the others; 0 = off; default: the library's default)")
     p.add_argument("--temperature", type=_temperature, default=0.0, metavar="T", help="0 = greedy (default: 0)")
     p.add_argument("--top-p", type=_top_p, default=1.0, metavar="P", help="nucleus sampling mass (default: 1)")
     p.add_argument("--max-tokens", type=_positive, default=256, metavar="N",
@@ -86,6 +96,7 @@ def main(argv=None) -> int:
         beam_width=args.beam_width or 4,
         beam_length=args.beam_length or 4,
         beam_tuned=args.beam_width is None and args.beam_length is None,
+        lookup=args.lookup,
         temperature=args.temperature,
         top_p=args.top_p,
         max_tokens=args.max_tokens,

@@ -50,6 +50,7 @@ class Settings:
     beam_width: int = 4
     beam_length: int = 4
     beam_tuned: bool = True  # adopt the model's tuned beam shape (EngineInfo.beam_shape) when it loads
+    lookup: Optional[int] = None  # context-lookup beam length (None: the library default, 0: off)
     temperature: float = 0.0
     top_p: float = 1.0
     max_tokens: int = 256
@@ -335,6 +336,7 @@ class Engine(EngineThread):
             top_p=settings.top_p,
             beam_width=settings.beam_width,
             beam_length=settings.beam_length,
+            lookup=settings.lookup,
             system=settings.system,
             prompt_cache=self._cache,
             should_stop=should_stop,

@@ -25,8 +25,13 @@ def main(argv=None) -> int:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--beam-width", type=int, default=4)
-    p.add_argument("--beam-length", type=int, default=4)
+    p.add_argument("--beam-width", type=int, default=None,
+                   help="beams drafted per step (default: the shape `redrafter-bench --tune` stored, else 4)")
+    p.add_argument("--beam-length", type=int, default=None,
+                   help="tokens per beam, the base model's own next token included (default: tuned, else 4)")
+    p.add_argument("--lookup", type=int, default=None, metavar="N",
+                   help="also draft up to N tokens copied from the context where its last tokens recur "
+                        "(0 = off; default: tuning.DEFAULT_LOOKUP)")
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--weight-format", default="auto", help="auto, stored, float32, float16 or bfloat16")
     args = p.parse_args(argv)
@@ -41,7 +46,7 @@ def main(argv=None) -> int:
         last = None
         for last in stream(m, args.prompt, mode=args.mode, max_tokens=args.max_tokens, temperature=args.temperature,
                            top_p=args.top_p, seed=args.seed, beam_width=args.beam_width,
-                           beam_length=args.beam_length, system=args.system):
+                           beam_length=args.beam_length, lookup=args.lookup, system=args.system):
             print(last.text, end="", flush=True)
         print()
     except RedrafterError as e:

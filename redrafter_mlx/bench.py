@@ -33,7 +33,7 @@ from typing import Dict, List
 
 from . import _platform  # noqa: F401  (OpenBLAS before mlx)
 from .errors import RedrafterError
-from .tuning import DEFAULT_SHAPE, save_beam_shape
+from .tuning import DEFAULT_LOOKUP, DEFAULT_SHAPE, save_beam_shape
 
 MODES = ("ar", "redrafter", "mlx-lm")
 
@@ -121,7 +121,7 @@ def run_mlx_lm(loaded, twin, prompt: str, args) -> Dict:
 def run_one(loaded, prompt: str, mode: str, args, shape=None) -> Dict:
     from .generate import generate
 
-    width, length = shape or (args.beam_width, args.beam_length)
+    width, length, lookup = shape or (args.beam_width, args.beam_length, args.lookup[0])
     t0 = time.perf_counter()
     g = generate(
         loaded,
@@ -133,12 +133,13 @@ def run_one(loaded, prompt: str, mode: str, args, shape=None) -> Dict:
         seed=args.seed,
         beam_width=width,
         beam_length=length,
+        lookup=lookup,
     )
     seconds = time.perf_counter() - t0
     s = g.stats
     return {
         "mode": mode,
-        **({"beam_width": width, "beam_length": length} if mode == "redrafter" else {}),
+        **({"beam_width": width, "beam_length": length, "lookup": lookup} if mode == "redrafter" else {}),
         "prompt_tokens": g.prompt_tokens,
         "tokens": g.tokens,
         "new_tokens": s.new_tokens,
@@ -155,6 +156,7 @@ def run_one(loaded, prompt: str, mode: str, args, shape=None) -> Dict:
         "drafted_tokens": s.drafted_tokens,
         "packed_tokens": s.packed_tokens,
         "accepted_tokens": s.accepted_tokens,
+        "looked_up_tokens": s.looked_up_tokens,
         "acceptance_rate": s.acceptance_rate,
         "peak_memory_mb": s.peak_memory_mb,
         "accepted_length_histogram": s.histogram(),
@@ -190,11 +192,14 @@ def summarize(results: List[Dict], modes: List[str], greedy: bool) -> Dict[str, 
         }
         if "beam_width" in first:
             summary[mode]["beam_width"], summary[mode]["beam_length"] = first["beam_width"], first["beam_length"]
+            summary[mode]["lookup"] = first.get("lookup", 0)
         if first.get("mode") == "redrafter":
             drafted = sum(r["drafted_tokens"] for r in rows)
             summary[mode]["packed_tokens_per_step"] = sum(r["packed_tokens"] for r in rows) / steps if steps else 0
             summary[mode]["drafted_tokens_per_step"] = drafted / steps if steps else 0
             summary[mode]["acceptance_rate"] = mean(r["acceptance_rate"] for r in rows) if rows else 0.0
+            summary[mode]["looked_up_tokens_per_step"] = (
+                sum(r.get("looked_up_tokens", 0) for r in rows) / steps if steps else 0)
     if "ar" in summary:
         base = summary["ar"]["tokens_per_second"]
         ar_tokens = {r["question_id"]: r["tokens"] for r in by_mode["ar"]}
@@ -267,8 +272,9 @@ def plot(summary: Dict, results: List[Dict], path: Path):
     shapes = [m for m, v in summary.items() if "beam_width" in v]
     if not shapes:
         raise RedrafterError("--plot needs redrafter results (--modes ...,redrafter)")
-    shapes.sort(key=lambda m: (summary[m]["beam_width"], summary[m]["beam_length"]))
-    labels = [f"{summary[m]['beam_width']}x{summary[m]['beam_length']}" for m in shapes]
+    shapes.sort(key=lambda m: (summary[m]["beam_width"], summary[m]["beam_length"], summary[m].get("lookup", 0)))
+    labels = [f"{summary[m]['beam_width']}x{summary[m]['beam_length']}"
+              + (f"+{summary[m]['lookup']}" if summary[m].get("lookup") else "") for m in shapes]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     axes[0].bar(labels, [summary[m].get("speedup", 0) for m in shapes], color="tab:blue")
     axes[0].axhline(1.0, color="grey", lw=1, ls="--")
@@ -292,13 +298,14 @@ def plot(summary: Dict, results: List[Dict], path: Path):
     plt.close(fig)
 
 
-def parse_shapes(text: str, what: str) -> List[int]:
+def parse_shapes(text: str, what: str, minimum: int = 1) -> List[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{what} must be a comma-separated list of positive integers, not {text!r}")
+    if not values or min(values) < minimum:
+        kind = "positive integers" if minimum == 1 else f"integers >= {minimum}"
+        raise argparse.ArgumentTypeError(f"{what} must be a comma-separated list of {kind}, not {text!r}")
     return values
 
 
@@ -323,6 +330,9 @@ def parse_args(argv=None):
     p.add_argument("--grid", action="store_true", help="run redrafter for every shape in --widths x --lengths")
     p.add_argument("--widths", type=lambda t: parse_shapes(t, "--widths"), default=[1, 2, 4, 8])
     p.add_argument("--lengths", type=lambda t: parse_shapes(t, "--lengths"), default=[3, 4, 5])
+    p.add_argument("--lookup", type=lambda t: parse_shapes(t, "--lookup", minimum=0), default=None,
+                   help="tokens of the context-lookup beam added to the drafter's (0 = none); a comma-separated "
+                   f"list runs each (default: {DEFAULT_LOOKUP})")
     p.add_argument("--tune", action="store_true", help="run the grid (with ar) and store the fastest lossless "
                    "shape in the model folder as this model's default on this device")
     p.add_argument("--plot", type=Path, default=None, help="write speedup / tokens-per-step / acceptance plots (PNG)")
@@ -362,13 +372,19 @@ def main(argv=None):
     tuned = loaded.beam_shape or DEFAULT_SHAPE
     args.beam_width = args.beam_width or tuned[0]
     args.beam_length = args.beam_length or tuned[1]
-    # Variants: (name, mode, beam shape); with --grid, redrafter runs once per shape.
+    # Variants: (name, mode, (W, L, lookup)); with --grid, redrafter runs once per shape, and once
+    # per --lookup value.
+    args.lookup = args.lookup or [DEFAULT_LOOKUP]
     variants = []
     for mode in args.modes:
-        if mode == "redrafter" and args.grid:
-            variants += [(f"redrafter@{w}x{n}", mode, (w, n)) for w in args.widths for n in args.lengths]
-        else:
-            variants.append((mode, mode, (args.beam_width, args.beam_length) if mode == "redrafter" else None))
+        if mode != "redrafter":
+            variants.append((mode, mode, None))
+            continue
+        shapes = [(w, n) for w in args.widths for n in args.lengths] if args.grid else [(args.beam_width, args.beam_length)]
+        for w, n in shapes:
+            for c in args.lookup:
+                name = (f"redrafter@{w}x{n}" if args.grid else "redrafter") + (f"+lookup{c}" if len(args.lookup) > 1 else "")
+                variants.append((name, mode, (w, n, c)))
     names = [v[0] for v in variants]
     shape_text = f"grid W in {args.widths} x L in {args.lengths}" if args.grid else f"W={args.beam_width} L={args.beam_length}"
     print(f"model {loaded.name} ({loaded.weight_format}) on {loaded.device}; drafter {loaded.drafter_path}; "

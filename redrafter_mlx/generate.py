@@ -6,9 +6,10 @@
 - prefill runs the prompt (minus whatever a `PromptCache` already holds) and samples the
   first token from its last logits;
 - a step of `ar` feeds one token; a step of `redrafter` drafts W beams of L tokens from the
-  base model's last hidden state, packs them into one tree, verifies them in ONE forward
-  pass, accepts the longest path the base model agrees with, and commits only that path's
-  K/V to the cache (see beam_search.py, tree.py);
+  base model's last hidden state (plus, with `lookup`, one beam copied from the context,
+  lookup.py), packs them into one tree, verifies them in ONE forward pass, accepts the
+  longest path the base model agrees with, and commits only that path's K/V to the cache
+  (see beam_search.py, tree.py);
 - generation stops on an end-of-turn token (not emitted), `max_tokens`, the model's
   context length, or `should_stop()` returning True between steps.
 
@@ -25,10 +26,11 @@ import numpy as np
 
 from .beam_search import beam_search
 from .errors import ContextLengthError, RedrafterError
+from .lookup import lookup as context_lookup
 from .sampling import Sampler
 from .stats import RunStats, StepStats
 from .tree import accept, beam_of, pack
-from .tuning import DEFAULT_SHAPE
+from .tuning import DEFAULT_LOOKUP, DEFAULT_SHAPE
 
 PREFILL_CHUNK = 512
 MODES = ("auto", "ar", "redrafter")
@@ -112,6 +114,7 @@ def stream(
     beam_width: Optional[int] = None,
     beam_length: Optional[int] = None,
     draft_top_k: Optional[int] = None,
+    lookup: Optional[int] = None,
     system: Optional[str] = None,
     prompt_cache: Optional[PromptCache] = None,
     should_stop: Optional[Callable[[], bool]] = None,
@@ -125,6 +128,8 @@ def stream(
     tokens, L counting the base model's own next token (so L=1 is plain decoding); None takes
     the shape tuned for this device (`redrafter-bench --tune`, `loaded.beam_shape`; W=1 L=1
     when plain decoding measured fastest), else tuning.DEFAULT_SHAPE.
+    lookup: in redrafter mode, also draft up to this many tokens copied from the context where
+    its last tokens recur (lookup.py; 0 turns it off, None takes tuning.DEFAULT_LOOKUP).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -139,6 +144,9 @@ def stream(
         raise ValueError(f"beam width and length must be >= 1, not {beam_width} x {beam_length}")
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, not {max_tokens}")
+    lookup = DEFAULT_LOOKUP if lookup is None else lookup
+    if lookup < 0:
+        raise ValueError(f"lookup must be >= 0, not {lookup}")
     model, tok, drafter = loaded.model, loaded.tokenizer, loaded.drafter
     sampler = Sampler(temperature, top_p, seed)
     ids = tok.prompt_ids(prompt, system=system)
@@ -223,6 +231,14 @@ def stream(
                     t_draft = time.perf_counter()
                     beams = beam_search(drafter, model, h, token, beam_width, L, draft_top_k)  # (W, L)
                     beams_np = np.array(beams)
+                    drafted = beam_width * (L - 1)
+                    copy = context_lookup(pc.ids + [token_id], min(lookup, room - 1))  # (C,), C <= lookup
+                    if copy.size:  # one more (ragged) beam: root, then the copy; -1 pads the shorter rows
+                        width = max(L, copy.size + 1)
+                        beams_np = np.pad(beams_np, ((0, 1), (0, width - L)), constant_values=-1)
+                        beams_np[-1, 0] = token_id
+                        beams_np[-1, 1 : copy.size + 1] = copy
+                        drafted += copy.size
                     t_verify = time.perf_counter()
                     # Merge shared prefixes, verify all beams in one forward pass.
                     tree = pack(beams_np)
@@ -237,12 +253,15 @@ def stream(
                     h = hidden[0, path[-1]]
                     token = mx.array(bonus, dtype=mx.int32)
                     new = [int(t) for t in tree.tokens[path[1:]]] + [bonus]
+                    beam = beam_of(tree, path)
                     step = StepStats(
                         emitted=len(new),
-                        drafted=beam_width * (L - 1),
+                        drafted=drafted,
                         packed=tree.size,
                         accepted=len(path) - 1,
-                        beam=beam_of(tree, path),
+                        beam=beam,
+                        depth=int(tree.depth.max()),
+                        looked_up=len(path) - 1 if beam == beam_width else 0,
                         draft_seconds=t_verify - t_draft,
                         verify_seconds=time.perf_counter() - t_verify,
                     )

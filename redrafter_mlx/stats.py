@@ -17,7 +17,9 @@ class StepStats:
     drafted: int = 0  # draft tokens proposed (W * (L - 1)), 0 for plain decoding
     packed: int = 0  # tokens in the verification pass after merging shared prefixes
     accepted: int = 0  # draft tokens accepted (emitted - 1 unless stopped early)
-    beam: int = 0  # index of the beam the accepted tokens came from
+    beam: int = 0  # index of the beam the accepted tokens came from (W: the context-lookup beam)
+    depth: int = 0  # draft positions offered: the deepest beam's drafted tokens (L - 1, or a longer lookup)
+    looked_up: int = 0  # accepted tokens that only the context-lookup beam had drafted
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     seconds: float = 0.0
@@ -39,6 +41,8 @@ class RunStats:
     drafted_tokens: int = 0
     packed_tokens: int = 0
     accepted_tokens: int = 0
+    draft_depth: int = 0  # draft positions offered, summed over steps
+    looked_up_tokens: int = 0  # accepted tokens owed to the context-lookup beam
     beam_width: int = 0
     beam_length: int = 0
     peak_memory_mb: float = 0.0
@@ -52,6 +56,8 @@ class RunStats:
         self.drafted_tokens += step.drafted
         self.packed_tokens += step.packed
         self.accepted_tokens += step.accepted
+        self.draft_depth += step.depth
+        self.looked_up_tokens += step.looked_up
         self.draft_seconds += step.draft_seconds
         self.verify_seconds += step.verify_seconds
         self.decode_seconds += step.seconds
@@ -75,8 +81,9 @@ class RunStats:
 
     @property
     def acceptance_rate(self) -> float:
-        """Accepted draft tokens per draft position tried (L - 1 per step), in [0, 1]."""
-        tried = self.steps * max(self.beam_length - 1, 0)
+        """Accepted draft tokens per draft position offered (L - 1 per step, more when a longer
+        context-lookup beam was added), in [0, 1]."""
+        tried = self.draft_depth
         return self.accepted_tokens / tried if tried else 0.0
 
     @property
@@ -102,6 +109,8 @@ class RunStats:
             "drafted_tokens": self.drafted_tokens,
             "packed_tokens": self.packed_tokens,
             "accepted_tokens": self.accepted_tokens,
+            "draft_depth": self.draft_depth,
+            "looked_up_tokens": self.looked_up_tokens,
             "beam_width": self.beam_width,
             "beam_length": self.beam_length,
             "tokens_per_second": self.tokens_per_second,
@@ -119,7 +128,8 @@ def merge(stats: List[RunStats]) -> Optional[RunStats]:
     out = RunStats(mode=stats[-1].mode, beam_width=stats[-1].beam_width, beam_length=stats[-1].beam_length)
     for s in stats:
         for name in ("prompt_tokens", "new_tokens", "step_tokens", "end_tokens", "steps", "prefill_seconds", "decode_seconds", "draft_seconds",
-                     "verify_seconds", "drafted_tokens", "packed_tokens", "accepted_tokens"):
+                     "verify_seconds", "drafted_tokens", "packed_tokens", "accepted_tokens", "draft_depth",
+                     "looked_up_tokens"):
             setattr(out, name, getattr(out, name) + getattr(s, name))
         out.accepted_lengths += s.accepted_lengths
         out.peak_memory_mb = max(out.peak_memory_mb, s.peak_memory_mb)

@@ -93,6 +93,14 @@ def is_held_out(sample: dict, fraction: float) -> bool:
     return zlib.crc32(key) % 10000 < fraction * 10000
 
 
+def held_out_key(samples: List[dict]) -> str:
+    """Names a held-out set, so that a resumed run knows whether its best score is comparable."""
+    crc = 0
+    for s in samples:
+        crc = zlib.crc32(np.asarray(s["reply"][:32], dtype=np.int32).tobytes(), crc)
+    return f"{len(samples)}:{crc:08x}"
+
+
 def frequent_tokens(samples: List[dict], size: int, always=()) -> List[int]:
     counts = Counter()
     for s in samples:
@@ -229,7 +237,7 @@ def train(
                        num_draft_layers=layers, lm_head="shared")
     drafter = Drafter(args)
 
-    val = {"data": None, "best": -math.inf}
+    val = {"data": None, "best": -math.inf, "key": None}
 
     def use_data(samples):
         vocab = frequent_tokens(samples, draft_vocab, eos_ids) if draft_vocab else list(range(args.vocab_size))
@@ -242,6 +250,7 @@ def train(
             samples = [s for s, v in zip(samples, held) if not v]
             # held-out accuracy is agreement with the greedy token: what greedy decoding accepts
             val["data"] = PositionData(val_samples, depth, greedy_targets=True) if val_samples else None
+            val["key"] = held_out_key(val_samples)
         return PositionData(samples, depth, greedy_targets), mx.array(remap)
 
     def validate():
@@ -259,10 +268,12 @@ def train(
     opt = optim.AdamW(learning_rate=lr_schedule(lr, warmup, steps), weight_decay=weight_decay)
     ckpt = out / "checkpoint"
     step, rng = 0, np.random.default_rng(seed)
+    meta = {}
     if (ckpt / "state.json").is_file():
         step, rng, meta = load_checkpoint(ckpt, drafter, opt)
-        val["best"] = meta.get("best_accepted_drafts", -math.inf)
     data, remap = use_data(samples)  # after a resume too: the vocabulary follows the data
+    if meta.get("held_out") == val["key"]:  # a best score on another held-out set (new data) does not count
+        val["best"] = meta.get("best_accepted_drafts", -math.inf)
     base.freeze()
     # reads `remap` when called: after a reload, the new data's
     value_and_grad = nn.value_and_grad(drafter, lambda h, i, t, th: loss_fn(drafter, base, h, i, t, remap, th, soft))
@@ -307,7 +318,7 @@ def train(
                 save_copy(drafter, out / "best", save_dtype, {"training": {
                     "step": step, "val_loss": vloss, "val_acc": vacc, "val_accepted_drafts": score}})
         if step % save_every == 0 or step == steps:
-            save_checkpoint(ckpt, drafter, opt, step, rng, {"best_accepted_drafts": val["best"]})
+            save_checkpoint(ckpt, drafter, opt, step, rng, {"best_accepted_drafts": val["best"], "held_out": val["key"]})
     bar.close()
     return drafter
 

@@ -8,6 +8,9 @@ children, with:
 - an ancestor-only mask: a node sees the cache, its ancestors and itself;
 - `unpacker` (W, L): packed index of every beam token, so `packed[unpacker] == beams`.
 
+Beams may be ragged: a negative token ends its row (the context-lookup beam of lookup.py is
+often longer or shorter than the drafter's); its unpacker entries there are -1.
+
 The base model runs once over the packed sequence; `accept` walks the trie from the root
 with the base model's choice at each node (argmax, or a sample from its distribution)
 and follows the child holding that token, for as long as there is one.
@@ -25,7 +28,7 @@ class PackedTree:
     depth: np.ndarray  # (P,) depth in the tree (0 = root)
     parent: np.ndarray  # (P,) packed index of the parent, -1 for the root
     mask: np.ndarray  # (P, P) bool, mask[i, j] = j is i or an ancestor of i
-    unpacker: np.ndarray  # (W, L) packed index of beams[w, l]
+    unpacker: np.ndarray  # (W, L) packed index of beams[w, l], -1 past a ragged row's end
     children: List[Dict[int, int]]  # per node: token -> packed index of that child
 
     @property
@@ -34,11 +37,12 @@ class PackedTree:
 
 
 def pack(beams: np.ndarray) -> PackedTree:
-    """Merge (W, L) beams sharing prefixes into a trie laid out as one sequence."""
+    """Merge (W, L) beams sharing prefixes into a trie laid out as one sequence (a negative
+    token ends its row)."""
     beams = np.asarray(beams)
     if beams.ndim != 2 or beams.size == 0:
         raise ValueError(f"beams must be a non-empty (W, L) array, got shape {beams.shape}")
-    if np.any(beams[:, 0] != beams[0, 0]):
+    if np.any(beams[:, 0] != beams[0, 0]) or beams[0, 0] < 0:
         raise ValueError("all beams must start with the same root token")
     W, L = beams.shape
     tokens, depth, parent = [int(beams[0, 0])], [0], [-1]
@@ -48,6 +52,9 @@ def pack(beams: np.ndarray) -> PackedTree:
         node = 0
         for d in range(1, L):
             t = int(beams[w, d])
+            if t < 0:
+                unpacker[w, d:] = -1
+                break
             child = children[node].get(t)
             if child is None:
                 child = len(tokens)

@@ -19,6 +19,7 @@ from typing import Any, Dict, Optional, Tuple
 from ._platform import device_description
 
 DEFAULT_SHAPE = (4, 4)  # (beam width W, beam length L counting the base model's token)
+DEFAULT_LOOKUP = 8  # tokens of the context-lookup beam (lookup.py) added to the drafter's; 0 = none
 FILE = "beam_shape.json"
 
 

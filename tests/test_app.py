@@ -322,9 +322,12 @@ def test_command_line():
                       "--temperature", "0.7", "--top-p", "0.9", "--max-tokens", "32", "--system", "Be brief.",
                       "--no-speculative"])
     assert (a.beam_width, a.beam_length, a.temperature, a.top_p, a.max_tokens) == (8, 5, 0.7, 0.9, 32)
+    assert a.lookup is None and p.parse_args(["--lookup", "0"]).lookup == 0
     assert "examples:" in p.format_help()
     with pytest.raises(SystemExit):
         p.parse_args(["--beam-width", "0"])
+    with pytest.raises(SystemExit):
+        p.parse_args(["--lookup", "-2"])
 
 
 # ---- snapshots (regenerate with: pytest tests/test_app.py --snapshot-update) -----------------
@@ -359,7 +362,7 @@ def test_snapshot_finished(snap_compare):
 
 async def test_real_default_model_short_reply():
     """Loads smollm2-135m on MLX through the engine thread and streams a short reply."""
-    app = create_app(Engine("smollm2-135m"), Settings(max_tokens=8))
+    app = create_app(Engine("smollm2-135m"), Settings(max_tokens=8, lookup=4))
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.ready or app.status == "load failed", timeout=300)
         assert app.ready, str(app.query_one(LoadStatus).render())

@@ -74,6 +74,40 @@ def test_grid_runs_every_shape_and_plots(model_dir, prompts, tmp_path, capsys):
     assert "redrafter@3x4" in text
 
 
+def test_lookup_values_run_side_by_side(model_dir, prompts, tmp_path, capsys):
+    out = tmp_path / "l.json"
+    rc, text, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 2, "--max-tokens", 10,
+                      "--modes", "ar,redrafter", "--beam-width", 1, "--beam-length", 2, "--lookup", "0,4", "--json", out)
+    assert rc == 0
+    report = json.loads(out.read_text())
+    s = report["summary"]
+    assert {k: v.get("lookup") for k, v in s.items() if k != "ar"} == {"redrafter+lookup0": 0, "redrafter+lookup4": 4}
+    assert all(v["identical_to_ar"] for k, v in s.items() if k != "ar")
+    assert all("looked_up_tokens" in r for r in report["results"] if r["mode"] == "redrafter")
+    assert "redrafter+lookup4" in text
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--prompts", "x", "--lookup", "-1"])
+
+
+def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path, capsys):
+    from redrafter_mlx import replay
+
+    out = tmp_path / "r.json"
+    rc, _, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 16, "--modes", "ar,redrafter",
+                   "--beam-width", 2, "--beam-length", 3, "--lookup", 4, "--json", out)
+    assert rc == 0
+    real = json.loads(out.read_text())["summary"]["redrafter"]["tokens_per_step"]
+    assert replay.main([str(out), "--model", str(model_dir), "--shapes", "2x3,1x2", "--lookup", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    row = next(line.split() for line in lines if line.startswith("2x3"))
+    assert float(row[2]) == pytest.approx(real, abs=1e-3)
+    assert any(line.startswith("1x2") for line in lines) and "writing" in lines[1]
+    assert replay.main([str(tmp_path / "none.json")]) == 2
+    assert "not found" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        replay.main([str(out), "--shapes", "4by3"])
+
+
 def test_tune_stores_the_default_shape_per_device(model_dir, prompts, capsys):
     assert load(str(model_dir)).beam_shape is None
     rc, text, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 8, "--tune",

@@ -20,6 +20,7 @@ from redrafter_mlx.errors import DrafterMismatchError, RedrafterError
 from redrafter_mlx.generate import PromptCache
 from redrafter_mlx.llama import Model
 from redrafter_mlx.loader import LoadedModel
+from redrafter_mlx.lookup import lookup
 from redrafter_mlx.tokenizer import Detokenizer
 from redrafter_mlx.tree import accept, pack
 
@@ -121,6 +122,47 @@ def test_pack_rejects_bad_beams():
         pack(np.zeros((0, 3), dtype=np.int32))
 
 
+def test_pack_ragged_beams():
+    """A negative token ends its row: the context-lookup beam is longer or shorter than the rest."""
+    beams = np.array([
+        [5, 1, 2, -1, -1],
+        [5, 1, 2, 3, 4],  # extends beam 0
+        [5, 6, -1, -1, -1],
+    ])
+    tree = pack(beams)
+    assert tree.size == 6  # root, 1, 1-2, 1-2-3, 1-2-3-4, 6
+    assert list(tree.unpacker[0, 3:]) == [-1, -1] and list(tree.unpacker[2, 2:]) == [-1, -1, -1]
+    for w in range(len(beams)):
+        for d in range(beams.shape[1]):
+            node = tree.unpacker[w, d]
+            if beams[w, d] < 0:
+                assert node == -1
+                continue
+            assert tree.tokens[node] == beams[w, d] and tree.depth[node] == d
+            assert set(np.nonzero(tree.mask[node])[0]) == set(tree.unpacker[w, : d + 1])
+    choices = np.full(tree.size, 9)
+    choices[[0, tree.unpacker[1, 1], tree.unpacker[1, 2], tree.unpacker[1, 3]]] = [1, 2, 3, 4]
+    path, bonus = accept(tree, choices)
+    assert list(tree.tokens[path]) == [5, 1, 2, 3, 4] and bonus == 9
+
+
+def test_lookup_copies_what_followed_the_latest_longest_match():
+    #      0  1  2  3  4  5  6  7  8  9 10 11
+    ids = [7, 1, 2, 3, 8, 9, 1, 2, 4, 5, 1, 2]
+    # suffix trigram (5, 1, 2) never occurred before; the bigram (1, 2) did, latest at 6
+    assert lookup(ids, 3).tolist() == [4, 5, 1]
+    assert lookup(ids, 1).tolist() == [4]
+    assert lookup([7, 1, 2, 3, 9, 5, 1, 2, 4, 7, 1, 2], 2).tolist() == [3, 9]  # trigram (7, 1, 2) at 0 wins
+    assert lookup(ids, 20).tolist() == [4, 5, 1, 2]  # runs to the end of the context
+    assert lookup([3, 3, 3, 3], 4).tolist() == [3]  # a loop: the latest earlier match is one step back
+    assert lookup([1, 2, 3, 4, 5], 3).size == 0  # nothing recurs
+    assert lookup([4, 1, 2, 3, 1], 3).size == 0  # single tokens recur, but min_ngram is 2
+    assert lookup([4, 1, 2, 3, 1], 3, min_ngram=1).tolist() == [2, 3, 1]
+    assert lookup(ids, 0).size == 0 and lookup([1], 3).size == 0
+    with pytest.raises(ValueError):
+        lookup(ids, 3, max_ngram=1, min_ngram=2)
+
+
 def test_accept_walks_the_choices():
     beams = np.array([[5, 1, 2, 3], [5, 1, 7, 3], [5, 6, 2, 3]])
     tree = pack(beams)
@@ -152,6 +194,45 @@ def test_greedy_equals_plain_tiny(width, length, lm_head):
         assert rd.stats.packed_tokens <= rd.stats.steps * width * length
 
 
+@pytest.mark.parametrize("width,length,look", [(1, 2, 8), (4, 3, 3), (1, 5, 2)])
+def test_greedy_with_context_lookup_equals_plain_tiny(width, length, look):
+    """The lookup beam (longer, as long as, or shorter than the drafter's) changes steps, never tokens.
+    A tiny random model soon loops, so copies from its own reply get accepted."""
+    m = tiny_loaded()
+    ar = generate(m, PROMPT, mode="ar", max_tokens=200)
+    plain = generate(m, PROMPT, mode="redrafter", max_tokens=200, beam_width=width, beam_length=length, lookup=0)
+    rd = generate(m, PROMPT, mode="redrafter", max_tokens=200, beam_width=width, beam_length=length, lookup=look)
+    assert rd.tokens == ar.tokens and plain.tokens == ar.tokens
+    assert plain.stats.looked_up_tokens == 0
+    assert rd.stats.looked_up_tokens > 0
+    assert rd.stats.steps < plain.stats.steps
+    assert rd.stats.drafted_tokens / rd.stats.steps > plain.stats.drafted_tokens / plain.stats.steps
+    assert 0 < rd.stats.acceptance_rate <= 1
+    with pytest.raises(ValueError, match="lookup"):
+        generate(m, PROMPT, mode="redrafter", lookup=-1)
+
+
+@pytest.mark.parametrize("width,length,look", [(1, 3, 0), (4, 3, 0), (1, 3, 8), (3, 5, 4)])
+def test_replay_counts_the_steps_real_decoding_takes(width, length, look):
+    """replay.py scores a drafter from plain decoding's output alone; on a tiny float32 model it
+    must agree step for step with real decoding, for outputs ending at max_tokens and at eos."""
+    from redrafter_mlx.replay import replay
+
+    m = tiny_loaded()
+    ar = generate(m, PROMPT, mode="ar", max_tokens=150)
+    rd = generate(m, PROMPT, mode="redrafter", max_tokens=150, beam_width=width, beam_length=length, lookup=look)
+    out = replay(m, ar.prompt_tokens, ar.tokens, width, length, look)
+    assert out["steps"] == rd.stats.steps and out["produced"] == rd.stats.step_tokens == 149
+    assert out["packed"] == rd.stats.packed_tokens and out["looked_up"] == rd.stats.looked_up_tokens
+    eos = ar.tokens[100]
+    m.tokenizer = CharTokenizer(eos=[eos])
+    ar = generate(m, PROMPT, mode="ar", max_tokens=150)
+    rd = generate(m, PROMPT, mode="redrafter", max_tokens=150, beam_width=width, beam_length=length, lookup=look)
+    assert ar.finish_reason == "eos" == rd.finish_reason
+    out = replay(m, ar.prompt_tokens, ar.tokens, width, length, look, ended=True)
+    assert out["steps"] == rd.stats.steps and out["produced"] == rd.stats.step_tokens + rd.stats.end_tokens
+
+
 def test_greedy_stops_at_eos_mid_run():
     m = tiny_loaded()
     ar = generate(m, PROMPT, mode="ar", max_tokens=120)
@@ -169,8 +250,8 @@ def test_greedy_context_limit():
     ar = generate(m, PROMPT, mode="ar", max_tokens=500)
     assert ar.finish_reason == "context"
     assert len(PROMPT) + len(ar.tokens) == m.context_length + 1  # the last token is emitted, never fed
-    for width, length in [(4, 4), (16, 6)]:
-        rd = generate(m, PROMPT, mode="redrafter", max_tokens=500, beam_width=width, beam_length=length)
+    for width, length, look in [(4, 4, 0), (16, 6, 0), (1, 2, 16)]:
+        rd = generate(m, PROMPT, mode="redrafter", max_tokens=500, beam_width=width, beam_length=length, lookup=look)
         assert rd.tokens == ar.tokens and rd.finish_reason == "context"
 
 
@@ -280,12 +361,15 @@ def sampling_model():
     return tiny_loaded(vocab=4, seed=3)
 
 
-@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.8)])
-def test_sampling_matches_base_distribution(sampling_model, temperature, top_p):
+@pytest.mark.parametrize("temperature,top_p,shape,look", [(1.0, 1.0, (3, 3), 0), (0.7, 0.8, (3, 3), 0), (1.0, 1.0, (1, 2), 3)])
+def test_sampling_matches_base_distribution(sampling_model, temperature, top_p, shape, look):
+    """(With a context-lookup beam: a repetitive prompt and one drafted token, so the third
+    token comes from the copy whenever it is accepted, about half of the accepted tokens.)"""
     m = sampling_model
-    probs = exact_distribution(m, SAMPLING_PROMPT, 3, temperature, top_p)
-    counts = sampled_counts(m, SAMPLING_PROMPT, 3, 1500, mode="redrafter", temperature=temperature, top_p=top_p,
-                            beam_width=3, beam_length=3)
+    prompt = [1, 2, 3, 0, 1, 2, 3, 0, 1, 2] if look else SAMPLING_PROMPT
+    probs = exact_distribution(m, prompt, 3, temperature, top_p)
+    counts = sampled_counts(m, prompt, 3, 1500, mode="redrafter", temperature=temperature, top_p=top_p,
+                            beam_width=shape[0], beam_length=shape[1], lookup=look)
     assert chi_square_p(counts, probs) > 1e-3
 
 

@@ -235,6 +235,23 @@ def test_held_out_validation_keeps_the_best(patterned, tmp_path):
     load_drafter(tmp_path / "v" / "best", model)
 
 
+def test_resume_on_new_data_does_not_keep_an_incomparable_best(patterned, tmp_path):
+    """A best score measured on another held-out set must not block saving the new run's best."""
+    model, data = patterned
+    kw = dict(depth=3, batch=32, lr=3e-3, warmup=2, draft_vocab=0, progress=False, save_every=5, val_every=5,
+              val_fraction=0.2)
+    run = tmp_path / "n"
+    train(model, data, run, steps=10, log=io.StringIO(), **kw)
+    state = json.loads((run / "checkpoint" / "state.json").read_text())
+    state["best_accepted_drafts"] = 99.0  # unbeatable, as if measured on an easier held-out set
+    (run / "checkpoint" / "state.json").write_text(json.dumps(state))
+    train(model, data, run, steps=15, log=io.StringIO(), **kw)  # same data: the stored best stands
+    assert json.loads((run / "best" / "config.json").read_text())["training"]["step"] <= 10
+    more = data + [{**s, "reply": (s["reply"] + 1) % 40 + 2} for s in data[:10]]  # a different held-out set
+    train(model, more, run, steps=20, log=io.StringIO(), **kw)
+    assert json.loads((run / "best" / "config.json").read_text())["training"]["step"] == 20
+
+
 def test_accepted_drafts():
     assert accepted_drafts([1.0, 1.0, 1.0]) == 3.0
     assert accepted_drafts([0.5, 0.5]) == pytest.approx(0.75)

@@ -1,0 +1,38 @@
+"""Context lookup: one extra draft beam copied from the text so far ("prompt lookup decoding").
+
+Replies often repeat what is already in the context: names and phrases from the prompt, code
+being edited, a list's own pattern, or the model's own loops. When the last n tokens of the
+context (the cached ids plus the root token) also occur earlier, the tokens that followed
+that earlier occurrence are a cheap, often long, draft. Generation adds it as one more beam
+next to the drafter's; the packed tree merges it with any beam sharing its prefix, and
+verification accepts it only where the base model agrees, so output stays exactly the
+base model's.
+
+n runs from `max_ngram` down to `min_ngram` (the longest match wins, the latest occurrence of
+it); min_ngram 2 keeps single-token matches out (on MT-Bench replies they proposed about
+three tokens for every one accepted).
+"""
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+MAX_NGRAM = 3
+MIN_NGRAM = 2
+
+
+def lookup(ids, length: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM) -> np.ndarray:
+    """Up to `length` tokens that followed the latest earlier occurrence of the longest suffix
+    n-gram of `ids` (1-D token ids), for n = max_ngram .. min_ngram. Empty when none recurs."""
+    if length < 1:
+        return np.zeros(0, dtype=np.int32)
+    if min_ngram < 1 or max_ngram < min_ngram:
+        raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+    ids = np.asarray(ids, dtype=np.int32)
+    T = ids.size
+    for n in range(min(max_ngram, T - 1), min_ngram - 1, -1):
+        windows = sliding_window_view(ids[: T - 1], n)  # (T - n, n): starts 0 .. T-1-n, the suffix itself excluded
+        hits = np.flatnonzero((windows == ids[T - n :]).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return ids[start : start + length].copy()
+    return np.zeros(0, dtype=np.int32)
