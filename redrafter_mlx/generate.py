@@ -125,7 +125,8 @@ def stream(
     of {"role", "content"} messages, or a list of token ids (used as is).
     mode: "ar" (plain decoding), "redrafter" (needs a drafter), or "auto" (redrafter when the
     model has a drafter and the beam length is not 1). beam_width/beam_length: W beams of L
-    tokens, L counting the base model's own next token (so L=1 is plain decoding); None takes
+    tokens, L counting the base model's own next token (so L=1 drafts nothing; mode "auto" then
+    decodes plainly, mode "redrafter" still adds the lookup beam); None takes
     the shape tuned for this device (`redrafter-bench --tune`, `loaded.beam_shape`; W=1 L=1
     when plain decoding measured fastest), else tuning.DEFAULT_SHAPE.
     lookup: in redrafter mode, also draft up to this many tokens copied from the context where

@@ -474,7 +474,7 @@ def test_draft_vocabulary_restricts_drafts_and_stays_lossless(tmp_path, lm_head)
 
     gen.pack = spy
     try:
-        rd = generate(m, PROMPT, mode="redrafter", max_tokens=100, beam_width=4, beam_length=4)
+        rd = generate(m, PROMPT, mode="redrafter", max_tokens=100, beam_width=4, beam_length=4, lookup=0)
     finally:
         gen.pack = real_pack
     assert rd.tokens == ar.tokens
