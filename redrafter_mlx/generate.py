@@ -26,7 +26,7 @@ import numpy as np
 
 from .beam_search import beam_search
 from .errors import ContextLengthError, RedrafterError
-from .lookup import lookup as context_lookup
+from .lookup import add_beam, lookup as context_lookup
 from .sampling import Sampler
 from .stats import RunStats, StepStats
 from .tree import accept, beam_of, pack
@@ -234,11 +234,8 @@ def stream(
                     beams_np = np.array(beams)
                     drafted = beam_width * (L - 1)
                     copy = context_lookup(pc.ids + [token_id], min(lookup, room - 1))  # (C,), C <= lookup
-                    if copy.size:  # one more (ragged) beam: root, then the copy; -1 pads the shorter rows
-                        width = max(L, copy.size + 1)
-                        beams_np = np.pad(beams_np, ((0, 1), (0, width - L)), constant_values=-1)
-                        beams_np[-1, 0] = token_id
-                        beams_np[-1, 1 : copy.size + 1] = copy
+                    if copy.size:  # one more (ragged) beam: root, then the copy
+                        beams_np = add_beam(beams_np, copy)  # (W + 1, max(L, C + 1))
                         drafted += copy.size
                     t_verify = time.perf_counter()
                     # Merge shared prefixes, verify all beams in one forward pass.

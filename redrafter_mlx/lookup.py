@@ -36,3 +36,14 @@ def lookup(ids, length: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NG
             start = int(hits[-1]) + n
             return ids[start : start + length].copy()
     return np.zeros(0, dtype=np.int32)
+
+
+def add_beam(beams: np.ndarray, copy: np.ndarray) -> np.ndarray:
+    """The drafter's beams (W, L) plus one row: their root, then `copy` (C,). Rows are padded
+    with -1 to max(L, C + 1) columns, which tree.pack reads as the end of a row."""
+    W, L = beams.shape
+    out = np.full((W + 1, max(L, copy.size + 1)), -1, dtype=np.int32)
+    out[:W, :L] = beams
+    out[W, 0] = beams[0, 0]
+    out[W, 1 : copy.size + 1] = copy
+    return out

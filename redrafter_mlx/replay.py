@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Dict, Sequence
 
 from . import _platform  # noqa: F401  (OpenBLAS before mlx)
+from .bench import parse_shapes as parse_ints
 from .errors import RedrafterError
+from .tuning import parse_shapes
 
 
 def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, length: int, lookup: int = 0,
@@ -39,8 +41,8 @@ def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, len
     import numpy as np
 
     from .beam_search import beam_search
-    from .lookup import lookup as context_lookup
-    from .tree import pack
+    from .lookup import add_beam, lookup as context_lookup
+    from .tree import accept, beam_of, pack
 
     prompt, g = list(prompt), list(tokens)
     if not g:
@@ -51,39 +53,21 @@ def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, len
     P = len(prompt)
     if ended:  # the end token is the base model's choice after the last output token
         g.append(int(mx.argmax(loaded.model.logits(hidden[-1]))))
+    g_np = np.array(g + [-1], dtype=np.int32)  # -1: no choice past the output's end
     steps = packed = looked_up = 0
     i = 0  # index in g of the current root
     while i < len(g) - 1:
-        root = g[i]
-        beams = np.array(beam_search(loaded.drafter, loaded.model, hidden[P - 1 + i], mx.array(root), width, length))
-        rows = [list(map(int, b)) for b in beams]
-        copy = context_lookup(ids[: P + i + 1], lookup) if lookup else ()
-        if len(copy):
-            rows.append([root] + [int(t) for t in copy])
-        span = max(map(len, rows))
-        packed += pack(np.array([r + [-1] * (span - len(r)) for r in rows])).size
-        best, best_row = 0, 0
-        for k, row in enumerate(rows):
-            n = 0
-            while n + 1 < len(row) and i + 1 + n < len(g) and row[n + 1] == g[i + 1 + n]:
-                n += 1
-            if n > best:
-                best, best_row = n, k
-        if len(copy) and best_row == len(rows) - 1:
-            looked_up += best
+        beams = np.array(beam_search(loaded.drafter, loaded.model, hidden[P - 1 + i], mx.array(g[i]), width, length))
+        copy = context_lookup(ids[: P + i + 1], lookup)
+        tree = pack(add_beam(beams, copy) if copy.size else beams)
+        # the base model's greedy choice after a node at depth d, were its path right: g[i + 1 + d]
+        path, _ = accept(tree, g_np[np.minimum(i + 1 + tree.depth, len(g))])
+        if beam_of(tree, path) == width:  # only the lookup beam held the accepted path
+            looked_up += len(path) - 1
+        packed += tree.size
         steps += 1
-        i += best + 1
+        i += len(path)
     return {"steps": steps, "produced": len(g) - 1, "packed": packed, "looked_up": looked_up}
-
-
-def parse_shape(text: str):
-    try:
-        w, n = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a beam shape is WxL, e.g. 4x3, not {text!r}") from None
-    if w < 1 or n < 1:
-        raise argparse.ArgumentTypeError(f"beam width and length must be >= 1, not {text!r}")
-    return w, n
 
 
 def main(argv=None) -> int:
@@ -92,19 +76,13 @@ def main(argv=None) -> int:
     p.add_argument("results", type=Path, help="a redrafter-bench --json file with ar results (greedy)")
     p.add_argument("--model", default=None, help="the model the results came from (default: the one they name)")
     p.add_argument("--drafter", default=None, help="drafter folder (default: the one found beside the model)")
-    p.add_argument("--shapes", default="1x3,4x3", help="comma-separated WxL beam shapes (default: 1x3,4x3)")
-    p.add_argument("--lookup", default="0", help="comma-separated context-lookup lengths (default: 0)")
+    p.add_argument("--shapes", type=parse_shapes, default="1x3,4x3",
+                   help="comma-separated WxL beam shapes (default: 1x3,4x3)")
+    p.add_argument("--lookup", type=lambda t: parse_ints(t, "--lookup", minimum=0), default=[0],
+                   help="comma-separated context-lookup lengths (default: 0)")
     p.add_argument("--limit", type=int, default=None, help="only the first N questions")
     args = p.parse_args(argv)
-    try:
-        shapes = [parse_shape(s) for s in args.shapes.split(",") if s.strip()]
-        lookups = [int(v) for v in args.lookup.split(",") if v.strip()]
-        if not lookups or min(lookups) < 0:
-            raise ValueError
-    except argparse.ArgumentTypeError as e:
-        p.error(f"--shapes: {e}")
-    except ValueError:
-        p.error(f"--lookup must be comma-separated integers >= 0, not {args.lookup!r}")
+    shapes, lookups = args.shapes, args.lookup
 
     from .loader import load
 

@@ -38,6 +38,7 @@ from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
 
 from .config import DrafterArgs  # noqa: E402
 from .drafter import Drafter, load_drafter, save_drafter  # noqa: E402
+from .tuning import parse_shapes  # noqa: E402
 
 
 class PositionData:
@@ -87,17 +88,20 @@ class PositionData:
         return self.hidden[pos], np.maximum(toks[:, :K], 0), targets, teacher
 
 
+def _reply_key(sample: dict) -> bytes:
+    return np.asarray(sample["reply"][:32], dtype=np.int32).tobytes()
+
+
 def is_held_out(sample: dict, fraction: float) -> bool:
     """A stable train/held-out split: by a hash of the reply's first tokens."""
-    key = np.asarray(sample["reply"][:32], dtype=np.int32).tobytes()
-    return zlib.crc32(key) % 10000 < fraction * 10000
+    return zlib.crc32(_reply_key(sample)) % 10000 < fraction * 10000
 
 
 def held_out_key(samples: List[dict]) -> str:
     """Names a held-out set, so that a resumed run knows whether its best score is comparable."""
     crc = 0
     for s in samples:
-        crc = zlib.crc32(np.asarray(s["reply"][:32], dtype=np.int32).tobytes(), crc)
+        crc = zlib.crc32(_reply_key(s), crc)
     return f"{len(samples)}:{crc:08x}"
 
 
@@ -372,11 +376,6 @@ def evaluate_shapes(loaded, questions: List[dict], shapes, max_tokens: int = 128
     return results
 
 
-def parse_shapes(text: str):
-    """'4x5,8x5' -> [(4, 5), (8, 5)] (beam width x beam length)."""
-    return [tuple(int(v) for v in part.lower().split("x")) for part in text.split(",") if part.strip()]
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m redrafter_mlx.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None)
@@ -409,7 +408,7 @@ def main(argv=None):
     p.add_argument("--eval-prompts", type=Path, default=None, help="Spec-Bench JSONL to report tokens/step on")
     p.add_argument("--eval-per-category", type=int, default=2, help="questions per category")
     p.add_argument("--eval-max-tokens", type=int, default=128)
-    p.add_argument("--beam-shapes", default="4x5", help="W x L list, e.g. 4x5,8x5")
+    p.add_argument("--beam-shapes", type=parse_shapes, default="4x5", help="W x L list, e.g. 4x5,8x5")
     args = p.parse_args(argv)
     from .distill import read_shards
     from .loader import load
@@ -447,7 +446,7 @@ def main(argv=None):
         loaded.drafter = load_drafter(args.eval_drafter or args.out / "drafter", loaded.model)
         questions = eval_prompts(args.eval_prompts, args.eval_per_category)
         with open(args.out / "eval.jsonl", "a") as f:
-            for row in evaluate_shapes(loaded, questions, parse_shapes(args.beam_shapes), args.eval_max_tokens):
+            for row in evaluate_shapes(loaded, questions, args.beam_shapes, args.eval_max_tokens):
                 f.write(json.dumps(row) + "\n")
 
 

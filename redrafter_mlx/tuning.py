@@ -10,17 +10,35 @@ written by --tune on this machine), then the one shipped in the drafter folder, 
 DEFAULT_SHAPE. A shape stored for another device is not used.
 """
 
+import argparse
 import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ._platform import device_description
 
 DEFAULT_SHAPE = (4, 4)  # (beam width W, beam length L counting the base model's token)
 DEFAULT_LOOKUP = 8  # tokens of the context-lookup beam (lookup.py) added to the drafter's; 0 = none
 FILE = "beam_shape.json"
+
+
+def parse_shapes(text: str) -> List[Tuple[int, int]]:
+    """'4x5,8x5' -> [(4, 5), (8, 5)] (beam width x beam length); an argparse `type=`, so a
+    bad value stops the command at once with a message that says what is wrong."""
+    shapes = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        try:
+            w, n = (int(v) for v in part.lower().split("x"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"a beam shape is WxL, e.g. 4x3, not {part!r}") from None
+        if w < 1 or n < 1:
+            raise argparse.ArgumentTypeError(f"beam width and length must be >= 1, not {part!r}")
+        shapes.append((w, n))
+    if not shapes:
+        raise argparse.ArgumentTypeError(f"no beam shape in {text!r}: give WxL, e.g. 4x3")
+    return shapes
 
 
 def model_folder(path: Path) -> Path:
