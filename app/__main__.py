@@ -77,6 +77,9 @@ def configure_parser() -> argparse.ArgumentParser:
     p.add_argument("--lookup", type=_non_negative, default=None, metavar="N",
                    help="also draft up to N tokens copied from the conversation where its last tokens recur "
                    "(one more beam, checked like the others; 0 = off; default: the library's default)")
+    p.add_argument("--tree", type=_non_negative, default=None, metavar="N",
+                   help="draft a dynamic tree of up to N nodes (at most W children per node, L - 1 levels, "
+                   "unlikely nodes dropped) instead of W x L beams (0 = beams; default: the library's default)")
     p.add_argument("--temperature", type=_temperature, default=0.0, metavar="T", help="0 = greedy (default: 0)")
     p.add_argument("--top-p", type=_top_p, default=1.0, metavar="P", help="nucleus sampling mass (default: 1)")
     p.add_argument("--max-tokens", type=_positive, default=256, metavar="N",
@@ -97,6 +100,7 @@ def main(argv=None) -> int:
         beam_length=args.beam_length or 4,
         beam_tuned=args.beam_width is None and args.beam_length is None,
         lookup=args.lookup,
+        tree=args.tree,
         temperature=args.temperature,
         top_p=args.top_p,
         max_tokens=args.max_tokens,

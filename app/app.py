@@ -163,6 +163,8 @@ class ChatApp(App):
                                "this device, so it starts off.")
             else:
                 self.settings.beam_width, self.settings.beam_length = info.beam_shape
+                if self.settings.tree is None and info.tree is not None:
+                    self.settings.tree = info.tree
         if info.drafter is not None:
             state = "on" if self.settings.speculative else "off"
             self._note(f"Speculative decoding (ReDrafter) is {state}: Ctrl+T toggles it. "

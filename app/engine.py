@@ -51,6 +51,7 @@ class Settings:
     beam_length: int = 4
     beam_tuned: bool = True  # adopt the model's tuned beam shape (EngineInfo.beam_shape) when it loads
     lookup: Optional[int] = None  # context-lookup beam length (None: the library default, 0: off)
+    tree: Optional[int] = None  # dynamic draft tree node budget (None: the library default, 0: W x L beams)
     temperature: float = 0.0
     top_p: float = 1.0
     max_tokens: int = 256
@@ -78,6 +79,7 @@ class Stats:
     peak_memory_mb: float = 0.0
     beam_width: int = 0
     beam_length: int = 0
+    tree: int = 0  # dynamic draft tree node budget (0: W x L beams)
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ class EngineInfo:
     plain_tokens_per_second: Optional[float] = None  # measured while warming up
     notices: List[str] = field(default_factory=list)
     beam_shape: Optional[Tuple[int, int]] = None  # (W, L) tuned for this device (redrafter-bench --tune)
+    tree: Optional[int] = None  # dynamic-tree node budget tuned with beam_shape (0: beams)
 
 
 class EngineThread:
@@ -309,6 +312,7 @@ class Engine(EngineThread):
             plain_tokens_per_second=plain_tps,
             notices=notices,
             beam_shape=m.beam_shape if m.drafter is not None else None,
+            tree=m.tree if m.drafter is not None else None,
         )
 
     def _reply(self, messages: Messages, settings: Settings, should_stop) -> Iterator[Chunk]:
@@ -337,6 +341,7 @@ class Engine(EngineThread):
             beam_width=settings.beam_width,
             beam_length=settings.beam_length,
             lookup=settings.lookup,
+            tree=settings.tree,
             system=settings.system,
             prompt_cache=self._cache,
             should_stop=should_stop,
@@ -362,6 +367,7 @@ class Engine(EngineThread):
                 peak_memory_mb=s.peak_memory_mb,  # stream() resets the peak per reply and reports it live
                 beam_width=s.beam_width,
                 beam_length=s.beam_length,
+                tree=s.tree,
             )
             yield Chunk(ev.text, stats, ev.finish_reason)
 
@@ -382,7 +388,7 @@ class FakeEngine(EngineThread):
     hold_after: after this many chunks of each reply, wait until `should_stop()` (a reply
         that only ends by being cancelled).
     step_delay: real seconds to sleep per chunk (for trying the UI by hand).
-    beam_shape: the tuned (W, L) the load reports.
+    beam_shape: the tuned (W, L) the load reports; tree: the tuned dynamic-tree budget.
 
     Records `calls` (messages, settings) and `new_chats` for tests to check."""
 
@@ -396,9 +402,10 @@ class FakeEngine(EngineThread):
         hold_after: Optional[int] = None,
         step_delay: float = 0.0,
         beam_shape: Optional[Tuple[int, int]] = None,
+        tree: Optional[int] = None,
     ):
         super().__init__(name="fake-engine")
-        self.beam_shape = beam_shape
+        self.beam_shape, self.tree = beam_shape, tree
         self.replies = list(replies)
         self.model, self.drafter, self.fail_load = model, drafter, fail_load
         self.hold_after, self.step_delay = hold_after, step_delay
@@ -446,6 +453,7 @@ class FakeEngine(EngineThread):
             plain_tokens_per_second=1 / PLAIN_STEP_SECONDS,
             notices=notices,
             beam_shape=self.beam_shape,
+            tree=self.tree,
         )
 
     def _reply(self, messages: Messages, settings: Settings, should_stop) -> Iterator[Chunk]:

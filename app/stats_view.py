@@ -87,7 +87,8 @@ def reply_rows(stats: Optional[Stats], baseline: Baseline, status: str) -> List[
     if stats is None:
         return rows + [("tok/s", "—"), ("tokens/step", "—"), ("acceptance", "—")]
     spec = stats.mode == "redrafter"
-    rows.append(("decoding", f"speculative {stats.beam_width}×{stats.beam_length}" if spec else "plain"))
+    tree = f" tree {stats.tree}" if stats.tree else ""
+    rows.append(("decoding", f"speculative {stats.beam_width}×{stats.beam_length}{tree}" if spec else "plain"))
     rows.append(("tok/s", f"{stats.tokens_per_second:.1f}" if stats.steps else "—"))
     per_step = f"{stats.last_step_tokens} last · {stats.tokens_per_step:.2f} mean"
     rows.append(("tokens/step", per_step if stats.steps else "—"))
@@ -126,7 +127,8 @@ def session_rows(info: Optional[EngineInfo], settings: Settings) -> List[Row]:
         ("weights", weights),
         ("device", info.device),
         ("speculative", speculative_state(info, settings)),
-        ("beam", f"{settings.beam_width} × {settings.beam_length} (width × length)"),
+        ("beam", f"{settings.beam_width} × {settings.beam_length} (width × length)"
+                 + (f", tree of {settings.tree} nodes" if settings.tree else "")),
         ("sampling", f"temp {settings.temperature:g} · top-p {settings.top_p:g}"),
         ("max tokens", str(settings.max_tokens)),
         ("context", f"{info.context_length} tokens"),

@@ -32,6 +32,9 @@ def main(argv=None) -> int:
     p.add_argument("--lookup", type=int, default=None, metavar="N",
                    help="also draft up to N tokens copied from the context where its last tokens recur "
                         "(0 = off; default: tuning.DEFAULT_LOOKUP)")
+    p.add_argument("--tree", type=int, default=None, metavar="N",
+                   help="draft a dynamic tree of up to N nodes (at most W children per node, L - 1 levels, "
+                        "unlikely nodes dropped) instead of W x L beams (0 = beams; default: tuning.DEFAULT_TREE)")
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--weight-format", default="auto", help="auto, stored, float32, float16 or bfloat16")
     args = p.parse_args(argv)
@@ -46,7 +49,7 @@ def main(argv=None) -> int:
         last = None
         for last in stream(m, args.prompt, mode=args.mode, max_tokens=args.max_tokens, temperature=args.temperature,
                            top_p=args.top_p, seed=args.seed, beam_width=args.beam_width,
-                           beam_length=args.beam_length, lookup=args.lookup, system=args.system):
+                           beam_length=args.beam_length, lookup=args.lookup, tree=args.tree, system=args.system):
             print(last.text, end="", flush=True)
         print()
     except RedrafterError as e:
@@ -60,6 +63,7 @@ def main(argv=None) -> int:
             f"prefill {s.prefill_seconds:.2f}s ({s.prompt_tokens} tokens), stop: {last.finish_reason}")
     if s.mode == "redrafter":
         line += f", acceptance {s.acceptance_rate:.2f}, W={s.beam_width} L={s.beam_length}"
+        line += f" tree={s.tree}" if s.tree else ""
     print(line + "]", file=sys.stderr)
     return 0
 

@@ -33,7 +33,7 @@ from typing import Dict, List
 
 from . import _platform  # noqa: F401  (OpenBLAS before mlx)
 from .errors import RedrafterError
-from .tuning import DEFAULT_LOOKUP, DEFAULT_SHAPE, save_beam_shape
+from .tuning import DEFAULT_LOOKUP, DEFAULT_SHAPE, DEFAULT_TREE, save_beam_shape
 
 MODES = ("ar", "redrafter", "mlx-lm")
 
@@ -121,7 +121,7 @@ def run_mlx_lm(loaded, twin, prompt: str, args) -> Dict:
 def run_one(loaded, prompt: str, mode: str, args, shape=None) -> Dict:
     from .generate import generate
 
-    width, length, lookup = shape or (args.beam_width, args.beam_length, args.lookup[0])
+    width, length, lookup, tree = shape or (args.beam_width, args.beam_length, args.lookup[0], args.tree[0])
     t0 = time.perf_counter()
     g = generate(
         loaded,
@@ -134,12 +134,13 @@ def run_one(loaded, prompt: str, mode: str, args, shape=None) -> Dict:
         beam_width=width,
         beam_length=length,
         lookup=lookup,
+        tree=tree,
     )
     seconds = time.perf_counter() - t0
     s = g.stats
     return {
         "mode": mode,
-        **({"beam_width": width, "beam_length": length, "lookup": lookup} if mode == "redrafter" else {}),
+        **({"beam_width": width, "beam_length": length, "lookup": lookup, "tree": tree} if mode == "redrafter" else {}),
         "prompt_tokens": g.prompt_tokens,
         "tokens": g.tokens,
         "new_tokens": s.new_tokens,
@@ -193,6 +194,7 @@ def summarize(results: List[Dict], modes: List[str], greedy: bool) -> Dict[str, 
         if "beam_width" in first:
             summary[mode]["beam_width"], summary[mode]["beam_length"] = first["beam_width"], first["beam_length"]
             summary[mode]["lookup"] = first.get("lookup", 0)
+            summary[mode]["tree"] = first.get("tree", 0)
         if first.get("mode") == "redrafter":
             drafted = sum(r["drafted_tokens"] for r in rows)
             summary[mode]["packed_tokens_per_step"] = sum(r["packed_tokens"] for r in rows) / steps if steps else 0
@@ -272,8 +274,10 @@ def plot(summary: Dict, results: List[Dict], path: Path):
     shapes = [m for m, v in summary.items() if "beam_width" in v]
     if not shapes:
         raise RedrafterError("--plot needs redrafter results (--modes ...,redrafter)")
-    shapes.sort(key=lambda m: (summary[m]["beam_width"], summary[m]["beam_length"], summary[m].get("lookup", 0)))
+    shapes.sort(key=lambda m: (summary[m]["beam_width"], summary[m]["beam_length"], summary[m].get("tree", 0),
+                               summary[m].get("lookup", 0)))
     labels = [f"{summary[m]['beam_width']}x{summary[m]['beam_length']}"
+              + (f" tree{summary[m]['tree']}" if summary[m].get("tree") else "")
               + (f"+{summary[m]['lookup']}" if summary[m].get("lookup") else "") for m in shapes]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     axes[0].bar(labels, [summary[m].get("speedup", 0) for m in shapes], color="tab:blue")
@@ -333,6 +337,9 @@ def parse_args(argv=None):
     p.add_argument("--lookup", type=lambda t: parse_shapes(t, "--lookup", minimum=0), default=None,
                    help="tokens of the context-lookup beam added to the drafter's (0 = none); a comma-separated "
                    f"list runs each (default: {DEFAULT_LOOKUP})")
+    p.add_argument("--tree", type=lambda t: parse_shapes(t, "--tree", minimum=0), default=None,
+                   help="draft a dynamic tree of up to N nodes (W wide, L - 1 deep, unlikely nodes dropped) "
+                   f"instead of W x L beams (0 = beams); a comma-separated list runs each (default: {DEFAULT_TREE})")
     p.add_argument("--tune", action="store_true", help="run the grid (with ar) and store the fastest lossless "
                    "shape in the model folder as this model's default on this device")
     p.add_argument("--plot", type=Path, default=None, help="write speedup / tokens-per-step / acceptance plots (PNG)")
@@ -370,11 +377,13 @@ def main(argv=None):
         print(f"redrafter-bench: error: {e}", file=sys.stderr)
         return 2
     tuned = loaded.beam_shape or DEFAULT_SHAPE
+    tuned_tree = loaded.tree if loaded.tree is not None and not (args.beam_width or args.beam_length) else DEFAULT_TREE
     args.beam_width = args.beam_width or tuned[0]
     args.beam_length = args.beam_length or tuned[1]
-    # Variants: (name, mode, (W, L, lookup)); with --grid, redrafter runs once per shape, and once
-    # per --lookup value.
+    # Variants: (name, mode, (W, L, lookup, tree)); with --grid, redrafter runs once per shape, and
+    # once per --lookup and --tree value.
     args.lookup = args.lookup or [DEFAULT_LOOKUP]
+    args.tree = args.tree or [tuned_tree]
     variants = []
     for mode in args.modes:
         if mode != "redrafter":
@@ -382,9 +391,11 @@ def main(argv=None):
             continue
         shapes = [(w, n) for w in args.widths for n in args.lengths] if args.grid else [(args.beam_width, args.beam_length)]
         for w, n in shapes:
-            for c in args.lookup:
-                name = (f"redrafter@{w}x{n}" if args.grid else "redrafter") + (f"+lookup{c}" if len(args.lookup) > 1 else "")
-                variants.append((name, mode, (w, n, c)))
+            for t in args.tree:
+                for c in args.lookup:
+                    name = ((f"redrafter@{w}x{n}" if args.grid else "redrafter") + (f"+tree{t}" if len(args.tree) > 1 else "")
+                            + (f"+lookup{c}" if len(args.lookup) > 1 else ""))
+                    variants.append((name, mode, (w, n, c, t)))
     names = [v[0] for v in variants]
     shape_text = f"grid W in {args.widths} x L in {args.lengths}" if args.grid else f"W={args.beam_width} L={args.beam_length}"
     print(f"model {loaded.name} ({loaded.weight_format}) on {loaded.device}; drafter {loaded.drafter_path}; "
@@ -423,7 +434,8 @@ def main(argv=None):
             print("redrafter-bench: no beam shape reproduced ar's output; nothing stored", file=sys.stderr)
             return 1
         width, length, plain = tuned_default(summary, best)
-        path = save_beam_shape(loaded, width, length, {
+        tree = 0 if plain else best.get("tree", 0)
+        path = save_beam_shape(loaded, width, length, tree=tree, measured={
             "tokens_per_second": best["tokens_per_second"], "speedup": best.get("speedup"),
             "tokens_per_step": best["tokens_per_step"], "prompts": str(args.prompts), "questions": len(prompts),
             "max_tokens": args.max_tokens, "fastest_shape": [best["beam_width"], best["beam_length"]],
@@ -433,7 +445,7 @@ def main(argv=None):
                   f"L={best['beam_length']}: {best.get('speedup', 0):.2f}x over ar); W=1 L=1 (plain decoding) "
                   f"stored in {path}")
         else:
-            print(f"fastest shape W={best['beam_width']} L={best['beam_length']} "
+            print(f"fastest shape W={best['beam_width']} L={best['beam_length']}" + (f" tree {tree}" if tree else "") + " "
                   f"({best.get('speedup', 0):.2f}x over ar) stored in {path}")
     if args.json:
         report = {

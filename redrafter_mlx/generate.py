@@ -30,7 +30,8 @@ from .lookup import add_beam, lookup as context_lookup
 from .sampling import Sampler
 from .stats import RunStats, StepStats
 from .tree import accept, beam_of, pack
-from .tuning import DEFAULT_LOOKUP, DEFAULT_SHAPE
+from .tree_search import DEFAULT_MIN_PROB, tree_nodes, tree_search
+from .tuning import DEFAULT_LOOKUP, DEFAULT_SHAPE, DEFAULT_TREE
 
 PREFILL_CHUNK = 512
 MODES = ("auto", "ar", "redrafter")
@@ -115,6 +116,8 @@ def stream(
     beam_length: Optional[int] = None,
     draft_top_k: Optional[int] = None,
     lookup: Optional[int] = None,
+    tree: Optional[int] = None,
+    tree_min_prob: Optional[float] = None,
     system: Optional[str] = None,
     prompt_cache: Optional[PromptCache] = None,
     should_stop: Optional[Callable[[], bool]] = None,
@@ -131,10 +134,17 @@ def stream(
     when plain decoding measured fastest), else tuning.DEFAULT_SHAPE.
     lookup: in redrafter mode, also draft up to this many tokens copied from the context where
     its last tokens recur (lookup.py; 0 turns it off, None takes tuning.DEFAULT_LOOKUP).
+    tree: in redrafter mode, draft a dynamic tree of up to this many nodes instead of the fixed
+    beams (tree_search.py): W wide, L - 1 deep, nodes whose path probability is below
+    `tree_min_prob` dropped (0 = fixed beams; None takes the budget tuned with the beam shape
+    when the shape is tuned too, else tuning.DEFAULT_TREE).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
     tuned = getattr(loaded, "beam_shape", None) or DEFAULT_SHAPE
+    if tree is None:  # the tuned tree goes with the tuned shape only
+        tuned_tree = getattr(loaded, "tree", None) if beam_width is None and beam_length is None else None
+        tree = DEFAULT_TREE if tuned_tree is None else tuned_tree
     beam_width = tuned[0] if beam_width is None else beam_width
     beam_length = tuned[1] if beam_length is None else beam_length
     if mode == "auto":  # L=1 (e.g. tuned: plain decoding was fastest here) drafts nothing
@@ -148,6 +158,12 @@ def stream(
     lookup = DEFAULT_LOOKUP if lookup is None else lookup
     if lookup < 0:
         raise ValueError(f"lookup must be >= 0, not {lookup}")
+    budget = tree  # `tree` names the packed tree below
+    tree_min_prob = DEFAULT_MIN_PROB if tree_min_prob is None else tree_min_prob
+    if budget < 0:
+        raise ValueError(f"tree must be >= 0 nodes, not {budget}")
+    if not 0.0 < tree_min_prob <= 1.0:
+        raise ValueError(f"tree_min_prob must be in (0, 1], not {tree_min_prob}")
     model, tok, drafter = loaded.model, loaded.tokenizer, loaded.drafter
     sampler = Sampler(temperature, top_p, seed)
     ids = tok.prompt_ids(prompt, system=system)
@@ -161,7 +177,7 @@ def stream(
     detok = tok.detokenizer()
     stats = RunStats(mode=mode, prompt_tokens=len(ids))
     if mode == "redrafter":
-        stats.beam_width, stats.beam_length = beam_width, beam_length
+        stats.beam_width, stats.beam_length, stats.tree = beam_width, beam_length, budget
     mx.reset_peak_memory()
     stopped = should_stop or (lambda: False)
     eos = tok.eos_token_ids
@@ -227,15 +243,21 @@ def stream(
                     token, ahead = ahead, after
                     step = StepStats(emitted=1)
                 else:
-                    # Draft W beams of L tokens from h (the hidden state at the last cached token).
+                    # Draft W beams of L tokens (or a dynamic tree of up to `tree` nodes, W wide,
+                    # L - 1 deep) from h, the hidden state at the last cached token.
                     L = min(beam_length, room)
                     t_draft = time.perf_counter()
-                    beams = beam_search(drafter, model, h, token, beam_width, L, draft_top_k)  # (W, L)
-                    beams_np = np.array(beams)
-                    drafted = beam_width * (L - 1)
+                    if budget:
+                        beams_np = tree_search(drafter, model, h, token_id, beam_width, L - 1, budget, tree_min_prob)
+                        drafted = tree_nodes(beams_np)
+                    else:
+                        beams = beam_search(drafter, model, h, token, beam_width, L, draft_top_k)  # (W, L)
+                        beams_np = np.array(beams)
+                        drafted = beam_width * (L - 1)
+                    rows = beams_np.shape[0]  # the drafter's rows; the lookup beam comes after them
                     copy = context_lookup(pc.ids + [token_id], min(lookup, room - 1))  # (C,), C <= lookup
                     if copy.size:  # one more (ragged) beam: root, then the copy
-                        beams_np = add_beam(beams_np, copy)  # (W + 1, max(L, C + 1))
+                        beams_np = add_beam(beams_np, copy)  # (rows + 1, max(L, C + 1))
                         drafted += copy.size
                     t_verify = time.perf_counter()
                     # Merge shared prefixes, verify all beams in one forward pass.
@@ -259,7 +281,7 @@ def stream(
                         accepted=len(path) - 1,
                         beam=beam,
                         depth=int(tree.depth.max()),
-                        looked_up=len(path) - 1 if beam == beam_width else 0,
+                        looked_up=len(path) - 1 if beam == rows else 0,
                         draft_seconds=t_verify - t_draft,
                         verify_seconds=time.perf_counter() - t_verify,
                     )

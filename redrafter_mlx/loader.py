@@ -27,7 +27,7 @@ from .errors import CorruptModelError, ModelNotFoundError, UnsupportedModelError
 from .gguf import read_gguf
 from .llama import Model
 from .tokenizer import Tokenizer
-from .tuning import find_beam_shape
+from .tuning import find_tuned
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 WEIGHT_FORMATS = ("auto", "stored", *DTYPES)
@@ -45,6 +45,7 @@ class LoadedModel:
     drafter_path: Optional[Path] = None
     info: Dict[str, Any] = field(default_factory=dict)
     beam_shape: Optional[Tuple[int, int]] = None  # (W, L) tuned for this device (see tuning.py), if any
+    tree: Optional[int] = None  # dynamic-tree node budget tuned with beam_shape (0: W x L beams)
 
     @property
     def context_length(self) -> int:
@@ -204,7 +205,9 @@ def load(
 
             loaded.drafter = load_drafter(drafter_path, loaded.model)
             loaded.drafter_path = drafter_path
-            loaded.beam_shape = find_beam_shape(resolved.path, drafter_path)
+            tuned = find_tuned(resolved.path, drafter_path)
+            if tuned:
+                loaded.beam_shape, loaded.tree = tuned[:2], tuned[2]
     loaded.info["load_seconds"] = time.perf_counter() - t0
     return loaded
 

@@ -20,6 +20,7 @@ import argparse
 import json
 import sys
 from collections import defaultdict
+from itertools import product
 from pathlib import Path
 from typing import Dict, Sequence
 
@@ -30,12 +31,14 @@ from .tuning import parse_shapes
 
 
 def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, length: int, lookup: int = 0,
-           ended: bool = False, hidden=None) -> Dict[str, int]:
+           ended: bool = False, hidden=None, tree: int = 0, tree_min_prob: float = None) -> Dict[str, int]:
     """Replay greedy ReDrafter steps along plain decoding's output `tokens` (prompt ids first).
 
     ended: the output stopped at an end-of-turn token, which the last step then also produces
     (counted in tokens/step as redrafter-bench counts it). hidden: the base model's final
-    hidden states over prompt + tokens, (T, H), when already computed. Returns steps,
+    hidden states over prompt + tokens, (T, H), when already computed. tree: draft a dynamic
+    tree of up to this many nodes, W wide and L - 1 deep, instead of W x L beams (nodes below
+    tree_min_prob dropped; None: tree_search's default). Returns steps,
     produced (tokens the decode steps produced), packed and looked_up token counts."""
     import mlx.core as mx
     import numpy as np
@@ -43,6 +46,7 @@ def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, len
     from .beam_search import beam_search
     from .lookup import add_beam, lookup as context_lookup
     from .tree import accept, beam_of, pack
+    from .tree_search import DEFAULT_MIN_PROB, tree_search
 
     prompt, g = list(prompt), list(tokens)
     if not g:
@@ -57,14 +61,18 @@ def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, len
     steps = packed = looked_up = 0
     i = 0  # index in g of the current root
     while i < len(g) - 1:
-        beams = np.array(beam_search(loaded.drafter, loaded.model, hidden[P - 1 + i], mx.array(g[i]), width, length))
+        if tree:
+            beams = tree_search(loaded.drafter, loaded.model, hidden[P - 1 + i], g[i], width, length - 1, tree,
+                                DEFAULT_MIN_PROB if tree_min_prob is None else tree_min_prob)
+        else:
+            beams = np.array(beam_search(loaded.drafter, loaded.model, hidden[P - 1 + i], mx.array(g[i]), width, length))
         copy = context_lookup(ids[: P + i + 1], lookup)
-        tree = pack(add_beam(beams, copy) if copy.size else beams)
+        packed_tree = pack(add_beam(beams, copy) if copy.size else beams)
         # the base model's greedy choice after a node at depth d, were its path right: g[i + 1 + d]
-        path, _ = accept(tree, g_np[np.minimum(i + 1 + tree.depth, len(g))])
-        if beam_of(tree, path) == width:  # only the lookup beam held the accepted path
+        path, _ = accept(packed_tree, g_np[np.minimum(i + 1 + packed_tree.depth, len(g))])
+        if beam_of(packed_tree, path) == beams.shape[0]:  # only the lookup beam held the accepted path
             looked_up += len(path) - 1
-        packed += tree.size
+        packed += packed_tree.size
         steps += 1
         i += len(path)
     return {"steps": steps, "produced": len(g) - 1, "packed": packed, "looked_up": looked_up}
@@ -80,9 +88,14 @@ def main(argv=None) -> int:
                    help="comma-separated WxL beam shapes (default: 1x3,4x3)")
     p.add_argument("--lookup", type=lambda t: parse_ints(t, "--lookup", minimum=0), default=[0],
                    help="comma-separated context-lookup lengths (default: 0)")
+    p.add_argument("--tree", type=lambda t: parse_ints(t, "--tree", minimum=0), default=[0],
+                   help="comma-separated node budgets of a dynamic draft tree, W wide and L - 1 deep "
+                        "(0 = the W x L beams; default: 0)")
+    p.add_argument("--tree-min-prob", type=float, default=None,
+                   help="drop tree nodes whose path probability is below this (default: tree_search.DEFAULT_MIN_PROB, 0.2)")
     p.add_argument("--limit", type=int, default=None, help="only the first N questions")
     args = p.parse_args(argv)
-    shapes, lookups = args.shapes, args.lookup
+    shapes, lookups, trees = args.shapes, args.lookup, args.tree
 
     from .loader import load
 
@@ -111,22 +124,21 @@ def main(argv=None) -> int:
     totals: Dict[tuple, Dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for r in tqdm(rows, desc="replay", unit="question", file=sys.stderr):
         hidden = loaded.model.hidden(mx.array(r["prompt_tokens"] + r["tokens"], dtype=mx.int32)[None])[0]
-        for w, n in shapes:
-            for c in lookups:
-                out = replay(loaded, r["prompt_tokens"], r["tokens"], w, n, c, r.get("finish_reason") == "eos", hidden)
-                for key in ((w, n, c, ""), (w, n, c, r.get("category", ""))):
-                    for k, v in out.items():
-                        totals[key][k] += v
-    categories = sorted({k[3] for k in totals if k[3]})
-    print(f"{'shape':<10} {'lookup':>6} {'tokens/step':>11} {'packed/step':>11} {'lookup/step':>11}  per category")
-    for w, n in shapes:
-        for c in lookups:
-            t = totals[(w, n, c, "")]
-            per = " ".join(f"{cat} {totals[(w, n, c, cat)]['produced'] / max(totals[(w, n, c, cat)]['steps'], 1):.2f}"
-                           for cat in categories)
-            steps = max(t["steps"], 1)
-            print(f"{w}x{n:<8} {c:>6} {t['produced'] / steps:>11.3f} {t['packed'] / steps:>11.2f} "
-                  f"{t['looked_up'] / steps:>11.3f}  {per}")
+        for (w, n), c, t in product(shapes, lookups, trees):
+            out = replay(loaded, r["prompt_tokens"], r["tokens"], w, n, c, r.get("finish_reason") == "eos", hidden, t,
+                         args.tree_min_prob)
+            for key in ((w, n, c, t, ""), (w, n, c, t, r.get("category", ""))):
+                for k, v in out.items():
+                    totals[key][k] += v
+    categories = sorted({k[4] for k in totals if k[4]})
+    print(f"{'shape':<10} {'tree':>4} {'lookup':>6} {'tokens/step':>11} {'packed/step':>11} {'lookup/step':>11}  per category")
+    for (w, n), c, t in product(shapes, lookups, trees):
+        tot = totals[(w, n, c, t, "")]
+        per = " ".join(f"{cat} {totals[(w, n, c, t, cat)]['produced'] / max(totals[(w, n, c, t, cat)]['steps'], 1):.2f}"
+                       for cat in categories)
+        steps = max(tot["steps"], 1)
+        print(f"{w}x{n:<8} {t:>4} {c:>6} {tot['produced'] / steps:>11.3f} {tot['packed'] / steps:>11.2f} "
+              f"{tot['looked_up'] / steps:>11.3f}  {per}")
     return 0
 
 if __name__ == "__main__":

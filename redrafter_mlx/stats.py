@@ -45,6 +45,7 @@ class RunStats:
     looked_up_tokens: int = 0  # accepted tokens owed to the context-lookup beam
     beam_width: int = 0
     beam_length: int = 0
+    tree: int = 0  # node budget of a dynamic draft tree (tree_search.py); 0: W x L beams
     peak_memory_mb: float = 0.0
     accepted_lengths: List[int] = field(default_factory=list)  # tokens produced per step (an end token included)
 
@@ -89,7 +90,9 @@ class RunStats:
     @property
     def merged_tokens(self) -> int:
         """Tokens the prefix merge removed from verification: W * L per step minus packed."""
-        return self.steps * self.beam_width * self.beam_length - self.packed_tokens if self.beam_width else 0
+        if not self.beam_width or self.tree:  # a dynamic tree drafts no fixed block to merge
+            return 0
+        return self.steps * self.beam_width * self.beam_length - self.packed_tokens
 
     def histogram(self) -> Dict[int, int]:
         return dict(sorted(Counter(self.accepted_lengths).items()))
@@ -113,6 +116,7 @@ class RunStats:
             "looked_up_tokens": self.looked_up_tokens,
             "beam_width": self.beam_width,
             "beam_length": self.beam_length,
+            "tree": self.tree,
             "tokens_per_second": self.tokens_per_second,
             "tokens_per_step": self.tokens_per_step,
             "acceptance_rate": self.acceptance_rate,
@@ -125,7 +129,8 @@ def merge(stats: List[RunStats]) -> Optional[RunStats]:
     """Sum several runs (e.g. the turns of a chat) into one."""
     if not stats:
         return None
-    out = RunStats(mode=stats[-1].mode, beam_width=stats[-1].beam_width, beam_length=stats[-1].beam_length)
+    last = stats[-1]
+    out = RunStats(mode=last.mode, beam_width=last.beam_width, beam_length=last.beam_length, tree=last.tree)
     for s in stats:
         for name in ("prompt_tokens", "new_tokens", "step_tokens", "end_tokens", "steps", "prefill_seconds", "decode_seconds", "draft_seconds",
                      "verify_seconds", "drafted_tokens", "packed_tokens", "accepted_tokens", "draft_depth",

@@ -3,7 +3,9 @@
 The fastest beam shape depends on the machine (Apple found 1-3 beams best on M1 Max / M2 Ultra
 and 50+ on an H100), so it is stored per device in a small JSON file:
 
-    {"cpu (x86_64, OpenBLAS)": {"beam_width": 2, "beam_length": 4, "tokens_per_second": ..., ...}}
+    {"cpu (x86_64, OpenBLAS)": {"beam_width": 2, "beam_length": 4, "tree": 0, "tokens_per_second": ..., ...}}
+
+`tree` > 0: draft a dynamic tree of that many nodes, W wide and L - 1 deep (tree_search.py).
 
 Lookup order: `beam_shape.json` in the model folder (the GGUF file's folder for a single file:
 written by --tune on this machine), then the one shipped in the drafter folder, then
@@ -21,6 +23,7 @@ from ._platform import device_description
 
 DEFAULT_SHAPE = (4, 4)  # (beam width W, beam length L counting the base model's token)
 DEFAULT_LOOKUP = 8  # tokens of the context-lookup beam (lookup.py) added to the drafter's; 0 = none
+DEFAULT_TREE = 0  # draft nodes of a dynamic tree (tree_search.py) instead of W x L beams; 0 = beams
 FILE = "beam_shape.json"
 
 
@@ -46,28 +49,36 @@ def model_folder(path: Path) -> Path:
     return path if path.is_dir() else path.parent
 
 
-def read_beam_shape(folder: Optional[Path], device: Optional[str] = None) -> Optional[Tuple[int, int]]:
-    """The shape stored for `device` (default: this one) in folder/beam_shape.json, or None."""
+def read_tuned(folder: Optional[Path], device: Optional[str] = None) -> Optional[Tuple[int, int, int]]:
+    """(W, L, tree) stored for `device` (default: this one) in folder/beam_shape.json, or None;
+    tree is the dynamic-tree node budget tuned with the shape (0, beams, when not stored)."""
     if folder is None or not (Path(folder) / FILE).is_file():
         return None
     try:
         entry = json.loads((Path(folder) / FILE).read_text()).get(device or device_description())
         if entry:
-            w, n = int(entry["beam_width"]), int(entry["beam_length"])
-            if w >= 1 and n >= 1:
-                return w, n
+            w, n, tree = int(entry["beam_width"]), int(entry["beam_length"]), int(entry.get("tree") or 0)
+            if w >= 1 and n >= 1 and tree >= 0:
+                return w, n, tree
     except (ValueError, KeyError, TypeError, AttributeError):
         pass  # a damaged file means "not tuned", never a failed load
     return None
 
 
-def find_beam_shape(model_path: Path, drafter_path: Optional[Path]) -> Optional[Tuple[int, int]]:
-    return read_beam_shape(model_folder(model_path)) or read_beam_shape(drafter_path)
+def read_beam_shape(folder: Optional[Path], device: Optional[str] = None) -> Optional[Tuple[int, int]]:
+    """The (W, L) stored for `device` (default: this one) in folder/beam_shape.json, or None."""
+    tuned = read_tuned(folder, device)
+    return tuned[:2] if tuned else None
 
 
-def save_beam_shape(loaded, width: int, length: int, measured: Dict[str, Any]) -> Path:
-    """Store (width, length) for this device in the model folder, keeping other devices' entries.
-    The file is replaced atomically. Returns its path."""
+def find_tuned(model_path: Path, drafter_path: Optional[Path]) -> Optional[Tuple[int, int, int]]:
+    """(W, L, tree) tuned for this device: the model folder's file first, then the drafter's."""
+    return read_tuned(model_folder(model_path)) or read_tuned(drafter_path)
+
+
+def save_beam_shape(loaded, width: int, length: int, measured: Dict[str, Any], tree: int = 0) -> Path:
+    """Store (width, length) and the dynamic-tree node budget (0: beams) for this device in the
+    model folder, keeping other devices' entries. The file is replaced atomically. Returns its path."""
     path = model_folder(loaded.path) / FILE
     data = {}
     if path.is_file():
@@ -78,6 +89,7 @@ def save_beam_shape(loaded, width: int, length: int, measured: Dict[str, Any]) -
     data[device_description()] = {
         "beam_width": int(width),
         "beam_length": int(length),
+        "tree": int(tree),
         "drafter": str(loaded.drafter_path) if loaded.drafter_path else None,
         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         **measured,
@@ -86,4 +98,5 @@ def save_beam_shape(loaded, width: int, length: int, measured: Dict[str, Any]) -
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, path)
     loaded.beam_shape = (int(width), int(length))
+    loaded.tree = int(tree)
     return path

@@ -103,10 +103,16 @@ async def test_tuned_beam_shape_is_the_default_unless_given():
         await ready(pilot)
         assert (app.settings.beam_width, app.settings.beam_length) == (2, 6)
         assert "beam         2 × 6 (width × length)" in panel(app)
-    app = create_app(FakeEngine([REPLY], beam_shape=(2, 6)), Settings(beam_width=3, beam_length=4, beam_tuned=False))
+        assert app.settings.tree is None
+    app = create_app(FakeEngine([REPLY], beam_shape=(4, 7), tree=12), Settings())
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        assert (app.settings.beam_width, app.settings.beam_length) == (3, 4)
+        assert (app.settings.beam_width, app.settings.beam_length, app.settings.tree) == (4, 7, 12)
+        assert "4 × 7 (width × length), tree of 12 nodes" in panel(app)
+    app = create_app(FakeEngine([REPLY], beam_shape=(2, 6), tree=12), Settings(beam_width=3, beam_length=4, beam_tuned=False))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert (app.settings.beam_width, app.settings.beam_length) == (3, 4) and app.settings.tree is None
 
 
 async def test_tuned_plain_decoding_starts_with_speculation_off():

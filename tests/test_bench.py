@@ -94,13 +94,16 @@ def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path
 
     out = tmp_path / "r.json"
     rc, _, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 16, "--modes", "ar,redrafter",
-                   "--beam-width", 2, "--beam-length", 3, "--lookup", 4, "--json", out)
+                   "--beam-width", 2, "--beam-length", 3, "--lookup", 4, "--tree", "0,3", "--json", out)
     assert rc == 0
-    real = json.loads(out.read_text())["summary"]["redrafter"]["tokens_per_step"]
-    assert replay.main([str(out), "--model", str(model_dir), "--shapes", "2x3,1x2", "--lookup", "4"]) == 0
+    summary = json.loads(out.read_text())["summary"]
+    assert replay.main([str(out), "--model", str(model_dir), "--shapes", "2x3,1x2", "--lookup", "4",
+                        "--tree", "0,3"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    row = next(line.split() for line in lines if line.startswith("2x3"))
-    assert float(row[2]) == pytest.approx(real, abs=1e-3)
+    for tree in (0, 3):  # columns: shape, tree, lookup, tokens/step
+        row = next(line.split() for line in lines if line.startswith("2x3") and line.split()[1] == str(tree))
+        assert float(row[3]) == pytest.approx(summary[f"redrafter+tree{tree}"]["tokens_per_step"], abs=1e-3)
+        assert summary[f"redrafter+tree{tree}"]["tree"] == tree
     assert any(line.startswith("1x2") for line in lines) and "writing" in lines[1]
     assert replay.main([str(tmp_path / "none.json")]) == 2
     assert "not found" in capsys.readouterr().err
@@ -111,7 +114,7 @@ def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path
 def test_tune_stores_the_default_shape_per_device(model_dir, prompts, capsys):
     assert load(str(model_dir)).beam_shape is None
     rc, text, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 8, "--tune",
-                      "--widths", "1,2", "--lengths", "2,3")
+                      "--widths", "1,2", "--lengths", "2,3", "--tree", "0,3")
     assert rc == 0 and "stored in" in text
     stored = json.loads((model_dir / FILE).read_text())
     assert len(stored) == 1
@@ -120,12 +123,15 @@ def test_tune_stores_the_default_shape_per_device(model_dir, prompts, capsys):
     assert tuple(entry["fastest_shape"]) in {(1, 2), (1, 3), (2, 2), (2, 3)}
     # the timings decide: the fastest shape, or W=1 L=1 when plain decoding beat them all
     assert shape == ((1, 1) if entry["plain_is_faster"] else tuple(entry["fastest_shape"]))
+    assert entry["tree"] in ({0} if entry["plain_is_faster"] else {0, 3})  # the fastest variant's tree
     m = load(str(model_dir))
-    assert m.beam_shape == shape
+    assert m.beam_shape == shape and m.tree == entry["tree"]
     g = generate(m, "hello there", max_tokens=6)  # mode "auto"
     assert g.stats.mode == ("ar" if shape[1] == 1 else "redrafter")
     g = generate(m, "hello there", mode="redrafter", max_tokens=6)
-    assert (g.stats.beam_width, g.stats.beam_length) == shape
+    assert (g.stats.beam_width, g.stats.beam_length, g.stats.tree) == (*shape, entry["tree"])
+    g = generate(m, "hello there", mode="redrafter", max_tokens=6, beam_width=2, beam_length=3)
+    assert g.stats.tree == 0  # an explicit shape does not take the tuned tree
     # Another device's entry is not used; a damaged file reads as "not tuned".
     assert read_beam_shape(model_dir, device="gpu (elsewhere)") is None
     (model_dir / FILE).write_text("{not json")

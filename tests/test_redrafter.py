@@ -93,6 +93,64 @@ def test_beam_search_returns_distinct_beams_best_first(width, length):
             assert beams[0, d] == token
 
 
+def path_logprob(model, drafter, h, row):
+    """The head's log-probability of a drafted row (root first, -1 past its end), token by token."""
+    state, total = mx.zeros((model.args.hidden_size,)), 0.0
+    row = [int(t) for t in row if t >= 0]
+    for prev, nxt in zip(row[:-1], row[1:]):
+        state = drafter.update_state(model.embed(mx.array(prev)), state)
+        total += nn.log_softmax(drafter.draft_logits(h, state, model).astype(mx.float32))[nxt].item()
+    return total
+
+
+@pytest.mark.parametrize("width,depth,budget,min_prob", [(2, 4, 6, 0.02), (4, 5, 12, 0.01), (3, 6, 40, 0.001), (1, 4, 3, 0.05)])
+def test_tree_search_keeps_the_likeliest_nodes_as_a_tree(width, depth, budget, min_prob):
+    from redrafter_mlx.tree_search import tree_nodes, tree_search
+
+    loaded = tiny_loaded(seed=3)
+    model, drafter = loaded.model, loaded.drafter
+    h = mx.random.normal((model.args.hidden_size,))
+    beams = tree_search(drafter, model, h, 5, width, depth, budget, min_prob)
+    assert beams.ndim == 2 and (beams[:, 0] == 5).all() and beams.shape[1] <= depth + 1
+    nodes = {tuple(int(t) for t in row[: d + 1]) for row in beams for d in range(1, len(row)) if row[d] >= 0}
+    assert 0 < len(nodes) == tree_nodes(beams) <= budget
+    for node in nodes:  # every node clears min_prob, and no node has more than `width` children
+        assert path_logprob(model, drafter, h, node) >= np.log(min_prob) - 1e-5
+        assert sum(1 for other in nodes if other[:-1] == node) <= width
+    leaves = [tuple(int(t) for t in row if t >= 0) for row in beams]
+    assert len(set(leaves)) == len(leaves) and not any(a != b and b[: len(a)] == a for a in leaves for b in leaves)
+    # The first row follows the head's most likely token at the first level.
+    state = drafter.update_state(model.embed(mx.array(5)), mx.zeros((model.args.hidden_size,)))
+    assert beams[0, 1] == int(mx.argmax(drafter.draft_logits(h, state, model)).item())
+    # A node left out is no likelier than the least likely kept node, within the searched region:
+    # children of kept nodes at the first level (all of which are searched).
+    kept = min(path_logprob(model, drafter, h, n) for n in nodes)
+    logp = nn.log_softmax(drafter.draft_logits(h, state, model).astype(mx.float32))
+    top = np.argsort(-np.array(logp))[:width]
+    for t in top:
+        if (5, int(t)) not in nodes:
+            assert logp[int(t)].item() <= kept + 1e-5 or logp[int(t)].item() < np.log(min_prob)
+
+
+def test_tree_search_edge_cases():
+    from redrafter_mlx.tree_search import tree_search
+
+    loaded = tiny_loaded(seed=3)
+    model, drafter = loaded.model, loaded.drafter
+    h = mx.random.normal((model.args.hidden_size,))
+    for budget, depth, min_prob in [(0, 4, 0.1), (8, 0, 0.1), (8, 4, 1.0)]:
+        assert tree_search(drafter, model, h, 5, 4, depth, budget, min_prob).tolist() == [[5]]
+    chain = tree_search(drafter, model, h, 5, 1, 3, 3, 1e-9)  # width 1, no threshold: greedy drafting
+    assert chain.shape == (1, 4)
+    from redrafter_mlx.beam_search import beam_search
+
+    assert chain.tolist() == np.array(beam_search(drafter, model, h, mx.array(5), 1, 4)).tolist()
+    for bad in [dict(width=0), dict(depth=-1), dict(budget=-1), dict(min_prob=0.0), dict(min_prob=1.5)]:
+        kw = dict(width=2, depth=3, budget=4, min_prob=0.1) | bad
+        with pytest.raises(ValueError):
+            tree_search(drafter, model, h, 5, **kw)
+
+
 def test_pack_round_trip_and_mask():
     beams = np.array([
         [5, 1, 2, 3],
@@ -212,24 +270,44 @@ def test_greedy_with_context_lookup_equals_plain_tiny(width, length, look):
         generate(m, PROMPT, mode="redrafter", lookup=-1)
 
 
-@pytest.mark.parametrize("width,length,look", [(1, 3, 0), (4, 3, 0), (1, 3, 8), (3, 5, 4)])
-def test_replay_counts_the_steps_real_decoding_takes(width, length, look):
+@pytest.mark.parametrize("width,length,tree,look", [(2, 4, 6, 0), (4, 6, 16, 0), (3, 5, 8, 8), (1, 6, 5, 0)])
+def test_greedy_with_a_dynamic_tree_equals_plain_tiny(width, length, tree, look):
+    m = tiny_loaded()
+    ar = generate(m, PROMPT, mode="ar", max_tokens=200)
+    rd = generate(m, PROMPT, mode="redrafter", max_tokens=200, beam_width=width, beam_length=length, lookup=look,
+                  tree=tree, tree_min_prob=0.01)
+    assert rd.tokens == ar.tokens and rd.finish_reason == "length"
+    assert rd.stats.tree == tree and rd.stats.accepted_tokens > 0
+    assert max(s.drafted for s in rd.step_stats) <= tree + look
+    assert max(s.accepted for s in rd.step_stats) <= max(length - 1, look)
+    if not look:
+        assert max(s.packed for s in rd.step_stats) <= tree + 1
+        assert rd.stats.steps < ar.stats.steps
+    with pytest.raises(ValueError, match="tree"):
+        generate(m, PROMPT, mode="redrafter", tree=-1)
+    with pytest.raises(ValueError, match="tree_min_prob"):
+        generate(m, PROMPT, mode="redrafter", tree=4, tree_min_prob=0.0)
+
+
+@pytest.mark.parametrize("width,length,look,tree", [(1, 3, 0, 0), (4, 3, 0, 0), (1, 3, 8, 0), (3, 5, 4, 0), (3, 5, 4, 8)])
+def test_replay_counts_the_steps_real_decoding_takes(width, length, look, tree):
     """replay.py scores a drafter from plain decoding's output alone; on a tiny float32 model it
     must agree step for step with real decoding, for outputs ending at max_tokens and at eos."""
     from redrafter_mlx.replay import replay
 
     m = tiny_loaded()
     ar = generate(m, PROMPT, mode="ar", max_tokens=150)
-    rd = generate(m, PROMPT, mode="redrafter", max_tokens=150, beam_width=width, beam_length=length, lookup=look)
-    out = replay(m, ar.prompt_tokens, ar.tokens, width, length, look)
+    kw = dict(beam_width=width, beam_length=length, lookup=look, tree=tree)
+    rd = generate(m, PROMPT, mode="redrafter", max_tokens=150, **kw)
+    out = replay(m, ar.prompt_tokens, ar.tokens, width, length, look, tree=tree)
     assert out["steps"] == rd.stats.steps and out["produced"] == rd.stats.step_tokens == 149
     assert out["packed"] == rd.stats.packed_tokens and out["looked_up"] == rd.stats.looked_up_tokens
     eos = ar.tokens[100]
     m.tokenizer = CharTokenizer(eos=[eos])
     ar = generate(m, PROMPT, mode="ar", max_tokens=150)
-    rd = generate(m, PROMPT, mode="redrafter", max_tokens=150, beam_width=width, beam_length=length, lookup=look)
+    rd = generate(m, PROMPT, mode="redrafter", max_tokens=150, **kw)
     assert ar.finish_reason == "eos" == rd.finish_reason
-    out = replay(m, ar.prompt_tokens, ar.tokens, width, length, look, ended=True)
+    out = replay(m, ar.prompt_tokens, ar.tokens, width, length, look, ended=True, tree=tree)
     assert out["steps"] == rd.stats.steps and out["produced"] == rd.stats.step_tokens + rd.stats.end_tokens
 
 
