@@ -33,7 +33,7 @@ from typing import Dict, List
 
 from . import _platform  # noqa: F401  (OpenBLAS before mlx)
 from .errors import RedrafterError
-from .tuning import DEFAULT_LOOKUP, DEFAULT_SHAPE, DEFAULT_TREE, save_beam_shape
+from .tuning import DEFAULT_LOOKUP, DEFAULT_SHAPE, DEFAULT_TREE, default_tree, save_beam_shape
 
 MODES = ("ar", "redrafter", "mlx-lm")
 
@@ -377,7 +377,7 @@ def main(argv=None):
         print(f"redrafter-bench: error: {e}", file=sys.stderr)
         return 2
     tuned = loaded.beam_shape or DEFAULT_SHAPE
-    tuned_tree = loaded.tree if loaded.tree is not None and not (args.beam_width or args.beam_length) else DEFAULT_TREE
+    tuned_tree = default_tree(loaded, args.beam_width or None, args.beam_length or None)
     args.beam_width = args.beam_width or tuned[0]
     args.beam_length = args.beam_length or tuned[1]
     # Variants: (name, mode, (W, L, lookup, tree)); with --grid, redrafter runs once per shape, and

@@ -31,7 +31,7 @@ from .sampling import Sampler
 from .stats import RunStats, StepStats
 from .tree import accept, beam_of, pack
 from .tree_search import DEFAULT_MIN_PROB, tree_nodes, tree_search
-from .tuning import DEFAULT_LOOKUP, DEFAULT_SHAPE, DEFAULT_TREE
+from .tuning import DEFAULT_LOOKUP, DEFAULT_SHAPE, default_tree
 
 PREFILL_CHUNK = 512
 MODES = ("auto", "ar", "redrafter")
@@ -142,9 +142,8 @@ def stream(
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
     tuned = getattr(loaded, "beam_shape", None) or DEFAULT_SHAPE
-    if tree is None:  # the tuned tree goes with the tuned shape only
-        tuned_tree = getattr(loaded, "tree", None) if beam_width is None and beam_length is None else None
-        tree = DEFAULT_TREE if tuned_tree is None else tuned_tree
+    # The node budget is `budget`: below, `tree` holds each step's packed tree.
+    budget = default_tree(loaded, beam_width, beam_length) if tree is None else tree
     beam_width = tuned[0] if beam_width is None else beam_width
     beam_length = tuned[1] if beam_length is None else beam_length
     if mode == "auto":  # L=1 (e.g. tuned: plain decoding was fastest here) drafts nothing
@@ -158,7 +157,6 @@ def stream(
     lookup = DEFAULT_LOOKUP if lookup is None else lookup
     if lookup < 0:
         raise ValueError(f"lookup must be >= 0, not {lookup}")
-    budget = tree  # `tree` names the packed tree below
     tree_min_prob = DEFAULT_MIN_PROB if tree_min_prob is None else tree_min_prob
     if budget < 0:
         raise ValueError(f"tree must be >= 0 nodes, not {budget}")

@@ -76,6 +76,13 @@ def find_tuned(model_path: Path, drafter_path: Optional[Path]) -> Optional[Tuple
     return read_tuned(model_folder(model_path)) or read_tuned(drafter_path)
 
 
+def default_tree(loaded, beam_width: Optional[int], beam_length: Optional[int]) -> int:
+    """The tree budget used when none is asked for: the one tuned with the beam shape when the
+    shape is the tuned one too (neither W nor L given), else DEFAULT_TREE."""
+    tuned = getattr(loaded, "tree", None) if beam_width is None and beam_length is None else None
+    return DEFAULT_TREE if tuned is None else tuned
+
+
 def save_beam_shape(loaded, width: int, length: int, measured: Dict[str, Any], tree: int = 0) -> Path:
     """Store (width, length) and the dynamic-tree node budget (0: beams) for this device in the
     model folder, keeping other devices' entries. The file is replaced atomically. Returns its path."""
