@@ -80,6 +80,9 @@ def configure_parser() -> argparse.ArgumentParser:
     p.add_argument("--tree", type=_non_negative, default=None, metavar="N",
                    help="draft a dynamic tree of up to N nodes (at most W children per node, L - 1 levels, "
                    "unlikely nodes dropped) instead of W x L beams (0 = beams; default: the library's default)")
+    p.add_argument("--tree-min-prob", type=_top_p, default=None, metavar="P",
+                   help="drop tree nodes whose path probability is below P, in (0, 1] (lower: more drafted, "
+                   "accepted and verified; default: the library's default)")
     p.add_argument("--temperature", type=_temperature, default=0.0, metavar="T", help="0 = greedy (default: 0)")
     p.add_argument("--top-p", type=_top_p, default=1.0, metavar="P", help="nucleus sampling mass (default: 1)")
     p.add_argument("--max-tokens", type=_positive, default=256, metavar="N",
@@ -101,6 +104,7 @@ def main(argv=None) -> int:
         beam_tuned=args.beam_width is None and args.beam_length is None,
         lookup=args.lookup,
         tree=args.tree,
+        tree_min_prob=args.tree_min_prob,
         temperature=args.temperature,
         top_p=args.top_p,
         max_tokens=args.max_tokens,

@@ -52,6 +52,7 @@ class Settings:
     beam_tuned: bool = True  # adopt the model's tuned beam shape (EngineInfo.beam_shape) when it loads
     lookup: Optional[int] = None  # context-lookup beam length (None: the library default, 0: off)
     tree: Optional[int] = None  # dynamic draft tree node budget (None: the library default, 0: W x L beams)
+    tree_min_prob: Optional[float] = None  # the tree's path-probability floor (None: the library default)
     temperature: float = 0.0
     top_p: float = 1.0
     max_tokens: int = 256
@@ -342,6 +343,7 @@ class Engine(EngineThread):
             beam_length=settings.beam_length,
             lookup=settings.lookup,
             tree=settings.tree,
+            tree_min_prob=settings.tree_min_prob,
             system=settings.system,
             prompt_cache=self._cache,
             should_stop=should_stop,

@@ -31,10 +31,14 @@ def main(argv=None) -> int:
                    help="tokens per beam, the base model's own next token included (default: tuned, else 4)")
     p.add_argument("--lookup", type=int, default=None, metavar="N",
                    help="also draft up to N tokens copied from the context where its last tokens recur "
-                        "(0 = off; default: tuning.DEFAULT_LOOKUP)")
+                        "(0 = off; default: tuned, else tuning.DEFAULT_LOOKUP)")
     p.add_argument("--tree", type=int, default=None, metavar="N",
                    help="draft a dynamic tree of up to N nodes (at most W children per node, L - 1 levels, "
-                        "unlikely nodes dropped) instead of W x L beams (0 = beams; default: tuning.DEFAULT_TREE)")
+                        "unlikely nodes dropped) instead of W x L beams (0 = beams; default: tuned, else "
+                        "tuning.DEFAULT_TREE)")
+    p.add_argument("--tree-min-prob", type=float, default=None, metavar="P",
+                   help="drop tree nodes whose path probability is below P, in (0, 1] (default: tuned, else "
+                        "tree_search.DEFAULT_MIN_PROB)")
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--weight-format", default="auto", help="auto, stored, float32, float16 or bfloat16")
     args = p.parse_args(argv)
@@ -49,10 +53,11 @@ def main(argv=None) -> int:
         last = None
         for last in stream(m, args.prompt, mode=args.mode, max_tokens=args.max_tokens, temperature=args.temperature,
                            top_p=args.top_p, seed=args.seed, beam_width=args.beam_width,
-                           beam_length=args.beam_length, lookup=args.lookup, tree=args.tree, system=args.system):
+                           beam_length=args.beam_length, lookup=args.lookup, tree=args.tree,
+                           tree_min_prob=args.tree_min_prob, system=args.system):
             print(last.text, end="", flush=True)
         print()
-    except RedrafterError as e:
+    except (RedrafterError, ValueError) as e:  # ValueError: a setting out of range (generate says which)
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -27,13 +27,15 @@ import json
 import sys
 import time
 from collections import defaultdict
+from itertools import product
 from pathlib import Path
 from statistics import mean
 from typing import Dict, List
 
 from . import _platform  # noqa: F401  (OpenBLAS before mlx)
 from .errors import RedrafterError
-from .tuning import DEFAULT_LOOKUP, DEFAULT_SHAPE, DEFAULT_TREE, default_tree, save_beam_shape
+from .tree_search import DEFAULT_MIN_PROB
+from .tuning import DEFAULT_LOOKUP, DEFAULT_TREE, drafting, save_beam_shape
 
 MODES = ("ar", "redrafter", "mlx-lm")
 
@@ -121,7 +123,8 @@ def run_mlx_lm(loaded, twin, prompt: str, args) -> Dict:
 def run_one(loaded, prompt: str, mode: str, args, shape=None) -> Dict:
     from .generate import generate
 
-    width, length, lookup, tree = shape or (args.beam_width, args.beam_length, args.lookup[0], args.tree[0])
+    width, length, lookup, tree, min_prob = shape or (args.beam_width, args.beam_length, args.lookup[0], args.tree[0],
+                                                      args.tree_min_prob[0])
     t0 = time.perf_counter()
     g = generate(
         loaded,
@@ -135,12 +138,14 @@ def run_one(loaded, prompt: str, mode: str, args, shape=None) -> Dict:
         beam_length=length,
         lookup=lookup,
         tree=tree,
+        tree_min_prob=min_prob,
     )
     seconds = time.perf_counter() - t0
     s = g.stats
     return {
         "mode": mode,
         **({"beam_width": width, "beam_length": length, "lookup": lookup, "tree": tree} if mode == "redrafter" else {}),
+        **({"tree_min_prob": min_prob} if mode == "redrafter" and tree else {}),
         "prompt_tokens": g.prompt_tokens,
         "tokens": g.tokens,
         "new_tokens": s.new_tokens,
@@ -195,6 +200,8 @@ def summarize(results: List[Dict], modes: List[str], greedy: bool) -> Dict[str, 
             summary[mode]["beam_width"], summary[mode]["beam_length"] = first["beam_width"], first["beam_length"]
             summary[mode]["lookup"] = first.get("lookup", 0)
             summary[mode]["tree"] = first.get("tree", 0)
+            if first.get("tree"):
+                summary[mode]["tree_min_prob"] = first.get("tree_min_prob", DEFAULT_MIN_PROB)
         if first.get("mode") == "redrafter":
             drafted = sum(r["drafted_tokens"] for r in rows)
             summary[mode]["packed_tokens_per_step"] = sum(r["packed_tokens"] for r in rows) / steps if steps else 0
@@ -277,7 +284,7 @@ def plot(summary: Dict, results: List[Dict], path: Path):
     shapes.sort(key=lambda m: (summary[m]["beam_width"], summary[m]["beam_length"], summary[m].get("tree", 0),
                                summary[m].get("lookup", 0)))
     labels = [f"{summary[m]['beam_width']}x{summary[m]['beam_length']}"
-              + (f" tree{summary[m]['tree']}" if summary[m].get("tree") else "")
+              + (f" tree{summary[m]['tree']}@{summary[m].get('tree_min_prob', DEFAULT_MIN_PROB):g}" if summary[m].get("tree") else "")
               + (f"+{summary[m]['lookup']}" if summary[m].get("lookup") else "") for m in shapes]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     axes[0].bar(labels, [summary[m].get("speedup", 0) for m in shapes], color="tab:blue")
@@ -313,6 +320,16 @@ def parse_shapes(text: str, what: str, minimum: int = 1) -> List[int]:
     return values
 
 
+def parse_probs(text: str, what: str) -> List[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(0.0 < v <= 1.0 for v in values):
+        raise argparse.ArgumentTypeError(f"{what} must be a comma-separated list of numbers in (0, 1], not {text!r}")
+    return values
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
         prog="redrafter-bench",
@@ -336,10 +353,14 @@ def parse_args(argv=None):
     p.add_argument("--lengths", type=lambda t: parse_shapes(t, "--lengths"), default=[3, 4, 5])
     p.add_argument("--lookup", type=lambda t: parse_shapes(t, "--lookup", minimum=0), default=None,
                    help="tokens of the context-lookup beam added to the drafter's (0 = none); a comma-separated "
-                   f"list runs each (default: {DEFAULT_LOOKUP})")
+                   f"list runs each (default: tuned, else {DEFAULT_LOOKUP})")
     p.add_argument("--tree", type=lambda t: parse_shapes(t, "--tree", minimum=0), default=None,
                    help="draft a dynamic tree of up to N nodes (W wide, L - 1 deep, unlikely nodes dropped) "
-                   f"instead of W x L beams (0 = beams); a comma-separated list runs each (default: {DEFAULT_TREE})")
+                   f"instead of W x L beams (0 = beams); a comma-separated list runs each (default: tuned with the "
+                   f"shape, else {DEFAULT_TREE})")
+    p.add_argument("--tree-min-prob", type=lambda t: parse_probs(t, "--tree-min-prob"), default=None, metavar="P",
+                   help="drop tree nodes whose path probability (the drafter's) is below P: lower drafts more nodes, "
+                   f"accepts more and verifies more; a comma-separated list runs each (default: tuned, else {DEFAULT_MIN_PROB})")
     p.add_argument("--tune", action="store_true", help="run the grid (with ar) and store the fastest lossless "
                    "shape in the model folder as this model's default on this device")
     p.add_argument("--plot", type=Path, default=None, help="write speedup / tokens-per-step / acceptance plots (PNG)")
@@ -376,14 +397,13 @@ def main(argv=None):
     except RedrafterError as e:
         print(f"redrafter-bench: error: {e}", file=sys.stderr)
         return 2
-    tuned = loaded.beam_shape or DEFAULT_SHAPE
-    tuned_tree = default_tree(loaded, args.beam_width or None, args.beam_length or None)
-    args.beam_width = args.beam_width or tuned[0]
-    args.beam_length = args.beam_length or tuned[1]
-    # Variants: (name, mode, (W, L, lookup, tree)); with --grid, redrafter runs once per shape, and
-    # once per --lookup and --tree value.
-    args.lookup = args.lookup or [DEFAULT_LOOKUP]
-    args.tree = args.tree or [tuned_tree]
+    d = drafting(loaded, args.beam_width or None, args.beam_length or None)
+    args.beam_width, args.beam_length = d.beam_width, d.beam_length
+    # Variants: (name, mode, (W, L, lookup, tree, tree_min_prob)); with --grid, redrafter runs once
+    # per shape, and once per --lookup, --tree and --tree-min-prob value.
+    args.lookup = args.lookup or [d.lookup]
+    args.tree = args.tree or [d.tree]
+    args.tree_min_prob = args.tree_min_prob or [d.tree_min_prob]
     variants = []
     for mode in args.modes:
         if mode != "redrafter":
@@ -391,11 +411,12 @@ def main(argv=None):
             continue
         shapes = [(w, n) for w in args.widths for n in args.lengths] if args.grid else [(args.beam_width, args.beam_length)]
         for w, n in shapes:
-            for t in args.tree:
-                for c in args.lookup:
+            for t, c in product(args.tree, args.lookup):
+                for p in args.tree_min_prob if t else args.tree_min_prob[:1]:  # the floor only matters to a tree
                     name = ((f"redrafter@{w}x{n}" if args.grid else "redrafter") + (f"+tree{t}" if len(args.tree) > 1 else "")
+                            + (f"@{p:g}" if t and len(args.tree_min_prob) > 1 else "")
                             + (f"+lookup{c}" if len(args.lookup) > 1 else ""))
-                    variants.append((name, mode, (w, n, c, t)))
+                    variants.append((name, mode, (w, n, c, t, p)))
     names = [v[0] for v in variants]
     shape_text = f"grid W in {args.widths} x L in {args.lengths}" if args.grid else f"W={args.beam_width} L={args.beam_length}"
     print(f"model {loaded.name} ({loaded.weight_format}) on {loaded.device}; drafter {loaded.drafter_path}; "
@@ -434,8 +455,10 @@ def main(argv=None):
             print("redrafter-bench: no beam shape reproduced ar's output; nothing stored", file=sys.stderr)
             return 1
         width, length, plain = tuned_default(summary, best)
-        tree = 0 if plain else best.get("tree", 0)
-        path = save_beam_shape(loaded, width, length, tree=tree, measured={
+        chosen = {} if plain else best  # plain decoding stores the defaults beside W=1 L=1
+        tree = chosen.get("tree", 0)
+        path = save_beam_shape(loaded, width, length, tree=tree, lookup=chosen.get("lookup", DEFAULT_LOOKUP),
+                               tree_min_prob=chosen.get("tree_min_prob", DEFAULT_MIN_PROB), measured={
             "tokens_per_second": best["tokens_per_second"], "speedup": best.get("speedup"),
             "tokens_per_step": best["tokens_per_step"], "prompts": str(args.prompts), "questions": len(prompts),
             "max_tokens": args.max_tokens, "fastest_shape": [best["beam_width"], best["beam_length"]],

@@ -30,8 +30,8 @@ from .lookup import add_beam, lookup as context_lookup
 from .sampling import Sampler
 from .stats import RunStats, StepStats
 from .tree import accept, beam_of, pack
-from .tree_search import DEFAULT_MIN_PROB, tree_nodes, tree_search
-from .tuning import DEFAULT_LOOKUP, DEFAULT_SHAPE, default_tree
+from .tree_search import tree_nodes, tree_search
+from .tuning import drafting
 
 PREFILL_CHUNK = 512
 MODES = ("auto", "ar", "redrafter")
@@ -133,19 +133,19 @@ def stream(
     the shape tuned for this device (`redrafter-bench --tune`, `loaded.beam_shape`; W=1 L=1
     when plain decoding measured fastest), else tuning.DEFAULT_SHAPE.
     lookup: in redrafter mode, also draft up to this many tokens copied from the context where
-    its last tokens recur (lookup.py; 0 turns it off, None takes tuning.DEFAULT_LOOKUP).
+    its last tokens recur (lookup.py; 0 turns it off, None takes the tuned length, else
+    tuning.DEFAULT_LOOKUP).
     tree: in redrafter mode, draft a dynamic tree of up to this many nodes instead of the fixed
     beams (tree_search.py): W wide, L - 1 deep, nodes whose path probability is below
     `tree_min_prob` dropped (0 = fixed beams; None takes the budget tuned with the beam shape
-    when the shape is tuned too, else tuning.DEFAULT_TREE).
+    when the shape is tuned too, else tuning.DEFAULT_TREE; tree_min_prob None: the tuned floor,
+    else tree_search.DEFAULT_MIN_PROB). `tuning.drafting` holds these rules.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
-    tuned = getattr(loaded, "beam_shape", None) or DEFAULT_SHAPE
     # The node budget is `budget`: below, `tree` holds each step's packed tree.
-    budget = default_tree(loaded, beam_width, beam_length) if tree is None else tree
-    beam_width = tuned[0] if beam_width is None else beam_width
-    beam_length = tuned[1] if beam_length is None else beam_length
+    beam_width, beam_length, budget, lookup, tree_min_prob = drafting(
+        loaded, beam_width, beam_length, tree, lookup, tree_min_prob)
     if mode == "auto":  # L=1 (e.g. tuned: plain decoding was fastest here) drafts nothing
         mode = "redrafter" if loaded.drafter is not None and beam_length != 1 else "ar"
     if mode == "redrafter" and loaded.drafter is None:
@@ -154,10 +154,8 @@ def stream(
         raise ValueError(f"beam width and length must be >= 1, not {beam_width} x {beam_length}")
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, not {max_tokens}")
-    lookup = DEFAULT_LOOKUP if lookup is None else lookup
     if lookup < 0:
         raise ValueError(f"lookup must be >= 0, not {lookup}")
-    tree_min_prob = DEFAULT_MIN_PROB if tree_min_prob is None else tree_min_prob
     if budget < 0:
         raise ValueError(f"tree must be >= 0 nodes, not {budget}")
     if not 0.0 < tree_min_prob <= 1.0:

@@ -46,6 +46,8 @@ class LoadedModel:
     info: Dict[str, Any] = field(default_factory=dict)
     beam_shape: Optional[Tuple[int, int]] = None  # (W, L) tuned for this device (see tuning.py), if any
     tree: Optional[int] = None  # dynamic-tree node budget tuned with beam_shape (0: W x L beams)
+    lookup: Optional[int] = None  # context-lookup length tuned with it (None: tuning.DEFAULT_LOOKUP)
+    tree_min_prob: Optional[float] = None  # the tree's path-probability floor tuned with it
 
     @property
     def context_length(self) -> int:
@@ -207,7 +209,8 @@ def load(
             loaded.drafter_path = drafter_path
             tuned = find_tuned(resolved.path, drafter_path)
             if tuned:
-                loaded.beam_shape, loaded.tree = tuned[:2], tuned[2]
+                loaded.beam_shape, loaded.tree = tuned[:2], tuned.tree
+                loaded.lookup, loaded.tree_min_prob = tuned.lookup, tuned.tree_min_prob
     loaded.info["load_seconds"] = time.perf_counter() - t0
     return loaded
 

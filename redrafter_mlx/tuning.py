@@ -3,9 +3,12 @@
 The fastest beam shape depends on the machine (Apple found 1-3 beams best on M1 Max / M2 Ultra
 and 50+ on an H100), so it is stored per device in a small JSON file:
 
-    {"cpu (x86_64, OpenBLAS)": {"beam_width": 2, "beam_length": 4, "tree": 0, "tokens_per_second": ..., ...}}
+    {"cpu (x86_64, OpenBLAS)": {"beam_width": 4, "beam_length": 6, "tree": 16, "lookup": 8,
+                                "tree_min_prob": 0.2, "tokens_per_second": ..., ...}}
 
-`tree` > 0: draft a dynamic tree of that many nodes, W wide and L - 1 deep (tree_search.py).
+`tree` > 0: draft a dynamic tree of that many nodes, W wide and L - 1 deep (tree_search.py),
+dropping nodes whose path probability is below `tree_min_prob`; `lookup`: the context-lookup
+beam's length (lookup.py). `drafting()` is the one rule for which of these a call uses.
 
 Lookup order: `beam_shape.json` in the model folder (the GGUF file's folder for a single file:
 written by --tune on this machine), then the one shipped in the drafter folder, then
@@ -17,9 +20,10 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from ._platform import device_description
+from .tree_search import DEFAULT_MIN_PROB
 
 DEFAULT_SHAPE = (4, 4)  # (beam width W, beam length L counting the base model's token)
 DEFAULT_LOOKUP = 8  # tokens of the context-lookup beam (lookup.py) added to the drafter's; 0 = none
@@ -49,17 +53,31 @@ def model_folder(path: Path) -> Path:
     return path if path.is_dir() else path.parent
 
 
-def read_tuned(folder: Optional[Path], device: Optional[str] = None) -> Optional[Tuple[int, int, int]]:
-    """(W, L, tree) stored for `device` (default: this one) in folder/beam_shape.json, or None;
-    tree is the dynamic-tree node budget tuned with the shape (0, beams, when not stored)."""
+class Tuned(NamedTuple):
+    """What `redrafter-bench --tune` stored for a device (lookup / tree_min_prob None: not stored)."""
+
+    beam_width: int
+    beam_length: int
+    tree: int = 0
+    lookup: Optional[int] = None
+    tree_min_prob: Optional[float] = None
+
+
+def read_tuned(folder: Optional[Path], device: Optional[str] = None) -> Optional[Tuned]:
+    """The Tuned entry stored for `device` (default: this one) in folder/beam_shape.json, or None;
+    tree is 0 (beams) when not stored."""
     if folder is None or not (Path(folder) / FILE).is_file():
         return None
     try:
         entry = json.loads((Path(folder) / FILE).read_text()).get(device or device_description())
         if entry:
             w, n, tree = int(entry["beam_width"]), int(entry["beam_length"]), int(entry.get("tree") or 0)
+            lookup = entry.get("lookup")
+            lookup = int(lookup) if lookup is not None and int(lookup) >= 0 else None
+            p = entry.get("tree_min_prob")
+            p = float(p) if p is not None and 0.0 < float(p) <= 1.0 else None
             if w >= 1 and n >= 1 and tree >= 0:
-                return w, n, tree
+                return Tuned(w, n, tree, lookup, p)
     except (ValueError, KeyError, TypeError, AttributeError):
         pass  # a damaged file means "not tuned", never a failed load
     return None
@@ -71,21 +89,46 @@ def read_beam_shape(folder: Optional[Path], device: Optional[str] = None) -> Opt
     return tuned[:2] if tuned else None
 
 
-def find_tuned(model_path: Path, drafter_path: Optional[Path]) -> Optional[Tuple[int, int, int]]:
-    """(W, L, tree) tuned for this device: the model folder's file first, then the drafter's."""
+def find_tuned(model_path: Path, drafter_path: Optional[Path]) -> Optional[Tuned]:
+    """The Tuned entry for this device: the model folder's file first, then the drafter's."""
     return read_tuned(model_folder(model_path)) or read_tuned(drafter_path)
 
 
-def default_tree(loaded, beam_width: Optional[int], beam_length: Optional[int]) -> int:
-    """The tree budget used when none is asked for: the one tuned with the beam shape when the
-    shape is the tuned one too (neither W nor L given), else DEFAULT_TREE."""
-    tuned = getattr(loaded, "tree", None) if beam_width is None and beam_length is None else None
-    return DEFAULT_TREE if tuned is None else tuned
+class Drafting(NamedTuple):
+    """How a redrafter call drafts: W beams of L tokens (or a tree of `tree` nodes, W wide and
+    L - 1 deep, above `tree_min_prob`), plus a context-lookup beam of `lookup` tokens."""
+
+    beam_width: int
+    beam_length: int
+    tree: int
+    lookup: int
+    tree_min_prob: float
 
 
-def save_beam_shape(loaded, width: int, length: int, measured: Dict[str, Any], tree: int = 0) -> Path:
-    """Store (width, length) and the dynamic-tree node budget (0: beams) for this device in the
-    model folder, keeping other devices' entries. The file is replaced atomically. Returns its path."""
+def drafting(loaded, beam_width: Optional[int] = None, beam_length: Optional[int] = None, tree: Optional[int] = None,
+             lookup: Optional[int] = None, tree_min_prob: Optional[float] = None) -> Drafting:
+    """The one rule for what a call leaves as None, shared by generate, the bench and the app:
+    W and L: the tuned shape (`loaded.beam_shape`), else DEFAULT_SHAPE; tree: the budget tuned
+    with the shape when the shape is the tuned one too (neither W nor L given), else
+    DEFAULT_TREE; lookup and tree_min_prob: the tuned values, else DEFAULT_LOOKUP and
+    tree_search.DEFAULT_MIN_PROB."""
+    shape = getattr(loaded, "beam_shape", None) or DEFAULT_SHAPE
+    tuned_tree = getattr(loaded, "tree", None) if beam_width is None and beam_length is None else None
+    tuned_lookup, tuned_p = getattr(loaded, "lookup", None), getattr(loaded, "tree_min_prob", None)
+    return Drafting(
+        shape[0] if beam_width is None else beam_width,
+        shape[1] if beam_length is None else beam_length,
+        tree if tree is not None else DEFAULT_TREE if tuned_tree is None else tuned_tree,
+        lookup if lookup is not None else DEFAULT_LOOKUP if tuned_lookup is None else tuned_lookup,
+        tree_min_prob if tree_min_prob is not None else DEFAULT_MIN_PROB if tuned_p is None else tuned_p,
+    )
+
+
+def save_beam_shape(loaded, width: int, length: int, measured: Dict[str, Any], tree: int = 0,
+                    lookup: int = DEFAULT_LOOKUP, tree_min_prob: float = DEFAULT_MIN_PROB) -> Path:
+    """Store (width, length), the dynamic-tree node budget (0: beams), the lookup length and the
+    tree's probability floor for this device in the model folder, keeping other devices' entries.
+    The file is replaced atomically, and `loaded` adopts the values. Returns its path."""
     path = model_folder(loaded.path) / FILE
     data = {}
     if path.is_file():
@@ -97,6 +140,8 @@ def save_beam_shape(loaded, width: int, length: int, measured: Dict[str, Any], t
         "beam_width": int(width),
         "beam_length": int(length),
         "tree": int(tree),
+        "lookup": int(lookup),
+        "tree_min_prob": float(tree_min_prob),
         "drafter": str(loaded.drafter_path) if loaded.drafter_path else None,
         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         **measured,
@@ -105,5 +150,5 @@ def save_beam_shape(loaded, width: int, length: int, measured: Dict[str, Any], t
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, path)
     loaded.beam_shape = (int(width), int(length))
-    loaded.tree = int(tree)
+    loaded.tree, loaded.lookup, loaded.tree_min_prob = int(tree), int(lookup), float(tree_min_prob)
     return path

@@ -329,6 +329,9 @@ def test_command_line():
                       "--no-speculative"])
     assert (a.beam_width, a.beam_length, a.temperature, a.top_p, a.max_tokens) == (8, 5, 0.7, 0.9, 32)
     assert a.lookup is None and p.parse_args(["--lookup", "0"]).lookup == 0
+    assert a.tree_min_prob is None and p.parse_args(["--tree-min-prob", "0.05"]).tree_min_prob == 0.05
+    with pytest.raises(SystemExit):
+        p.parse_args(["--tree-min-prob", "0"])
     assert "examples:" in p.format_help()
     with pytest.raises(SystemExit):
         p.parse_args(["--beam-width", "0"])

@@ -7,7 +7,8 @@ import pytest
 
 from redrafter_mlx import bench, generate, load
 from redrafter_mlx.drafter import new_drafter, save_drafter
-from redrafter_mlx.tuning import DEFAULT_SHAPE, FILE, read_beam_shape
+from redrafter_mlx.tree_search import DEFAULT_MIN_PROB
+from redrafter_mlx.tuning import DEFAULT_LOOKUP, DEFAULT_SHAPE, DEFAULT_TREE, FILE, drafting, read_beam_shape, read_tuned
 
 QUESTIONS = [
     {"question_id": 81, "category": "writing", "turns": ["Write a haiku about the sea.", "again"]},
@@ -114,7 +115,8 @@ def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path
 def test_tune_stores_the_default_shape_per_device(model_dir, prompts, capsys):
     assert load(str(model_dir)).beam_shape is None
     rc, text, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 8, "--tune",
-                      "--widths", "1,2", "--lengths", "2,3", "--tree", "0,3")
+                      "--widths", "1,2", "--lengths", "2,3", "--tree", "0,3", "--tree-min-prob", "0.01,0.5",
+                      "--lookup", "0,4")
     assert rc == 0 and "stored in" in text
     stored = json.loads((model_dir / FILE).read_text())
     assert len(stored) == 1
@@ -124,8 +126,12 @@ def test_tune_stores_the_default_shape_per_device(model_dir, prompts, capsys):
     # the timings decide: the fastest shape, or W=1 L=1 when plain decoding beat them all
     assert shape == ((1, 1) if entry["plain_is_faster"] else tuple(entry["fastest_shape"]))
     assert entry["tree"] in ({0} if entry["plain_is_faster"] else {0, 3})  # the fastest variant's tree
+    assert entry["lookup"] in ({DEFAULT_LOOKUP} if entry["plain_is_faster"] else {0, 4})
+    assert entry["tree_min_prob"] in ({0.01, 0.5} if entry["tree"] else {DEFAULT_MIN_PROB})
     m = load(str(model_dir))
     assert m.beam_shape == shape and m.tree == entry["tree"]
+    assert (m.lookup, m.tree_min_prob) == (entry["lookup"], entry["tree_min_prob"])
+    assert tuple(drafting(m)) == (*shape, entry["tree"], entry["lookup"], entry["tree_min_prob"])
     g = generate(m, "hello there", max_tokens=6)  # mode "auto"
     assert g.stats.mode == ("ar" if shape[1] == 1 else "redrafter")
     g = generate(m, "hello there", mode="redrafter", max_tokens=6)
@@ -138,6 +144,44 @@ def test_tune_stores_the_default_shape_per_device(model_dir, prompts, capsys):
     assert load(str(model_dir)).beam_shape is None
     g = generate(load(str(model_dir)), "hello there", mode="redrafter", max_tokens=4)
     assert (g.stats.beam_width, g.stats.beam_length) == DEFAULT_SHAPE
+
+
+def test_tree_min_prob_variants_run_side_by_side(model_dir, prompts, tmp_path, capsys):
+    out = tmp_path / "p.json"
+    rc, text, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 12, "--modes",
+                      "ar,redrafter", "--beam-width", 2, "--beam-length", 4, "--tree", "0,6",
+                      "--tree-min-prob", "0.001,0.9", "--json", out)
+    assert rc == 0
+    summary = json.loads(out.read_text())["summary"]
+    # the floor only matters to a tree: beams run once, the tree once per floor
+    assert set(summary) == {"ar", "redrafter+tree0", "redrafter+tree6@0.001", "redrafter+tree6@0.9"}
+    assert "tree_min_prob" not in summary["redrafter+tree0"]
+    for p in (0.001, 0.9):
+        v = summary[f"redrafter+tree6@{p:g}"]
+        assert v["tree_min_prob"] == p and v["identical_to_ar"] is True
+    # a lower floor keeps at least as many nodes of the same tree
+    assert (summary["redrafter+tree6@0.001"]["packed_tokens_per_step"]
+            >= summary["redrafter+tree6@0.9"]["packed_tokens_per_step"])
+    for bad in ("0", "1.5", "x"):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--prompts", "x", "--tree-min-prob", bad])
+
+
+def test_drafting_defaults_follow_the_tuned_entry(tmp_path):
+    from types import SimpleNamespace
+
+    untuned = SimpleNamespace(beam_shape=None, tree=None, lookup=None, tree_min_prob=None)
+    assert tuple(drafting(untuned)) == (*DEFAULT_SHAPE, DEFAULT_TREE, DEFAULT_LOOKUP, DEFAULT_MIN_PROB)
+    tuned = SimpleNamespace(beam_shape=(4, 6), tree=16, lookup=32, tree_min_prob=0.05)
+    assert tuple(drafting(tuned)) == (4, 6, 16, 32, 0.05)
+    # the tuned tree goes with the tuned shape only; lookup and the floor apply to any shape
+    assert tuple(drafting(tuned, beam_width=2)) == (2, 6, DEFAULT_TREE, 32, 0.05)
+    assert tuple(drafting(tuned, 1, 3, tree=4, lookup=0, tree_min_prob=0.5)) == (1, 3, 4, 0, 0.5)
+    # stored values out of range read as "not stored"; files from before lookup/floor were stored still load
+    (tmp_path / FILE).write_text(json.dumps({"dev": {"beam_width": 4, "beam_length": 6, "tree": 16, "lookup": -1,
+                                                     "tree_min_prob": 2.0}, "old": {"beam_width": 1, "beam_length": 3}}))
+    assert tuple(read_tuned(tmp_path, "dev")) == (4, 6, 16, None, None)
+    assert tuple(read_tuned(tmp_path, "old")) == (1, 3, 0, None, None)
 
 
 def test_bad_input_is_reported(model_dir, tmp_path, capsys):
@@ -158,3 +202,14 @@ def test_tune_prefers_plain_decoding_when_it_is_faster():
     assert bench.tuned_default({"ar": {"tokens_per_second": 9.0}, "redrafter@2x3": shape}, shape) == (2, 3, False)
     assert bench.tuned_default({"ar": {"tokens_per_second": 11.0}, "redrafter@2x3": shape}, shape) == (1, 1, True)
     assert bench.tuned_default({"redrafter@2x3": shape}, shape) == (2, 3, False)  # no ar to compare with
+
+
+def test_cli_reports_settings_out_of_range(model_dir, capsys):
+    from redrafter_mlx.__main__ import main as cli
+
+    for flag, value, said in (("--lookup", "-1", "lookup must be >= 0"), ("--tree", "-2", "tree must be >= 0"),
+                              ("--tree-min-prob", "0", "tree_min_prob must be in (0, 1]")):
+        assert cli(["--model", str(model_dir), "--max-tokens", "4", flag, value, "hello"]) == 2
+        assert said in capsys.readouterr().err
+    assert cli(["--model", str(model_dir), "--max-tokens", "4", "--tree", "3", "--tree-min-prob", "0.5", "hello"]) == 0
+    assert "tree=3" in capsys.readouterr().err
