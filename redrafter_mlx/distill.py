@@ -8,7 +8,8 @@ The ReDrafter paper trains on the base model's own outputs (about +10% tokens/st
 dataset text): the head learns what *this* model writes. Prompts are wrapped in the chat
 template and answered greedily in batches (left padding, per-row positions, a padding-aware
 mask; rows that finished are dropped from the batch, a quarter at a time, so long replies
-do not keep finished ones running). Each finished batch is one shard `shard-NNNNN.npz`
+do not keep finished ones running; prompts of similar length share a batch, and a batch of
+long prompts holds fewer of them, within a padded-token budget). Each finished batch is one shard `shard-NNNNN.npz`
 holding, per sample, the prompt and reply ids, the base model's final hidden states for
 the reply positions (float16) and, for sampled replies, its greedy token at each of them:
 all that training needs, the base model never runs again. A `done.txt` lists the
@@ -23,7 +24,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, List, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -177,10 +178,25 @@ def backfill_greedy(model, out: Path, chunk: int = 2048) -> int:
     return changed
 
 
+def length_batches(lengths: Sequence[int], batch_size: int, budget: int) -> List[List[int]]:
+    """Indices in order of length, cut into batches of at most `batch_size` rows whose padded
+    size (rows x longest length) stays within `budget` tokens. Similar lengths share a batch
+    (less padding), and the few longest prompts do not make one batch of `batch_size` huge
+    rows: its (B, heads, T, T) prefill attention is what made such a batch slow."""
+    batches, batch = [], []
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        if batch and (len(batch) == batch_size or (len(batch) + 1) * lengths[i] > budget):
+            batches.append(batch)
+            batch = []
+        batch.append(i)
+    return batches + [batch] if batch else batches
+
+
 def distill(loaded, prompts: List[str], out: Path, batch_size: int = 16, max_tokens: int = 256, progress=True,
-            temperature: float = 0.0, seed: int = 0) -> int:
-    """Answer every prompt not yet in out/done.txt (greedily, or sampled at `temperature`).
-    Returns the number answered now."""
+            temperature: float = 0.0, seed: int = 0, batch_tokens: Optional[int] = None) -> int:
+    """Answer every prompt not yet in out/done.txt (greedily, or sampled at `temperature`),
+    in batches of at most `batch_size` prompts and `batch_tokens` padded tokens (prompt plus
+    `max_tokens`; default batch_size * (max_tokens + 128)). Returns the number answered now."""
     from tqdm import tqdm
 
     mx.random.seed(seed)
@@ -192,9 +208,8 @@ def distill(loaded, prompts: List[str], out: Path, batch_size: int = 16, max_tok
     tok = loaded.tokenizer
     encoded = [(k, tok.prompt_ids(p)) for k, p in todo]
     encoded = [(k, ids) for k, ids in encoded if len(ids) + max_tokens < loaded.context_length]
-    # Similar prompt lengths together: less padding.
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][1]))
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    budget = batch_tokens or batch_size * (max_tokens + 128)
+    batches = length_batches([len(ids) + max_tokens for _, ids in encoded], batch_size, budget)
     bar = tqdm(total=len(encoded), desc="distill", unit="prompt", disable=not progress)
     produced, t0 = 0, time.perf_counter()
     for b in batches:
@@ -287,7 +302,10 @@ def main(argv=None):
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--offset", type=int, default=0, help="skip the first N prompts (interleaved across files)")
     p.add_argument("--limit", type=int, default=None, help="use N prompts from --offset (interleaved across files)")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=int, default=16, help="most prompts answered together")
+    p.add_argument("--batch-tokens", type=int, default=None,
+                   help="most padded tokens (prompt + --max-tokens) in a batch; long prompts go in smaller batches "
+                        "(default: batch size x (max tokens + 128))")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--weight-format", default="float32")
     p.add_argument("--self-instruct", type=int, default=0, metavar="N",
@@ -308,6 +326,8 @@ def main(argv=None):
         return
     if not args.data:
         p.error("--data is required (prompt JSONL files)")
+    if args.batch_size < 1 or (args.batch_tokens is not None and args.batch_tokens < 1):
+        p.error("--batch-size and --batch-tokens must be at least 1")
 
     per_file = [read_prompts([f]) for f in args.data]
     loaded = load(args.model, weight_format=args.weight_format, use_drafter=False)
@@ -320,7 +340,7 @@ def main(argv=None):
     if args.limit:
         prompts = prompts[: args.limit]
     n = distill(loaded, prompts, args.out, args.batch_size, args.max_tokens, temperature=args.temperature,
-                seed=args.seed)
+                seed=args.seed, batch_tokens=args.batch_tokens)
     print(f"answered {n} prompts into {args.out}", file=sys.stderr)
 
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from redrafter_mlx.config import LlamaArgs
-from redrafter_mlx.distill import clean_task, distill, generate_batch, interleave, read_prompts, read_shards, self_instruct
+from redrafter_mlx.distill import (clean_task, distill, generate_batch, interleave, length_batches, read_prompts, read_shards,
+                                   self_instruct)
 from redrafter_mlx.llama import Model
 from redrafter_mlx.train import accepted_drafts, train
 
@@ -73,6 +74,19 @@ def test_batched_distillation_drops_finished_rows_without_changing_the_others():
     for (reply, hidden, _), (ref, ref_hidden, _), n in zip(ended, full, cut):
         assert reply == ref[:n]
         assert np.allclose(hidden.astype(np.float32), ref_hidden[:n].astype(np.float32), atol=2e-2)
+
+
+def test_length_batches_keep_rows_and_padded_tokens_within_bounds():
+    lengths = [300, 40, 41, 1550, 45, 260, 42, 43, 44, 310, 700]
+    batches = length_batches(lengths, batch_size=4, budget=1100)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))  # each prompt once
+    flat = [lengths[i] for b in batches for i in b]
+    assert flat == sorted(lengths)  # similar lengths together
+    for b in batches:
+        assert len(b) <= 4
+        assert len(b) * max(lengths[i] for i in b) <= 1100 or len(b) == 1  # a lone prompt over budget still runs
+    assert [len(b) for b in batches] == [4, 3, 2, 1, 1]  # 40-43 | 44 45 260 (4 x 300 > 1100) | 300 310 | 700 | 1550
+    assert length_batches([], 4, 100) == []
 
 
 def test_distill_round_trip_and_resume(samples, tmp_path):
