@@ -9,7 +9,8 @@ dataset text): the head learns what *this* model writes. Prompts are wrapped in 
 template and answered greedily in batches (left padding, per-row positions, a padding-aware
 mask; rows that finished are dropped from the batch, a quarter at a time, so long replies
 do not keep finished ones running; prompts of similar length share a batch, and a batch of
-long prompts holds fewer of them, within a padded-token budget). Each finished batch is one shard `shard-NNNNN.npz`
+long prompts holds fewer of them, within a padded-token budget; `--max-prompt-tokens` skips the
+few very long prompts, whose prefill is slow on a CPU). Each finished batch is one shard `shard-NNNNN.npz`
 holding, per sample, the prompt and reply ids, the base model's final hidden states for
 the reply positions (float16) and, for sampled replies, its greedy token at each of them:
 all that training needs, the base model never runs again. A `done.txt` lists the
@@ -193,10 +194,13 @@ def length_batches(lengths: Sequence[int], batch_size: int, budget: int) -> List
 
 
 def distill(loaded, prompts: List[str], out: Path, batch_size: int = 16, max_tokens: int = 256, progress=True,
-            temperature: float = 0.0, seed: int = 0, batch_tokens: Optional[int] = None) -> int:
+            temperature: float = 0.0, seed: int = 0, batch_tokens: Optional[int] = None,
+            max_prompt_tokens: Optional[int] = None) -> int:
     """Answer every prompt not yet in out/done.txt (greedily, or sampled at `temperature`),
     in batches of at most `batch_size` prompts and `batch_tokens` padded tokens (prompt plus
-    `max_tokens`; default batch_size * (max_tokens + 128)). Returns the number answered now."""
+    `max_tokens`; default batch_size * (max_tokens + 128)). Prompts whose chat-template ids
+    do not leave `max_tokens` in the context, or are longer than `max_prompt_tokens`, are
+    skipped (with a count on stderr). Returns the number answered now."""
     from tqdm import tqdm
 
     mx.random.seed(seed)
@@ -207,7 +211,12 @@ def distill(loaded, prompts: List[str], out: Path, batch_size: int = 16, max_tok
     index = len(list(out.glob("shard-*.npz")))
     tok = loaded.tokenizer
     encoded = [(k, tok.prompt_ids(p)) for k, p in todo]
-    encoded = [(k, ids) for k, ids in encoded if len(ids) + max_tokens < loaded.context_length]
+    limit = min(loaded.context_length - max_tokens - 1, max_prompt_tokens or loaded.context_length)
+    kept = [(k, ids) for k, ids in encoded if len(ids) <= limit]
+    if len(kept) < len(encoded):
+        print(f"distill: skipped {len(encoded) - len(kept)} of {len(encoded)} prompts longer than {limit} tokens",
+              file=sys.stderr)
+    encoded = kept
     budget = batch_tokens or batch_size * (max_tokens + 128)
     batches = length_batches([len(ids) + max_tokens for _, ids in encoded], batch_size, budget)
     bar = tqdm(total=len(encoded), desc="distill", unit="prompt", disable=not progress)
@@ -306,7 +315,10 @@ def main(argv=None):
     p.add_argument("--batch-tokens", type=int, default=None,
                    help="most padded tokens (prompt + --max-tokens) in a batch; long prompts go in smaller batches "
                         "(default: batch size x (max tokens + 128))")
-    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--max-tokens", type=int, default=256, help="longest reply")
+    p.add_argument("--max-prompt-tokens", type=int, default=None, metavar="N",
+                   help="skip prompts of more than N tokens (chat template included): on a CPU the few very long "
+                        "ones cost more than they teach (default: all that leave --max-tokens in the context)")
     p.add_argument("--weight-format", default="float32")
     p.add_argument("--self-instruct", type=int, default=0, metavar="N",
                    help="first have the model write N new tasks from the seed tasks (files named seed_tasks*, "
@@ -328,6 +340,8 @@ def main(argv=None):
         p.error("--data is required (prompt JSONL files)")
     if args.batch_size < 1 or (args.batch_tokens is not None and args.batch_tokens < 1):
         p.error("--batch-size and --batch-tokens must be at least 1")
+    if args.max_prompt_tokens is not None and args.max_prompt_tokens < 1:
+        p.error("--max-prompt-tokens must be at least 1")
 
     per_file = [read_prompts([f]) for f in args.data]
     loaded = load(args.model, weight_format=args.weight_format, use_drafter=False)
@@ -340,7 +354,7 @@ def main(argv=None):
     if args.limit:
         prompts = prompts[: args.limit]
     n = distill(loaded, prompts, args.out, args.batch_size, args.max_tokens, temperature=args.temperature,
-                seed=args.seed, batch_tokens=args.batch_tokens)
+                seed=args.seed, batch_tokens=args.batch_tokens, max_prompt_tokens=args.max_prompt_tokens)
     print(f"answered {n} prompts into {args.out}", file=sys.stderr)
 
 

@@ -102,6 +102,30 @@ def test_distill_round_trip_and_resume(samples, tmp_path):
     assert len(sorted(out.glob("shard-*.npz"))) == len(shards) + 1
 
 
+def test_distill_skips_prompts_over_max_prompt_tokens_and_answers_them_later(tmp_path, capsys):
+    model = tiny_model()
+    prompts = ["short one", "a prompt of middling size", "a much longer prompt that goes over the limit we set"]
+    lengths = [len(TinyTokenizer().prompt_ids(p)) for p in prompts]  # 9, 25, 52
+    out = tmp_path / "d"
+    assert distill(TinyLoaded(model), prompts, out, batch_size=4, max_tokens=8, progress=False,
+                   max_prompt_tokens=30) == 2
+    assert "skipped 1 of 3 prompts longer than 30 tokens" in capsys.readouterr().err
+    assert sorted(len(s["prompt"]) for s in read_shards(out)) == lengths[:2]
+    # not marked done: a run without the limit answers just the skipped one
+    assert distill(TinyLoaded(model), prompts, out, batch_size=4, max_tokens=8, progress=False) == 1
+    assert sorted(len(s["prompt"]) for s in read_shards(out)) == lengths
+
+
+def test_distill_cli_rejects_a_non_positive_max_prompt_tokens(tmp_path, capsys):
+    from redrafter_mlx.distill import main
+
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"instruction": "hello"}) + "\n")
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path / "o"), "--data", str(data), "--max-prompt-tokens", "0"])
+    assert "--max-prompt-tokens must be at least 1" in capsys.readouterr().err
+
+
 def test_sampled_distillation_is_seeded_and_differs_from_greedy(samples, tmp_path):
     model, _, greedy = samples
     prompts = [f"question number {i} about {w}" for i, w in enumerate(["cats", "dogs", "rivers", "maths"] * 4)]
