@@ -12,10 +12,11 @@ from .engine import Engine, Settings
 EXAMPLES = """\
 examples:
   redrafter-chat
-      chat with the default model (smollm2-135m, fetched once into $REDRAFTER_CACHE),
-      with speculative decoding when a drafter is found beside it
+      chat with the default model (smollm2-135m, fetched once into $REDRAFTER_CACHE), with
+      adaptive speculative decoding: each step's draft is sized to this machine's measured cost
+      (a few seconds of measuring the first time), plain decoding wherever drafting does not pay
   redrafter-chat --model ~/models/llama-7b --drafter ~/models/llama-7b/drafter -W 8 -L 5
-      a local model folder (or .gguf file) with a ReDrafter head, 8 beams of 5 tokens
+      a local model folder (or .gguf file) with a ReDrafter head, a fixed beam of 8 x 5 tokens
   redrafter-chat --model mlx-community/Llama-2-7b-chat-mlx-4bit --no-speculative
       a Hugging Face hub model, plain decoding to start with (Ctrl+T switches)
   redrafter-chat --temperature 0.7 --top-p 0.9 --max-tokens 512 --system "Answer briefly."
@@ -23,7 +24,8 @@ examples:
 in the app:
   Enter send · Up/Down prompt history · Esc or Ctrl+C cancel the reply (the streamed part stays)
   Ctrl+N new chat · Ctrl+Y copy the last reply · Ctrl+T speculative decoding on/off
-  F5/F6 beam width -/+ · F7/F8 beam length -/+ · /help lists the /commands · Ctrl+Q quits
+  F5/F6 beam width -/+ · F7/F8 beam length -/+ (a fixed beam) · /auto adaptive again
+  /help lists the /commands · Ctrl+Q quits
 """
 
 
@@ -70,8 +72,9 @@ def configure_parser() -> argparse.ArgumentParser:
                    help="ReDrafter head folder (default: the one found beside the model, if any; "
                    "without one, plain decoding)")
     p.add_argument("-W", "--beam-width", type=_positive, default=None, metavar="N",
-                   help="beams drafted per step (default: the shape `redrafter-bench --tune` stored for this "
-                   "model and device, else 4)")
+                   help="fixed drafting, N beams per step (this and the four options below fix the drafting; "
+                   "without any, the adaptive controller sizes each step; default: the shape `redrafter-bench "
+                   "--tune` stored for this model and device, else 4)")
     p.add_argument("-L", "--beam-length", type=_positive, default=None, metavar="N",
                    help="tokens per beam, the base model's own next token included (default: tuned, else 4)")
     p.add_argument("--lookup", type=_non_negative, default=None, metavar="N",
@@ -88,6 +91,8 @@ def configure_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=_positive, default=256, metavar="N",
                    help="longest reply in tokens (default: 256)")
     p.add_argument("--system", default=None, metavar="TEXT", help="system prompt")
+    p.add_argument("--no-drafter", action="store_true",
+                   help="leave the model's drafter out: speculation drafts from the context alone (prompt lookup)")
     p.add_argument("--no-speculative", action="store_true",
                    help="start with plain decoding (the drafter is still loaded: Ctrl+T switches live)")
     return p
@@ -99,6 +104,8 @@ def main(argv=None) -> int:
 
     settings = Settings(
         speculative=not args.no_speculative,
+        # Any drafting option fixes the drafting; without one the adaptive controller sizes each step.
+        adaptive=all(v is None for v in (args.beam_width, args.beam_length, args.lookup, args.tree, args.tree_min_prob)),
         beam_width=args.beam_width or 4,
         beam_length=args.beam_length or 4,
         beam_tuned=args.beam_width is None and args.beam_length is None,
@@ -110,7 +117,7 @@ def main(argv=None) -> int:
         max_tokens=args.max_tokens,
         system=args.system,
     )
-    create_app(Engine(args.model, args.drafter), settings).run()
+    create_app(Engine(args.model, args.drafter, use_drafter=not args.no_drafter), settings).run()
     return 0
 
 

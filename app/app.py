@@ -50,7 +50,7 @@ Keys
   Ctrl+T speculative decoding on/off
   F5/F6 beam width −/+ · F7/F8 beam length −/+ · Ctrl+P all commands
 Commands
-  /new · /copy · /spec [on|off] · /beam W L · /width N · /length N"""
+  /new · /copy · /spec [on|off] · /beam W L · /width N · /length N (a fixed beam) · /auto (adaptive)"""
 
 
 class ChatApp(App):
@@ -85,6 +85,7 @@ class ChatApp(App):
         self._pending: Optional[ReplyProgress] = None  # newest progress not drawn yet
         self._drawn_at = 0.0  # time.monotonic() of the last streamed redraw
         self._footer_generating: Optional[bool] = None  # the state the footer's bindings show
+        self._queued: Optional[str] = None  # a message sent while the model was loading
 
     # ---- layout ----------------------------------------------------------------------------
 
@@ -120,7 +121,8 @@ class ChatApp(App):
             self.refresh_bindings()
         if self.info is not None:
             spec = speculative_state(self.info, self.settings)
-            shape = f" {self.settings.beam_width}×{self.settings.beam_length}" if spec == "on" else ""
+            shape = "" if spec != "on" else " adaptive" if self.settings.adaptive else \
+                f" {self.settings.beam_width}×{self.settings.beam_length}"
             self.sub_title = f"{self.info.model} · speculative {spec.split(' ')[0]}{shape}"
 
     async def _add(self, widget):
@@ -147,7 +149,7 @@ class ChatApp(App):
     def on_load_progress(self, msg: LoadProgress):
         self.load_status.progress(msg.stage, msg.text)
 
-    def on_load_finished(self, msg: LoadFinished):
+    async def on_load_finished(self, msg: LoadFinished):
         info = self.info = msg.info
         self.status = "ready"
         self.baseline.calibration = info.plain_tokens_per_second
@@ -155,25 +157,25 @@ class ChatApp(App):
         self.load_status.done(f"Ready in {info.load_seconds:.1f} s: {info.model}, {weights}, on {info.device}.")
         for text in info.notices:
             self._note(text, "warning")
-        if info.beam_shape and self.settings.beam_tuned:
-            if info.beam_shape[1] == 1:  # tuned: plain decoding was the fastest on this device
-                self.settings.speculative = False
-                if info.drafter is not None:
-                    self._note("redrafter-bench --tune measured plain decoding as faster than ReDrafter on "
-                               "this device, so it starts off.")
-            else:
-                self.settings.beam_width, self.settings.beam_length = info.beam_shape
-                if self.settings.tree is None and info.tree is not None:
-                    self.settings.tree = info.tree
+        # A tuned fixed shape is where F5-F8 start from; the adaptive controller needs none (it parks
+        # by itself where plain decoding is faster).
+        if info.beam_shape and self.settings.beam_tuned and info.beam_shape[1] > 1:
+            self.settings.beam_width, self.settings.beam_length = info.beam_shape
+            if self.settings.tree is None and info.tree is not None:
+                self.settings.tree = info.tree
         if info.drafter is not None:
             state = "on" if self.settings.speculative else "off"
-            self._note(f"Speculative decoding (ReDrafter) is {state}: Ctrl+T toggles it. "
-                       "/help lists keys and commands.")
+            how = "adaptive" if self.settings.adaptive else "fixed beam"
+            self._note(f"Speculative decoding (ReDrafter) is {state}, {how}: Ctrl+T toggles it, F5-F8 fix a beam, "
+                       "/auto returns to adaptive. /help lists keys and commands.")
         else:
             self._note("/help lists keys and commands.")
         prompt = self.query_one(PromptInput)
         prompt.placeholder = "Ask something (Enter sends, ↑/↓ history, /help)"
         self._refresh()
+        if self._queued is not None:  # typed while loading: send it now
+            text, self._queued = self._queued, None
+            await self.send(text)
 
     def on_load_failed(self, msg: LoadFailed):
         self.status = "load failed"
@@ -183,6 +185,8 @@ class ChatApp(App):
         prompt = self.query_one(PromptInput)
         prompt.placeholder = "No model loaded (Ctrl+Q quits)"
         prompt.disabled = True
+        if self._queued is not None:  # never sent: give it back
+            prompt.value, self._queued = self._queued, None
         self._refresh()
 
     # ---- sending and streaming -------------------------------------------------------------
@@ -198,7 +202,11 @@ class ChatApp(App):
             await self.run_command(text)
             return
         if not self.ready:
-            self.notify("The model is still loading.", severity="warning")
+            if self.status == "loading":  # keep it, and send it once the model is ready
+                prompt.remember(text)
+                prompt.value = ""
+                self._queued = text
+                self._note("The model is still loading: this message is sent as soon as it is ready.")
             return
         if self.generating:
             self.notify("A reply is still running: Esc cancels it.", severity="warning")
@@ -328,10 +336,6 @@ class ChatApp(App):
         return " (from the next reply)" if self.generating else ""
 
     def action_toggle_speculative(self, on: Optional[bool] = None):
-        if self.info is not None and self.info.drafter is None:
-            self.notify("No drafter loaded: plain decoding only. Start with --drafter PATH to use ReDrafter.",
-                        severity="warning")
-            return
         self.settings.speculative = (not self.settings.speculative) if on is None else on
         self.notify(f"Speculative decoding {'on' if self.settings.speculative else 'off'}{self._later()}.")
         self._refresh()
@@ -348,7 +352,13 @@ class ChatApp(App):
         lo, hi = BEAM_LIMITS
         width, length = max(lo, min(hi, width)), max(lo, min(hi, length))
         self.settings.beam_width, self.settings.beam_length = width, length
-        self.notify(f"Beam: {width} × {length} (width × length){self._later()}.")
+        self.settings.adaptive = False
+        self.notify(f"Beam: {width} × {length} (width × length), fixed{self._later()}; /auto returns to adaptive.")
+        self._refresh()
+
+    def action_adaptive(self):
+        self.settings.adaptive = True
+        self.notify(f"Adaptive drafting: each step sized to this machine{self._later()}.")
         self._refresh()
 
     def action_help(self):
@@ -371,6 +381,8 @@ class ChatApp(App):
                 self.set_beam(int(args[0]), self.settings.beam_length)
             elif name == "length" and len(args) == 1:
                 self.set_beam(self.settings.beam_width, int(args[0]))
+            elif name == "auto" and not args:
+                self.action_adaptive()
             elif name == "help":
                 self.action_help()
             else:
@@ -383,6 +395,8 @@ class ChatApp(App):
         yield SystemCommand("New chat", "Clear the conversation and its KV cache", self.action_new_chat)
         yield SystemCommand("Copy last reply", "Copy the last reply to the clipboard", self.action_copy_reply)
         yield SystemCommand("Toggle speculative decoding", "ReDrafter on/off, live", self.action_toggle_speculative)
+        yield SystemCommand("Adaptive drafting", "Size each step's draft to this machine (the default)",
+                            self.action_adaptive)
         for w in (1, 2, 4, 8):
             for n in (2, 3, 4, 5, 6):
                 set_it = lambda w=w, n=n: self.set_beam(w, n)  # noqa: E731

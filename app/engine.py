@@ -31,7 +31,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 STAGES = ("fetch", "load", "warm-up")
 Progress = Callable[[str, str], None]  # (stage, text)
@@ -47,6 +47,7 @@ class Settings:
     """How to generate; the app keeps one and passes a copy with each reply."""
 
     speculative: bool = True
+    adaptive: bool = True  # the controller sizes each step's draft (and parks); False: the fixed beam below
     beam_width: int = 4
     beam_length: int = 4
     beam_tuned: bool = True  # adopt the model's tuned beam shape (EngineInfo.beam_shape) when it loads
@@ -63,7 +64,7 @@ class Settings:
 class Stats:
     """A snapshot of one reply's figures so far (see redrafter_mlx.stats.RunStats)."""
 
-    mode: str = "ar"  # "ar" (plain decoding) or "redrafter"
+    mode: str = "ar"  # "ar" (plain decoding), "redrafter" (fixed drafting) or "auto" (the adaptive controller)
     prompt_tokens: int = 0
     new_tokens: int = 0
     steps: int = 0
@@ -81,6 +82,9 @@ class Stats:
     beam_width: int = 0
     beam_length: int = 0
     tree: int = 0  # dynamic draft tree node budget (0: W x L beams)
+    parked_share: float = 0.0  # adaptive: share of steps decoded plainly
+    packed_per_step: float = 0.0  # tokens verified per step
+    controller: Optional[Dict[str, float]] = None  # adaptive: the cost model's figures (control.Controller.summary)
 
 
 @dataclass(frozen=True)
@@ -209,14 +213,17 @@ class Engine(EngineThread):
 
     model: registry name, local path or hub id (None: the registry default).
     drafter: a drafter folder; without one, the drafter found beside the model is used.
-    If the drafter is missing or does not load, replies use plain decoding and
-    `EngineInfo.notices` says why."""
+    use_drafter: False leaves any drafter out (speculation then drafts from the context alone).
+    If the drafter is missing or does not load, replies draft from the context alone where that
+    pays, else decode plainly, and `EngineInfo.notices` says why."""
 
-    def __init__(self, model: Optional[str] = None, drafter: Optional[str] = None, warm_up: bool = True):
+    def __init__(self, model: Optional[str] = None, drafter: Optional[str] = None, warm_up: bool = True,
+                 use_drafter: bool = True):
         super().__init__(name="mlx-engine")
         self.model_name = model
         self.drafter_path = drafter
         self.warm_up = warm_up
+        self.use_drafter = use_drafter
         self._m = None  # LoadedModel, engine thread only
         self._cache = None  # PromptCache of the chat, engine thread only
 
@@ -269,7 +276,9 @@ class Engine(EngineThread):
 
         notices = []
         try:
-            if self.drafter_path:  # an explicit drafter: its failure should not cost the base model
+            if not self.use_drafter:
+                m = load(self.model_name, use_drafter=False, progress=on_progress)
+            elif self.drafter_path:  # an explicit drafter: its failure should not cost the base model
                 m = load(self.model_name, use_drafter=False, progress=on_progress)
                 progress("load", f"loading drafter {self.drafter_path}")
                 try:
@@ -287,10 +296,10 @@ class Engine(EngineThread):
                     m = load(self.model_name, use_drafter=False, progress=on_progress)
         except RedrafterError as e:
             raise EngineError(str(e)) from e
-        if m.drafter is None and not notices:
+        if m.drafter is None and not notices and self.use_drafter:
             notices.append(
-                f"No drafter found for {m.name}: replies use plain decoding. "
-                "Pass --drafter PATH to use speculative decoding."
+                f"No drafter found for {m.name}: speculation drafts from the context alone where that pays. "
+                "Pass --drafter PATH to use a ReDrafter head."
             )
 
         plain_tps = None
@@ -298,9 +307,11 @@ class Engine(EngineThread):
             progress("warm-up", "plain decoding (also measures its speed)")
             g = generate(m, "Hello", mode="ar", max_tokens=8)
             plain_tps = g.stats.tokens_per_second or None
-            if m.drafter is not None:
-                progress("warm-up", "speculative decoding")
-                generate(m, "Hello", mode="redrafter", max_tokens=4)
+            from redrafter_mlx.control import controller
+
+            controller(m, progress=lambda text: progress("warm-up", text))  # measures the cost curve once per device
+            progress("warm-up", "speculative decoding")
+            generate(m, "Hello", mode="auto", max_tokens=4)
         self._m, self._cache = m, PromptCache(m.model)
         return EngineInfo(
             model=m.name,
@@ -330,7 +341,10 @@ class Engine(EngineThread):
         from redrafter_mlx import stream
 
         m = self._m
-        mode = "redrafter" if settings.speculative and m.drafter is not None else "ar"
+        adaptive = settings.speculative and (settings.adaptive or m.drafter is None)  # fixed drafting needs a drafter
+        mode = "auto" if adaptive else "redrafter" if settings.speculative else "ar"
+        fixed = {} if adaptive else dict(beam_width=settings.beam_width, beam_length=settings.beam_length,
+                                         lookup=settings.lookup, tree=settings.tree, tree_min_prob=settings.tree_min_prob)
         last = 0
         for ev in stream(
             m,
@@ -339,11 +353,7 @@ class Engine(EngineThread):
             max_tokens=settings.max_tokens,
             temperature=settings.temperature,
             top_p=settings.top_p,
-            beam_width=settings.beam_width,
-            beam_length=settings.beam_length,
-            lookup=settings.lookup,
-            tree=settings.tree,
-            tree_min_prob=settings.tree_min_prob,
+            **fixed,
             system=settings.system,
             prompt_cache=self._cache,
             should_stop=should_stop,
@@ -370,6 +380,9 @@ class Engine(EngineThread):
                 beam_width=s.beam_width,
                 beam_length=s.beam_length,
                 tree=s.tree,
+                parked_share=s.parked_share,
+                packed_per_step=s.packed_per_step,
+                controller=dict(s.controller) if s.adaptive else None,
             )
             yield Chunk(ev.text, stats, ev.finish_reason)
 
@@ -378,6 +391,7 @@ class Engine(EngineThread):
 
 PLAIN_STEP_SECONDS = 0.05  # virtual: 20 tok/s plain decoding
 DRAFT_SECONDS, VERIFY_SECONDS = 0.012, 0.048  # virtual: a speculative step costs 1.2 plain steps
+FAKE_COSTS = {"plain_ms": 50.0, "verify1_ms": 50.0, "x4": 1.1, "x16": 1.6, "x64": 3.0, "draft_level_ms": 2.0}
 ACCEPT_PATTERN = (3, 1, 2, 4, 2)  # tokens per speculative step, cut to the beam length
 
 
@@ -390,6 +404,7 @@ class FakeEngine(EngineThread):
     hold_after: after this many chunks of each reply, wait until `should_stop()` (a reply
         that only ends by being cancelled).
     step_delay: real seconds to sleep per chunk (for trying the UI by hand).
+    load_delay: real seconds the load takes.
     beam_shape: the tuned (W, L) the load reports; tree: the tuned dynamic-tree budget.
 
     Records `calls` (messages, settings) and `new_chats` for tests to check."""
@@ -403,10 +418,12 @@ class FakeEngine(EngineThread):
         fail_load: Optional[str] = None,
         hold_after: Optional[int] = None,
         step_delay: float = 0.0,
+        load_delay: float = 0.0,
         beam_shape: Optional[Tuple[int, int]] = None,
         tree: Optional[int] = None,
     ):
         super().__init__(name="fake-engine")
+        self.load_delay = load_delay
         self.beam_shape, self.tree = beam_shape, tree
         self.replies = list(replies)
         self.model, self.drafter, self.fail_load = model, drafter, fail_load
@@ -437,6 +454,7 @@ class FakeEngine(EngineThread):
         self.submit(reset)
 
     def _load(self, progress: Progress) -> EngineInfo:
+        time.sleep(self.load_delay)
         progress("fetch", f"{self.model}.gguf (cached)")
         progress("load", f"loading {self.model}.gguf")
         if self.fail_load:
@@ -463,10 +481,14 @@ class FakeEngine(EngineThread):
         text = self.replies[(len(self.calls) - 1) % len(self.replies)]
         tokens = re.findall(r"\S+\s*|\s+", text)
         spec = settings.speculative and self.drafter is not None
+        adaptive = spec and settings.adaptive
         W, L = (settings.beam_width, settings.beam_length) if spec else (0, 0)
         prompt_tokens = sum(len(m["content"].split()) + 4 for m in messages)
-        run = dict(mode="redrafter" if spec else "ar", prompt_tokens=prompt_tokens, beam_width=W, beam_length=L,
-                   prefill_seconds=0.01 * prompt_tokens, peak_memory_mb=512.0)
+        run = dict(mode="auto" if adaptive else "redrafter" if spec else "ar", prompt_tokens=prompt_tokens,
+                   beam_width=0 if adaptive else W, beam_length=0 if adaptive else L,
+                   prefill_seconds=0.01 * prompt_tokens, peak_memory_mb=512.0,
+                   packed_per_step=float(L) if spec else 1.0,
+                   controller=dict(FAKE_COSTS) if adaptive else None)
         lengths: List[int] = []
         seconds = {"decode": 0.0, "draft": 0.0, "verify": 0.0}
 

@@ -77,18 +77,23 @@ def _short_path(path: str) -> str:
 
 
 def speculative_state(info: Optional[EngineInfo], settings: Settings) -> str:
+    if not settings.speculative:
+        return "off"
     if info is not None and info.drafter is None:
-        return "unavailable (no drafter)"
-    return "on" if settings.speculative else "off"
+        return "on (context lookup only: no drafter)"
+    return "on"
 
 
 def reply_rows(stats: Optional[Stats], baseline: Baseline, status: str) -> List[Row]:
     rows: List[Row] = [("Reply", None), ("status", status)]
     if stats is None:
         return rows + [("tok/s", "—"), ("tokens/step", "—"), ("acceptance", "—")]
-    spec = stats.mode == "redrafter"
+    spec = stats.mode in ("redrafter", "auto")
     tree = f" tree {stats.tree}" if stats.tree else ""
-    rows.append(("decoding", f"speculative {stats.beam_width}×{stats.beam_length}{tree}" if spec else "plain"))
+    if stats.mode == "auto":
+        rows.append(("decoding", f"adaptive · {stats.parked_share:.0%} of steps parked (plain)"))
+    else:
+        rows.append(("decoding", f"speculative {stats.beam_width}×{stats.beam_length}{tree}" if spec else "plain"))
     rows.append(("tok/s", f"{stats.tokens_per_second:.1f}" if stats.steps else "—"))
     per_step = f"{stats.last_step_tokens} last · {stats.tokens_per_step:.2f} mean"
     rows.append(("tokens/step", per_step if stats.steps else "—"))
@@ -103,6 +108,12 @@ def reply_rows(stats: Optional[Stats], baseline: Baseline, status: str) -> List[
         rows.append(("speedup", "— (no plain baseline yet)"))
     if base:
         rows.append(("  vs plain", f"{base:.1f} tok/s ({baseline.source})"))
+    if spec and stats.steps:
+        rows.append(("verified", f"{stats.packed_per_step:.1f} tokens/step"))
+    if stats.controller:
+        c = stats.controller
+        rows.append(("cost model", f"plain {c.get('plain_ms', 0):.0f} ms · 16 tokens {c.get('x16', 0):.1f}× · "
+                                   f"64 {c.get('x64', 0):.1f}×"))
     if spec and stats.accepted_lengths:
         recent = stats.accepted_lengths[-SPARK_STEPS:]
         rows.append(("accepted", sparkline(recent, stats.beam_length)))
@@ -123,11 +134,12 @@ def session_rows(info: Optional[EngineInfo], settings: Settings) -> List[Row]:
     weights = info.weight_format + (f" (stored {info.stored_format})" if info.stored_format else "")
     rows += [
         ("model", info.model),
-        ("drafter", _short_path(info.drafter) if info.drafter else "none: plain decoding"),
+        ("drafter", _short_path(info.drafter) if info.drafter else "none: context lookup or plain decoding"),
         ("weights", weights),
         ("device", info.device),
         ("speculative", speculative_state(info, settings)),
-        ("beam", f"{settings.beam_width} × {settings.beam_length} (width × length)"
+        ("beam", "adaptive (sized each step to this machine)" if settings.adaptive
+                 else f"{settings.beam_width} × {settings.beam_length} (width × length)"
                  + (f", tree of {settings.tree} nodes" if settings.tree else "")),
         ("sampling", f"temp {settings.temperature:g} · top-p {settings.top_p:g}"),
         ("max tokens", str(settings.max_tokens)),

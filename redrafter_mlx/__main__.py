@@ -20,7 +20,12 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=None, help="registry name, local path or hub id (default: smollm2-135m)")
     p.add_argument("--drafter", default=None, help="drafter folder overriding the one found beside the model")
     p.add_argument("--mode", default="auto", choices=["auto", "ar", "redrafter"],
-                   help="auto = redrafter when a drafter is found, else plain decoding")
+                   help="auto = adaptive speculative decoding: each step's draft sized to this machine's measured "
+                   "cost, plain decoding where drafting does not pay, the context alone without a drafter "
+                   "(any of the drafting options below fixes the drafting instead); redrafter = needs a drafter; "
+                   "ar = plain decoding")
+    p.add_argument("--no-drafter", action="store_true",
+                   help="leave the model's drafter out (auto then drafts from the context alone)")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -48,8 +53,14 @@ def main(argv=None) -> int:
 
     try:
         m = load(args.model, drafter=args.drafter, weight_format=args.weight_format,
-                 use_drafter=args.mode != "ar", progress=lambda s: print(f"[{s}]", file=sys.stderr))
+                 use_drafter=args.mode != "ar" and not args.no_drafter,
+                 progress=lambda s: print(f"[{s}]", file=sys.stderr))
         print(f"[{m.name}: {m.weight_format} on {m.device}; drafter: {m.drafter_path or 'none'}]", file=sys.stderr)
+        if args.mode != "ar" and all(v is None for v in (args.beam_width, args.beam_length, args.lookup, args.tree,
+                                                          args.tree_min_prob)):
+            from .control import controller
+
+            controller(m, not args.no_drafter, progress=lambda s: print(f"[{s}]", file=sys.stderr))
         last = None
         for last in stream(m, args.prompt, mode=args.mode, max_tokens=args.max_tokens, temperature=args.temperature,
                            top_p=args.top_p, seed=args.seed, beam_width=args.beam_width,
@@ -69,6 +80,10 @@ def main(argv=None) -> int:
     if s.mode == "redrafter":
         line += f", acceptance {s.acceptance_rate:.2f}, W={s.beam_width} L={s.beam_length}"
         line += f" tree={s.tree}" if s.tree else ""
+    elif s.mode == "auto":
+        c = s.controller
+        line += (f", adaptive: {s.packed_per_step:.1f} tokens verified/step, {s.parked_share:.0%} of steps plain, "
+                 f"verify 16 tokens = {c.get('x16', 0):.2f}x one")
     print(line + "]", file=sys.stderr)
     return 0
 

@@ -37,7 +37,7 @@ from .errors import RedrafterError
 from .tree_search import DEFAULT_MIN_PROB
 from .tuning import DEFAULT_LOOKUP, DEFAULT_TREE, drafting, save_beam_shape
 
-MODES = ("ar", "redrafter", "mlx-lm")
+MODES = ("ar", "auto", "redrafter", "mlx-lm")
 
 
 def read_prompts(path: Path, limit: int = None) -> List[Dict]:
@@ -121,10 +121,14 @@ def run_mlx_lm(loaded, twin, prompt: str, args) -> Dict:
 
 
 def run_one(loaded, prompt: str, mode: str, args, shape=None) -> Dict:
+    """One generation. mode "auto": the adaptive controller (control.py), with the drafter unless
+    --no-drafter; "redrafter": fixed drafting with shape (W, L, lookup, tree, tree_min_prob)."""
     from .generate import generate
 
-    width, length, lookup, tree, min_prob = shape or (args.beam_width, args.beam_length, args.lookup[0], args.tree[0],
-                                                      args.tree_min_prob[0])
+    if mode == "redrafter":
+        width, length, lookup, tree, min_prob = shape
+    else:
+        width = length = lookup = tree = min_prob = None
     t0 = time.perf_counter()
     g = generate(
         loaded,
@@ -139,6 +143,7 @@ def run_one(loaded, prompt: str, mode: str, args, shape=None) -> Dict:
         lookup=lookup,
         tree=tree,
         tree_min_prob=min_prob,
+        use_drafter=not args.no_drafter,
     )
     seconds = time.perf_counter() - t0
     s = g.stats
@@ -166,6 +171,7 @@ def run_one(loaded, prompt: str, mode: str, args, shape=None) -> Dict:
         "acceptance_rate": s.acceptance_rate,
         "peak_memory_mb": s.peak_memory_mb,
         "accepted_length_histogram": s.histogram(),
+        **({"parked_steps": s.parked_steps, "controller": s.controller} if s.adaptive else {}),
     }
 
 
@@ -202,13 +208,17 @@ def summarize(results: List[Dict], modes: List[str], greedy: bool) -> Dict[str, 
             summary[mode]["tree"] = first.get("tree", 0)
             if first.get("tree"):
                 summary[mode]["tree_min_prob"] = first.get("tree_min_prob", DEFAULT_MIN_PROB)
-        if first.get("mode") == "redrafter":
+        if first.get("mode") in ("auto", "redrafter"):
             drafted = sum(r["drafted_tokens"] for r in rows)
-            summary[mode]["packed_tokens_per_step"] = sum(r["packed_tokens"] for r in rows) / steps if steps else 0
+            parked = sum(r.get("parked_steps", 0) for r in rows)  # a parked (plain) step verifies 1 token
+            summary[mode]["packed_tokens_per_step"] = (sum(r["packed_tokens"] for r in rows) + parked) / steps if steps else 0
             summary[mode]["drafted_tokens_per_step"] = drafted / steps if steps else 0
             summary[mode]["acceptance_rate"] = mean(r["acceptance_rate"] for r in rows) if rows else 0.0
             summary[mode]["looked_up_tokens_per_step"] = (
                 sum(r.get("looked_up_tokens", 0) for r in rows) / steps if steps else 0)
+        if first.get("mode") == "auto":
+            summary[mode]["parked_share"] = parked / steps if steps else 0.0
+            summary[mode]["controller"] = rows[-1].get("controller", {})  # its cost model, as the run ended
     if "ar" in summary:
         base = summary["ar"]["tokens_per_second"]
         ar_tokens = {r["question_id"]: r["tokens"] for r in by_mode["ar"]}
@@ -259,6 +269,10 @@ def print_table(results: List[Dict], summary: Dict, modes: List[str], out=None):
         if "packed_tokens_per_step" in s:
             extra = (f"  drafted/step {s['drafted_tokens_per_step']:.1f}  packed/step {s['packed_tokens_per_step']:.1f}"
                      f"  acceptance {s['acceptance_rate']:.2f}")
+        if "parked_share" in s:
+            c = s["controller"]
+            extra += (f"  parked {s['parked_share']:.0%}  [cost: plain {c.get('plain_ms', 0):.1f} ms, verify 4/16/64 "
+                      f"tokens {c.get('x4', 0):.2f}/{c.get('x16', 0):.2f}/{c.get('x64', 0):.2f}x one]")
         if "identical_to_ar" in s:
             extra += f"  identical_to_ar {s['identical_to_ar']}"
         print(
@@ -343,7 +357,12 @@ def parse_args(argv=None):
     p.add_argument("--limit", type=int, default=None, help="only the first N questions")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--modes", default="ar", help=f"comma-separated, from {', '.join(MODES)} (default: ar); "
-                   "mlx-lm = mlx-lm's own Llama module and generate_step on the same weights")
+                   "auto = the adaptive controller, which sizes each step's draft to this machine's measured cost "
+                   "(and decodes plainly where drafting does not pay); redrafter = the same when no drafting option "
+                   "below is given, else fixed drafting with those options; mlx-lm = mlx-lm's own Llama module and "
+                   "generate_step on the same weights")
+    p.add_argument("--no-drafter", action="store_true",
+                   help="leave the model's drafter out: auto drafts from the context alone (prompt lookup)")
     p.add_argument("--beam-width", type=int, default=None,
                    help="beams drafted per step (default: the tuned shape for this model and device, else 4)")
     p.add_argument("--beam-length", type=int, default=None,
@@ -361,8 +380,9 @@ def parse_args(argv=None):
     p.add_argument("--tree-min-prob", type=lambda t: parse_probs(t, "--tree-min-prob"), default=None, metavar="P",
                    help="drop tree nodes whose path probability (the drafter's) is below P: lower drafts more nodes, "
                    f"accepts more and verifies more; a comma-separated list runs each (default: tuned, else {DEFAULT_MIN_PROB})")
-    p.add_argument("--tune", action="store_true", help="run the grid (with ar) and store the fastest lossless "
-                   "shape in the model folder as this model's default on this device")
+    p.add_argument("--tune", action="store_true", help="measure this machine's cost curve again (auto's cost "
+                   "model, cached beside the model), run the grid (with ar) and store the fastest lossless fixed "
+                   "shape in the model folder for fixed drafting on this device (auto needs no tuning)")
     p.add_argument("--plot", type=Path, default=None, help="write speedup / tokens-per-step / acceptance plots (PNG)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -380,6 +400,11 @@ def parse_args(argv=None):
     bad = [m for m in args.modes if m not in MODES]
     if bad or not args.modes:
         p.error(f"unknown mode(s) {', '.join(bad) or '(none)'}; choose from {', '.join(MODES)}")
+    args.fixed = args.grid or any(v is not None for v in (args.beam_width, args.beam_length, args.lookup, args.tree,
+                                                          args.tree_min_prob))
+    if args.no_drafter and args.fixed and "redrafter" in args.modes:
+        p.error("fixed drafting (--beam-width, --beam-length, --grid, --lookup, --tree, --tree-min-prob, --tune) "
+                "needs the drafter: drop --no-drafter, or those options to run the adaptive controller")
     return args
 
 
@@ -390,13 +415,23 @@ def main(argv=None):
 
     try:
         prompts = read_prompts(args.prompts, args.limit)
+        progress = lambda s: print(s, file=sys.stderr)  # noqa: E731
         loaded = load(args.model, drafter=args.drafter, weight_format=args.weight_format,
-                      use_drafter="redrafter" in args.modes, progress=lambda s: print(s, file=sys.stderr))
-        if "redrafter" in args.modes and loaded.drafter is None:
-            raise RedrafterError(f"mode redrafter needs a drafter and none was found for {loaded.name}: pass --drafter PATH")
+                      use_drafter=not args.no_drafter and args.modes != ["ar"], progress=progress)
+        if args.fixed and "redrafter" in args.modes and loaded.drafter is None:
+            raise RedrafterError(f"fixed drafting needs a drafter and none was found for {loaded.name}: pass --drafter "
+                                 "PATH, or give no drafting option to run the adaptive controller")
     except RedrafterError as e:
         print(f"redrafter-bench: error: {e}", file=sys.stderr)
         return 2
+    if {"auto", "redrafter"} & set(args.modes) or args.tune:  # measured (or read) before any timing starts
+        from .control import controller
+        from .costs import cost_model
+
+        if args.tune:
+            loaded.controllers.clear()
+            cost_model(loaded, progress, refresh=True)
+        controller(loaded, not args.no_drafter, progress)
     d = drafting(loaded, args.beam_width or None, args.beam_length or None)
     args.beam_width, args.beam_length = d.beam_width, d.beam_length
     # Variants: (name, mode, (W, L, lookup, tree, tree_min_prob)); with --grid, redrafter runs once
@@ -406,6 +441,9 @@ def main(argv=None):
     args.tree_min_prob = args.tree_min_prob or [d.tree_min_prob]
     variants = []
     for mode in args.modes:
+        if mode == "redrafter" and not args.fixed:  # no drafting option: the adaptive controller, named as asked
+            variants.append(("redrafter", "auto", None))
+            continue
         if mode != "redrafter":
             variants.append((mode, mode, None))
             continue
@@ -418,7 +456,8 @@ def main(argv=None):
                             + (f"+lookup{c}" if len(args.lookup) > 1 else ""))
                     variants.append((name, mode, (w, n, c, t, p)))
     names = [v[0] for v in variants]
-    shape_text = f"grid W in {args.widths} x L in {args.lengths}" if args.grid else f"W={args.beam_width} L={args.beam_length}"
+    shape_text = (f"grid W in {args.widths} x L in {args.lengths}" if args.grid else f"W={args.beam_width} L={args.beam_length}"
+                  if args.fixed else "adaptive drafting" + (" without the drafter" if args.no_drafter else ""))
     print(f"model {loaded.name} ({loaded.weight_format}) on {loaded.device}; drafter {loaded.drafter_path}; "
           f"{len(prompts)} prompts, modes {','.join(args.modes)}, {shape_text}", file=sys.stderr)
     twin = mlx_lm_twin(loaded) if "mlx-lm" in args.modes else None

@@ -32,6 +32,7 @@ from .stats import RunStats, StepStats
 from .tree import accept, beam_of, pack
 from .tree_search import tree_nodes, tree_search
 from .tuning import drafting
+from .control import controller
 
 PREFILL_CHUNK = 512
 MODES = ("auto", "ar", "redrafter")
@@ -121,14 +122,21 @@ def stream(
     system: Optional[str] = None,
     prompt_cache: Optional[PromptCache] = None,
     should_stop: Optional[Callable[[], bool]] = None,
+    use_drafter: bool = True,
 ) -> Iterator[Event]:
     """Generate a reply, yielding an Event per step.
 
     loaded: a LoadedModel from `load()`. prompt: text (wrapped in the chat template), a list
     of {"role", "content"} messages, or a list of token ids (used as is).
-    mode: "ar" (plain decoding), "redrafter" (needs a drafter), or "auto" (redrafter when the
-    model has a drafter and the beam length is not 1). beam_width/beam_length: W beams of L
-    tokens, L counting the base model's own next token (so L=1 drafts nothing; mode "auto" then
+    mode: "ar" (plain decoding), "redrafter" (needs a drafter), or "auto".
+    With no drafting setting given (beam_width, beam_length, tree, tree_min_prob, lookup and
+    draft_top_k all None), "auto" and "redrafter" are adaptive (control.py): every step the
+    controller keeps the draft nodes that maximize expected tokens per second on this machine's
+    measured cost curve, and parks (plain decoding) where drafting does not pay; "auto" without
+    a drafter (or with use_drafter=False) drafts from the context alone where that pays.
+    With any drafting setting given, drafting is fixed (mode "auto": redrafter when the model
+    has a drafter and the beam length is not 1). beam_width/beam_length: W beams of L
+    tokens, L counting the base model's own (so L=1 drafts nothing; mode "auto" then
     decodes plainly, mode "redrafter" still adds the lookup beam); None takes
     the shape tuned for this device (`redrafter-bench --tune`, `loaded.beam_shape`; W=1 L=1
     when plain decoding measured fastest), else tuning.DEFAULT_SHAPE.
@@ -140,16 +148,21 @@ def stream(
     `tree_min_prob` dropped (0 = fixed beams; None takes the budget tuned with the beam shape
     when the shape is tuned too, else tuning.DEFAULT_TREE; tree_min_prob None: the tuned floor,
     else tree_search.DEFAULT_MIN_PROB). `tuning.drafting` holds these rules.
+    use_drafter: False drafts without the model's drafter (adaptive: from the context alone).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    drafter = loaded.drafter if use_drafter else None
+    adaptive = mode != "ar" and all(v is None for v in (beam_width, beam_length, tree, lookup, tree_min_prob, draft_top_k))
     # The node budget is `budget`: below, `tree` holds each step's packed tree.
     beam_width, beam_length, budget, lookup, tree_min_prob = drafting(
         loaded, beam_width, beam_length, tree, lookup, tree_min_prob)
-    if mode == "auto":  # L=1 (e.g. tuned: plain decoding was fastest here) drafts nothing
-        mode = "redrafter" if loaded.drafter is not None and beam_length != 1 else "ar"
-    if mode == "redrafter" and loaded.drafter is None:
+    if mode == "redrafter" and drafter is None:
         raise RedrafterError(f"model {loaded.name} has no drafter: pass drafter=PATH to load(), or use mode='ar'")
+    if mode == "auto" and not adaptive:  # L=1 (e.g. tuned: plain decoding was fastest here) drafts nothing
+        mode = "redrafter" if drafter is not None and beam_length != 1 else "ar"
+    elif mode == "auto":
+        mode = "redrafter"
     if mode == "redrafter" and (beam_width < 1 or beam_length < 1):
         raise ValueError(f"beam width and length must be >= 1, not {beam_width} x {beam_length}")
     if max_tokens < 1:
@@ -160,7 +173,8 @@ def stream(
         raise ValueError(f"tree must be >= 0 nodes, not {budget}")
     if not 0.0 < tree_min_prob <= 1.0:
         raise ValueError(f"tree_min_prob must be in (0, 1], not {tree_min_prob}")
-    model, tok, drafter = loaded.model, loaded.tokenizer, loaded.drafter
+    model, tok = loaded.model, loaded.tokenizer
+    ctl = controller(loaded, use_drafter) if adaptive else None
     sampler = Sampler(temperature, top_p, seed)
     ids = tok.prompt_ids(prompt, system=system)
     limit = loaded.context_length
@@ -171,8 +185,8 @@ def stream(
         )
     pc = prompt_cache if prompt_cache is not None else PromptCache(model)
     detok = tok.detokenizer()
-    stats = RunStats(mode=mode, prompt_tokens=len(ids))
-    if mode == "redrafter":
+    stats = RunStats(mode="auto" if ctl is not None else mode, prompt_tokens=len(ids), adaptive=ctl is not None)
+    if mode == "redrafter" and ctl is None:
         stats.beam_width, stats.beam_length, stats.tree = beam_width, beam_length, budget
     mx.reset_peak_memory()
     stopped = should_stop or (lambda: False)
@@ -181,6 +195,8 @@ def stream(
     def event(new: List[int], step: Optional[StepStats], reason: Optional[str]) -> Event:
         text = detok.add(new) + (detok.flush() if reason else "")
         stats.peak_memory_mb = mx.get_peak_memory() / 1e6  # live, for UIs (a cheap host query)
+        if ctl is not None:
+            stats.controller = ctl.summary()
         return Event(text, new, stats, step, reason)
 
     # ---- prefill: the prompt's last logits give the first token --------------------------
@@ -208,7 +224,9 @@ def stream(
         return
 
     # ---- decode: `token` is the latest emitted token, not yet in the cache ---------------
-    token_id, ahead = first, None
+    # `kind`: the adaptive controller's choice for the coming step ("plain", "lookup" or "draft"),
+    # None until made; a plain step that pipelines its successor makes it in advance.
+    token_id, ahead, kind = first, None, None
     try:
         while True:
             if stopped():
@@ -220,41 +238,55 @@ def stream(
                 return
             start = len(pc.ids)
             t_step = time.perf_counter()
+            if ctl is not None and kind is None:
+                kind = ctl.next_step(pc.ids + [token_id], True, room)
             try:
-                if mode == "ar":
+                if mode == "ar" or kind == "plain":
                     # One token per step, pipelined as mlx-lm does: the next step's forward is queued
                     # (async_eval) before this step's token is read back, so graph building and
                     # device work overlap. A queued token sits in the cache ahead of `pc.ids` until
                     # the next step records it; `finally` below drops it if generation ends first.
+                    # The adaptive controller pipelines only while the next step stays plain.
+                    steady = ahead is not None
                     if ahead is None:
                         logits, h = model(token.reshape(1, 1), pc.cache)
                         ahead = sampler(logits[0, -1])
                     pc.ids.append(token_id)
-                    after = None
-                    if room >= 2 and stats.new_tokens + 1 < max_tokens:
+                    after, kind = None, None
+                    if room >= 2 and stats.new_tokens + 1 < max_tokens and (
+                            ctl is None or (kind := ctl.next_step(pc.ids, False, room - 1)) == "plain"):
                         logits, h = model(ahead.reshape(1, 1), pc.cache)
                         after = sampler(logits[0, -1])
                         mx.async_eval(after)
                     new = [ahead.item()]
                     token, ahead = ahead, after
-                    step = StepStats(emitted=1)
+                    step = StepStats(emitted=1, parked=ctl is not None)
+                    if ctl is not None and steady:
+                        ctl.observe_plain(time.perf_counter() - t_step)
                 else:
-                    # Draft W beams of L tokens (or a dynamic tree of up to `tree` nodes, W wide,
-                    # L - 1 deep) from h, the hidden state at the last cached token.
                     L = min(beam_length, room)
                     t_draft = time.perf_counter()
-                    if budget:
-                        beams_np = tree_search(drafter, model, h, token_id, beam_width, L - 1, budget, tree_min_prob)
-                        drafted = tree_nodes(beams_np)
+                    plan = None
+                    if ctl is not None:
+                        # The controller drafts a candidate tree (the drafter's and the copy's nodes)
+                        # and keeps what pays on this machine; `plan.rows` are its root-to-leaf rows.
+                        plan = ctl.plan(kind, drafter, model, h, token_id, pc.ids + [token_id], room)
+                        beams_np, rows, drafted = plan.rows, plan.rows.shape[0], plan.drafted
                     else:
-                        beams = beam_search(drafter, model, h, token, beam_width, L, draft_top_k)  # (W, L)
-                        beams_np = np.array(beams)
-                        drafted = beam_width * (L - 1)
-                    rows = beams_np.shape[0]  # the drafter's rows; the lookup beam comes after them
-                    copy = context_lookup(pc.ids + [token_id], min(lookup, room - 1))  # (C,), C <= lookup
-                    if copy.size:  # one more (ragged) beam: root, then the copy
-                        beams_np = add_beam(beams_np, copy)  # (rows + 1, max(L, C + 1))
-                        drafted += copy.size
+                        # Draft W beams of L tokens (or a dynamic tree of up to `tree` nodes, W wide,
+                        # L - 1 deep) from h, the hidden state at the last cached token.
+                        if budget:
+                            beams_np = tree_search(drafter, model, h, token_id, beam_width, L - 1, budget, tree_min_prob)
+                            drafted = tree_nodes(beams_np)
+                        else:
+                            beams = beam_search(drafter, model, h, token, beam_width, L, draft_top_k)  # (W, L)
+                            beams_np = np.array(beams)
+                            drafted = beam_width * (L - 1)
+                        rows = beams_np.shape[0]  # the drafter's rows; the lookup beam comes after them
+                        copy = context_lookup(pc.ids + [token_id], min(lookup, room - 1))  # (C,), C <= lookup
+                        if copy.size:  # one more (ragged) beam: root, then the copy
+                            beams_np = add_beam(beams_np, copy)  # (rows + 1, max(L, C + 1))
+                            drafted += copy.size
                     t_verify = time.perf_counter()
                     # Merge shared prefixes, verify all beams in one forward pass.
                     tree = pack(beams_np)
@@ -270,6 +302,17 @@ def stream(
                     token = mx.array(bonus, dtype=mx.int32)
                     new = [int(t) for t in tree.tokens[path[1:]]] + [bonus]
                     beam = beam_of(tree, path)
+                    t_done = time.perf_counter()
+                    if plan is not None:
+                        node = np.full(tree.size, -1, dtype=np.int64)  # packed index -> candidate node
+                        valid = tree.unpacker >= 0
+                        node[tree.unpacker[valid]] = plan.node_at[valid]
+                        on_path = node[path[1:]]
+                        looked_up = int(np.sum(plan.from_lookup[on_path] & (plan.draft_bucket[on_path] < 0)))
+                        ctl.observe(kind, plan, on_path, tree.size, t_verify - t_draft, t_done - t_verify)
+                    else:
+                        looked_up = len(path) - 1 if beam == rows else 0
+                    kind = None
                     step = StepStats(
                         emitted=len(new),
                         drafted=drafted,
@@ -277,9 +320,9 @@ def stream(
                         accepted=len(path) - 1,
                         beam=beam,
                         depth=int(tree.depth.max()),
-                        looked_up=len(path) - 1 if beam == rows else 0,
+                        looked_up=looked_up,
                         draft_seconds=t_verify - t_draft,
-                        verify_seconds=time.perf_counter() - t_verify,
+                        verify_seconds=t_done - t_verify,
                     )
             except BaseException:
                 pc.truncate(start)

@@ -48,6 +48,7 @@ class LoadedModel:
     tree: Optional[int] = None  # dynamic-tree node budget tuned with beam_shape (0: W x L beams)
     lookup: Optional[int] = None  # context-lookup length tuned with it (None: tuning.DEFAULT_LOOKUP)
     tree_min_prob: Optional[float] = None  # the tree's path-probability floor tuned with it
+    controllers: Dict[int, Any] = field(default_factory=dict)  # adaptive controllers (control.py), per drafter
 
     @property
     def context_length(self) -> int:

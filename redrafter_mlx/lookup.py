@@ -23,8 +23,13 @@ MIN_NGRAM = 2
 def lookup(ids, length: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM) -> np.ndarray:
     """Up to `length` tokens that followed the latest earlier occurrence of the longest suffix
     n-gram of `ids` (1-D token ids), for n = max_ngram .. min_ngram. Empty when none recurs."""
+    return lookup_match(ids, length, max_ngram, min_ngram)[0]
+
+
+def lookup_match(ids, length: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM):
+    """(copy, n): `lookup`'s tokens and the length n of the suffix n-gram that matched (0: none)."""
     if length < 1:
-        return np.zeros(0, dtype=np.int32)
+        return np.zeros(0, dtype=np.int32), 0
     if min_ngram < 1 or max_ngram < min_ngram:
         raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
     ids = np.asarray(ids, dtype=np.int32)
@@ -34,8 +39,8 @@ def lookup(ids, length: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NG
         hits = np.flatnonzero((windows == ids[T - n :]).all(axis=1))
         if hits.size:
             start = int(hits[-1]) + n
-            return ids[start : start + length].copy()
-    return np.zeros(0, dtype=np.int32)
+            return ids[start : start + length].copy(), n
+    return np.zeros(0, dtype=np.int32), 0
 
 
 def add_beam(beams: np.ndarray, copy: np.ndarray) -> np.ndarray:

@@ -24,6 +24,7 @@ class StepStats:
     verify_seconds: float = 0.0
     seconds: float = 0.0
     ended: bool = False  # the step also produced the end-of-turn token (not emitted as output)
+    parked: bool = False  # the adaptive controller decoded plainly (drafting did not pay)
 
 
 @dataclass
@@ -46,6 +47,9 @@ class RunStats:
     beam_width: int = 0
     beam_length: int = 0
     tree: int = 0  # node budget of a dynamic draft tree (tree_search.py); 0: W x L beams
+    adaptive: bool = False  # the controller chose each step's drafting (control.py)
+    parked_steps: int = 0  # steps the controller decoded plainly
+    controller: Dict[str, float] = field(default_factory=dict)  # its cost model's figures, live
     peak_memory_mb: float = 0.0
     accepted_lengths: List[int] = field(default_factory=list)  # tokens produced per step (an end token included)
 
@@ -54,6 +58,7 @@ class RunStats:
         self.new_tokens += step.emitted
         self.step_tokens += step.emitted
         self.end_tokens += int(step.ended)
+        self.parked_steps += int(step.parked)
         self.drafted_tokens += step.drafted
         self.packed_tokens += step.packed
         self.accepted_tokens += step.accepted
@@ -75,6 +80,15 @@ class RunStats:
         """Tokens emitted by decode steps over decode time (prefill and its token excluded,
         as mlx-lm reports generation speed)."""
         return self.step_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def packed_per_step(self) -> float:
+        """Tokens verified per decode step (1 for a plain step)."""
+        return (self.packed_tokens + self.parked_steps) / self.steps if self.steps else 0.0
+
+    @property
+    def parked_share(self) -> float:
+        return self.parked_steps / self.steps if self.steps else 0.0
 
     @property
     def seconds(self) -> float:
@@ -117,6 +131,11 @@ class RunStats:
             "beam_width": self.beam_width,
             "beam_length": self.beam_length,
             "tree": self.tree,
+            "adaptive": self.adaptive,
+            "parked_steps": self.parked_steps,
+            "parked_share": self.parked_share,
+            "packed_per_step": self.packed_per_step,
+            "controller": dict(self.controller),
             "tokens_per_second": self.tokens_per_second,
             "tokens_per_step": self.tokens_per_step,
             "acceptance_rate": self.acceptance_rate,
@@ -130,11 +149,12 @@ def merge(stats: List[RunStats]) -> Optional[RunStats]:
     if not stats:
         return None
     last = stats[-1]
-    out = RunStats(mode=last.mode, beam_width=last.beam_width, beam_length=last.beam_length, tree=last.tree)
+    out = RunStats(mode=last.mode, beam_width=last.beam_width, beam_length=last.beam_length, tree=last.tree,
+                   adaptive=last.adaptive, controller=dict(last.controller))
     for s in stats:
         for name in ("prompt_tokens", "new_tokens", "step_tokens", "end_tokens", "steps", "prefill_seconds", "decode_seconds", "draft_seconds",
                      "verify_seconds", "drafted_tokens", "packed_tokens", "accepted_tokens", "draft_depth",
-                     "looked_up_tokens"):
+                     "looked_up_tokens", "parked_steps"):
             setattr(out, name, getattr(out, name) + getattr(s, name))
         out.accepted_lengths += s.accepted_lengths
         out.peak_memory_mb = max(out.peak_memory_mb, s.peak_memory_mb)

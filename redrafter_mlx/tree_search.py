@@ -27,12 +27,30 @@ row's end), one per leaf, ordered best path first, for tree.pack.
 """
 
 import math
-from typing import List
+from typing import List, NamedTuple, Optional
 
 import mlx.core as mx
 import numpy as np
 
 DEFAULT_MIN_PROB = 0.2  # best of 0.1 / 0.2 on the 2-core CPU (README); cheaper verification (GPU) favours lower
+
+
+class Candidates(NamedTuple):
+    """Draft nodes below a root, level by level, best first within a level."""
+
+    tokens: np.ndarray  # (N,) int token ids
+    parents: np.ndarray  # (N,) index of the parent node, -1 for a child of the root
+    logp: np.ndarray  # (N,) float, log-probability of the node's whole path from the root
+    levels: np.ndarray  # (N,) depth below the root, 1 ..
+
+    @property
+    def depth(self) -> int:
+        return int(self.levels.max()) if self.levels.size else 0
+
+    @classmethod
+    def empty(cls) -> "Candidates":
+        none = np.zeros(0, dtype=np.int64)
+        return cls(none, none, np.zeros(0), none)
 
 
 def tree_search(drafter, base, h: mx.array, token: int, width: int, depth: int, budget: int,
@@ -41,8 +59,21 @@ def tree_search(drafter, base, h: mx.array, token: int, width: int, depth: int, 
     per node and `depth` levels. h: (hidden,) base hidden state at the last accepted token.
     Returns beams (R, <= depth + 1) int32, beams[:, 0] == token, -1 past a row's end; a single
     (1, 1) root row when nothing clears `min_prob`."""
-    if width < 1 or depth < 0 or budget < 0:
-        raise ValueError(f"tree needs width >= 1, depth >= 0, budget >= 0, got {width}, {depth}, {budget}")
+    if budget < 0:
+        raise ValueError(f"tree needs budget >= 0, got {budget}")
+    c = expand(drafter, base, h, token, width, depth if budget else 0, budget, min_prob)
+    return _rows(token, c.tokens.tolist(), c.parents.tolist(), c.logp.tolist(), c.levels.tolist(), budget)
+
+
+def expand(drafter, base, h: mx.array, token: int, width: int, depth: int, budget: Optional[int] = None,
+           min_prob: float = DEFAULT_MIN_PROB, stop_prob: float = 0.0) -> Candidates:
+    """The candidate nodes of a tree drafted below `token` (see the module doc): `width` best
+    children of each of the `width` best nodes per level, for at most `depth` levels, those
+    whose path probability is at least `min_prob`; expansion ends early once `budget` nodes
+    outscore the whole next frontier (budget None: never), or once the best frontier node's
+    path probability is below `stop_prob` (no child of it can pay for another level)."""
+    if width < 1 or depth < 0:
+        raise ValueError(f"tree needs width >= 1, depth >= 0, got {width}, {depth}")
     if not 0.0 < min_prob <= 1.0:
         raise ValueError(f"min_prob must be in (0, 1], got {min_prob}")
     vocab = drafter.draft_vocab if "draft_vocab" in drafter else None
@@ -52,11 +83,12 @@ def tree_search(drafter, base, h: mx.array, token: int, width: int, depth: int, 
     last = mx.array([token], dtype=mx.int32)  # (F,) token ids of the frontier
     frontier_score = np.zeros(1)  # (F,) log-probability of each frontier path
     frontier_node = np.array([-1])  # (F,) node index (-1: the root)
-    tokens: List[int] = []  # per kept node, best first within a level
-    parents: List[int] = []
-    scores: List[float] = []
-    levels: List[int] = []
-    for level in range(1, depth + 1 if budget else 1):
+    tokens: List[np.ndarray] = []  # per level, the kept nodes best first
+    parents: List[np.ndarray] = []
+    scores: List[np.ndarray] = []
+    levels: List[np.ndarray] = []
+    count = 0
+    for level in range(1, depth + 1):
         state = drafter.update_state(base.embed(last).astype(state.dtype), state)  # (F, H)
         logits = drafter.draft_logits(mx.broadcast_to(context, state.shape), state, base).astype(mx.float32)
         logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # (F, V_draft)
@@ -73,19 +105,26 @@ def tree_search(drafter, base, h: mx.array, token: int, width: int, depth: int, 
         if keep.size == 0:
             break
         keep = keep[np.argsort(-candidate[keep], kind="stable")]  # best first
-        first = len(tokens)
-        tokens.extend(top_ids.reshape(-1)[keep].tolist())
-        parents.extend(frontier_node[keep // k].tolist())
-        scores.extend(candidate[keep].tolist())
-        levels.extend([level] * keep.size)
+        tokens.append(top_ids.reshape(-1)[keep])
+        parents.append(frontier_node[keep // k])
+        scores.append(candidate[keep])
+        levels.append(np.full(keep.size, level))
+        first, count = count, count + keep.size
         nxt = keep[:width]  # the next frontier
-        if len(scores) >= budget and np.sort(scores)[-budget] >= candidate[nxt[0]]:
-            break  # N nodes already outscore anything deeper
+        if stop_prob > 0 and candidate[nxt[0]] < math.log(stop_prob):
+            break  # not even the best frontier node's children would pay for another level
+        if budget is not None and count >= budget:
+            best = np.sort(np.concatenate(scores))[-budget]
+            if best >= candidate[nxt[0]]:
+                break  # N nodes already outscore anything deeper
         state = state[mx.array(nxt // k, dtype=mx.int32)]
         last = mx.array(top_ids.reshape(-1)[nxt], dtype=mx.int32)
         frontier_score = candidate[nxt]
         frontier_node = np.arange(first, first + nxt.size)
-    return _rows(token, tokens, parents, scores, levels, budget)
+    if not tokens:
+        return Candidates.empty()
+    return Candidates(np.concatenate(tokens).astype(np.int64), np.concatenate(parents).astype(np.int64),
+                      np.concatenate(scores), np.concatenate(levels))
 
 
 def _rows(root: int, tokens, parents, scores, levels, budget: int) -> np.ndarray:

@@ -75,7 +75,7 @@ async def test_send_streams_a_markdown_reply_and_keeps_the_conversation():
 
 
 async def test_stats_panel_after_a_speculative_reply():
-    app = create_app(FakeEngine([REPLY]), Settings(beam_width=3, beam_length=4))
+    app = create_app(FakeEngine([REPLY]), Settings(beam_width=3, beam_length=4, adaptive=False))
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await ask(pilot, "Explain.")
@@ -102,29 +102,42 @@ async def test_tuned_beam_shape_is_the_default_unless_given():
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         assert (app.settings.beam_width, app.settings.beam_length) == (2, 6)
-        assert "beam         2 × 6 (width × length)" in panel(app)
-        assert app.settings.tree is None
+        assert "beam         adaptive (sized each step to this machine)" in panel(app)
+        assert app.settings.tree is None and app.settings.adaptive
+        await pilot.press("f6")  # a fixed beam starts from the tuned shape
+        assert "beam         3 × 6 (width × length)" in panel(app) and not app.settings.adaptive
     app = create_app(FakeEngine([REPLY], beam_shape=(4, 7), tree=12), Settings())
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         assert (app.settings.beam_width, app.settings.beam_length, app.settings.tree) == (4, 7, 12)
+        await ask(pilot, "/width 4")
         assert "4 × 7 (width × length), tree of 12 nodes" in panel(app)
-    app = create_app(FakeEngine([REPLY], beam_shape=(2, 6), tree=12), Settings(beam_width=3, beam_length=4, beam_tuned=False))
+    app = create_app(FakeEngine([REPLY], beam_shape=(2, 6), tree=12),
+                     Settings(beam_width=3, beam_length=4, beam_tuned=False, adaptive=False))
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         assert (app.settings.beam_width, app.settings.beam_length) == (3, 4) and app.settings.tree is None
 
 
-async def test_tuned_plain_decoding_starts_with_speculation_off():
-    """--tune stores W=1 L=1 when plain decoding was fastest: the chat starts with ReDrafter off
-    and keeps its beam shape for when Ctrl+T turns it on."""
-    app = create_app(FakeEngine([REPLY], beam_shape=(1, 1)), Settings())
+async def test_adaptive_by_default_even_where_plain_decoding_was_tuned_fastest():
+    """--tune's W=1 L=1 (plain decoding fastest) no longer turns speculation off: the adaptive
+    controller parks by itself where drafting does not pay. The panel shows what it chose."""
+    engine = FakeEngine([REPLY], beam_shape=(1, 1))
+    app = create_app(engine, Settings())
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        assert app.settings.speculative is False
+        assert app.settings.speculative is True and app.settings.adaptive
         assert (app.settings.beam_width, app.settings.beam_length) == (Settings().beam_width, Settings().beam_length)
-        await pilot.press("ctrl+t")
-        assert app.settings.speculative is True
+        await ask(pilot, "Explain.")
+        await finished(pilot)
+        text = panel(app)
+        assert "decoding     adaptive · 0% of steps parked (plain)" in text
+        assert "cost model   plain 50 ms · 16 tokens 1.6× · 64 3.0×" in text
+        assert engine.calls[-1][1].adaptive
+        await pilot.press("f5")
+        assert not app.settings.adaptive
+        await ask(pilot, "/auto")
+        assert app.settings.adaptive
 
 
 async def test_redraws_are_coalesced_while_streaming(monkeypatch):
@@ -288,13 +301,38 @@ async def test_missing_drafter_means_plain_decoding_with_a_notice():
         await ready(pilot)
         notices = [str(n.render()) for n in app.query(Notice) if "-warning" in n.classes]
         assert any("No drafter found" in n for n in notices)
-        assert "speculative  unavailable (no drafter)" in panel(app)
-        assert "drafter      none: plain decoding" in panel(app)
+        assert "speculative  on (context lookup only: no drafter)" in panel(app)
+        assert "drafter      none: context lookup or plain decoding" in panel(app)
         await pilot.press("ctrl+t")
-        assert app.settings.speculative  # nothing to toggle to
+        assert not app.settings.speculative and "speculative  off" in panel(app)
         await ask(pilot, "Hi")
         await finished(pilot)
         assert "decoding     plain" in panel(app)
+
+
+async def test_a_message_sent_while_loading_is_kept_and_sent_once_ready():
+    engine = FakeEngine(["Ready now."], load_delay=0.6)
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ask(pilot, "An early question")
+        assert not app.ready and app.query_one(PromptInput).value == ""
+        await pilot.pause()
+        assert any("sent as soon as it is ready" in str(n.render()) for n in app.query(Notice))
+        await ready(pilot)
+        await wait_for(pilot, lambda: engine.calls)
+        await finished(pilot)
+        assert engine.calls[0][0] == [{"role": "user", "content": "An early question"}]
+        assert [w.render().plain for w in app.query(UserMessage)] == ["An early question"]
+        assert app.messages[-1] == {"role": "assistant", "content": "Ready now."}
+
+
+async def test_a_message_queued_during_a_failed_load_is_given_back():
+    app = create_app(FakeEngine(fail_load="no such model", load_delay=0.4))
+    async with app.run_test(size=SIZE) as pilot:
+        await ask(pilot, "An early question")
+        await wait_for(pilot, lambda: app.status == "load failed")
+        await pilot.pause()
+        assert app.query_one(PromptInput).value == "An early question" and app.messages == []
 
 
 async def test_load_progress_and_a_load_error_are_readable():

@@ -132,9 +132,11 @@ def test_tune_stores_the_default_shape_per_device(model_dir, prompts, capsys):
     assert m.beam_shape == shape and m.tree == entry["tree"]
     assert (m.lookup, m.tree_min_prob) == (entry["lookup"], entry["tree_min_prob"])
     assert tuple(drafting(m)) == (*shape, entry["tree"], entry["lookup"], entry["tree_min_prob"])
-    g = generate(m, "hello there", max_tokens=6)  # mode "auto"
+    g = generate(m, "hello there", max_tokens=6)  # mode "auto": the adaptive controller, whatever is tuned
+    assert g.stats.mode == "auto"
+    g = generate(m, "hello there", max_tokens=6, lookup=entry["lookup"])  # fixed drafting: the tuned shape
     assert g.stats.mode == ("ar" if shape[1] == 1 else "redrafter")
-    g = generate(m, "hello there", mode="redrafter", max_tokens=6)
+    g = generate(m, "hello there", mode="redrafter", max_tokens=6, lookup=entry["lookup"])
     assert (g.stats.beam_width, g.stats.beam_length, g.stats.tree) == (*shape, entry["tree"])
     g = generate(m, "hello there", mode="redrafter", max_tokens=6, beam_width=2, beam_length=3)
     assert g.stats.tree == 0  # an explicit shape does not take the tuned tree
@@ -142,7 +144,7 @@ def test_tune_stores_the_default_shape_per_device(model_dir, prompts, capsys):
     assert read_beam_shape(model_dir, device="gpu (elsewhere)") is None
     (model_dir / FILE).write_text("{not json")
     assert load(str(model_dir)).beam_shape is None
-    g = generate(load(str(model_dir)), "hello there", mode="redrafter", max_tokens=4)
+    g = generate(load(str(model_dir)), "hello there", mode="redrafter", max_tokens=4, lookup=0)
     assert (g.stats.beam_width, g.stats.beam_length) == DEFAULT_SHAPE
 
 

@@ -44,7 +44,7 @@ def test_greedy_equals_cache_free_reference_and_is_deterministic(tiny_loaded):
     assert a.tokens == greedy_direct(m.model, a.prompt_tokens, 24)
     b = generate(m, PROMPT, max_tokens=24)
     assert b.tokens == a.tokens and b.text == a.text
-    assert a.stats.mode == "ar" and a.stats.new_tokens == 24 and a.stats.prompt_tokens == len(a.prompt_tokens)
+    assert a.stats.mode == "auto" and a.stats.new_tokens == 24 and a.stats.prompt_tokens == len(a.prompt_tokens)
     assert a.text == m.tokenizer.decode(a.tokens, skip_special_tokens=True)
 
 

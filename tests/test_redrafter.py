@@ -382,17 +382,21 @@ def test_redrafter_without_drafter_is_refused():
     m.drafter = None
     with pytest.raises(RedrafterError, match="no drafter"):
         generate(m, PROMPT, mode="redrafter")
-    assert generate(m, PROMPT, mode="auto", max_tokens=5).stats.mode == "ar"
+    g = generate(m, PROMPT, mode="auto", max_tokens=5)  # adaptive: drafts from the context alone
+    assert g.stats.mode == "auto" and g.stats.accepted_tokens == g.stats.looked_up_tokens
+    assert generate(m, PROMPT, mode="auto", max_tokens=5, beam_width=4).stats.mode == "ar"  # fixed drafting needs one
 
 
-def test_auto_mode_follows_the_tuned_shape():
+def test_auto_mode_is_adaptive_and_drafting_settings_fix_it():
     m = tiny_loaded()
-    assert generate(m, PROMPT, max_tokens=5).stats.mode == "redrafter"  # drafter, default shape
-    m.beam_shape = (2, 3)
     g = generate(m, PROMPT, max_tokens=5)
-    assert g.stats.mode == "redrafter" and (g.stats.beam_width, g.stats.beam_length) == (2, 3)
+    assert g.stats.mode == "auto" and g.stats.adaptive and g.stats.beam_width == 0
+    m.beam_shape = (2, 3)  # a tuned shape no longer overrides the controller ...
+    assert generate(m, PROMPT, max_tokens=5).stats.mode == "auto"
+    g = generate(m, PROMPT, max_tokens=5, lookup=8)  # ... but fills in fixed drafting's unset settings
+    assert g.stats.mode == "redrafter" and not g.stats.adaptive and (g.stats.beam_width, g.stats.beam_length) == (2, 3)
     m.beam_shape = (1, 1)  # tuned: plain decoding was fastest on this device
-    assert generate(m, PROMPT, max_tokens=5).stats.mode == "ar"
+    assert generate(m, PROMPT, max_tokens=5, lookup=8).stats.mode == "ar"
     assert generate(m, PROMPT, max_tokens=5, beam_length=3).stats.mode == "redrafter"  # asked for drafts
 
 

@@ -77,3 +77,24 @@ def test_context_limit_is_respected(with_drafter, monkeypatch, width, length):
     assert ar.finish_reason == rd.finish_reason == "context"
     assert rd.tokens == ar.tokens
     assert len(rd.prompt_tokens) + len(rd.tokens) == n_prompt + 62  # the last token needs no cache slot
+
+
+@pytest.mark.parametrize("use_drafter", [True, False])
+def test_adaptive_equals_plain_decoding(default_model, plain, use_drafter):
+    """Mode auto with no drafting setting: the controller sizes (or parks) every step on this
+    machine's measured cost curve; whatever it picks, the tokens are plain decoding's."""
+    for p in PROMPTS:
+        g = generate(default_model, p, mode="auto", max_tokens=MAX_TOKENS, use_drafter=use_drafter)
+        assert g.tokens == plain[p].tokens and g.finish_reason == plain[p].finish_reason
+        assert g.stats.adaptive and g.stats.controller["verify1_ms"] > 0
+        if not use_drafter:
+            assert g.stats.accepted_tokens == g.stats.looked_up_tokens
+
+
+def test_adaptive_respects_the_context_limit(default_model, monkeypatch):
+    prompt = PROMPTS[1]
+    n_prompt = len(default_model.tokenizer.prompt_ids(prompt))
+    monkeypatch.setattr(default_model.args, "max_position_embeddings", n_prompt + 61)
+    ar = generate(default_model, prompt, mode="ar", max_tokens=MAX_TOKENS)
+    auto = generate(default_model, prompt, mode="auto", max_tokens=MAX_TOKENS)
+    assert ar.finish_reason == auto.finish_reason == "context" and auto.tokens == ar.tokens

@@ -1,0 +1,312 @@
+"""The adaptive controller behind mode "auto": how much to draft, step by step, so that
+speculation is never slower than plain decoding on the machine it finds itself on.
+
+A fixed beam shape is right for one machine: on a 2-core CPU with OpenBLAS, verifying 16
+tokens costs 2.4x one, without it 12x, on an H100 64 cost 1.4x. The controller needs no tuning
+step. It holds three models and makes one choice per step:
+
+- the cost model (costs.py): t_verify(n), measured once per device/model/format and corrected
+  online, the drafter's seconds per level, and what a plain step costs;
+- the acceptance model (`Acceptance`): the chance that verification accepts a draft node given
+  that its parent was accepted, per bucket of the drafter's conditional probability (and
+  depth), and for the context-lookup beam per matched n-gram length and position in the copy.
+  Raw drafter probabilities are not calibrated; the buckets learn from what the base model
+  accepts, starting from the raw value as a prior;
+- the choice: a candidate tree (the drafter's tree, drafted as deep as recently paid off, plus
+  the lookup copy), each node's path probability the product of its calibrated conditionals,
+  nodes ranked by it (a child never outranks its parent, so every prefix of the ranking is a
+  tree), and the B kept that maximize (1 + sum of kept path probabilities) / t_verify(B + 1).
+  B = 0 verifies the root alone: a plain step.
+
+Parking: after each drafting step the controller scores expected tokens per second against a
+plain step's (an average, so single steps do not flip it). Once drafting no longer pays, it
+parks: plain decoding, pipelined exactly as mode "ar", with only a context-lookup check per
+step (tens of microseconds), which still verifies a copied continuation when that alone pays.
+It probes again after a back-off that doubles while probes keep failing (4 .. 256 steps).
+Without a drafter the controller is always parked: lookup alone, where it pays.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from .costs import CostModel, cost_model
+from .lookup import lookup_match
+from .tree_search import Candidates, expand
+
+DRAFT_EDGES = np.array([0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99])
+DRAFT_PRIOR = np.array([0.01, 0.035, 0.075, 0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 0.925, 0.97, 0.995])
+LOOKUP_POSITIONS = np.array([2, 3, 5, 9])  # buckets: position 1, 2, 3-4, 5-8, 9+ in the copy
+LOOKUP_PRIOR = 0.5
+PRIOR_WEIGHT = 3.0  # observations the prior counts as
+DECAY = 0.995  # per observation of a bucket: about the last 200 count
+MAX_NODES = 63  # draft nodes verified at most (64 tokens with the root)
+PARK_FIRST, PARK_MAX = 4, 256  # steps parked after the first failed probe, and at most
+GAIN_EMA = 0.25
+MAX_DEPTH = 8  # drafter levels at most
+
+
+class Acceptance:
+    """Calibrated P(node accepted | parent accepted), learned online per bucket."""
+
+    def __init__(self):
+        self.draft_n = np.zeros((3, DRAFT_PRIOR.size))  # depth 1, 2, 3+ x conditional-probability bin
+        self.draft_a = np.zeros((3, DRAFT_PRIOR.size))
+        self.look_n = np.zeros((2, LOOKUP_POSITIONS.size + 1))  # matched n-gram 2, 3+ x position bucket
+        self.look_a = np.zeros((2, LOOKUP_POSITIONS.size + 1))
+
+    @staticmethod
+    def draft_bucket(q: np.ndarray, levels: np.ndarray) -> np.ndarray:
+        """Flat bucket index of drafter nodes from conditional probability q and depth."""
+        return np.minimum(levels - 1, 2) * DRAFT_PRIOR.size + np.searchsorted(DRAFT_EDGES, q, side="right")
+
+    @staticmethod
+    def lookup_bucket(n: int, positions: np.ndarray) -> np.ndarray:
+        """Flat bucket index of lookup nodes from the matched n-gram length and 1-based position."""
+        return min(max(n - 2, 0), 1) * (LOOKUP_POSITIONS.size + 1) + np.searchsorted(LOOKUP_POSITIONS, positions,
+                                                                                      side="right")
+
+    def draft_p(self, buckets: np.ndarray) -> np.ndarray:
+        n, a = self.draft_n.reshape(-1)[buckets], self.draft_a.reshape(-1)[buckets]
+        prior = DRAFT_PRIOR[buckets % DRAFT_PRIOR.size]
+        return (a + PRIOR_WEIGHT * prior) / (n + PRIOR_WEIGHT)
+
+    def lookup_p(self, buckets: np.ndarray) -> np.ndarray:
+        n, a = self.look_n.reshape(-1)[buckets], self.look_a.reshape(-1)[buckets]
+        return (a + PRIOR_WEIGHT * LOOKUP_PRIOR) / (n + PRIOR_WEIGHT)
+
+    @staticmethod
+    def _update(n: np.ndarray, a: np.ndarray, buckets: np.ndarray, hits: np.ndarray):
+        flat_n, flat_a = n.reshape(-1), a.reshape(-1)
+        for b, hit in zip(buckets.tolist(), hits.tolist()):
+            flat_n[b] = flat_n[b] * DECAY + 1.0
+            flat_a[b] = flat_a[b] * DECAY + float(hit)
+
+    def update(self, draft_buckets, draft_hits, lookup_buckets, lookup_hits):
+        self._update(self.draft_n, self.draft_a, draft_buckets, draft_hits)
+        self._update(self.look_n, self.look_a, lookup_buckets, lookup_hits)
+
+
+@dataclass
+class Plan:
+    """One step's candidate tree and the nodes kept for verification."""
+
+    rows: np.ndarray  # (R, D) ragged beams (root first, -1 past a row's end) for tree.pack
+    node_at: np.ndarray  # (R, D) candidate node index at each row position (-1: root or past the end)
+    parent: np.ndarray  # (N,) candidate parents (-1: the root)
+    kept: np.ndarray  # (B,) indices of the kept candidate nodes
+    draft_bucket: np.ndarray  # (N,) -1 where the drafter did not propose the node
+    lookup_bucket: np.ndarray  # (N,) -1 where the copy did not
+    expected: float  # expected tokens this step emits: 1 + sum of kept path probabilities
+    drafted: int  # candidate nodes drafted (drafter and copy)
+    levels: int  # drafter levels run
+    from_lookup: np.ndarray  # (N,) bool: proposed by the copy
+    path_p: np.ndarray  # (N,) calibrated probability that the node is accepted
+    depth: np.ndarray  # (N,) depth below the root
+
+
+class Controller:
+    """Per loaded model (and drafter): decides plain vs speculative steps and each tree's size."""
+
+    def __init__(self, costs: CostModel, has_drafter: bool):
+        self.costs = costs
+        self.acceptance = Acceptance()
+        self.has_drafter = has_drafter
+        self.parked = 0  # plain steps left before the next probe
+        self.backoff = PARK_FIRST
+        self.gain: Optional[float] = None  # EMA of expected speed over plain speed, drafting steps
+        self.mass = np.full(MAX_DEPTH + 2, 0.25)  # EMA per depth of the kept drafter nodes' path probabilities
+        self.depth = 4  # levels to draft: the deepest paying its level's drafting time, plus one to explore
+        self.last_floor = 0.05  # the last floor() (for the stats)
+
+    # ---- what the next step is ---------------------------------------------------------------
+    def next_step(self, ids, root_known: bool, room: int) -> str:
+        """'draft' (drafter + lookup), 'lookup' (the copy alone) or 'plain' for the coming step.
+        ids: the context ending with the latest emitted token; root_known: that token is the
+        next step's root (False: a pipelined step will emit one more first, unknown yet)."""
+        if self.has_drafter and self.parked <= 0:
+            return "draft"
+        if self.has_drafter:
+            self.parked -= 1
+        return "lookup" if self._lookup_pays(ids, root_known, room) else "plain"
+
+    def _lookup_pays(self, ids, root_known: bool, room: int) -> bool:
+        n_max = min(self._n_max(), room - 1 - (not root_known))
+        if n_max < 1:
+            return False
+        copy, n = lookup_match(ids, n_max + (not root_known))
+        if not root_known:
+            # The copy's first token predicts the token the pipelined step emits; the rest is the draft.
+            if copy.size < 2:
+                return False
+            first = float(self.acceptance.lookup_p(self.acceptance.lookup_bucket(n, np.array([1])))[0])
+            copy = copy[1:]
+        else:
+            first = 1.0
+        if copy.size == 0:
+            return False
+        p = np.cumprod(self.acceptance.lookup_p(self.acceptance.lookup_bucket(n, np.arange(1, copy.size + 1))))
+        gains = first * np.cumsum(p)
+        cost = self.costs.verify_curve(copy.size + 1)[1:] / self.costs.plain
+        return bool(np.max((1.0 + gains) / cost) > 1.05)  # a margin: it costs the pipelining too
+
+    # ---- one speculative step -------------------------------------------------------------------
+    def _n_max(self) -> int:
+        """Most draft nodes worth considering: a step costing more than 6 plain steps never pays
+        on what a head drafts."""
+        curve = self.costs.verify_curve(MAX_NODES + 1) / self.costs.plain
+        fits = np.flatnonzero(curve <= 6.0)
+        return int(min(MAX_NODES, fits[-1])) if fits.size else 0
+
+    def floor(self) -> float:
+        """Path probability below which no node can pay: verifying one more token costs `slope`
+        plain steps, and a node adds its acceptance probability to the tokens of a step."""
+        n_max = max(self._n_max(), 1)
+        curve = self.costs.verify_curve(n_max + 1) / self.costs.plain
+        slope = float(np.min(np.diff(curve))) if curve.size > 1 else 1.0
+        self.last_floor = float(np.clip(0.5 * slope, 0.005, 0.5))  # half: the head's raw scores are uncalibrated
+        return self.last_floor
+
+    def plan(self, kind: str, drafter, base, h, token: int, ids, room: int) -> Plan:
+        """Draft the candidates for a step of `kind` ('draft' or 'lookup') from the root `token`
+        (ids: the context ending with it) and keep the nodes that maximize expected tokens per
+        second."""
+        n_max = min(self._n_max(), room - 1)
+        levels = 0
+        cands = Candidates.empty()
+        if kind == "draft" and n_max >= 1:
+            levels = int(min(self.depth, n_max))
+            width = 8 if self.costs.ratio(32) < 2.0 else 4  # wide where verification is nearly free (GPUs)
+            floor = self.floor()
+            # Another level pays only if its best node can repay the level's drafting time and its
+            # own verification, each token being worth about a plain step.
+            stop = floor + (self.costs.draft_level or 0.0) / self.costs.plain
+            cands = expand(drafter, base, h, token, width, levels, budget=n_max, min_prob=floor, stop_prob=stop)
+        copy, n = lookup_match(ids, n_max) if n_max >= 1 else (np.zeros(0, dtype=np.int32), 0)
+        return self._choose(token, cands, copy, n, n_max, levels)
+
+    def _choose(self, root: int, cands: Candidates, copy: np.ndarray, match_n: int, n_max: int, levels: int) -> Plan:
+        acc = self.acceptance
+        N = cands.tokens.size
+        tokens, parent = cands.tokens.tolist(), cands.parents.tolist()
+        depth = cands.levels.tolist()
+        cond = np.zeros(N + copy.size)
+        draft_bucket = np.full(N + copy.size, -1, dtype=np.int64)
+        lookup_bucket = np.full(N + copy.size, -1, dtype=np.int64)
+        if N:
+            parent_logp = np.where(cands.parents >= 0, cands.logp[np.maximum(cands.parents, 0)], 0.0)
+            q = np.exp(cands.logp - parent_logp)
+            draft_bucket[:N] = acc.draft_bucket(q, cands.levels)
+            cond[:N] = acc.draft_p(draft_bucket[:N])
+        if copy.size:
+            child = {(p, t): i for i, (p, t) in enumerate(zip(parent, tokens))}
+            lb = acc.lookup_bucket(match_n, np.arange(1, copy.size + 1))
+            lp = acc.lookup_p(lb)
+            node = -1
+            for i, t in enumerate(copy.tolist()):
+                hit = child.get((node, t))
+                if hit is None:
+                    hit = len(tokens)
+                    tokens.append(t)
+                    parent.append(node)
+                    depth.append(i + 1)
+                cond[hit] = max(cond[hit], lp[i])
+                lookup_bucket[hit] = lb[i]
+                node = hit
+        M = len(tokens)
+        cond, draft_bucket, lookup_bucket = cond[:M], draft_bucket[:M], lookup_bucket[:M]
+        path_p = np.empty(M)
+        for i in range(M):  # parents come before children
+            path_p[i] = cond[i] * (path_p[parent[i]] if parent[i] >= 0 else 1.0)
+        depth_arr = np.asarray(depth, dtype=np.int64)
+        order = np.lexsort((depth_arr, -path_p))[: max(0, n_max)]
+        gains = np.concatenate([[0.0], np.cumsum(path_p[order])])
+        cost = self.costs.verify_curve(order.size + 1)
+        b = int(np.argmax((1.0 + gains) / cost))
+        kept = order[:b]
+        node_at = _paths(kept, np.asarray(parent, dtype=np.int64), path_p)
+        rows = np.where(node_at >= 0, np.asarray(tokens + [root], dtype=np.int32)[node_at], -1).astype(np.int32)
+        rows[:, 0] = root
+        return Plan(rows, node_at, np.asarray(parent, dtype=np.int64), kept, draft_bucket, lookup_bucket,
+                    float(1.0 + gains[b]), M, levels, lookup_bucket >= 0, path_p, depth_arr)
+
+    # ---- learning from the step -------------------------------------------------------------------
+    def observe(self, kind: str, plan: Plan, accepted: np.ndarray, packed: int, draft_seconds: float,
+                verify_seconds: float):
+        """After a step of `kind`: accepted = candidate nodes on the accepted path."""
+        on_path = np.zeros(plan.parent.size + 1, dtype=bool)  # index -1 (the root) is the last entry
+        on_path[-1] = True
+        on_path[accepted] = True
+        kept = plan.kept
+        tested = kept[on_path[plan.parent[kept]]]  # kept nodes whose parent was accepted
+        hits = on_path[tested]
+        d, l = plan.draft_bucket[tested], plan.lookup_bucket[tested]
+        self.acceptance.update(d[d >= 0], hits[d >= 0], l[l >= 0], hits[l >= 0])
+        self.costs.observe_verify(packed, verify_seconds)
+        if kind != "draft":
+            return
+        self.costs.observe_draft(plan.levels, draft_seconds)
+        # Drafting level d pays when the kept nodes it yields are worth its time: each expected
+        # token saves about a plain step. Levels not drafted this step teach nothing.
+        drafted = kept[plan.draft_bucket[kept] >= 0]
+        mass = np.bincount(plan.depth[drafted], weights=plan.path_p[drafted], minlength=MAX_DEPTH + 2)
+        seen = slice(1, plan.levels + 1)
+        self.mass[seen] += 0.2 * (mass[: MAX_DEPTH + 2][seen] - self.mass[seen])
+        worth = np.flatnonzero(self.mass[1 : MAX_DEPTH + 1] * self.costs.plain > (self.costs.draft_level or 0.0))
+        self.depth = int(min(MAX_DEPTH, (worth[-1] + 1 if worth.size else 0) + 1))
+        gain = plan.expected * self.costs.plain / max(draft_seconds + self.costs.verify(packed), 1e-9)
+        self.gain = gain if self.gain is None else self.gain + GAIN_EMA * (gain - self.gain)
+        if self.gain < 1.0:
+            self.parked = self.backoff
+            self.backoff = min(2 * self.backoff, PARK_MAX)
+            self.gain = None  # the next probe starts afresh
+        else:
+            self.backoff = PARK_FIRST  # drafting pays again: a later dip parks briefly first
+
+    def observe_plain(self, seconds: float):
+        """A pipelined plain step's time: what speculation competes with."""
+        self.costs.observe_plain(seconds)
+
+    def summary(self) -> Dict[str, float]:
+        return {**self.costs.summary(), "draft_depth": self.depth, "floor": self.last_floor,
+                "parked_for": max(self.parked, 0)}
+
+
+def _paths(kept: np.ndarray, parent: np.ndarray, score: np.ndarray) -> np.ndarray:
+    """Kept nodes as root-to-leaf rows, best branch first: (R, D) node index at each position,
+    -1 at the root (column 0) and past a row's end. The kept set must be closed under parents."""
+    if kept.size == 0:
+        return np.full((1, 1), -1, dtype=np.int64)
+    kept_list = kept.tolist()
+    inner = {int(parent[k]) for k in kept_list}
+    paths: List[List[int]] = []
+    for leaf in kept_list:
+        if leaf in inner:
+            continue
+        path, node = [], leaf
+        while node >= 0:
+            path.append(node)
+            node = int(parent[node])
+        paths.append(path[::-1])
+    paths.sort(key=lambda p: [-score[n] for n in p])
+    node_at = np.full((len(paths), max(len(p) for p in paths) + 1), -1, dtype=np.int64)
+    for r, p in enumerate(paths):
+        node_at[r, 1 : len(p) + 1] = p
+    return node_at
+
+
+def controller(loaded, use_drafter: bool = True, progress=None) -> Controller:
+    """The controller of `loaded` with its drafter (or none: use_drafter False), made once and
+    kept on `loaded.controllers`; the first one calibrates the cost model when this device,
+    model, weight format and MLX version were never seen (costs.cost_model)."""
+    drafter = loaded.drafter if use_drafter else None
+    kept = loaded.controllers
+    ctl = kept.get(id(drafter))
+    if ctl is None:
+        costs = next(iter(kept.values())).costs if kept else None
+        if costs is None or (drafter is not None and costs.draft_level is None):
+            costs = cost_model(loaded, progress)
+        ctl = kept[id(drafter)] = Controller(costs, drafter is not None)
+    return ctl

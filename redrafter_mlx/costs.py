@@ -1,0 +1,256 @@
+"""What a step costs on this machine: t_verify(n), the time to verify n tokens in one forward
+pass, and the drafter's time per level, for the adaptive controller (control.py).
+
+The curve differs by machine far more than any fixed default can cover. Measured on a 2-core
+x86_64 CPU with the default model (SmolLM2-135M), time for n tokens over time for one:
+
+    n                          2     4     8     16    32    64
+    float32 + OpenBLAS         1.04  1.24  1.61  2.35  3.85  7.2
+    float32, MLX's own BLAS    1.73  3.17  6.00  11.8  23.7  46
+    stored 4-bit weights       1.89  3.60  6.93  13.7  27.0  53
+
+(an H100 verifies 64 tokens for ~1.4x one; Apple chips differ by chip and quantization). So the
+curve is measured, not assumed:
+
+- `calibrate()` times forwards of n = 1, 2, 4, ... tokens over a short context, stopping after
+  a few seconds or once n tokens cost `STOP_RATIO` times one (larger n then extrapolate on the
+  last slope, which only overstates their cost), and times the drafter's levels;
+- the result is cached on disk (`cost_model.json` beside the model, else in the user cache),
+  keyed by device, model file, weight format and MLX version, so a change of any of them
+  measures again;
+- `CostModel.observe_*` refines it online from the real steps' timings: a multiplicative
+  correction per power-of-two size bucket (context growth and machine load move the curve),
+  and an average of plain steps, which is what a parked controller competes with.
+
+Every figure here is in seconds, and every lookup is a few arithmetic operations: no syncs.
+"""
+
+import hashlib
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import mlx.core as mx
+import numpy as np
+
+from ._platform import device_description
+from .registry import cache_dir
+
+FILE = "cost_model.json"
+SIZES = (1, 2, 4, 8, 16, 32, 64)  # token counts timed by calibrate()
+STOP_RATIO = 10.0  # stop timing larger n once n tokens cost this many times one
+BUDGET_SECONDS = 3.0  # calibration stops growing n after about this long
+CONTEXT = 16  # tokens of context the calibration verifies against
+EMA = 0.1  # weight of one new observation in the online corrections
+
+
+class CostModel:
+    """t_verify(n) from measured points, corrected online; t_plain; drafter seconds per level."""
+
+    def __init__(self, sizes: List[int], seconds: List[float], draft_level: Optional[float] = None,
+                 source: str = "measured"):
+        if len(sizes) < 1 or len(sizes) != len(seconds) or sizes[0] != 1:
+            raise ValueError("a cost model needs the time of 1 token and matching sizes/seconds")
+        self.sizes = np.asarray(sizes, dtype=np.float64)
+        self.seconds = np.maximum.accumulate(np.asarray(seconds, dtype=np.float64))  # never cheaper for more
+        self.draft_level = draft_level  # drafter seconds per tree level (None: not measured yet)
+        self.source = source
+        self.correction = np.ones(8)  # per bucket floor(log2 n), 1 .. 128+
+        self.plain = float(self.seconds[0])  # a plain (pipelined) decoding step, refined online
+        self.plain_seen = 0
+
+    # ---- the curve -------------------------------------------------------------------------
+    def base(self, n):
+        """Calibrated time for n tokens (a number or an array): interpolated, linear past the last
+        point on its slope."""
+        s, t = self.sizes, self.seconds
+        slope = (t[-1] - t[-2]) / (s[-1] - s[-2]) if s.size > 1 else t[-1]
+        n = np.asarray(n, dtype=np.float64)
+        out = np.where(n <= s[-1], np.interp(n, s, t), t[-1] + (n - s[-1]) * slope)
+        return float(out) if out.ndim == 0 else out
+
+    @staticmethod
+    def _bucket(n):
+        return np.minimum(np.log2(np.maximum(n, 1)).astype(int), 7)
+
+    def verify(self, n: int) -> float:
+        """Seconds to verify n tokens (n = 1: a plain forward that is not pipelined)."""
+        return self.base(n) * float(self.correction[self._bucket(n)])
+
+    def verify_curve(self, n_max: int) -> np.ndarray:
+        """verify(n) for n = 1 .. n_max, as an array indexed by n - 1."""
+        n = np.arange(1, n_max + 1)
+        return self.base(n) * self.correction[self._bucket(n)]
+
+    def ratio(self, n: int) -> float:
+        return self.verify(n) / self.verify(1)
+
+    # ---- online refinement -------------------------------------------------------------------
+    def observe_verify(self, n: int, seconds: float):
+        b = self._bucket(n)
+        r = seconds / max(self.base(n), 1e-9)
+        if 0.2 < r / self.correction[b] < 5.0:  # a stray stall (GC, another process) is not the curve
+            self.correction[b] += EMA * (r - self.correction[b])
+
+    def observe_plain(self, seconds: float):
+        if self.plain_seen and not 0.2 < seconds / self.plain < 5.0:
+            return
+        self.plain_seen += 1
+        self.plain += max(EMA, 1.0 / self.plain_seen) * (seconds - self.plain)
+
+    def observe_draft(self, levels: int, seconds: float):
+        if levels < 1:
+            return
+        per = seconds / levels
+        self.draft_level = per if self.draft_level is None else self.draft_level + EMA * (per - self.draft_level)
+
+    def summary(self) -> Dict[str, float]:
+        """The figures UIs show: plain step ms and verify(n) / verify(1) at a few sizes."""
+        return {"plain_ms": 1000 * self.plain, "verify1_ms": 1000 * self.verify(1),
+                **{f"x{n}": self.ratio(n) for n in (4, 16, 64)},
+                "draft_level_ms": 1000 * (self.draft_level or 0.0)}
+
+    def to_dict(self) -> Dict:
+        return {"sizes": self.sizes.astype(int).tolist(), "seconds": self.seconds.tolist(),
+                "draft_level": self.draft_level}
+
+
+# ---- calibration -------------------------------------------------------------------------------
+
+def _time_forward(model, cache, start: int, n: int, vocab: int) -> float:
+    tokens = mx.array((np.arange(n) * 7919 + 11) % vocab, dtype=mx.int32)[None]
+    positions = mx.array(start + np.arange(n), dtype=mx.int32)
+    mask = mx.array(np.tril(np.ones((n, n), dtype=bool)))
+    t = time.perf_counter()
+    logits, _ = model(tokens, cache, positions=positions, mask=mask)
+    np.array(mx.argmax(logits[0], axis=-1))  # the host reads the choices back, as a step does
+    seconds = time.perf_counter() - t
+    cache.trim_to(start)
+    return seconds
+
+
+def calibrate(model, drafter=None, budget: float = BUDGET_SECONDS,
+              progress: Optional[Callable[[str], None]] = None) -> CostModel:
+    """Time verification of 1, 2, 4, ... 64 tokens (and the drafter's levels) on this machine."""
+    if progress:
+        progress("measuring this machine's verification cost (once per model and device)")
+    vocab = int(model.args.vocab_size)
+    cache = model.make_cache()
+    model.hidden(mx.array(np.arange(CONTEXT) % vocab, dtype=mx.int32)[None], cache)
+    mx.eval(cache.state)
+    t0 = time.perf_counter()
+    for n in (1, 2, 1):  # warm-up: the first calls set up kernels
+        _time_forward(model, cache, CONTEXT, n, vocab)
+    sizes, seconds = [], []
+    for n in SIZES:
+        reps = 3 if n <= 2 else 2
+        if seconds and (seconds[-1] > STOP_RATIO * seconds[0]
+                        or time.perf_counter() - t0 + reps * 2 * seconds[-1] > budget):
+            break  # larger n extrapolate on the last slope
+        sizes.append(n)
+        seconds.append(min(_time_forward(model, cache, CONTEXT, n, vocab) for _ in range(reps)))
+    costs = CostModel(sizes, seconds)
+    if drafter is not None:
+        costs.draft_level = time_drafter(drafter, model)
+    return costs
+
+
+def time_drafter(drafter, model, width: int = 4, depth: int = 4) -> float:
+    """Seconds per level of a tree drafted `width` wide, `depth` deep (the best of three)."""
+    from .tree_search import expand
+
+    h = mx.zeros((model.args.hidden_size,), dtype=mx.float32)
+    expand(drafter, model, h, 1, width, depth, min_prob=1e-9)  # warm-up
+    best = math.inf
+    for _ in range(3):
+        t = time.perf_counter()
+        expand(drafter, model, h, 1, width, depth, min_prob=1e-9)
+        best = min(best, time.perf_counter() - t)
+    return best / depth
+
+
+# ---- the on-disk cache ---------------------------------------------------------------------------
+
+def cache_key(loaded) -> str:
+    """Device, model file (path, size, modification time), weight format and MLX version."""
+    path = Path(loaded.path)
+    try:
+        files = [path] if path.is_file() else sorted(path.glob("*.safetensors"))
+        ident = ";".join(f"{f.resolve()}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in files)
+    except OSError:
+        ident = str(path)
+    digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
+    return f"{device_description()} | {loaded.weight_format} | mlx {mx.__version__} | {digest}"
+
+
+def cache_paths(loaded) -> List[Path]:
+    """Where the cache is read and written: beside the model (and its tuned shapes), else the
+    user cache folder (a read-only model folder, e.g. a shared hub cache)."""
+    path = Path(loaded.path)
+    folder = path if path.is_dir() else path.parent
+    user = cache_dir() / "costs"
+    user_file = user / f"{hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]}.json"
+    is_model = path.is_file() or (path / "config.json").is_file()  # not, e.g., an in-memory model's "."
+    return [folder / FILE, user_file] if is_model else [user_file]
+
+
+def drafter_key(loaded) -> str:
+    return str(getattr(loaded, "drafter_path", None))
+
+
+def read_cached(loaded) -> Optional[CostModel]:
+    key, dkey = cache_key(loaded), drafter_key(loaded)
+    for path in cache_paths(loaded):
+        try:
+            entry = json.loads(path.read_text()).get(key)
+            if not entry:
+                continue
+            costs = CostModel(entry["sizes"], entry["seconds"], source=f"cached ({path})")
+            costs.draft_level = (entry.get("draft_level") or {}).get(dkey)
+            if loaded.drafter is not None and costs.draft_level is None:
+                continue  # measured without this drafter: measure again
+            return costs
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # missing or damaged: measure again
+    return None
+
+
+def write_cached(loaded, costs: CostModel) -> Optional[Path]:
+    """Store the measured curve under this key (other keys kept, at most 8); atomic replace.
+    Returns the path written, or None when no location is writable."""
+    key, dkey = cache_key(loaded), drafter_key(loaded)
+    for path in cache_paths(loaded):
+        try:
+            data = json.loads(path.read_text()) if path.is_file() else {}
+            if not isinstance(data, dict):
+                data = {}
+        except (OSError, ValueError):
+            data = {}
+        old = data.pop(key, None) or {}
+        levels = dict(old.get("draft_level") or {}) if isinstance(old.get("draft_level"), dict) else {}
+        if costs.draft_level is not None:
+            levels[dkey] = costs.draft_level
+        data[key] = {**costs.to_dict(), "draft_level": levels, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+        data = dict(list(data.items())[-8:])
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data, indent=1))
+            os.replace(tmp, path)
+            return path
+        except OSError:
+            continue
+    return None
+
+
+def cost_model(loaded, progress: Optional[Callable[[str], None]] = None, refresh: bool = False) -> CostModel:
+    """The cached curve for this (device, model, weight format, MLX version), else a calibration
+    (a few seconds, reported through `progress`) that is then cached."""
+    costs = None if refresh else read_cached(loaded)
+    if costs is None:
+        costs = calibrate(loaded.model, loaded.drafter, progress=progress)
+        write_cached(loaded, costs)
+    return costs

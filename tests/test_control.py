@@ -1,0 +1,308 @@
+"""The adaptive controller (control.py) and its cost model (costs.py): decisions against fake
+cost curves, parking and recovery, losslessness through the trees it picks, the cost cache."""
+
+import importlib
+import itertools
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from redrafter_mlx import costs, generate
+from redrafter_mlx.control import PARK_FIRST, PARK_MAX, Controller, controller
+from redrafter_mlx.costs import CostModel
+from redrafter_mlx.tree_search import Candidates
+
+from test_redrafter import PROMPT, SAMPLING_PROMPT, CharTokenizer, chi_square_p, exact_distribution, sampled_counts, \
+    tiny_loaded
+
+SIZES = [1, 2, 4, 8, 16, 32, 64]
+
+
+class FakeCosts(CostModel):
+    """A cost curve that the tiny models' real timings do not refine."""
+
+    def observe_verify(self, n, seconds):
+        pass
+
+    def observe_plain(self, seconds):
+        pass
+
+    def observe_draft(self, levels, seconds):
+        pass
+
+
+def linear_costs():
+    """Verifying n tokens costs n plain steps (a CPU without a fast BLAS, 4-bit CPU kernels)."""
+    return FakeCosts(SIZES, [0.1 * n for n in SIZES], draft_level=0.002)
+
+
+def flat_costs():
+    """Verifying 64 tokens costs 1.3 plain steps (a GPU)."""
+    return FakeCosts(SIZES, [0.1 * (1 + 0.3 * (n - 1) / 63) for n in SIZES], draft_level=0.001)
+
+
+def chain(q, depth):
+    """A drafter candidate chain below the root, each node with conditional probability q."""
+    logp = np.cumsum(np.full(depth, np.log(q)))
+    return Candidates(np.arange(10, 10 + depth), np.arange(-1, depth - 1), logp, np.arange(1, depth + 1))
+
+
+def wide(q, width, depth):
+    """`width` chains of `depth` nodes below the root."""
+    tokens, parents, logp, levels = [], [], [], []
+    for w in range(width):
+        for d in range(depth):
+            parents.append(-1 if d == 0 else len(tokens) - 1)
+            tokens.append(10 + w * depth + d)
+            logp.append((d + 1) * np.log(q))
+            levels.append(d + 1)
+    return Candidates(np.array(tokens), np.array(parents), np.array(logp), np.array(levels))
+
+
+def no_copy():
+    return np.zeros(0, dtype=np.int32)
+
+
+# ---- decisions against fake cost models ------------------------------------------------------
+
+def test_linear_verification_and_low_acceptance_verify_the_root_alone():
+    ctl = Controller(linear_costs(), has_drafter=True)
+    plan = ctl._choose(5, chain(0.3, 6), no_copy(), 0, 63, 6)
+    assert plan.kept.size == 0 and plan.rows.tolist() == [[5]] and plan.expected == 1.0
+
+
+def test_flat_verification_keeps_a_large_tree():
+    ctl = Controller(flat_costs(), has_drafter=True)
+    plan = ctl._choose(5, wide(0.5, 8, 5), no_copy(), 0, 63, 5)
+    assert plan.kept.size >= 30
+    assert plan.rows.shape[0] == 8 and (plan.rows[:, 0] == 5).all()
+    # Every kept node's parent is kept: the rows are a tree.
+    kept = set(plan.kept.tolist())
+    assert all(plan.parent[k] < 0 or plan.parent[k] in kept for k in kept)
+
+
+def test_the_kept_size_grows_as_verification_gets_cheaper():
+    cands = wide(0.6, 4, 6)
+    sizes = []
+    for slope in (1.0, 0.3, 0.1, 0.02):
+        c = CostModel(SIZES, [0.1 * (1 + slope * (n - 1)) for n in SIZES], draft_level=0.001)
+        sizes.append(Controller(c, True)._choose(5, cands, no_copy(), 0, 63, 6).kept.size)
+    assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
+
+
+def test_a_confident_copy_is_kept_and_merges_with_the_drafter():
+    ctl = Controller(CostModel(SIZES, [0.1 * (1 + 0.2 * (n - 1)) for n in SIZES]), True)
+    cands = chain(0.9, 3)  # tokens 10, 11, 12
+    copy = np.array([10, 11, 40, 41], dtype=np.int32)  # shares the drafter's first two nodes
+    plan = ctl._choose(5, cands, copy, 3, 63, 3)
+    assert plan.drafted == 5  # 3 drafted + 2 copied nodes the drafter did not have
+    assert plan.from_lookup[:2].all() and not plan.from_lookup[2]
+    assert (plan.draft_bucket[3:] < 0).all() and (plan.lookup_bucket[:2] >= 0).all()
+
+
+def drive(ctl, expected, seconds, steps):
+    """Feed `steps` drafting steps that expect `expected` tokens in `seconds`; returns the kinds
+    the controller chose for the steps in between."""
+    kinds = []
+    plan = ctl._choose(5, chain(0.5, 1), no_copy(), 0, 63, 1)
+    plan.expected = expected
+    for _ in range(steps):
+        kind = ctl.next_step([1, 2, 3, 4], True, 100)
+        kinds.append(kind)
+        if kind == "draft":
+            ctl.observe("draft", plan, np.zeros(0, dtype=np.int64), 2, seconds / 2, seconds / 2)
+    return kinds
+
+
+def test_parks_when_drafting_does_not_pay_and_backs_off():
+    ctl = Controller(linear_costs(), has_drafter=True)
+    kinds = drive(ctl, expected=1.0, seconds=0.25, steps=40)
+    first = kinds.index("plain")
+    assert kinds[:first] == ["draft"] and kinds[first:first + PARK_FIRST] == ["plain"] * PARK_FIRST
+    assert kinds[first + PARK_FIRST] == "draft"  # the probe
+    probes = [i for i, k in enumerate(kinds) if k == "draft"]
+    gaps = np.diff(probes) - 1
+    assert list(gaps[:3]) == [PARK_FIRST, 2 * PARK_FIRST, 4 * PARK_FIRST]  # the back-off doubles
+    assert ctl.backoff <= PARK_MAX
+
+
+def test_recovers_after_parking_when_drafting_pays_again():
+    ctl = Controller(flat_costs(), has_drafter=True)
+    drive(ctl, expected=1.0, seconds=0.3, steps=30)  # parked, backed off
+    assert ctl.parked > 0 and ctl.backoff > PARK_FIRST
+    kinds = drive(ctl, expected=3.0, seconds=0.12, steps=200)
+    assert kinds[-50:] == ["draft"] * 50  # drafting again, for good
+    assert ctl.backoff == PARK_FIRST and ctl.gain > 1
+
+
+def test_without_a_drafter_only_the_copy_is_verified_and_only_where_it_pays():
+    ids = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]  # the copy would continue 4, 5, 6, ...
+    assert Controller(flat_costs(), has_drafter=False).next_step(ids, True, 100) == "lookup"
+    assert Controller(linear_costs(), has_drafter=False).next_step(ids, True, 100) == "plain"
+    assert Controller(flat_costs(), has_drafter=False).next_step([1, 2, 3, 4, 5], True, 100) == "plain"
+
+
+def test_acceptance_model_learns_from_outcomes():
+    ctl = Controller(flat_costs(), True)
+    acc = ctl.acceptance
+    bucket = acc.draft_bucket(np.array([0.15]), np.array([1]))
+    before = acc.draft_p(bucket)[0]
+    acc.update(np.repeat(bucket, 200), np.ones(200, dtype=bool), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool))
+    assert before == pytest.approx(0.15) and acc.draft_p(bucket)[0] > 0.95
+
+
+# ---- losslessness through the controller's trees ----------------------------------------------
+
+def with_costs(m, c):
+    """`m` with a controller on cost model `c` (instead of measuring this machine)."""
+    m.controllers[id(m.drafter)] = Controller(c, m.drafter is not None)
+    return m
+
+
+@pytest.mark.parametrize("curve", ["flat", "linear", "measured"])
+def test_adaptive_greedy_equals_plain_tiny(curve):
+    m = tiny_loaded()
+    ar = generate(m, PROMPT, mode="ar", max_tokens=200)
+    if curve != "measured":
+        with_costs(m, flat_costs() if curve == "flat" else linear_costs())
+    auto = generate(m, PROMPT, mode="auto", max_tokens=200)
+    assert auto.tokens == ar.tokens and auto.finish_reason == "length"
+    assert auto.stats.mode == "auto" and auto.stats.adaptive
+    if curve == "flat":
+        assert auto.stats.accepted_tokens > 0 and auto.stats.steps < ar.stats.steps
+    if curve == "linear":
+        assert auto.stats.parked_steps > 0
+
+
+def test_every_transition_between_plain_copy_and_drafted_steps_is_lossless(monkeypatch):
+    """Force the controller through every order of plain (pipelined), copy-only and drafted steps."""
+    m = with_costs(tiny_loaded(), flat_costs())
+    ar = generate(m, PROMPT, mode="ar", max_tokens=150)
+    pattern = itertools.cycle(["plain", "plain", "draft", "lookup", "plain", "draft", "draft", "lookup", "lookup",
+                               "plain", "lookup", "draft", "plain"])
+    monkeypatch.setattr(Controller, "next_step", lambda self, ids, root_known, room: next(pattern))
+    auto = generate(m, PROMPT, mode="auto", max_tokens=150)
+    assert auto.tokens == ar.tokens
+    assert auto.stats.parked_steps > 0 and auto.stats.accepted_tokens > 0
+
+
+def test_adaptive_stops_at_eos_and_the_context_limit():
+    m = tiny_loaded()
+    ar = generate(m, PROMPT, mode="ar", max_tokens=120)
+    eos = ar.tokens[60]
+    cut = ar.tokens.index(eos)
+    m.tokenizer = CharTokenizer(eos=[eos])
+    for c in (flat_costs(), linear_costs()):
+        auto = generate(with_costs(m, c), PROMPT, mode="auto", max_tokens=120)
+        assert auto.tokens == ar.tokens[:cut] and auto.finish_reason == "eos"
+    small = tiny_loaded(context=len(PROMPT) + 40)
+    ar = generate(small, PROMPT, mode="ar", max_tokens=500)
+    for c in (flat_costs(), linear_costs()):
+        auto = generate(with_costs(small, c), PROMPT, mode="auto", max_tokens=500)
+        assert auto.tokens == ar.tokens and auto.finish_reason == "context"
+
+
+def test_auto_without_a_drafter_drafts_from_the_context():
+    m = tiny_loaded()
+    ar = generate(m, PROMPT, mode="ar", max_tokens=200)
+    m.drafter = None
+    auto = generate(with_costs(m, flat_costs()), PROMPT, mode="auto", max_tokens=200)
+    assert auto.tokens == ar.tokens and auto.stats.mode == "auto"
+    assert auto.stats.looked_up_tokens > 0 and auto.stats.parked_steps > 0  # a tiny model loops: copies pay
+
+
+def test_use_drafter_false_keeps_the_drafter_out():
+    m = with_costs(tiny_loaded(), flat_costs())
+    m.controllers[id(None)] = Controller(flat_costs(), False)
+    ar = generate(m, PROMPT, mode="ar", max_tokens=100)
+    auto = generate(m, PROMPT, mode="auto", max_tokens=100, use_drafter=False)
+    assert auto.tokens == ar.tokens
+    assert auto.stats.accepted_tokens == auto.stats.looked_up_tokens  # every accepted token was copied
+
+
+def test_adaptive_sampling_matches_base_distribution():
+    m = tiny_loaded(vocab=4, seed=3)
+    with_costs(m, flat_costs())
+    probs = exact_distribution(m, SAMPLING_PROMPT, 3, 1.0, 1.0)
+    counts = sampled_counts(m, SAMPLING_PROMPT, 3, 1500, mode="auto", temperature=1.0)
+    assert chi_square_p(counts, probs) > 1e-3
+
+
+# ---- the cost model and its cache -------------------------------------------------------------
+
+def test_cost_model_interpolates_extrapolates_and_refines():
+    c = CostModel([1, 2, 4, 8], [0.1, 0.12, 0.16, 0.24])
+    assert c.verify(3) == pytest.approx(0.14) and c.verify(16) == pytest.approx(0.40)
+    assert c.ratio(8) == pytest.approx(2.4)
+    for _ in range(100):
+        c.observe_verify(4, 0.32)  # this size now costs twice the calibration
+    assert c.verify(4) == pytest.approx(0.32, rel=0.01) and c.verify(1) == pytest.approx(0.1)
+    c.observe_verify(4, 30.0)  # a stall is not the curve
+    assert c.verify(4) == pytest.approx(0.32, rel=0.01)
+
+
+def test_calibration_measures_a_rising_curve(tiny_loaded):
+    c = costs.calibrate(tiny_loaded.model, budget=1.0)
+    assert c.sizes[0] == 1 and len(c.sizes) >= 2
+    assert np.all(np.diff(c.seconds) >= 0) and c.seconds[0] > 0
+
+
+def test_cost_cache_round_trip_and_invalidation(tiny_loaded, monkeypatch):
+    m = tiny_loaded
+    calls = []
+    real = costs.calibrate
+
+    def counting(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(costs, "calibrate", counting)
+    first = costs.cost_model(m)
+    assert len(calls) == 1 and (m.path / costs.FILE).is_file()
+    again = costs.cost_model(m)
+    assert len(calls) == 1 and again.source.startswith("cached")
+    assert again.seconds.tolist() == first.seconds.tolist()
+    # Another weight format, MLX version or device, or changed weights: measured again.
+    m.weight_format = "float16"
+    costs.cost_model(m)
+    assert len(calls) == 2
+    monkeypatch.setattr(mx, "__version__", "0.0.1")
+    costs.cost_model(m)
+    assert len(calls) == 3
+    monkeypatch.setattr(costs, "device_description", lambda: "gpu (a new one)")
+    costs.cost_model(m)
+    assert len(calls) == 4
+    weights = next(m.path.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes() + b"\0" * 16)
+    costs.cost_model(m)
+    assert len(calls) == 5
+    assert len(json.loads((m.path / costs.FILE).read_text())) == 5  # each key kept
+
+
+def test_a_damaged_cost_cache_is_measured_again(tiny_loaded):
+    (tiny_loaded.path / costs.FILE).write_text("{not json")
+    c = costs.cost_model(tiny_loaded)
+    assert c.source == "measured"
+    assert costs.read_cached(tiny_loaded) is not None
+
+
+def test_controller_is_made_once_per_drafter(tiny_loaded):
+    from redrafter_mlx.drafter import new_drafter
+
+    tiny_loaded.drafter = new_drafter(tiny_loaded.args)
+    a = controller(tiny_loaded)
+    assert a.has_drafter and a.costs.draft_level is not None
+    assert controller(tiny_loaded) is a
+    b = controller(tiny_loaded, use_drafter=False)
+    assert b is not a and not b.has_drafter and b.costs is a.costs
+
+
+def test_expansion_stops_where_no_child_can_pay():
+    from redrafter_mlx.tree_search import expand
+
+    m = tiny_loaded()
+    h = mx.zeros((m.args.hidden_size,))
+    assert expand(m.drafter, m.model, h, 5, 2, 4, min_prob=1e-9).depth == 4
+    assert expand(m.drafter, m.model, h, 5, 2, 4, min_prob=1e-9, stop_prob=0.999).depth == 1
