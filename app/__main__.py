@@ -100,12 +100,13 @@ def configure_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = configure_parser().parse_args(argv)
-    from .app import create_app  # after parsing: --help stays fast
+    from redrafter_mlx.tuning import fixed_drafting  # after parsing: --help stays fast
+    from .app import create_app
 
     settings = Settings(
         speculative=not args.no_speculative,
         # Any drafting option fixes the drafting; without one the adaptive controller sizes each step.
-        adaptive=all(v is None for v in (args.beam_width, args.beam_length, args.lookup, args.tree, args.tree_min_prob)),
+        adaptive=not fixed_drafting(args.beam_width, args.beam_length, args.lookup, args.tree, args.tree_min_prob),
         beam_width=args.beam_width or 4,
         beam_length=args.beam_length or 4,
         beam_tuned=args.beam_width is None and args.beam_length is None,

@@ -50,14 +50,15 @@ def main(argv=None) -> int:
 
     from .generate import stream
     from .loader import load
+    from .tuning import fixed_drafting
 
     try:
         m = load(args.model, drafter=args.drafter, weight_format=args.weight_format,
                  use_drafter=args.mode != "ar" and not args.no_drafter,
                  progress=lambda s: print(f"[{s}]", file=sys.stderr))
         print(f"[{m.name}: {m.weight_format} on {m.device}; drafter: {m.drafter_path or 'none'}]", file=sys.stderr)
-        if args.mode != "ar" and all(v is None for v in (args.beam_width, args.beam_length, args.lookup, args.tree,
-                                                          args.tree_min_prob)):
+        if args.mode != "ar" and not fixed_drafting(args.beam_width, args.beam_length, args.lookup, args.tree,
+                                                     args.tree_min_prob):
             from .control import controller
 
             controller(m, not args.no_drafter, progress=lambda s: print(f"[{s}]", file=sys.stderr))

@@ -35,7 +35,7 @@ from typing import Dict, List
 from . import _platform  # noqa: F401  (OpenBLAS before mlx)
 from .errors import RedrafterError
 from .tree_search import DEFAULT_MIN_PROB
-from .tuning import DEFAULT_LOOKUP, DEFAULT_TREE, drafting, save_beam_shape
+from .tuning import DEFAULT_LOOKUP, DEFAULT_TREE, drafting, fixed_drafting, save_beam_shape
 
 MODES = ("ar", "auto", "redrafter", "mlx-lm")
 
@@ -400,8 +400,8 @@ def parse_args(argv=None):
     bad = [m for m in args.modes if m not in MODES]
     if bad or not args.modes:
         p.error(f"unknown mode(s) {', '.join(bad) or '(none)'}; choose from {', '.join(MODES)}")
-    args.fixed = args.grid or any(v is not None for v in (args.beam_width, args.beam_length, args.lookup, args.tree,
-                                                          args.tree_min_prob))
+    args.fixed = args.grid or fixed_drafting(args.beam_width, args.beam_length, args.lookup, args.tree,
+                                             args.tree_min_prob)
     if args.no_drafter and args.fixed and "redrafter" in args.modes:
         p.error("fixed drafting (--beam-width, --beam-length, --grid, --lookup, --tree, --tree-min-prob, --tune) "
                 "needs the drafter: drop --no-drafter, or those options to run the adaptive controller")

@@ -26,15 +26,14 @@ It probes again after a back-off that doubles while probes keep failing (4 .. 25
 Without a drafter the controller is always parked: lookup alone, where it pays.
 """
 
-import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import numpy as np
 
 from .costs import CostModel, cost_model
 from .lookup import lookup_match
-from .tree_search import Candidates, expand
+from .tree_search import Candidates, expand, leaf_paths
 
 DRAFT_EDGES = np.array([0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99])
 DRAFT_PRIOR = np.array([0.01, 0.035, 0.075, 0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 0.925, 0.97, 0.995])
@@ -160,11 +159,10 @@ class Controller:
         fits = np.flatnonzero(curve <= 6.0)
         return int(min(MAX_NODES, fits[-1])) if fits.size else 0
 
-    def floor(self) -> float:
-        """Path probability below which no node can pay: verifying one more token costs `slope`
-        plain steps, and a node adds its acceptance probability to the tokens of a step."""
-        n_max = max(self._n_max(), 1)
-        curve = self.costs.verify_curve(n_max + 1) / self.costs.plain
+    def floor(self, n_max: int) -> float:
+        """Path probability below which no node can pay: verifying one more token (of up to
+        n_max) costs `slope` plain steps, and a node adds its acceptance probability to a step."""
+        curve = self.costs.verify_curve(max(n_max, 1) + 1) / self.costs.plain
         slope = float(np.min(np.diff(curve))) if curve.size > 1 else 1.0
         self.last_floor = float(np.clip(0.5 * slope, 0.005, 0.5))  # half: the head's raw scores are uncalibrated
         return self.last_floor
@@ -173,13 +171,14 @@ class Controller:
         """Draft the candidates for a step of `kind` ('draft' or 'lookup') from the root `token`
         (ids: the context ending with it) and keep the nodes that maximize expected tokens per
         second."""
-        n_max = min(self._n_max(), room - 1)
+        n_all = self._n_max()
+        n_max = min(n_all, room - 1)
         levels = 0
         cands = Candidates.empty()
         if kind == "draft" and n_max >= 1:
             levels = int(min(self.depth, n_max))
             width = 8 if self.costs.ratio(32) < 2.0 else 4  # wide where verification is nearly free (GPUs)
-            floor = self.floor()
+            floor = self.floor(n_all)
             # Another level pays only if its best node can repay the level's drafting time and its
             # own verification, each token being worth about a plain step.
             stop = floor + (self.costs.draft_level or 0.0) / self.costs.plain
@@ -226,7 +225,7 @@ class Controller:
         cost = self.costs.verify_curve(order.size + 1)
         b = int(np.argmax((1.0 + gains) / cost))
         kept = order[:b]
-        node_at = _paths(kept, np.asarray(parent, dtype=np.int64), path_p)
+        node_at = leaf_paths(kept, np.asarray(parent, dtype=np.int64), path_p)
         rows = np.where(node_at >= 0, np.asarray(tokens + [root], dtype=np.int32)[node_at], -1).astype(np.int32)
         rows[:, 0] = root
         return Plan(rows, node_at, np.asarray(parent, dtype=np.int64), kept, draft_bucket, lookup_bucket,
@@ -272,29 +271,6 @@ class Controller:
     def summary(self) -> Dict[str, float]:
         return {**self.costs.summary(), "draft_depth": self.depth, "floor": self.last_floor,
                 "parked_for": max(self.parked, 0)}
-
-
-def _paths(kept: np.ndarray, parent: np.ndarray, score: np.ndarray) -> np.ndarray:
-    """Kept nodes as root-to-leaf rows, best branch first: (R, D) node index at each position,
-    -1 at the root (column 0) and past a row's end. The kept set must be closed under parents."""
-    if kept.size == 0:
-        return np.full((1, 1), -1, dtype=np.int64)
-    kept_list = kept.tolist()
-    inner = {int(parent[k]) for k in kept_list}
-    paths: List[List[int]] = []
-    for leaf in kept_list:
-        if leaf in inner:
-            continue
-        path, node = [], leaf
-        while node >= 0:
-            path.append(node)
-            node = int(parent[node])
-        paths.append(path[::-1])
-    paths.sort(key=lambda p: [-score[n] for n in p])
-    node_at = np.full((len(paths), max(len(p) for p in paths) + 1), -1, dtype=np.int64)
-    for r, p in enumerate(paths):
-        node_at[r, 1 : len(p) + 1] = p
-    return node_at
 
 
 def controller(loaded, use_drafter: bool = True, progress=None) -> Controller:

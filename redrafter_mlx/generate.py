@@ -31,7 +31,7 @@ from .sampling import Sampler
 from .stats import RunStats, StepStats
 from .tree import accept, beam_of, pack
 from .tree_search import tree_nodes, tree_search
-from .tuning import drafting
+from .tuning import drafting, fixed_drafting
 from .control import controller
 
 PREFILL_CHUNK = 512
@@ -153,7 +153,7 @@ def stream(
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
     drafter = loaded.drafter if use_drafter else None
-    adaptive = mode != "ar" and all(v is None for v in (beam_width, beam_length, tree, lookup, tree_min_prob, draft_top_k))
+    adaptive = mode != "ar" and not fixed_drafting(beam_width, beam_length, tree, lookup, tree_min_prob, draft_top_k)
     # The node budget is `budget`: below, `tree` holds each step's packed tree.
     beam_width, beam_length, budget, lookup, tree_min_prob = drafting(
         loaded, beam_width, beam_length, tree, lookup, tree_min_prob)
@@ -264,17 +264,17 @@ def stream(
                     if ctl is not None and steady:
                         ctl.observe_plain(time.perf_counter() - t_step)
                 else:
-                    L = min(beam_length, room)
                     t_draft = time.perf_counter()
                     plan = None
                     if ctl is not None:
                         # The controller drafts a candidate tree (the drafter's and the copy's nodes)
                         # and keeps what pays on this machine; `plan.rows` are its root-to-leaf rows.
                         plan = ctl.plan(kind, drafter, model, h, token_id, pc.ids + [token_id], room)
-                        beams_np, rows, drafted = plan.rows, plan.rows.shape[0], plan.drafted
+                        beams_np, drafted = plan.rows, plan.drafted
                     else:
                         # Draft W beams of L tokens (or a dynamic tree of up to `tree` nodes, W wide,
                         # L - 1 deep) from h, the hidden state at the last cached token.
+                        L = min(beam_length, room)
                         if budget:
                             beams_np = tree_search(drafter, model, h, token_id, beam_width, L - 1, budget, tree_min_prob)
                             drafted = tree_nodes(beams_np)

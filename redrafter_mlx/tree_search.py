@@ -137,22 +137,32 @@ def _rows(root: int, tokens, parents, scores, levels, budget: int) -> np.ndarray
     kept_set = set(kept.tolist())
     if any(parents[i] >= 0 and parents[i] not in kept_set for i in kept):
         raise AssertionError("tree selection is not closed under parents")  # scores never grow with depth
-    inner = {parents[i] for i in kept}
+    node_at = leaf_paths(kept, np.asarray(parents), scores)
+    out = np.where(node_at >= 0, np.append(np.asarray(tokens, dtype=np.int32), root)[node_at], -1).astype(np.int32)
+    out[:, 0] = root
+    return out
+
+
+def leaf_paths(kept: np.ndarray, parents: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """Kept nodes (closed under parents) as root-to-leaf rows, best branch first at every level:
+    (R, D) node index at each position, -1 at the root (column 0) and past a row's end."""
+    if kept.size == 0:
+        return np.full((1, 1), -1, dtype=np.int64)
+    inner = {int(parents[k]) for k in kept.tolist()}
     paths = []
-    for leaf in kept:
+    for leaf in kept.tolist():
         if leaf in inner:
             continue
-        path, node = [], int(leaf)
+        path, node = [], leaf
         while node >= 0:
             path.append(node)
-            node = parents[node]
+            node = int(parents[node])
         paths.append(path[::-1])
-    paths.sort(key=lambda p: [-scores[n] for n in p])  # best branch first at every level
-    out = np.full((len(paths), max(len(p) for p in paths) + 1), -1, dtype=np.int32)
-    out[:, 0] = root
+    paths.sort(key=lambda p: [-scores[n] for n in p])
+    node_at = np.full((len(paths), max(len(p) for p in paths) + 1), -1, dtype=np.int64)
     for r, p in enumerate(paths):
-        out[r, 1 : len(p) + 1] = [tokens[n] for n in p]
-    return out
+        node_at[r, 1 : len(p) + 1] = p
+    return node_at
 
 
 def tree_nodes(beams: np.ndarray) -> int:

@@ -105,6 +105,13 @@ class Drafting(NamedTuple):
     tree_min_prob: float
 
 
+def fixed_drafting(*settings) -> bool:
+    """The one rule for adaptive vs fixed drafting: any drafting setting given (beam width or
+    length, tree, lookup, tree_min_prob, draft top-k: not None) fixes the drafting; with none,
+    modes auto and redrafter are adaptive (control.py)."""
+    return any(v is not None for v in settings)
+
+
 def drafting(loaded, beam_width: Optional[int] = None, beam_length: Optional[int] = None, tree: Optional[int] = None,
              lookup: Optional[int] = None, tree_min_prob: Optional[float] = None) -> Drafting:
     """The one rule for what a call leaves as None, shared by generate, the bench and the app:
