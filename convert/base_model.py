@@ -25,7 +25,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
-from redrafter_mlx.config import LlamaArgs
+from redrafter_mlx.config import ModelArgs
 from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError, RedrafterError, UnsupportedModelError
 
 from .checkpoint import load_safetensors, pytorch_to_safetensors, read_json, weight_files
@@ -47,18 +47,22 @@ class BaseSource:
     path: Path
     kind: str  # "hf" or "gguf"
     config: Dict[str, Any]
-    args: LlamaArgs
+    args: ModelArgs
     gguf: Optional[tuple] = field(default=None, repr=False)  # (weights, metadata) of a GGUF file
 
 
-def check_architecture(config: Dict[str, Any], where: str) -> LlamaArgs:
-    """Refuse anything redrafter_mlx cannot run, before any work is done."""
-    try:
-        return LlamaArgs.from_dict(config)
-    except TypeError as e:
-        needed = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "vocab_size")
-        missing = ", ".join(k for k in needed if k not in config)
-        raise CorruptModelError(f"{where} is not a Llama-family model config (it lacks {missing or e})") from e
+def check_architecture(config: Dict[str, Any], where: str) -> ModelArgs:
+    """Refuse anything redrafter_mlx cannot run, before any work is done: a family mlx-lm
+    does not build, or one that cannot verify a draft tree."""
+    from redrafter_mlx.loader import model_classes
+
+    needed = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")
+    text = config.get("text_config") or {}
+    missing = ", ".join(k for k in needed if k not in config and k not in text)
+    if missing:
+        raise CorruptModelError(f"{where} is not a model config mlx-lm can build (it lacks {missing})")
+    model_classes(config)
+    return ModelArgs.from_config(config)
 
 
 def open_base(path: Path) -> BaseSource:

@@ -112,9 +112,9 @@ def _check_args(p: argparse.ArgumentParser, args):
 
 
 def _base_args_of(name: str):
-    """LlamaArgs of the model a drafter is for (only its config is read)."""
+    """ModelArgs of the model a drafter is for (only its config is read)."""
     from redrafter_mlx import registry
-    from redrafter_mlx.config import LlamaArgs
+    from redrafter_mlx.config import ModelArgs
     from redrafter_mlx.gguf import read_gguf
 
     from .checkpoint import read_json
@@ -124,7 +124,7 @@ def _base_args_of(name: str):
         config = read_gguf(resolved.path)[0]
     else:
         config = read_json(resolved.path / "config.json", "model")
-    return LlamaArgs.from_dict(config), resolved.path
+    return ModelArgs.from_config(config), resolved.path
 
 
 def _files_info(info: Dict[str, Any], root: Optional[Path]) -> Dict[str, Any]:

@@ -59,30 +59,9 @@ def read_prompts(path: Path, limit: int = None) -> List[Dict]:
 
 
 def mlx_lm_twin(loaded):
-    """mlx-lm's own Llama module holding the very same tensors (same format: float or quantized)."""
-    import mlx.core as mx
-    import mlx.nn as nn
-    from mlx.utils import tree_flatten
-    from mlx_lm.models import llama as mllama
-
-    a = loaded.args
-    twin = mllama.Model(mllama.ModelArgs(
-        model_type="llama", hidden_size=a.hidden_size, num_hidden_layers=a.num_hidden_layers,
-        intermediate_size=a.intermediate_size, num_attention_heads=a.num_attention_heads,
-        rms_norm_eps=a.rms_norm_eps, vocab_size=a.vocab_size, num_key_value_heads=a.num_key_value_heads,
-        head_dim=a.head_dim, max_position_embeddings=a.max_position_embeddings, rope_theta=a.rope_theta,
-        rope_traditional=a.rope_traditional, rope_scaling=a.rope_scaling, tie_word_embeddings=a.tie_word_embeddings,
-        attention_bias=a.attention_bias, mlp_bias=a.mlp_bias))
-    ours = dict(loaded.model.named_modules())
-
-    def same_quantization(path, module):
-        q = ours.get(path)
-        return {"group_size": q.group_size, "bits": q.bits} if hasattr(q, "bits") else False
-
-    nn.quantize(twin, class_predicate=same_quantization)
-    twin.load_weights(tree_flatten(loaded.model.parameters()), strict=True)
-    mx.eval(twin.parameters())
-    return twin
+    """mlx-lm's own model holding the very same tensors: the base model is mlx-lm's module
+    (plain forwards run its code unchanged), so it is used as is."""
+    return loaded.model.model
 
 
 def run_mlx_lm(loaded, twin, prompt: str, args) -> Dict:

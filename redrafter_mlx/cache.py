@@ -18,6 +18,8 @@ from typing import List, Optional, Sequence, Tuple, Union
 import mlx.core as mx
 import numpy as np
 
+from mlx_lm.models.base import create_causal_mask
+
 Indices = Union[mx.array, Sequence[int]]
 
 
@@ -44,12 +46,26 @@ def _commit_plan(indices: Indices, start: int, offset: int) -> Tuple[int, int, O
 
 
 class KVCache:
+    """One layer's keys and values. `window`: the layer's sliding attention window (None =
+    full attention); the history is kept and the window applied by the mask. `tree`: the
+    model's TreeState (base_model.py); inside a tree forward, `make_mask` returns the tree's
+    mask instead of a causal one. (No __len__: mlx-lm tests `if cache`.)"""
+
     step = 256
 
-    def __init__(self):
+    def __init__(self, window: Optional[int] = None, tree=None):
         self.keys = None  # (B, H_kv, T_max, D)
         self.values = None  # (B, H_kv, T_max, D)
         self.offset = 0
+        self.window = window
+        self.tree = tree
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: Optional[int] = None):
+        """The mask mlx-lm's `create_attention_mask` asks for: N new tokens after this cache."""
+        window = min(w for w in (window_size, self.window) if w) if (window_size or self.window) else None
+        if self.tree is not None and self.tree.active:
+            return tree_mask(self.tree, N, self.offset, window)
+        return plain_mask(N, self.offset, return_array, window)
 
     @property
     def capacity(self) -> int:
@@ -114,8 +130,9 @@ class KVCache:
 class Cache(list):
     """One KVCache per layer, moved together. `offset` is the number of cached tokens."""
 
-    def __init__(self, num_layers: int):
-        super().__init__(KVCache() for _ in range(num_layers))
+    def __init__(self, num_layers: int, windows: Optional[Sequence[Optional[int]]] = None, tree=None):
+        windows = list(windows) if windows is not None else [None] * num_layers
+        super().__init__(KVCache(w, tree) for w in windows)
 
     @property
     def offset(self) -> int:
@@ -150,3 +167,30 @@ class Cache(list):
     @property
     def state(self) -> List[mx.array]:
         return [a for c in self for a in c.state]
+
+
+def tree_mask(state, N: int, offset: int, window: Optional[int]) -> mx.array:
+    """The attention mask of a tree forward for one layer: cached prefix + the state's mask,
+    the window applied on positions. (T, S) for one row, (B, 1, T, S) for a batch."""
+    mask = state.mask  # (B', T, T or S)
+    Bm, T, W = mask.shape
+    if W == N:
+        mask = mx.concatenate([mx.ones((Bm, T, offset), dtype=mx.bool_), mask], axis=-1)
+    if window is not None:
+        B = state.host_positions.shape[0]
+        qpos = state.positions.reshape(B, T)
+        kpos = mx.concatenate([mx.broadcast_to(mx.arange(offset, dtype=mx.int32), (B, offset)), qpos], axis=1)
+        mask = mask & ((qpos[:, :, None] - kpos[:, None, :]) < window)
+    if mask.shape[0] == 1:
+        return mask[0]
+    return mask[:, None, None] if state.five_d else mask[:, None]
+
+
+def plain_mask(N: int, offset: int, return_array: bool, window: Optional[int]):
+    """mlx-lm's mask for a causal chunk of N tokens after `offset` cached ones, the whole
+    history kept (the window applied by the mask rather than by a rotating buffer)."""
+    if window is not None and offset + N > window:
+        return create_causal_mask(N, offset, window_size=window)
+    if N == 1:
+        return None
+    return create_causal_mask(N, offset) if return_array else "causal"

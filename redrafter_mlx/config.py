@@ -1,7 +1,6 @@
 """Configuration dataclasses.
 
-`LlamaArgs.from_dict` accepts a raw Hugging Face / mlx-lm `config.json` as is: unknown
-keys are ignored (the mlx-lm habit), missing optional ones take Llama defaults.
+`from_dict` ignores unknown keys (the mlx-lm habit).
 """
 
 import inspect
@@ -9,9 +8,6 @@ from dataclasses import asdict, dataclass
 from typing import Any, Dict, Optional
 
 from .errors import UnsupportedModelError
-
-# Architectures whose HF config describes a plain pre-norm RMSNorm/SwiGLU/RoPE decoder.
-LLAMA_FAMILY = {"llama", "mistral", "vicuna", "smollm", "smollm2"}
 
 
 @dataclass
@@ -32,52 +28,39 @@ class BaseArgs:
 
 
 @dataclass
-class LlamaArgs(BaseArgs):
-    @classmethod
-    def normalize(cls, params: Dict[str, Any]) -> Dict[str, Any]:
-        # transformers >= 5 writes rope settings as {"rope_parameters": {"rope_theta", "rope_type", ...}}.
-        rope = params.get("rope_parameters")
-        if isinstance(rope, dict):
-            params.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
-            if rope.get("rope_type", "default") != "default":
-                params.setdefault("rope_scaling", rope)
-        return params
+class ModelArgs(BaseArgs):
+    """What the library needs to know of a base model, whatever its family. Built by
+    `base_model.TreeModel` from the model itself; `from_config` reads it from a config.json
+    alone (for tools that do not build the model)."""
 
+    model_type: str
     hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
     vocab_size: int
-    model_type: str = "llama"
-    rms_norm_eps: float = 1e-5
-    num_key_value_heads: Optional[int] = None
-    head_dim: Optional[int] = None
+    num_hidden_layers: int
     max_position_embeddings: int = 4096
-    rope_theta: float = 10000.0
-    rope_traditional: bool = False
-    rope_scaling: Optional[Dict[str, Any]] = None
     tie_word_embeddings: bool = True
-    attention_bias: bool = False
-    mlp_bias: bool = False
-    # Per-layer or global MLX quantization, as mlx-lm writes it into config.json:
-    # {"group_size": 64, "bits": 4, "model.embed_tokens": {"group_size": 32, "bits": 8}, ...}
-    quantization: Optional[Dict[str, Any]] = None
+    # The factor the family's decoder multiplies input embeddings by (Gemma: sqrt(hidden_size)).
+    embed_scale: float = 1.0
 
-    def __post_init__(self):
-        if self.model_type not in LLAMA_FAMILY:
-            raise UnsupportedModelError(
-                f"unsupported architecture {self.model_type!r}: this tool runs Llama-family "
-                f"decoders ({', '.join(sorted(LLAMA_FAMILY))})"
-            )
-        if self.num_key_value_heads is None:
-            self.num_key_value_heads = self.num_attention_heads
-        if self.head_dim is None:
-            self.head_dim = self.hidden_size // self.num_attention_heads
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise UnsupportedModelError(
-                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads={self.num_key_value_heads}"
-            )
+    @classmethod
+    def from_config(cls, config: Dict[str, Any]) -> "ModelArgs":
+        text = config.get("text_config") or {}
+
+        def get(key, default=None):
+            return config.get(key, text.get(key, default))
+
+        missing = [k for k in ("model_type", "hidden_size", "vocab_size", "num_hidden_layers") if get(k) is None]
+        if missing:
+            raise UnsupportedModelError(f"config.json lacks {', '.join(missing)}")
+        from .base_model import SCALED_EMBEDDINGS
+
+        model_type = str(get("model_type"))
+        hidden = int(get("hidden_size"))
+        return cls(model_type=model_type, hidden_size=hidden, vocab_size=int(get("vocab_size")),
+                   num_hidden_layers=int(get("num_hidden_layers")),
+                   max_position_embeddings=int(get("max_position_embeddings", 4096) or 4096),
+                   tie_word_embeddings=bool(get("tie_word_embeddings", True)),
+                   embed_scale=hidden**0.5 if model_type in SCALED_EMBEDDINGS else 1.0)
 
 
 @dataclass
@@ -104,6 +87,11 @@ class DrafterArgs(BaseArgs):
     # tensor of ids, e.g. the most frequent tokens of the base model's outputs), which makes
     # each draft step's vocabulary projection that much cheaper. 0 = the whole vocabulary.
     draft_vocab_size: int = 0
+    # The scale of the token embeddings the head reads (the base family's own input scale,
+    # e.g. sqrt(hidden_size) for Gemma; 1.0 for drafters from before this field).
+    embed_scale: float = 1.0
+    # The model_type of the base model it was trained for ("" = not recorded).
+    base_model_type: str = ""
     model_type: str = "recurrent_drafting_drafter"
 
     def __post_init__(self):

@@ -77,6 +77,8 @@ class Drafter(nn.Module):
 
     def update_state(self, emb: mx.array, state: mx.array) -> mx.array:
         """s_k from e_k and s_{k-1}: (..., hidden) -> (..., hidden)."""
+        if self.args.embed_scale != 1.0:
+            emb = emb * mx.array(self.args.embed_scale, dtype=emb.dtype)
         if self.args.rnn:
             return nn.silu(self.rnn_w(emb) + self.rnn_u(state))
         return emb + state
@@ -132,10 +134,8 @@ class Drafter(nn.Module):
             ids = self.draft_vocab
             if self.args.lm_head == "own":
                 layer = self.lm_head[-1]
-            elif base.args.tie_word_embeddings:
-                layer = base.model.embed_tokens
             else:
-                layer = base.lm_head
+                layer = base.lm_head if base.lm_head is not None else base.embed_tokens
             if hasattr(layer, "scales"):  # quantized: gather rows of the packed weight and their scales
                 w, s, b = layer.weight[ids], layer.scales[ids], layer.biases[ids]
                 gs, bits = layer.group_size, layer.bits
@@ -175,8 +175,8 @@ class Drafter(nn.Module):
 
 
 def _activation_dtype(base) -> mx.Dtype:
-    """The dtype the base model computes in (its final norm's weight)."""
-    return base.model.norm.weight.dtype
+    """The dtype the base model computes in."""
+    return base.activation_dtype
 
 
 def new_drafter(base_args, exit_dim: int = None, num_draft_layers: int = 1, lm_head: str = "own", rnn: bool = True, seed: int = 0):
@@ -189,11 +189,18 @@ def new_drafter(base_args, exit_dim: int = None, num_draft_layers: int = 1, lm_h
         num_draft_layers=num_draft_layers,
         lm_head=lm_head,
         rnn=rnn,
+        embed_scale=getattr(base_args, "embed_scale", 1.0),
+        base_model_type=getattr(base_args, "model_type", ""),
     )
     return Drafter(args)
 
 
 def check_compatible(args: DrafterArgs, base_args, where: str = "drafter"):
+    if args.base_model_type and args.base_model_type != base_args.model_type:
+        raise DrafterMismatchError(
+            f"{where} was trained for a {args.base_model_type!r} base model, not this {base_args.model_type!r} one: "
+            "use the drafter trained for this model (or --no-drafter)"
+        )
     if args.hidden_size != base_args.hidden_size or args.vocab_size != base_args.vocab_size:
         raise DrafterMismatchError(
             f"{where} was trained for a base model with hidden size {args.hidden_size} and "

@@ -163,6 +163,8 @@ def stream(
         mode = "redrafter" if drafter is not None and beam_length != 1 else "ar"
     elif mode == "auto":
         mode = "redrafter"
+    if mode == "redrafter" and not getattr(loaded, "tree_ok", True):
+        mode, adaptive = "ar", False  # the load-time self-check found tree verification wrong here
     if mode == "redrafter" and (beam_width < 1 or beam_length < 1):
         raise ValueError(f"beam width and length must be >= 1, not {beam_width} x {beam_length}")
     if max_tokens < 1:

@@ -93,7 +93,8 @@ def read_gguf(path) -> Tuple[Dict[str, Any], Dict[str, mx.array], Dict[str, Any]
             f"{path.name}: GGUF architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
         )
 
-    config: Dict[str, Any] = {"model_type": "llama", "rope_traditional": True}
+    # mlx-lm's llama module runs it; rms_norm_eps is required there, llama.cpp may omit it.
+    config: Dict[str, Any] = {"model_type": "llama", "rope_traditional": True, "rms_norm_eps": 1e-5}
     for key, name in CONFIG_KEYS.items():
         if f"{arch}.{key}" in meta:
             config[name] = _value(meta[f"{arch}.{key}"])

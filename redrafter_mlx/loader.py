@@ -13,6 +13,7 @@ BLAS (OpenBLAS when present). On a GPU the stored (e.g. 4-bit) weights are kept.
 
 import json
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -22,10 +23,10 @@ import mlx.nn as nn
 
 from . import registry
 from ._platform import device_description, on_cpu
-from .config import LlamaArgs
+from .base_model import TreeModel, check_supported, self_check
+from .config import ModelArgs
 from .errors import CorruptModelError, ModelNotFoundError, UnsupportedModelError
 from .gguf import read_gguf
-from .llama import Model
 from .tokenizer import Tokenizer
 from .tuning import find_tuned
 
@@ -35,9 +36,9 @@ WEIGHT_FORMATS = ("auto", "stored", *DTYPES)
 
 @dataclass
 class LoadedModel:
-    model: Model
+    model: TreeModel
     tokenizer: Tokenizer
-    args: LlamaArgs
+    args: ModelArgs
     name: str
     path: Path
     weight_format: str  # e.g. "float32" or "4-bit (group 32)"
@@ -49,6 +50,7 @@ class LoadedModel:
     lookup: Optional[int] = None  # context-lookup length tuned with it (None: tuning.DEFAULT_LOOKUP)
     tree_min_prob: Optional[float] = None  # the tree's path-probability floor tuned with it
     controllers: Dict[int, Any] = field(default_factory=dict)  # adaptive controllers (control.py), per drafter
+    tree_ok: bool = True  # the load-time self-check passed: speculation is lossless on this model
 
     @property
     def context_length(self) -> int:
@@ -67,21 +69,6 @@ def _resolve_format(weight_format: str) -> str:
     return weight_format
 
 
-def _dequantize_all(weights: Dict[str, mx.array], quant: Dict[str, Any]) -> Dict[str, mx.array]:
-    out = {}
-    for k, v in weights.items():
-        if k.endswith((".scales", ".biases")) and k.rsplit(".", 1)[0] + ".weight" in weights:
-            continue
-        prefix = k[: -len(".weight")] if k.endswith(".weight") else None
-        if prefix and prefix + ".scales" in weights:
-            q = quant.get(prefix, quant) if isinstance(quant.get(prefix), dict) else quant
-            v = mx.dequantize(
-                v, weights[prefix + ".scales"], weights.get(prefix + ".biases"), group_size=q["group_size"], bits=q["bits"]
-            )
-        out[k] = v
-    return out
-
-
 def _describe_quant(quant: Dict[str, Any]) -> str:
     overrides = sorted({(v["bits"], v["group_size"]) for k, v in quant.items() if isinstance(v, dict)})
     text = f"{quant['bits']}-bit (group {quant['group_size']})"
@@ -90,54 +77,130 @@ def _describe_quant(quant: Dict[str, Any]) -> str:
     return text
 
 
-def build_model(config: Dict[str, Any], weights: Dict[str, mx.array], weight_format: str = "stored") -> Tuple[Model, str]:
-    """Instantiate, (de)quantize and load weights strictly. Returns (model, format description)."""
-    args = LlamaArgs.from_dict(config)
-    if "tie_word_embeddings" not in config:  # some configs omit it: the weights tell
-        args.tie_word_embeddings = not any(k.startswith("lm_head.") for k in weights)
-    model = Model(args)
-    weights = model.sanitize(weights)
-    quant = config.get("quantization") or {}
+def _one_line(e: BaseException, limit: int = 240) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _misfit(text: str) -> bool:
+    return any(w in text for w in ("parameters not in model", "Missing", "Expected shape"))
+
+
+def model_classes(config: Dict[str, Any]):
+    """mlx-lm's (Model, ModelArgs) classes for a config, refusing what cannot verify trees."""
+    from mlx_lm.utils import _get_classes
+
+    model_type = config.get("model_type")
+    if not model_type:
+        raise UnsupportedModelError("config.json has no model_type: not a model mlx-lm can build")
+    check_supported(str(model_type))
+    try:
+        return _get_classes(config)
+    except ValueError as e:
+        raise UnsupportedModelError(
+            f"unsupported architecture {model_type!r}: mlx-lm {_mlx_lm_version()} has no model for it"
+        ) from e
+
+
+def _mlx_lm_version() -> str:
+    from importlib.metadata import version
+
+    return version("mlx-lm")
+
+
+def config_overrides(config: Dict[str, Any]) -> Dict[str, Any]:
+    """Config keys to add before mlx-lm reads a config: transformers >= 5 writes rope settings
+    as {"rope_parameters": {"rope_theta", "rope_type", ...}}, which mlx-lm's model args
+    (as pinned) read as rope_theta / rope_scaling."""
+    out = {}
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict):
+        if "rope_theta" not in config and "rope_theta" in rope:
+            out["rope_theta"] = rope["rope_theta"]
+        if rope.get("rope_type", "default") != "default" and "rope_scaling" not in config:
+            out["rope_scaling"] = rope
+    return out
+
+
+def _quantized(model: nn.Module) -> bool:
+    return any(hasattr(m, "scales") for _, m in model.named_modules())
+
+
+def _set_format(model: nn.Module, config: Dict[str, Any], weight_format: str) -> str:
+    """Bring a loaded mlx-lm model to the weight format asked for; returns its description."""
+    from mlx.utils import tree_flatten, tree_unflatten
+
     fmt = _resolve_format(weight_format)
+    quantized = _quantized(model)
     if fmt in DTYPES:
-        if quant:
-            weights = _dequantize_all(weights, quant)
-        dtype = DTYPES[fmt]
-        weights = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()}
-        description = fmt
-    elif quant:
+        if quantized:
+            from mlx_lm.utils import dequantize_model
+
+            model = dequantize_model(model)
+        model.set_dtype(DTYPES[fmt])
+        return fmt
+    if not quantized:
+        return str(next(v.dtype for _, v in tree_flatten(model.parameters()))).replace("mlx.core.", "")
+    # A GPU keeps activations in the scales' dtype (GGUF stores norms in float32, scales in
+    # float16): only vectors (norms) are cast. MLX's CPU kernels are slow in float16 (default
+    # model: 5.3 s per token in float16, 0.2 s in float32), so the CPU casts scales, biases and
+    # norms to float32 and computes in float32 around the packed weights.
+    params = tree_flatten(model.parameters())
+    cpu = on_cpu()
+    act = mx.float32 if cpu else next(v.dtype for k, v in params if k.endswith(".scales"))
+    cast = [(k, v.astype(act)) for k, v in params
+            if mx.issubdtype(v.dtype, mx.floating) and (cpu or v.ndim == 1) and v.dtype != act]
+    if cast:
+        model.update(tree_unflatten(cast))
+    quant = config.get("quantization") or {}
+    return _describe_quant(quant) if "bits" in quant and "group_size" in quant else "quantized"
+
+
+def build_model(config: Dict[str, Any], weights: Dict[str, mx.array], weight_format: str = "stored") -> Tuple[TreeModel, str]:
+    """mlx-lm's model for `config` with `weights` (HF / mlx-lm names; quantized triplets per
+    `config["quantization"]`), loaded strictly and brought to `weight_format`. Returns
+    (tree model, format description)."""
+    model_class, args_class = model_classes(config)
+    config = {**config, **config_overrides(config)}
+    try:
+        model = model_class(args_class.from_dict(config))
+    except (TypeError, KeyError, ValueError, AttributeError) as e:
+        raise CorruptModelError(f"config.json does not describe a {config['model_type']} model: {_one_line(e)}") from e
+    if hasattr(model, "sanitize"):
+        weights = model.sanitize(weights)
+    quant = config.get("quantization") or {}
+    if quant:
         if "bits" not in quant or "group_size" not in quant:
             raise UnsupportedModelError(f"unsupported quantization block in config: {quant}")
 
         def predicate(path, module):
-            if f"{path}.scales" not in weights:
+            if f"{path}.scales" not in weights or not hasattr(module, "to_quantized"):
                 return False
             q = quant.get(path)
             return q if isinstance(q, dict) else {"group_size": quant["group_size"], "bits": quant["bits"]}
 
         nn.quantize(model, class_predicate=predicate)
-        # A GPU keeps activations in the scales' dtype (GGUF stores norms in float32, scales in
-        # float16): only norms are cast. MLX's CPU kernels are slow in float16 (default model:
-        # 5.3 s per token in float16, 0.2 s in float32), so the CPU casts scales, biases and
-        # norms to float32 and computes in float32 around the packed weights.
-        cpu = on_cpu()
-        act = mx.float32 if cpu else next(v.dtype for k, v in weights.items() if k.endswith(".scales"))
-        weights = {
-            k: v.astype(act) if mx.issubdtype(v.dtype, mx.floating) and (cpu or v.ndim == 1) else v
-            for k, v in weights.items()
-        }
-        description = _describe_quant(quant)
-    else:
-        description = str(next(iter(weights.values())).dtype).replace("mlx.core.", "")
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
-        raise CorruptModelError(f"weights do not fit the model config: {str(e).splitlines()[0]}") from e
+        raise CorruptModelError(f"weights do not fit the model config: {_one_line(e)}") from e
+    description = _set_format(model, config, weight_format)
     mx.eval(model.parameters())
-    return model, description
+    return TreeModel(model, config), description
 
 
-def _load_folder(path: Path) -> Tuple[Dict[str, Any], Dict[str, mx.array], Tokenizer]:
+def new_model(config: Dict[str, Any], seed: int = 0) -> TreeModel:
+    """An mlx-lm model of `config`'s family with random weights (for tests and tools)."""
+    model_class, args_class = model_classes(config)
+    mx.random.seed(seed)
+    model = model_class(args_class.from_dict(config))
+    mx.eval(model.parameters())
+    return TreeModel(model, config)
+
+
+def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeModel, str, Tokenizer]:
+    """A Hugging Face / mlx-community folder, built by mlx-lm's own loading (config, sanitize,
+    quantization), after checks that give one-line errors."""
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
         raise ModelNotFoundError(f"{path} has no config.json: not a model folder")
@@ -149,12 +212,37 @@ def _load_folder(path: Path) -> Tuple[Dict[str, Any], Dict[str, mx.array], Token
     if not files:
         hint = " (a PyTorch checkpoint: convert it with `python -m convert`)" if list(path.glob("*.bin")) else ""
         raise ModelNotFoundError(f"{path} has no *.safetensors weights{hint}")
-    weights = {}
+    model_classes(config)  # refuses unsupported families before reading any weights
+    from safetensors import safe_open
+
+    names = set()
     for f in files:
         try:
-            weights.update(mx.load(str(f)))
-        except Exception as e:
-            raise CorruptModelError(f"cannot read {f.name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+            with safe_open(str(f), framework="numpy") as fh:
+                names.update(fh.keys())
+        except Exception as e:  # safetensors raises its own error types
+            raise CorruptModelError(f"cannot read {f.name}: {_one_line(e)}") from e
+    overrides = config_overrides(config)
+    text_config = config.get("text_config") or {}
+    if "tie_word_embeddings" not in config and "tie_word_embeddings" not in text_config:
+        # Some configs omit it: the weights tell (an lm_head of its own means untied).
+        overrides["tie_word_embeddings"] = not any(n.split(".")[-2:-1] == ["lm_head"] for n in names)
+    from mlx_lm.utils import load_model
+
+    try:
+        model, config = load_model(path, lazy=True, strict=True, model_config=overrides)
+    except (ValueError, FileNotFoundError, RuntimeError, KeyError, TypeError, AttributeError) as e:
+        text = _one_line(e)
+        if _misfit(text):
+            raise CorruptModelError(f"weights do not fit the model config: {text}") from e
+        if "safetensors" in text:
+            raise CorruptModelError(f"cannot read the weights in {path.name}: {text}") from e
+        raise CorruptModelError(f"config.json in {path.name} does not describe a {config['model_type']} model: {text}") from e
+    try:
+        description = _set_format(model, config, weight_format)
+        mx.eval(model.parameters())
+    except (ValueError, RuntimeError) as e:
+        raise CorruptModelError(f"cannot read the weights in {path.name}: {_one_line(e)}") from e
     eos = []
     gen = path / "generation_config.json"
     if gen.is_file():
@@ -162,7 +250,7 @@ def _load_folder(path: Path) -> Tuple[Dict[str, Any], Dict[str, mx.array], Token
         eos = ids if isinstance(ids, list) else [ids] if ids is not None else []
     ids = config.get("eos_token_id")
     eos += ids if isinstance(ids, list) else [ids] if ids is not None else []
-    return config, weights, Tokenizer.from_folder(path, eos)
+    return config, TreeModel(model, config), description, Tokenizer.from_folder(path, eos)
 
 
 def load(
@@ -181,15 +269,16 @@ def load(
     progress: called with short status lines (fetch, load) for UIs.
     """
     t0 = time.perf_counter()
+    _resolve_format(weight_format)  # a bad format fails before any work
     resolved = registry.resolve(name, progress)
     if progress:
         progress(f"loading {resolved.path.name}")
     if resolved.kind == "gguf":
         config, weights, meta = read_gguf(resolved.path)
         tokenizer = Tokenizer.from_gguf_metadata(meta)
+        model, description = build_model(config, weights, weight_format)
     else:
-        config, weights, tokenizer = _load_folder(resolved.path)
-    model, description = build_model(config, weights, weight_format)
+        config, model, description, tokenizer = _load_folder(resolved.path, weight_format)
     loaded = LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -199,6 +288,13 @@ def load(
         weight_format=description,
         info={"source_quantization": config.get("quantization"), "load_seconds": 0.0},
     )
+    loaded.tree_ok, loaded.info["self_check_error"] = self_check(model)
+    if not loaded.tree_ok:
+        message = (f"speculation off for {resolved.name}: a draft tree verified on it disagrees with plain "
+                   f"decoding (relative logit error {loaded.info['self_check_error']:.2g}); decoding plainly")
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        if progress:
+            progress(message)
     if use_drafter:
         drafter_path = Path(drafter) if drafter else find_drafter(resolved)
         if drafter_path is not None:

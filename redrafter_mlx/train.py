@@ -238,7 +238,8 @@ def train(
     out = Path(out)
     mx.random.seed(seed)
     args = DrafterArgs(hidden_size=base.args.hidden_size, vocab_size=base.args.vocab_size, exit_dim=exit_dim,
-                       num_draft_layers=layers, lm_head="shared")
+                       num_draft_layers=layers, lm_head="shared", embed_scale=getattr(base.args, "embed_scale", 1.0),
+                       base_model_type=getattr(base.args, "model_type", ""))
     drafter = Drafter(args)
 
     val = {"data": None, "best": -math.inf, "key": None}

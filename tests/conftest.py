@@ -62,6 +62,14 @@ def permute_for_gguf(w, n_heads: int):
     return w.reshape(n_heads, 2, out // n_heads // 2, inp).swapaxes(1, 2).reshape(out, inp)
 
 
+class _Config(dict):
+    """Attribute access to a config dict, with Llama defaults."""
+
+    def __getattr__(self, key):
+        defaults = {"num_key_value_heads": self.get("num_attention_heads"), "rms_norm_eps": 1e-5, "rope_theta": 10000.0}
+        return self[key] if key in self else defaults[key]
+
+
 class TinyKit:
     """Builders for tiny models. Defaults: hidden 32, 2 layers, 4 heads / 2 KV heads (GQA),
     untied output, vocabulary = the tiny byte-level tokenizer's (259 + merges)."""
@@ -103,25 +111,20 @@ class TinyKit:
         return self.hf_tokenizer().convert_tokens_to_ids(token)
 
     # ---- models ----------------------------------------------------------------------
-    def args(self, **kw):
-        from redrafter_mlx.config import LlamaArgs
-
-        cfg = dict(hidden_size=32, num_hidden_layers=2, intermediate_size=64, num_attention_heads=4,
-                   num_key_value_heads=2, vocab_size=self.vocab_size, max_position_embeddings=1024,
-                   tie_word_embeddings=False)
+    def config(self, **kw) -> dict:
+        """A tiny config.json: Llama unless model_type=... names another mlx-lm family."""
+        cfg = dict(model_type="llama", hidden_size=32, num_hidden_layers=2, intermediate_size=64,
+                   num_attention_heads=4, num_key_value_heads=2, vocab_size=self.vocab_size,
+                   max_position_embeddings=1024, tie_word_embeddings=False, rms_norm_eps=1e-5,
+                   rope_theta=10000.0, rope_traditional=False)
         cfg.update(kw)
-        return LlamaArgs(**cfg)
+        return cfg
 
     def model(self, seed: int = 0, **kw):
-        """A random tiny Model (deterministic for a seed)."""
-        import mlx.core as mx
+        """A random tiny model (deterministic for a seed), built by mlx-lm for its config."""
+        from redrafter_mlx.loader import new_model
 
-        from redrafter_mlx.llama import Model
-
-        mx.random.seed(seed)
-        model = Model(self.args(**kw))
-        mx.eval(model.parameters())
-        return model
+        return new_model(self.config(**kw), seed)
 
     @staticmethod
     def weights(model):
@@ -141,14 +144,14 @@ class TinyKit:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         model = model if model is not None else self.model(**kw)
-        config = {k: v for k, v in model.args.to_dict().items() if v is not None}
+        config = {k: v for k, v in model.config.items() if v is not None}
         if quantize:
             # mlx-lm's own quantizer writes the "quantization" block exactly as mlx-community has it.
             from mlx_lm.utils import quantize_model
 
             q = dict(quantize) if isinstance(quantize, dict) else {"bits": quantize[0], "group_size": quantize[1]}
             overrides = q.get("overrides", {})
-            model, config = quantize_model(model, config, q["group_size"], q["bits"],
+            _, config = quantize_model(model.model, config, q["group_size"], q["bits"],
                                            quant_predicate=lambda p, m: overrides.get(p, True))
         weights = self.weights(model)
         if dtype is not None:
@@ -165,7 +168,7 @@ class TinyKit:
     def gguf_metadata(self, model, arch: str = "llama") -> dict:
         import mlx.core as mx
 
-        a = model.args
+        a = _Config(model.config)
         hf = self.hf_tokenizer()
         vocab = hf.get_vocab()
         tokens = [None] * a.vocab_size
@@ -209,7 +212,7 @@ class TinyKit:
         import mlx.core as mx
         import numpy as np
 
-        a = model.args
+        a = _Config(model.config)
         out = {}
         for k, v in self.weights(model).items():
             base, suffix = k.rsplit(".", 1)

@@ -7,8 +7,8 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from redrafter_mlx.config import LlamaArgs
-from redrafter_mlx.llama import Model
+from redrafter_mlx.base_model import TreeModel as Model
+from redrafter_mlx.loader import new_model
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -20,18 +20,17 @@ CHAT_TEMPLATE = (
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def tiny_args(vocab=300, **kw) -> LlamaArgs:
-    cfg = dict(hidden_size=32, num_hidden_layers=2, intermediate_size=64, num_attention_heads=4,
-               num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=512, tie_word_embeddings=False)
+def tiny_config(vocab=300, **kw) -> dict:
+    """A tiny Llama config.json (any mlx-lm family with model_type=...)."""
+    cfg = dict(model_type="llama", hidden_size=32, num_hidden_layers=2, intermediate_size=64, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=512, tie_word_embeddings=False,
+               rms_norm_eps=1e-5, rope_theta=10000.0, rope_traditional=False)
     cfg.update(kw)
-    return LlamaArgs(**cfg)
+    return cfg
 
 
 def tiny_model(seed=0, **kw) -> Model:
-    mx.random.seed(seed)
-    model = Model(tiny_args(**kw))
-    mx.eval(model.parameters())
-    return model
+    return new_model(tiny_config(**kw), seed)
 
 
 def byte_level_tokenizer(vocab_size=300):
@@ -59,7 +58,7 @@ def write_folder(path: Path, model: Model = None, quantize=None, **kw) -> Path:
     """A Hugging Face-style folder: config.json, model.safetensors, tokenizer files."""
     path.mkdir(parents=True, exist_ok=True)
     model = model or tiny_model(**kw)
-    config = {k: v for k, v in model.args.to_dict().items() if v is not None}
+    config = {k: v for k, v in model.config.items() if v is not None}
     config["eos_token_id"] = None
     if quantize:
         import mlx.nn as nn
@@ -74,6 +73,14 @@ def write_folder(path: Path, model: Model = None, quantize=None, **kw) -> Path:
     return path
 
 
+class _Config(dict):
+    """Attribute access to a config dict, with Llama defaults."""
+
+    def __getattr__(self, key):
+        defaults = {"num_key_value_heads": self.get("num_attention_heads"), "rms_norm_eps": 1e-5, "rope_theta": 10000.0}
+        return self[key] if key in self else defaults[key]
+
+
 def permute_for_gguf(w: np.ndarray, n_heads: int) -> np.ndarray:
     """HF (half-split rotary) Q/K rows -> GGUF's interleaved order (llama.cpp's convert permute)."""
     out, inp = w.shape
@@ -83,7 +90,7 @@ def permute_for_gguf(w: np.ndarray, n_heads: int) -> np.ndarray:
 def write_gguf(path: Path, model: Model, arch="llama") -> Path:
     """A float32 GGUF of a (half-split rope) model, with llama.cpp's names, Q/K permutation
     and a byte-level BPE tokenizer in the metadata."""
-    a = model.args
+    a = _Config(model.config)
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
     per_layer = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",

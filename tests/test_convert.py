@@ -29,9 +29,8 @@ from convert.cli import main as convert_main
 from convert.output import OutputFolder
 from convert.tokenizer import VICUNA_SYSTEM
 from redrafter_mlx import generate, load
-from redrafter_mlx.config import LlamaArgs
 from redrafter_mlx.drafter import new_drafter, save_drafter
-from redrafter_mlx.llama import Model
+from redrafter_mlx.loader import new_model
 
 H, V, LAYERS = 64, 128, 2
 CHAT_TEMPLATE = (
@@ -175,14 +174,13 @@ def write_numpy_drafter(folder: Path, hidden, vocab, exit_dim, layers, config=No
 @pytest.fixture(scope="module")
 def mlx_ckpt(tmp_path_factory):
     """A Hugging Face-style checkpoint written with MLX alone (no torch): (folder, source model)."""
-    mx.random.seed(3)
-    args = LlamaArgs(hidden_size=H, num_hidden_layers=1, intermediate_size=128, num_attention_heads=4,
-                     vocab_size=V, tie_word_embeddings=True)
-    model = Model(args)
+    config = dict(model_type="llama", hidden_size=H, num_hidden_layers=1, intermediate_size=128, num_attention_heads=4,
+                  num_key_value_heads=4, vocab_size=V, tie_word_embeddings=True, rms_norm_eps=1e-5)
+    model = new_model(config, 3)
     src = tmp_path_factory.mktemp("mlx") / "checkpoint"
     src.mkdir()
     mx.save_safetensors(str(src / "model.safetensors"), dict(tree_flatten(model.parameters())))
-    (src / "config.json").write_text(json.dumps({"model_type": "llama", **args.to_dict()}))
+    (src / "config.json").write_text(json.dumps(config))
     write_tokenizer(src)
     return src, model
 
@@ -533,11 +531,13 @@ def test_unsupported_architecture(tmp_path, capsys, mlx_ckpt):
     src = tmp_path / "src"
     shutil.copytree(mlx_ckpt[0], src)
     config = json.loads((src / "config.json").read_text())
-    config["model_type"] = "gpt2"
-    (src / "config.json").write_text(json.dumps(config))
-    out = tmp_path / "out"
-    rc, lines = run_convert(capsys, "--model", src, "--out", out)
-    assert_clean_failure(rc, lines, out, "unsupported architecture 'gpt2'")
+    for model_type, why in (("made_up_arch", "unsupported architecture 'made_up_arch'"),
+                            ("rwkv7", "'rwkv7' is not supported: its recurrent layers")):
+        config["model_type"] = model_type
+        (src / "config.json").write_text(json.dumps(config))
+        out = tmp_path / "out"
+        rc, lines = run_convert(capsys, "--model", src, "--out", out)
+        assert_clean_failure(rc, lines, out, why)
 
 
 def test_bin_without_torch_says_what_to_install(tmp_path, capsys, monkeypatch, mlx_ckpt):

@@ -250,11 +250,11 @@ def test_prompt_cache_reuses_the_common_prefix(tiny_loaded, monkeypatch):
     ids2 = m.tokenizer.prompt_ids(turn2)
     shared = next(i for i, (a, b) in enumerate(zip(pc.ids, ids2 + [None])) if a != b)
     assert shared >= len(first.prompt_tokens)
-    g = generate(m, turn2, max_tokens=5, prompt_cache=pc)
+    g = generate(m, turn2, mode="ar", max_tokens=5, prompt_cache=pc)
     assert fed[0] == len(ids2) - shared  # only the new part of the prompt was prefilled
     assert fed[1:] == [1] * (len(fed) - 1)  # then one token per step
     monkeypatch.undo()
-    assert g.tokens == generate(m, turn2, max_tokens=5).tokens
+    assert g.tokens == generate(m, turn2, mode="ar", max_tokens=5).tokens
     assert_cache_holds(m.model, pc)
 
 

@@ -61,7 +61,7 @@ def test_folder_loads_and_computes_what_was_written(tiny_kit, tmp_path):
     m = load(str(path), progress=lines.append)
     assert lines and any("tiny" in line for line in lines)
     assert m.path == path.resolve() and m.name == str(path)
-    assert m.args == model.args and not m.args.rope_traditional
+    assert m.args == model.args and not m.model.config["rope_traditional"]
     assert m.weight_format == "float32" and float_dtypes(m.model) == {mx.float32}
     assert m.context_length == 1024 and m.drafter is None
     assert m.info["source_quantization"] is None and m.info["load_seconds"] > 0
@@ -81,7 +81,7 @@ def test_folder_generation_config_eos_ids(tiny_kit, tmp_path):
 def test_tied_folder(tiny_kit, tmp_path):
     model = tiny_kit.model(seed=1, tie_word_embeddings=True)
     m = load(str(tiny_kit.write_folder(tmp_path / "tied", model)))
-    assert m.args.tie_word_embeddings and "lm_head" not in m.model
+    assert m.args.tie_word_embeddings and m.model.lm_head is None
     assert_close(logits_of(m.model), logits_of(model), 1e-6)
 
 
@@ -105,7 +105,7 @@ def test_transformers5_rope_parameters(tiny_kit, tmp_path):
     config["rope_parameters"] = {"rope_theta": 50000.0, "rope_type": "default"}
     (path / "config.json").write_text(json.dumps(config))
     m = load(str(path))
-    assert m.args.rope_theta == 50000.0 and m.args.rope_scaling is None
+    assert m.model.model.args.rope_theta == 50000.0 and m.model.model.args.rope_scaling is None
     assert_close(logits_of(m.model), logits_of(model), 1e-6)
 
 
@@ -160,7 +160,7 @@ def test_mlx_community_4bit_folder(tiny_kit, tmp_path):
     assert stored.info["source_quantization"]["group_size"] == 32
     for mod in (stored.model.layers[0].mlp.up_proj, stored.model.layers[1].self_attn.k_proj, stored.model.lm_head):
         assert type(mod).__name__ == "QuantizedLinear" and mod.bits == 4 and mod.group_size == 32
-    assert type(stored.model.model.embed_tokens).__name__ == "QuantizedEmbedding"
+    assert type(stored.model.decoder.embed_tokens).__name__ == "QuantizedEmbedding"
     assert_close(logits_of(stored.model), logits_of(model), 1e-5)  # the model that was written
     # Dequantized to float32: plain Linear layers computing the same function.
     deq = load(str(path), weight_format="float32")
@@ -176,7 +176,7 @@ def test_mlx_community_mixed_precision_folder(tiny_kit, tmp_path):
     model, path = quantized_folder(tiny_kit, tmp_path, bits=4, group_size=32, overrides=overrides)
     stored = load(str(path), weight_format="stored")
     assert stored.weight_format == "4-bit (group 32), 8-bit (group 32) in places"
-    assert stored.model.model.embed_tokens.bits == 8 and stored.model.layers[0].self_attn.q_proj.bits == 4
+    assert stored.model.decoder.embed_tokens.bits == 8 and stored.model.layers[0].self_attn.q_proj.bits == 4
     assert type(stored.model.lm_head).__name__ == "Linear"
     assert_close(logits_of(stored.model), logits_of(model), 1e-5)
     deq = load(str(path), weight_format="float32")
@@ -191,7 +191,7 @@ def test_quantization_inferred_from_packed_shapes(tiny_kit):
                 class_predicate=lambda p, m: {"group_size": 32, "bits": 8} if p == "lm_head" else hasattr(m, "to_quantized"))
     quant = quantization_from_weights(tiny_kit.weights(model), 32)
     assert quant == {"group_size": 32, "bits": 4, "lm_head": {"group_size": 32, "bits": 8}}
-    rebuilt, desc = build_model({**model.args.to_dict(), "quantization": quant}, tiny_kit.weights(model))
+    rebuilt, desc = build_model({**model.config, "quantization": quant}, tiny_kit.weights(model))
     assert desc == "4-bit (group 32), 8-bit (group 32) in places"
     assert_close(logits_of(rebuilt), logits_of(model), 1e-6)
 
@@ -202,7 +202,7 @@ def test_gguf_loads_with_config_tokenizer_and_permuted_qk(tiny_kit, tmp_path):
     model = tiny_kit.model(seed=0)  # half-split rope, as in HF checkpoints
     path = tiny_kit.write_gguf(tmp_path / "tiny.gguf", model)
     config, weights, meta = read_gguf(path)
-    a = model.args
+    a = model.model.args
     for key in ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
                 "num_key_value_heads", "max_position_embeddings", "vocab_size"):
         assert config[key] == getattr(a, key), key
@@ -212,7 +212,7 @@ def test_gguf_loads_with_config_tokenizer_and_permuted_qk(tiny_kit, tmp_path):
     assert meta["general.architecture"] == "llama"
 
     m = load(str(path))
-    assert m.args.rope_traditional and m.weight_format == "float32"
+    assert m.model.config["rope_traditional"] and m.weight_format == "float32"
     # Interleaved (permuted) Q/K with traditional rope computes what the HF model computes.
     assert_close(logits_of(m.model), logits_of(model), 2e-5)
     h_ours = np.array(m.model(mx.array(IDS))[1])
@@ -249,7 +249,7 @@ def test_float16_gguf_weight_formats(tiny_kit, tmp_path):
     ref = rounded_copy(tiny_kit, model, mx.float16, seed=0)
     stored = load(str(path), weight_format="stored")
     assert stored.model.layers[0].self_attn.q_proj.weight.dtype == mx.float16
-    assert stored.model.model.norm.weight.dtype == mx.float32  # GGUF keeps norms in float32
+    assert stored.model.decoder.norm.weight.dtype == mx.float32  # GGUF keeps norms in float32
     as32 = load(str(path), weight_format="float32")
     assert float_dtypes(as32.model) == {mx.float32}
     assert_close(logits_of(as32.model), logits_of(ref), 2e-5)
@@ -273,8 +273,8 @@ def test_gguf_add_bos_token(tiny_kit, tmp_path):
 def test_default_model(default_model):
     m = default_model
     assert m.name == "smollm2-135m" and m.path.suffix == ".gguf"
-    assert m.args.rope_traditional and m.args.hidden_size == 576 and m.args.num_hidden_layers == 30
-    assert m.args.num_key_value_heads == 3 and m.args.tie_word_embeddings
+    assert m.model.config["rope_traditional"] and m.args.hidden_size == 576 and m.args.num_hidden_layers == 30
+    assert m.model.config["num_key_value_heads"] == 3 and m.args.tie_word_embeddings
     assert m.info["source_quantization"]["bits"] == 4
     assert m.info["source_quantization"]["model.embed_tokens"]["bits"] == 8
     assert m.weight_format == ("float32" if on_cpu() else "4-bit (group 32), 8-bit (group 32) in places")
@@ -292,9 +292,9 @@ def test_default_model_stored_4bit(default_model):
     from mlx.utils import tree_flatten
 
     stored = load(str(default_model.path), weight_format="stored", use_drafter=False)
-    layer = stored.model.model.layers[0]
+    layer = stored.model.decoder.layers[0]
     assert type(layer.mlp.up_proj).__name__ == "QuantizedLinear" and layer.mlp.up_proj.bits == 4
-    assert stored.model.model.embed_tokens.bits == 8
+    assert stored.model.decoder.embed_tokens.bits == 8
     act = mx.float32 if on_cpu() else mx.float16
     floats = {v.dtype for _, v in tree_flatten(stored.model.parameters()) if mx.issubdtype(v.dtype, mx.floating)}
     assert floats == {act} and layer.mlp.up_proj.scales.dtype == act

@@ -1,6 +1,6 @@
 """Greedy decoding of the default model (float32) is token-for-token identical to an independent
-implementation of the same weights: mlx-lm's own Llama module and KV cache, fed the same prompt
-ids, for the first 10 MT-Bench questions (first turn, in the chat template) x 64 tokens."""
+implementation of the same weights: a fresh mlx-lm Llama module (no tree wrappers) and mlx-lm's KV
+cache, fed the same prompt ids, for the first 10 MT-Bench questions (first turn, in the chat template) x 64 tokens."""
 
 import json
 
@@ -32,18 +32,13 @@ def ours(default_model):
 
 @pytest.fixture(scope="module")
 def reference(ours):
-    """mlx-lm's Llama with ModelArgs built from ours (GGUF weights: traditional rope)."""
-    from mlx_lm.models import llama as mlx_lm_llama
+    """A fresh mlx-lm model built from our config (GGUF weights: traditional rope), without the
+    tree wrappers, holding our float32 weights."""
+    from mlx_lm.utils import _get_classes
 
-    a = ours.args
-    assert a.rope_traditional and a.rope_scaling is None
-    ref = mlx_lm_llama.Model(mlx_lm_llama.ModelArgs(
-        model_type="llama", hidden_size=a.hidden_size, num_hidden_layers=a.num_hidden_layers,
-        intermediate_size=a.intermediate_size, num_attention_heads=a.num_attention_heads,
-        rms_norm_eps=a.rms_norm_eps, vocab_size=a.vocab_size, num_key_value_heads=a.num_key_value_heads,
-        head_dim=a.head_dim, max_position_embeddings=a.max_position_embeddings, rope_theta=a.rope_theta,
-        rope_traditional=True, tie_word_embeddings=a.tie_word_embeddings,
-        attention_bias=a.attention_bias, mlp_bias=a.mlp_bias))
+    assert ours.model.config["rope_traditional"] and ours.model.config.get("rope_scaling") is None
+    model_class, args_class = _get_classes(ours.model.config)
+    ref = model_class(args_class.from_dict(ours.model.config))
     weights = tree_flatten(ours.model.parameters())
     assert all(v.dtype == mx.float32 for _, v in weights)
     ref.load_weights(weights, strict=True)

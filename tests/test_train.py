@@ -8,10 +8,9 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from redrafter_mlx.config import LlamaArgs
 from redrafter_mlx.distill import (clean_task, distill, generate_batch, interleave, length_batches, read_prompts, read_shards,
                                    self_instruct)
-from redrafter_mlx.llama import Model
+from redrafter_mlx.loader import new_model
 from redrafter_mlx.train import accepted_drafts, train
 
 
@@ -30,12 +29,9 @@ class TinyLoaded:
 
 
 def tiny_model(seed=0):
-    mx.random.seed(seed)
-    args = LlamaArgs(hidden_size=32, num_hidden_layers=2, intermediate_size=64, num_attention_heads=4,
-                     num_key_value_heads=2, vocab_size=48, tie_word_embeddings=True)
-    model = Model(args)
-    mx.eval(model.parameters())
-    return model
+    return new_model(dict(model_type="llama", hidden_size=32, num_hidden_layers=2, intermediate_size=64,
+                          num_attention_heads=4, num_key_value_heads=2, vocab_size=48, tie_word_embeddings=True,
+                          rms_norm_eps=1e-5), seed)
 
 
 @pytest.fixture(scope="module")

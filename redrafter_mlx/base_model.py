@@ -1,0 +1,352 @@
+"""Tree verification over mlx-lm's own model classes.
+
+`TreeModel` wraps any attention-only mlx-lm model (llama, qwen, gemma, phi, mistral, MoE, ...)
+and gives it the three things a packed tree of draft tokens needs that mlx-lm's forward lacks,
+without any per-architecture model code:
+
+- per-token positions: every rope module is wrapped (`_TreeRoPE`); during a tree forward it
+  folds the tokens into the batch axis, so each token is rotated at its own depth, whatever
+  offset the attention module passes;
+- a tree mask: mlx-lm asks the cache for its mask (`create_attention_mask` calls
+  `cache.make_mask`), so our cache returns the cached prefix plus the tree's ancestor mask,
+  with the layer's sliding window applied on positions;
+- the hidden state after the final norm: the inner decoder (the module holding `embed_tokens`
+  and `layers`) returns it, and logits come from the model's own head code (tied embeddings,
+  softcapping, logit scaling), run on a given hidden state.
+
+Plain forwards (prefill, plain decoding) run mlx-lm's code unchanged. Models whose caches
+cannot branch over a tree (recurrent and hybrid layers) and families that compute
+position-dependent terms outside rope are refused by name (`check_supported`).
+
+`model(tokens, cache, positions, mask) -> (logits (B, T, V), hidden (B, T, hidden_size))`.
+"""
+
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx_lm.models import cache as mlx_cache
+from mlx_lm.models import rope_utils
+
+from .cache import Cache
+from .config import ModelArgs
+from .errors import UnsupportedModelError
+
+Mask = Union[None, str, mx.array]
+
+# Families that mlx-lm runs but whose forward cannot verify a tree, and why.
+REFUSED = {
+    "ministral3": "it scales attention by a position-dependent factor computed from cache.offset outside rope",
+    "llama4": "it scales attention by position outside rope and uses chunked attention",
+    "llama4_text": "it scales attention by position outside rope and uses chunked attention",
+}
+# Families with recurrent (state-space, linear-attention) layers, as of mlx-lm 0.32: their
+# state cannot branch over a tree. Any other family whose caches are not plain or sliding-window
+# KV caches is refused too, when it is built (`_layer_windows`).
+RECURRENT = {
+    "baichuan_m1", "bailing_hybrid", "bailing_moe_linear", "falcon_h1", "granitemoehybrid", "jamba", "kimi_linear",
+    "lfm2", "lfm2_moe", "mamba", "mamba2", "nemotron_h", "olmo_hybrid", "plamo2", "qwen3_5", "qwen3_next",
+    "recurrent_gemma", "rwkv7",
+}
+# Families whose decoder multiplies the input embeddings by sqrt(hidden_size): a draft head
+# for them reads the embeddings at that scale (recorded in the drafter's config).
+SCALED_EMBEDDINGS = {"gemma", "gemma2", "gemma3", "gemma3_text", "gemma3n", "gemma4", "gemma4_text", "recurrent_gemma"}
+# Families that build 5-D (B, kv heads, repeats, T, S) attention scores by hand: a batched mask
+# needs two singleton axes.
+FIVE_D_SCORES = {"gemma2"}
+# Rope classes that take an array offset (one position per batch row) as mx.fast.rope does.
+_ARRAY_OFFSET_ROPES = (nn.RoPE, rope_utils.SuScaledRoPE, rope_utils.Llama3RoPE, rope_utils.YarnRoPE,
+                       rope_utils.ProportionalRoPE)
+
+
+class TreeState:
+    """What one tree forward tells the rope wrappers and the caches (None outside one)."""
+
+    def __init__(self):
+        self.positions: Optional[mx.array] = None  # (B * T,) int32, row-major over (B, T)
+        self.host_positions: Optional[np.ndarray] = None  # the same on the host, (B, T)
+        self.mask: Optional[mx.array] = None  # (B' in {1, B}, T, T or offset + T) bool
+        self.five_d = False
+
+    @property
+    def active(self) -> bool:
+        return self.positions is not None
+
+
+def _is_rope(module) -> bool:
+    if isinstance(module, _TreeRoPE):
+        return False
+    name = type(module).__name__.lower()
+    return isinstance(module, _ARRAY_OFFSET_ROPES) or "rope" in name or "rotary" in name
+
+
+class _TreeRoPE(nn.Module):
+    """A rope module that, inside a tree forward, rotates each token at its own position."""
+
+    def __init__(self, rope: nn.Module, state: TreeState):
+        super().__init__()
+        self._rope = rope  # underscore: not part of the parameter tree
+        self._state = state
+        self._array_offset = isinstance(rope, _ARRAY_OFFSET_ROPES)
+
+    def __call__(self, x, offset=0, **kwargs):
+        st = self._state
+        if not st.active:
+            return self._rope(x, offset=offset, **kwargs)
+        B, H, T, D = x.shape
+        folded = x.transpose(0, 2, 1, 3).reshape(B * T, H, 1, D)
+        if self._array_offset:
+            out = self._rope(folded, offset=st.positions, **kwargs)
+        else:  # the rope does Python arithmetic on the offset: one call per distinct position
+            pos = st.host_positions.reshape(-1)
+            order, parts = [], []
+            for p in np.unique(pos):
+                idx = np.nonzero(pos == p)[0]
+                order.append(idx)
+                parts.append(self._rope(folded[mx.array(idx)], offset=int(p), **kwargs))
+            inverse = np.empty(pos.size, dtype=np.int32)
+            inverse[np.concatenate(order)] = np.arange(pos.size, dtype=np.int32)
+            out = mx.concatenate(parts, axis=0)[mx.array(inverse)]
+        return out.reshape(B, T, H, D).transpose(0, 2, 1, 3)
+
+
+class _HiddenStub:
+    """Stands in for the inner decoder while the head runs on a given hidden state: calling it
+    returns that state; any attribute (embed_tokens for tied heads, ...) is the real decoder's."""
+
+    def __init__(self, inner, hidden):
+        self._inner, self._hidden = inner, hidden
+
+    def __call__(self, *args, **kwargs):
+        return self._hidden
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def _find_decoder(model: nn.Module, model_type: str) -> Tuple[nn.Module, nn.Module, str]:
+    """(inner decoder, its parent, attribute name): breadth-first, the first module that holds
+    both `embed_tokens` and `layers`."""
+    queue = [model]
+    while queue:
+        parent = queue.pop(0)
+        for name, child in parent.children().items():
+            if isinstance(child, nn.Module):
+                if "embed_tokens" in child and "layers" in child:
+                    return child, parent, name
+                queue.append(child)
+    raise UnsupportedModelError(
+        f"{model_type!r} is not supported: its decoder keeps no embed_tokens and layers, the layout that tree "
+        "verification wraps"
+    )
+
+
+def _layer_windows(model: nn.Module, model_type: str) -> List[Optional[int]]:
+    """Each layer's attention window (None = full), read from the caches mlx-lm would make;
+    refuses caches that cannot branch over a tree."""
+    if hasattr(model, "make_cache"):
+        native = model.make_cache()
+    else:
+        native = [mlx_cache.KVCache() for _ in model.layers]
+    windows = []
+    for c in native:
+        kind = type(c).__name__
+        if type(c) is mlx_cache.KVCache:
+            windows.append(None)
+        elif isinstance(c, mlx_cache.RotatingKVCache) and not c.keep:
+            windows.append(int(c.max_size))
+        else:
+            what = "recurrent or hybrid layers" if kind in ("ArraysCache", "MambaCache", "CacheList") else "its layers"
+            raise UnsupportedModelError(
+                f"{model_type!r} cannot verify a draft tree: {what} keep a {kind}, which cannot branch "
+                "over several candidate tokens (mlx-lm refuses speculative decoding for it too)"
+            )
+    return windows
+
+
+def check_supported(model_type: str):
+    if model_type in RECURRENT:
+        raise UnsupportedModelError(
+            f"{model_type!r} is not supported: its recurrent layers keep a state that cannot branch over a draft "
+            "tree (mlx-lm refuses speculative decoding for it too); run it with mlx-lm's plain generation"
+        )
+    if model_type in REFUSED:
+        raise UnsupportedModelError(f"{model_type!r} is not supported: {REFUSED[model_type]}")
+
+
+class TreeModel:
+    """An mlx-lm model that verifies packed trees of draft tokens. `model` is mlx-lm's Model,
+    `config` the config.json it was built from."""
+
+    def __init__(self, model: nn.Module, config: Dict[str, Any]):
+        self.model = model
+        self.config = config
+        model_type = str(config.get("model_type", getattr(getattr(model, "args", None), "model_type", "?")))
+        check_supported(model_type)
+        self.windows = _layer_windows(model, model_type)
+        self.decoder, self._head_owner, self._decoder_name = _find_decoder(model, model_type)
+        n_layers = len(self.decoder.layers)
+        if len(self.windows) != n_layers:
+            raise UnsupportedModelError(f"{model_type!r}: {len(self.windows)} layer caches for {n_layers} layers")
+        self.state = TreeState()
+        self.state.five_d = model_type in FIVE_D_SCORES
+        self._wrap_ropes()
+        emb = self.decoder.embed_tokens
+        vocab, hidden = (emb.num_embeddings, emb.dims) if hasattr(emb, "dims") else emb.weight.shape
+        text = config.get("text_config") or {}
+        max_pos = config.get("max_position_embeddings", text.get("max_position_embeddings")) or 4096
+        self.args = ModelArgs(
+            model_type=model_type,
+            hidden_size=int(hidden),
+            vocab_size=int(vocab),
+            num_hidden_layers=n_layers,
+            max_position_embeddings=int(max_pos),
+            tie_word_embeddings=self.lm_head is None,
+            embed_scale=float(hidden) ** 0.5 if model_type in SCALED_EMBEDDINGS else 1.0,
+        )
+
+    def _wrap_ropes(self):
+        for _, module in self.decoder.named_modules():
+            for name, child in list(module.children().items()):
+                if isinstance(child, nn.Module) and _is_rope(child):
+                    setattr(module, name, _TreeRoPE(child, self.state))
+
+    # ---- what the rest of the library uses -------------------------------------------------
+    @property
+    def layers(self):
+        return self.decoder.layers
+
+    @property
+    def embed_tokens(self) -> nn.Module:
+        return self.decoder.embed_tokens
+
+    @property
+    def lm_head(self) -> Optional[nn.Module]:
+        """The untied output layer, None when the output reuses the input embeddings."""
+        return self._head_owner["lm_head"] if "lm_head" in self._head_owner else None
+
+    @property
+    def activation_dtype(self) -> mx.Dtype:
+        norm = self.decoder.get("norm")
+        if norm is not None and "weight" in norm:
+            return norm.weight.dtype
+        return next(v.dtype for k, v in _leaves(self.decoder.parameters()) if mx.issubdtype(v.dtype, mx.floating))
+
+    def __getattr__(self, name):
+        """Anything else (parameters, load_weights, named_modules, ...) is mlx-lm's model's."""
+        if name == "model":
+            raise AttributeError(name)
+        return getattr(self.model, name)
+
+    def make_cache(self) -> Cache:
+        return Cache(len(self.windows), windows=self.windows, tree=self.state)
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        """The input embedding table's rows for tokens, (...,) -> (..., hidden_size), unscaled."""
+        return self.decoder.embed_tokens(tokens)
+
+    def hidden(self, tokens: mx.array, cache: Optional[Cache] = None, positions: Optional[mx.array] = None,
+               mask: Mask = None) -> mx.array:
+        """Last hidden states after the final norm, (B, T, hidden_size). Appends to `cache`.
+
+        tokens: (B, T) ids. positions: (T,) or (B, T) absolute positions, default
+        cache.offset + arange(T). mask: None or "causal" for a causal chunk; a boolean array of
+        shape (..., T, T) over the new tokens (each also sees the whole cache) or
+        (..., T, offset + T) over all of them; True = may attend.
+        """
+        if tokens.ndim == 1:
+            tokens = tokens[None]
+        if positions is None and (mask is None or isinstance(mask, str)):
+            return self.decoder(tokens, cache=cache)
+        B, T = tokens.shape
+        if cache is None:
+            cache = self.make_cache()
+        offset = cache.offset
+        if positions is None:
+            positions = mx.arange(offset, offset + T)
+        pos = mx.broadcast_to(mx.array(positions).astype(mx.int32), (B, T))
+        if mask is None or isinstance(mask, str):
+            mask = mx.tril(mx.ones((T, T), dtype=mx.bool_))
+        if mask.dtype != mx.bool_:
+            mask = mask > -1e4  # additive float mask: large negatives block
+        if mask.shape[-1] not in (T, offset + T) or mask.shape[-2] != T:
+            raise ValueError(f"mask of shape {mask.shape} fits neither {T} new tokens nor {offset + T} in all")
+        mask = mask.reshape(-1, T, mask.shape[-1])
+        if mask.shape[0] not in (1, B):
+            raise ValueError(f"mask of shape {mask.shape} does not fit a batch of {B}")
+        st = self.state
+        st.positions, st.host_positions, st.mask = pos.reshape(-1), np.array(pos), mask
+        try:
+            return self.decoder(tokens, cache=cache)
+        finally:
+            st.positions = st.host_positions = st.mask = None
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        """The model's own output head on hidden states: (..., hidden_size) -> (..., V)."""
+        shape = hidden.shape
+        h = hidden.reshape(-1, 1, shape[-1]) if hidden.ndim != 3 else hidden
+        owner, name = self._head_owner, self._decoder_name
+        stub = _HiddenStub(self.decoder, h)
+        object.__setattr__(owner, name, stub)  # the instance attribute shadows the child module
+        try:
+            out = owner(mx.zeros(h.shape[:2], dtype=mx.int32))
+        finally:
+            object.__delattr__(owner, name)
+        if isinstance(out, tuple):
+            out = out[0]
+        return out.reshape(*shape[:-1], out.shape[-1])
+
+    def __call__(self, tokens: mx.array, cache: Optional[Cache] = None, positions: Optional[mx.array] = None,
+                 mask: Mask = None) -> Tuple[mx.array, mx.array]:
+        h = self.hidden(tokens, cache, positions, mask)
+        return self.logits(h), h
+
+
+def _leaves(params):
+    from mlx.utils import tree_flatten
+
+    return tree_flatten(params)
+
+
+# A small tree for the load-time self-check: node i's parent (-1 = the root), in topological order.
+_CHECK_PARENTS = (-1, -1, 0, 0, 2)
+_CHECK_PREFIX = 8
+CHECK_TOLERANCE = 0.05  # relative logit error; wrong positions or masks give 0.3-0.5
+
+
+def self_check(model: TreeModel) -> Tuple[bool, float]:
+    """Verify a small tree on the real weights against a sequential decode of each of its
+    paths through mlx-lm's own code. Returns (ok, max relative logit error). Guards
+    losslessness against model code this adapter does not know (e.g. a new mlx-lm release)."""
+    vocab = model.args.vocab_size
+    prefix = mx.array([[(7 * i + 3) % vocab for i in range(_CHECK_PREFIX)]], dtype=mx.int32)
+    tokens = [(11 * i + 5) % vocab for i in range(len(_CHECK_PARENTS))]
+    depth, mask = [], np.zeros((len(tokens),) * 2, dtype=bool)
+    for i, p in enumerate(_CHECK_PARENTS):
+        depth.append(0 if p < 0 else depth[p] + 1)
+        if p >= 0:
+            mask[i] = mask[p]
+        mask[i, i] = True
+    cache = model.make_cache()
+    model.hidden(prefix, cache)
+    tree_logits, _ = model(mx.array([tokens], dtype=mx.int32), cache,
+                           positions=mx.array(_CHECK_PREFIX + np.array(depth)), mask=mx.array(mask))
+    seq = model.make_cache()
+    model.hidden(prefix, seq)
+    worst = 0.0
+    for leaf in range(len(tokens)):
+        if leaf in _CHECK_PARENTS:
+            continue
+        path, j = [], leaf
+        while j >= 0:
+            path.append(j)
+            j = _CHECK_PARENTS[j]
+        for node in reversed(path):
+            logits, _ = model(mx.array([[tokens[node]]], dtype=mx.int32), seq)
+            ref = logits[0, -1].astype(mx.float32)
+            got = tree_logits[0, node].astype(mx.float32)
+            err = float(mx.abs(ref - got).max() / mx.maximum(mx.abs(ref).max(), 1e-6))
+            worst = max(worst, err)
+        seq.rewind(len(path))
+    return worst <= CHECK_TOLERANCE, worst

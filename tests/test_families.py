@@ -1,0 +1,277 @@
+"""Tree verification over mlx-lm's own model classes (base_model.py), family by family.
+
+Tiny random models of each family, built by mlx-lm from a config: a packed tree's logits equal a
+sequential decode of each of its paths, a committed path continues like the plain sequence,
+greedy ReDrafter equals plain decoding, plain decoding equals mlx-lm's own `generate_step`, and
+families that cannot verify a tree are refused by name.
+"""
+
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from test_redrafter import CharTokenizer
+
+from redrafter_mlx import base_model, generate
+from redrafter_mlx.drafter import load_drafter, new_drafter, save_drafter
+from redrafter_mlx.errors import DrafterMismatchError, UnsupportedModelError
+from redrafter_mlx.loader import LoadedModel, new_model
+
+V = 64
+BASE = dict(hidden_size=32, num_hidden_layers=4, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=V, max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10000.0,
+            tie_word_embeddings=False)
+FAMILIES = {
+    "llama": dict(model_type="llama"),
+    "llama3-rope": dict(model_type="llama", rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16}),
+    "qwen2": dict(model_type="qwen2", tie_word_embeddings=True),
+    "qwen3": dict(model_type="qwen3", head_dim=8, tie_word_embeddings=True),
+    "gemma2": dict(model_type="gemma2", head_dim=8, query_pre_attn_scalar=8, attn_logit_softcapping=50.0,
+                   final_logit_softcapping=30.0),
+    "gemma3_text": dict(model_type="gemma3_text", head_dim=8, query_pre_attn_scalar=8, sliding_window=4,
+                        sliding_window_pattern=2),
+    "phi3-longrope": dict(model_type="phi3", partial_rotary_factor=0.5, original_max_position_embeddings=16,
+                          rope_scaling={"type": "longrope", "long_factor": [1.5, 1.5], "short_factor": [1.0, 1.0]}),
+    "mistral-sliding-window": dict(model_type="mistral", sliding_window=3,
+                                   layer_types=["sliding_attention"] * 3 + ["full_attention"]),
+    "qwen3_moe": dict(model_type="qwen3_moe", head_dim=8, num_experts=4, num_experts_per_tok=2,
+                      moe_intermediate_size=16, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True),
+    "mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2),
+    "granite": dict(model_type="granite", logits_scaling=2.0, attention_multiplier=0.1, embedding_multiplier=3.0,
+                    residual_multiplier=0.5, attention_bias=False, mlp_bias=False),
+    "cohere2": dict(model_type="cohere2", head_dim=8, logit_scale=0.5, sliding_window=4, sliding_window_pattern=2,
+                    layer_norm_eps=1e-5, use_qk_norm=False),
+}
+PROMPT = [(7 * i + 3) % V for i in range(20)]  # longer than every window and original rope context
+# A tree in topological order: node i's parent (-1 = child of the last committed token).
+PARENTS = [-1, -1, 0, 0, 2, 3, 4, 1]
+TOKENS = [10, 11, 12, 13, 14, 15, 16, 17]
+
+
+def model_of(family, seed=0, **kw):
+    return new_model({**BASE, **FAMILIES[family], **kw}, seed)
+
+
+def tree_inputs(parents, offset):
+    depth, mask = [], np.zeros((len(parents), len(parents)), dtype=bool)
+    for i, p in enumerate(parents):
+        depth.append(0 if p < 0 else depth[p] + 1)
+        if p >= 0:
+            mask[i] = mask[p]
+        mask[i, i] = True
+    return mx.array(offset + np.array(depth)), mx.array(mask)
+
+
+def path_to(node, parents):
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
+def sequential(model, ids):
+    """Logits and hidden state after each of `ids`, decoded one token at a time (mlx-lm's code)."""
+    cache = model.make_cache()
+    model(mx.array([PROMPT]), cache)
+    out = []
+    for t in ids:
+        logits, hidden = model(mx.array([[t]]), cache)
+        out.append((logits[0, -1], hidden[0, -1]))
+    return out
+
+
+def rel(a, b):
+    return float(mx.abs(a - b).max() / mx.abs(b).max())
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_tree_forward_equals_sequential_decoding_of_each_path(family):
+    model = model_of(family)
+    cache = model.make_cache()
+    model(mx.array([PROMPT]), cache)
+    positions, mask = tree_inputs(PARENTS, len(PROMPT))
+    logits, hidden = model(mx.array([TOKENS]), cache, positions=positions, mask=mask)
+    for node in range(len(TOKENS)):
+        want_logits, want_hidden = sequential(model, [TOKENS[i] for i in path_to(node, PARENTS)])[-1]
+        assert rel(logits[0, node], want_logits) < 1e-4, (family, node)
+        assert rel(hidden[0, node], want_hidden) < 1e-4, (family, node)
+    # Commit one root-to-leaf path, then decode on: the same as decoding that path.
+    path = path_to(6, PARENTS)
+    cache.commit(len(PROMPT), path)
+    after, _ = model(mx.array([[20]]), cache)
+    want, _ = sequential(model, [TOKENS[i] for i in path] + [20])[-1]
+    assert cache.offset == len(PROMPT) + len(path) + 1
+    assert rel(after[0, -1], want) < 1e-4
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gemma3_text", "mistral-sliding-window", "phi3-longrope"])
+def test_a_batch_of_two_different_trees(family):
+    model = model_of(family, seed=1)
+    cache = model.make_cache()
+    model(mx.array([PROMPT, PROMPT[::-1]]), cache)
+    parents = [[-1, 0, 1, -1], [-1, -1, 1, 2]]
+    tokens = [[5, 6, 7, 8], [9, 10, 11, 12]]
+    positions, masks = zip(*(tree_inputs(p, len(PROMPT)) for p in parents))
+    logits, _ = model(mx.array(tokens), cache, positions=mx.stack(positions), mask=mx.stack(masks)[:, None])
+    for row, prompt in enumerate([PROMPT, PROMPT[::-1]]):
+        for node in range(4):
+            seq = model.make_cache()
+            model(mx.array([prompt]), seq)
+            for i in path_to(node, parents[row]):
+                want, _ = model(mx.array([[tokens[row][i]]]), seq)
+            assert rel(logits[row, node], want[0, -1]) < 1e-4, (family, row, node)
+
+
+def test_the_controls_fail_sequential_positions_and_a_causal_mask():
+    """The comparison above can fail: without tree positions, or with a causal mask, the
+    logits of nodes below the first level are wrong."""
+    model = model_of("llama")
+    cache = model.make_cache()
+    model(mx.array([PROMPT]), cache)
+    positions, mask = tree_inputs(PARENTS, len(PROMPT))
+    good, _ = model(mx.array([TOKENS]), cache, positions=positions, mask=mask)
+    cache.rewind(len(TOKENS))
+    causal = mx.array(np.tril(np.ones((len(TOKENS),) * 2, dtype=bool)))
+    wrong_mask, _ = model(mx.array([TOKENS]), cache, positions=positions, mask=causal)
+    cache.rewind(len(TOKENS))
+    wrong_pos, _ = model(mx.array([TOKENS]), cache, positions=mx.arange(len(PROMPT), len(PROMPT) + len(TOKENS)),
+                         mask=mask)
+    want, _ = sequential(model, [TOKENS[i] for i in path_to(4, PARENTS)])[-1]
+    assert rel(good[0, 4], want) < 1e-4
+    assert rel(wrong_mask[0, 4], want) > 1e-2 and rel(wrong_pos[0, 4], want) > 1e-2
+
+
+def loaded_of(model, drafter=None):
+    return LoadedModel(model=model, tokenizer=CharTokenizer(), args=model.args, name="tiny", path=Path("."),
+                       weight_format="float32", drafter=drafter)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3-longrope",
+                                    "mistral-sliding-window", "qwen3_moe"])
+def test_greedy_redrafter_with_a_random_drafter_equals_plain_decoding(family):
+    model = model_of(family, seed=2)
+    drafter = new_drafter(model.args, seed=3)
+    assert drafter.args.embed_scale == (32**0.5 if family.startswith("gemma") else 1.0)
+    loaded = loaded_of(model, drafter)
+    plain = generate(loaded, PROMPT, mode="ar", max_tokens=64)
+    for kw in (dict(beam_width=3, beam_length=3, lookup=8), dict(tree=12, lookup=8), {}):
+        got = generate(loaded, PROMPT, mode="redrafter", max_tokens=64, **kw)
+        assert got.tokens == plain.tokens, (family, kw)
+    assert len(plain.tokens) == 64
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3_text", "mistral-sliding-window"])
+def test_plain_decoding_equals_mlx_lm_generate_step(family):
+    from mlx_lm.generate import generate_step
+    from mlx_lm.utils import _get_classes
+
+    model = model_of(family, seed=4)
+    model_class, args_class = _get_classes(model.config)
+    fresh = model_class(args_class.from_dict(model.config))  # mlx-lm untouched: no tree wrappers
+    from mlx.utils import tree_flatten
+
+    fresh.load_weights(tree_flatten(model.parameters()), strict=True)
+    want = [int(t) for t, _ in generate_step(mx.array(PROMPT), fresh, max_tokens=40)]
+    got = generate(loaded_of(model), PROMPT, mode="ar", max_tokens=40).tokens
+    assert got == want
+
+
+@pytest.mark.parametrize("config,why", [
+    (dict(model_type="mamba", state_size=4, conv_kernel=4, use_bias=False, use_conv_bias=True, time_step_rank=4),
+     "recurrent layers"),
+    (dict(model_type="qwen3_next"), "recurrent layers"),
+    (dict(model_type="ministral3"), "outside rope"),
+    (dict(model_type="not_a_family"), "unsupported architecture"),
+])
+def test_families_that_cannot_verify_a_tree_are_refused(config, why):
+    with pytest.raises(UnsupportedModelError, match=why) as info:
+        new_model({**BASE, **config})
+    assert "\n" not in str(info.value) and config["model_type"] in str(info.value)
+
+
+def test_self_check_passes_and_catches_broken_tree_verification(monkeypatch):
+    model = model_of("qwen3")
+    ok, err = base_model.self_check(model)
+    assert ok and err < 1e-4
+    # Rope wrappers that ignore the tree's positions (as a new mlx-lm could make them): caught.
+    monkeypatch.setattr(base_model._TreeRoPE, "__call__", lambda self, x, offset=0, **kw: self._rope(x, offset=offset))
+    ok, err = base_model.self_check(model)
+    assert not ok and err > base_model.CHECK_TOLERANCE
+
+
+def test_a_model_failing_the_self_check_decodes_plainly(tiny_kit, tmp_path, monkeypatch):
+    from redrafter_mlx import load
+
+    path = tiny_kit.write_folder(tmp_path / "m", tiny_kit.model(seed=0))
+    monkeypatch.setattr(base_model._TreeRoPE, "__call__", lambda self, x, offset=0, **kw: self._rope(x, offset=offset))
+    with pytest.warns(RuntimeWarning, match="speculation off"):
+        loaded = load(str(path), use_drafter=False)
+    assert not loaded.tree_ok
+    loaded.drafter = new_drafter(loaded.args, seed=1)
+    plain = generate(loaded, "the cat", mode="ar", max_tokens=12)
+    got = generate(loaded, "the cat", mode="redrafter", max_tokens=12)
+    assert got.tokens == plain.tokens and got.stats.mode == "ar"
+
+
+def test_drafters_record_their_base_and_are_refused_elsewhere(tmp_path):
+    qwen, gemma = model_of("qwen3"), model_of("gemma3_text")
+    drafter = new_drafter(qwen.args)
+    assert drafter.args.base_model_type == "qwen3" and drafter.args.embed_scale == 1.0
+    save_drafter(drafter, tmp_path / "d")
+    load_drafter(tmp_path / "d", qwen)
+    with pytest.raises(DrafterMismatchError, match="qwen3"):
+        load_drafter(tmp_path / "d", gemma)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3_text"])
+def test_a_drafter_trained_for_the_family_runs_lossless(family, tmp_path):
+    """Distill the base model's greedy replies, train a head on them, and decode with it."""
+    from redrafter_mlx.distill import generate_batch
+    from redrafter_mlx.train import train
+
+    model = model_of(family, seed=5)
+    rng = np.random.default_rng(0)
+    prompts = [[int(t) for t in rng.integers(3, V, size=6)] for _ in range(24)]
+    samples = [{"prompt": np.array(p, np.int32), "reply": np.array(r, np.int32), "hidden": h}
+               for p, (r, h, _) in zip(prompts, generate_batch(model, prompts, 24, eos=[]))]
+    drafter = train(model, samples, tmp_path / "run", depth=3, steps=40, batch=64, lr=3e-3, warmup=4,
+                    draft_vocab=0, progress=False, save_every=1000)
+    assert drafter.args.base_model_type == model.args.model_type
+    assert drafter.args.embed_scale == model.args.embed_scale
+    loaded = loaded_of(model, drafter)
+    plain = generate(loaded, prompts[0], mode="ar", max_tokens=48)
+    spec = generate(loaded, prompts[0], mode="redrafter", max_tokens=48, beam_width=2, beam_length=3, lookup=0)
+    assert spec.tokens == plain.tokens
+    assert spec.stats.tokens_per_step > 1.0  # the trained head's drafts are accepted
+
+
+# ---- the registry -------------------------------------------------------------------------
+
+# Hub repos known to be in the old `weights.npz` layout, which mlx-lm no longer loads.
+OLD_LAYOUT = {"mlx-community/Llama-2-7b-chat-4-bit", "mlx-community/Llama-2-7b-chat-mlx"}
+
+
+def test_registry_entries_are_well_formed():
+    import re
+
+    from redrafter_mlx import registry
+    from redrafter_mlx.loader import model_classes
+
+    models = registry.known_models()
+    assert registry.default_model_name() in models
+    for name, entry in models.items():
+        assert re.fullmatch(r"[a-z0-9][a-z0-9.\-]*", name), name
+        assert entry.get("description"), name
+        model_classes({"model_type": entry["family"]})  # a family mlx-lm builds and trees can verify
+        if entry["source"] == "hf":
+            assert re.fullmatch(r"[A-Za-z0-9_.\-]+/[A-Za-z0-9_.\-]+", entry["repo"]), name
+            assert entry["repo"] not in OLD_LAYOUT, name
+        else:
+            assert entry["source"] == "pypi", name
+            assert re.fullmatch(r"[0-9a-f]{64}", entry["sha256"]) and entry["package"] and entry["version"], name
+        if entry.get("drafter"):
+            assert registry.shipped_drafter(entry) is not None, name
