@@ -1,7 +1,7 @@
 """Checkpoint converter: `python -m convert --help`.
 
-Turns a Llama-family base model (a Hugging Face checkpoint folder or hub id, or a llama GGUF
-file) and, optionally, Apple's ReDrafter draft head into one MLX model folder that loads with
+Turns a base model of a supported family (README: model families; a Hugging Face checkpoint folder
+or hub id, or a llama GGUF file) and, optionally, Apple's ReDrafter draft head into one MLX model folder that loads with
 `redrafter_mlx.load(PATH)` and `mlx_lm.load(PATH)`.
 
 Modules: cli (arguments, order of work, errors), output (atomic output folder, manifest),

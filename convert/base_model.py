@@ -1,4 +1,4 @@
-"""Base model -> MLX weights, config and tokenizer: a Hugging Face Llama-family checkpoint or a llama GGUF.
+"""Base model -> MLX weights, config and tokenizer: a Hugging Face checkpoint of a supported family (mlx-lm builds it) or a llama GGUF.
 
 Hugging Face folders go through mlx-lm's own utilities: `load_model` (lazy, strict, never
 `trust_remote_code`), `quantize_model`, `save_model`, `save_config`. mlx-lm reads only

@@ -47,7 +47,7 @@ no code from a checkpoint is ever run.
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m convert",
-        description="Convert a Llama-family model (Hugging Face checkpoint or GGUF) and Apple's ReDrafter "
+        description="Convert a model of a supported family (Hugging Face checkpoint or llama GGUF) and Apple's ReDrafter "
         "draft head into one MLX model folder for redrafter_mlx (and mlx-lm).",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
