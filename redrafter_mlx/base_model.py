@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from mlx.utils import tree_flatten
 from mlx_lm.models import cache as mlx_cache
 from mlx_lm.models import rope_utils
 
@@ -65,13 +66,27 @@ class TreeState:
 
     def __init__(self):
         self.positions: Optional[mx.array] = None  # (B * T,) int32, row-major over (B, T)
-        self.host_positions: Optional[np.ndarray] = None  # the same on the host, (B, T)
+        self.batch = 0  # B
         self.mask: Optional[mx.array] = None  # (B' in {1, B}, T, T or offset + T) bool
         self.five_d = False
+        self._host: Optional[np.ndarray] = None
 
     @property
     def active(self) -> bool:
         return self.positions is not None
+
+    def begin(self, positions: mx.array, mask: mx.array):
+        self.positions, self.batch, self.mask, self._host = positions.reshape(-1), positions.shape[0], mask, None
+
+    def end(self):
+        self.positions = self.mask = self._host = None
+
+    @property
+    def host_positions(self) -> np.ndarray:
+        """The positions on the host, (B * T,): read back only by ropes that need Python ints."""
+        if self._host is None:
+            self._host = np.array(self.positions)
+        return self._host
 
 
 def _is_rope(module) -> bool:
@@ -99,7 +114,7 @@ class _TreeRoPE(nn.Module):
         if self._array_offset:
             out = self._rope(folded, offset=st.positions, **kwargs)
         else:  # the rope does Python arithmetic on the offset: one call per distinct position
-            pos = st.host_positions.reshape(-1)
+            pos = st.host_positions
             order, parts = [], []
             for p in np.unique(pos):
                 idx = np.nonzero(pos == p)[0]
@@ -194,17 +209,10 @@ class TreeModel:
         self._wrap_ropes()
         emb = self.decoder.embed_tokens
         vocab, hidden = (emb.num_embeddings, emb.dims) if hasattr(emb, "dims") else emb.weight.shape
-        text = config.get("text_config") or {}
-        max_pos = config.get("max_position_embeddings", text.get("max_position_embeddings")) or 4096
-        self.args = ModelArgs(
-            model_type=model_type,
-            hidden_size=int(hidden),
-            vocab_size=int(vocab),
-            num_hidden_layers=n_layers,
-            max_position_embeddings=int(max_pos),
-            tie_word_embeddings=self.lm_head is None,
-            embed_scale=float(hidden) ** 0.5 if model_type in SCALED_EMBEDDINGS else 1.0,
-        )
+        # The config's figures, with what the built model says about its shape taking precedence.
+        self.args = ModelArgs.from_config({**config, "model_type": model_type, "hidden_size": int(hidden),
+                                           "vocab_size": int(vocab), "num_hidden_layers": n_layers,
+                                           "tie_word_embeddings": self.lm_head is None})
 
     def _wrap_ropes(self):
         for _, module in self.decoder.named_modules():
@@ -231,7 +239,7 @@ class TreeModel:
         norm = self.decoder.get("norm")
         if norm is not None and "weight" in norm:
             return norm.weight.dtype
-        return next(v.dtype for k, v in _leaves(self.decoder.parameters()) if mx.issubdtype(v.dtype, mx.floating))
+        return next(v.dtype for _, v in tree_flatten(self.decoder.parameters()) if mx.issubdtype(v.dtype, mx.floating))
 
     def __getattr__(self, name):
         """Anything else (parameters, load_weights, named_modules, ...) is mlx-lm's model's."""
@@ -275,12 +283,11 @@ class TreeModel:
         mask = mask.reshape(-1, T, mask.shape[-1])
         if mask.shape[0] not in (1, B):
             raise ValueError(f"mask of shape {mask.shape} does not fit a batch of {B}")
-        st = self.state
-        st.positions, st.host_positions, st.mask = pos.reshape(-1), np.array(pos), mask
+        self.state.begin(pos, mask)
         try:
             return self.decoder(tokens, cache=cache)
         finally:
-            st.positions = st.host_positions = st.mask = None
+            self.state.end()
 
     def logits(self, hidden: mx.array) -> mx.array:
         """The model's own output head on hidden states: (..., hidden_size) -> (..., V)."""
@@ -301,12 +308,6 @@ class TreeModel:
                  mask: Mask = None) -> Tuple[mx.array, mx.array]:
         h = self.hidden(tokens, cache, positions, mask)
         return self.logits(h), h
-
-
-def _leaves(params):
-    from mlx.utils import tree_flatten
-
-    return tree_flatten(params)
 
 
 # A small tree for the load-time self-check: node i's parent (-1 = the root), in topological order.

@@ -62,7 +62,8 @@ class KVCache:
 
     def make_mask(self, N: int, return_array: bool = False, window_size: Optional[int] = None):
         """The mask mlx-lm's `create_attention_mask` asks for: N new tokens after this cache."""
-        window = min(w for w in (window_size, self.window) if w) if (window_size or self.window) else None
+        windows = [w for w in (window_size, self.window) if w]
+        window = min(windows) if windows else None
         if self.tree is not None and self.tree.active:
             return tree_mask(self.tree, N, self.offset, window)
         return plain_mask(N, self.offset, return_array, window)
@@ -177,7 +178,7 @@ def tree_mask(state, N: int, offset: int, window: Optional[int]) -> mx.array:
     if W == N:
         mask = mx.concatenate([mx.ones((Bm, T, offset), dtype=mx.bool_), mask], axis=-1)
     if window is not None:
-        B = state.host_positions.shape[0]
+        B = state.batch
         qpos = state.positions.reshape(B, T)
         kpos = mx.concatenate([mx.broadcast_to(mx.arange(offset, dtype=mx.int32), (B, offset)), qpos], axis=1)
         mask = mask & ((qpos[:, :, None] - kpos[:, None, :]) < window)

@@ -27,6 +27,9 @@ FAMILIES = {
     "llama3-rope": dict(model_type="llama", rope_scaling={
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 16}),
+    # DynamicNTK does Python arithmetic on the offset: the rope wrapper's one-call-per-position path.
+    "llama-dynamic-ntk": dict(model_type="llama", rope_scaling={"type": "dynamic", "factor": 2.0},
+                              max_position_embeddings=16),
     "qwen2": dict(model_type="qwen2", tie_word_embeddings=True),
     "qwen3": dict(model_type="qwen3", head_dim=8, tie_word_embeddings=True),
     "gemma2": dict(model_type="gemma2", head_dim=8, query_pre_attn_scalar=8, attn_logit_softcapping=50.0,
