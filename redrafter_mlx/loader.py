@@ -313,12 +313,11 @@ def load(
 
 
 def find_drafter(resolved: "registry.ResolvedModel") -> Optional[Path]:
-    """A drafter beside the model: <folder>/drafter, <file>.drafter/, or the shipped one."""
-    candidates = []
-    if resolved.kind == "folder":
+    """The model's drafter: the one installed at `resolved.drafter_home` (by redrafter-train),
+    a hub snapshot's own drafter/ folder, or the one shipped for a registry model."""
+    candidates = [resolved.drafter_home]
+    if resolved.hub_folder:
         candidates.append(resolved.path / "drafter")
-    else:
-        candidates.append(resolved.path.with_suffix(".drafter"))
     shipped = registry.shipped_drafter(resolved.entry)
     if shipped:
         candidates.append(shipped)

@@ -36,6 +36,26 @@ class ResolvedModel:
     def kind(self) -> str:
         return "gguf" if self.path.suffix == ".gguf" else "folder"
 
+    @property
+    def hub_folder(self) -> Optional[str]:
+        """'models--org--name' when the folder is a snapshot in the Hugging Face hub cache."""
+        parts = self.path.parts
+        if "snapshots" in parts:
+            return next((p for p in parts if p.startswith("models--")), None)
+        return None
+
+    @property
+    def drafter_home(self) -> Path:
+        """Where a drafter trained for this model is installed and looked for first: beside a
+        GGUF file (<file>.drafter/), in a model folder (<folder>/drafter/), and for a hub
+        snapshot in this package's cache (the hub cache's snapshots are replaced on update)."""
+        if self.kind == "gguf":
+            return self.path.with_suffix(".drafter")
+        hub = self.hub_folder
+        if hub:
+            return cache_dir() / "drafters" / hub
+        return self.path / "drafter"
+
 
 def models_dir() -> Path:
     """The folder holding registry.json and the shipped drafters."""

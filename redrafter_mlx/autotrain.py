@@ -1,0 +1,393 @@
+"""redrafter-train: a drafter for your own model in one command.
+
+    redrafter-train --model smollm2-135m --budget quick
+    redrafter-train --model mlx-community/Qwen3-0.6B-4bit --budget standard --prompts my_prompts.jsonl
+
+Takes a model (registry name, folder, GGUF file or hub id) to a drafter installed where
+`load()` finds it, in five stages, each resumable after Ctrl-C or a crash (run the same
+command again):
+
+1. self-instruct: the model writes new tasks from the seed prompts, for wider coverage;
+2. distill: the model answers the prompts greedily; its replies and hidden states are kept
+   (self-distillation: the head learns what this model writes);
+3. train: the draft head learns from them (the base model frozen), with a held-out
+   accuracy per depth, checkpointed every few dozen steps;
+4. evaluate: real decoding of held-out prompts (never MT-Bench, never the training ones):
+   plain decoding, `auto` with the new drafter, and a fixed 4x5 tree with the new drafter and
+   with the one already in place, if any;
+5. install: the drafter, with a README and manifest.json (data, steps, time, machine,
+   held-out accuracy, tokens/step, speedup), goes to the model's drafter home (beside a GGUF
+   file or in a model folder; for hub models in this package's cache), unless the drafter
+   already there drafts more tokens per step (then `--force` installs it anyway).
+
+The work (prompts answered, checkpoints) is kept in `--work` (default: this package's cache,
+`train/<model>`); delete it to start over. The prompts shipped with the package are the
+self-instruct seed tasks (Apache-2.0) and GSM8K train questions (MIT); see
+redrafter_mlx/data/README.md. `--prompts` uses your own instead.
+"""
+
+import argparse
+import hashlib
+import json
+import re
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from . import _platform  # noqa: F401
+
+import mlx.core as mx  # noqa: E402
+
+DATA = Path(__file__).parent / "data"
+TRAIN_PROMPTS = DATA / "train_prompts.jsonl"
+EVAL_PROMPTS = DATA / "eval_prompts.jsonl"
+EVAL_SHAPE = (4, 5)  # the fixed tree that compares drafters: the same on every machine
+DEPTH = 4  # draft tokens the head learns to predict per position (EVAL_SHAPE's length - 1)
+
+
+@dataclass
+class Budget:
+    self_instruct: int  # new tasks written by the model
+    prompts: int  # prompts answered (interleaved: seeds, new tasks, the rest)
+    max_tokens: int  # longest reply
+    steps: int  # training steps of 512 positions
+    eval_prompts: int
+    eval_tokens: int
+    minutes_cpu: int  # wall clock on the 2-core x86 CPU with OpenBLAS, default model (SmolLM2-135M)
+
+
+BUDGETS = {
+    "quick": Budget(self_instruct=32, prompts=192, max_tokens=128, steps=200, eval_prompts=6, eval_tokens=96,
+                    minutes_cpu=15),
+    "standard": Budget(self_instruct=64, prompts=1024, max_tokens=200, steps=600, eval_prompts=12, eval_tokens=128,
+                       minutes_cpu=60),
+}
+BUDGET_HELP = (
+    "quick: 32 new tasks, 192 replies of up to 128 tokens, 200 training steps (about 15 min on a 2-core CPU for "
+    "the default 135M model); standard: 64 new tasks, 1024 replies of up to 200 tokens, 600 steps (about an hour "
+    "there). A budget fixes the work, not the time: a larger model takes longer about in proportion to its size, "
+    "and a GPU does the same work in a fraction of the time"
+)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "--", name).strip("-") or "model"
+
+
+class Log:
+    """Stage headers and the figures of this run, kept in WORK/state.json across resumed runs."""
+
+    def __init__(self, work: Path):
+        self.path = work / "state.json"
+        self.state = json.loads(self.path.read_text()) if self.path.is_file() else {"seconds": {}}
+
+    def stage(self, i: int, name: str, what: str):
+        print(f"[{i}/5] {name}: {what}", file=sys.stderr, flush=True)
+        self._name, self._t0 = name, time.perf_counter()
+
+    def done(self, **figures):
+        seconds = self.state["seconds"]
+        seconds[self._name] = round(seconds.get(self._name, 0.0) + time.perf_counter() - self._t0, 1)
+        self.state.update(figures)
+        self.save()
+
+    def save(self):
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state, indent=1))
+        tmp.replace(self.path)
+
+
+def read_prompt_files(paths: List[Path]) -> List[List[str]]:
+    from .distill import read_prompts
+    from .errors import RedrafterError
+
+    groups = []
+    for path in paths:
+        if not Path(path).is_file():
+            raise RedrafterError(f"no prompt file at {path}")
+        try:
+            prompts = read_prompts([Path(path)])
+        except (ValueError, json.JSONDecodeError) as e:
+            raise RedrafterError(f"{path}: {str(e).splitlines()[0]}") from e
+        if not prompts:
+            raise RedrafterError(f"{path} holds no prompts (JSONL lines with 'prompt', 'instruction' or 'question')")
+        groups.append(prompts)
+    return groups
+
+
+def shipped_groups() -> List[List[str]]:
+    """The shipped training prompts, one group per source (interleaved later)."""
+    groups: Dict[str, List[str]] = {}
+    for line in TRAIN_PROMPTS.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            groups.setdefault(row["source"], []).append(row["prompt"])
+    return list(groups.values())
+
+
+def measure(loaded, drafters: Dict[str, object], prompts: List[str], max_tokens: int) -> Dict[str, Dict]:
+    """Greedy decoding of `prompts`: plain, `auto` with drafters['new'], and the fixed EVAL_SHAPE
+    tree with every drafter given. tok/s over decode time; tokens/step over decode steps."""
+    from tqdm import tqdm
+
+    from .generate import generate
+
+    runs = [("ar", None, {})] + [("auto", "new", {})]
+    runs += [(f"fixed {EVAL_SHAPE[0]}x{EVAL_SHAPE[1]}", key, dict(beam_width=EVAL_SHAPE[0],
+                                                                  beam_length=EVAL_SHAPE[1]))
+             for key in drafters]
+    out: Dict[str, Dict] = {}
+    loaded.drafter = None
+    generate(loaded, prompts[0], mode="ar", max_tokens=8)  # warm-up: the first forwards set up kernels
+    bar = tqdm(total=len(runs) * len(prompts), desc="evaluate", unit="reply")
+    plain_tokens = None
+    for mode, key, kw in runs:
+        loaded.drafter_path, loaded.drafter = drafters[key] if key else (None, None)
+        loaded.controllers = {}  # a controller per drafter: the new one's acceptance is learned anew
+        tokens = steps = 0
+        seconds = 0.0
+        outputs = []
+        for p in prompts:
+            g = generate(loaded, p, mode="ar" if mode == "ar" else "redrafter" if key else "auto",
+                         max_tokens=max_tokens, **kw)
+            tokens += g.stats.step_tokens
+            steps += g.stats.steps
+            seconds += g.stats.decode_seconds
+            outputs.append(g.tokens)
+            bar.update(1)
+        if plain_tokens is None:
+            plain_tokens = outputs
+        same = outputs == plain_tokens
+        out[f"{mode} ({key})" if key else mode] = {
+            "tokens_per_step": round(tokens / max(steps, 1), 3),
+            "tokens_per_second": round(tokens / max(seconds, 1e-9), 2), "identical_to_ar": same}
+    bar.close()
+    ar = out["ar"]["tokens_per_second"]
+    for row in out.values():
+        row["speedup"] = round(row["tokens_per_second"] / max(ar, 1e-9), 3)
+    return out
+
+
+def held_out_accuracy(train_dir: Path) -> Optional[Dict]:
+    """The best held-out validation line of the training log (accuracy per depth)."""
+    best = None
+    log = train_dir / "train_log.jsonl"
+    if log.is_file():
+        for line in log.read_text().splitlines():
+            row = json.loads(line) if line.strip() else {}
+            if "val_acc" in row and (best is None or row["val_accepted_drafts"] > best["val_accepted_drafts"]):
+                best = row
+    return best
+
+
+def install(src: Path, home: Path, manifest: Dict):
+    """Copy the drafter folder `src` to `home` with its manifest: written beside, then swapped
+    in, so an interruption leaves either the old drafter or the new one, never half of one."""
+    home.parent.mkdir(parents=True, exist_ok=True)
+    tmp = home.with_name(f".{home.name}.new")
+    old = home.with_name(f".{home.name}.old")
+    for p in (tmp, old):
+        shutil.rmtree(p, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    (tmp / "README.md").write_text(readme(manifest))
+    if home.exists():
+        home.rename(old)
+    tmp.rename(home)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def readme(m: Dict) -> str:
+    ev = m["evaluation"]
+    acc = m.get("held_out") or {}
+    lines = [
+        f"# Drafter for {m['model']}",
+        "",
+        f"Trained by `{m['command']}` on {m['machine']} ({m['finished']}), budget `{m['budget']}`.",
+        "",
+        f"- Data: {m['data']['replies']} of the base model's own greedy replies ({m['data']['tokens']} tokens) to "
+        f"{m['data']['prompts']}.",
+        f"- Training: {m['training']['steps']} steps of 512 positions, depth {m['training']['depth']}, draft vocabulary "
+        f"{m['training']['draft_vocab']}.",
+        f"- Time: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in m["seconds"].items()) + ".",
+    ]
+    if acc:
+        lines.append(f"- Held-out agreement with the base model per depth (step {acc['step']}): "
+                     + " ".join(f"{a:.2f}" for a in acc["val_acc"]) + ".")
+    lines += ["", f"Evaluation: {ev['prompts']} held-out prompts, {ev['max_tokens']} tokens, greedy:", "",
+              "| decoding | tokens/step | tok/s | speedup | identical to plain |", "|---|---|---|---|---|"]
+    for name, row in ev["results"].items():
+        lines.append(f"| {name} | {row['tokens_per_step']} | {row['tokens_per_second']} | {row['speedup']}x | "
+                     f"{row['identical_to_ar']} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        prog="redrafter-train",
+        description="Train a drafter for a model and install it where redrafter-chat, redrafter-bench and load() "
+                    "find it: self-instruct, distillation of the model's own replies, training, evaluation on "
+                    "held-out prompts, install. Every stage resumes after Ctrl-C or a crash: run the same command "
+                    "again.",
+        epilog="example: redrafter-train --model smollm2-135m --budget quick",
+    )
+    p.add_argument("--model", default=None, help="registry name, model folder, GGUF file or hub id "
+                                                 "(default: the registry default)")
+    p.add_argument("--budget", choices=sorted(BUDGETS), default="quick", help=BUDGET_HELP)
+    p.add_argument("--prompts", type=Path, nargs="+", default=None, metavar="FILE.jsonl",
+                   help="your own training prompts (JSONL lines with 'prompt', 'instruction' or 'question'), "
+                        "instead of the shipped seed tasks and GSM8K questions; never MT-Bench")
+    p.add_argument("--eval-prompts", type=Path, default=None, metavar="FILE.jsonl",
+                   help="held-out prompts for the evaluation (default: the shipped held-out set)")
+    p.add_argument("--work", type=Path, default=None,
+                   help="folder for the resumable work (default: the package cache, train/<model>)")
+    p.add_argument("--force", action="store_true",
+                   help="install even when the drafter in place drafts more tokens per step")
+    p.add_argument("--weight-format", default="auto", help="auto, stored, float32, float16 or bfloat16")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="prompts answered together (default: 128 on a CPU, 64 on a GPU)")
+    args = p.parse_args(argv)
+    if args.batch_size is not None and args.batch_size < 1:
+        p.error("--batch-size must be at least 1")
+    return args
+
+
+def run(args) -> Dict:
+    from . import registry
+    from .distill import distill, interleave, read_shards, self_instruct
+    from .drafter import load_drafter
+    from .errors import RedrafterError
+    from .loader import load
+    from .train import save_copy, train
+
+    budget = BUDGETS[args.budget]
+    user_prompts = args.prompts is not None
+    groups = read_prompt_files(args.prompts) if user_prompts else shipped_groups()
+    eval_set = read_prompt_files([args.eval_prompts or EVAL_PROMPTS])[0][: budget.eval_prompts]
+    resolved = registry.resolve(args.model)
+    work = args.work or registry.cache_dir() / "train" / _safe(resolved.name)
+    work.mkdir(parents=True, exist_ok=True)
+    log = Log(work)
+    loaded = load(args.model, weight_format=args.weight_format, use_drafter=False,
+                  progress=lambda m: print(m, file=sys.stderr))
+    batch_size = args.batch_size or (128 if mx.default_device().type == mx.cpu else 64)
+    print(f"redrafter-train: {resolved.name} on {_platform.device_description()}, budget {args.budget} "
+          f"(work in {work})", file=sys.stderr)
+
+    # 1. self-instruct: new tasks from the seeds (the shipped seed tasks, or the user's prompts). The
+    # prompt list is fixed once made, so a resumed run answers the same prompts.
+    seeds = groups[0]
+    chosen = work / "prompts.json"
+    key = hashlib.sha256(json.dumps([groups, asdict(budget)]).encode()).hexdigest()[:16]
+    kept = json.loads(chosen.read_text()) if chosen.is_file() else {}
+    log.stage(1, "self-instruct", f"{budget.self_instruct} new tasks from {len(seeds)} seed prompts")
+    if kept.get("key") == key:
+        tasks, prompts = kept["tasks"], kept["prompts"]
+    else:
+        tasks = self_instruct(loaded, seeds, budget.self_instruct, work / "distill" / "self_instruct.jsonl",
+                              batch_size=min(batch_size, 16))
+        prompts = interleave(groups + [tasks])[: budget.prompts]
+        chosen.write_text(json.dumps({"key": key, "tasks": tasks, "prompts": prompts}))
+    log.done()
+
+    # 2. distill: the model's own replies
+    log.stage(2, "distill", f"{len(prompts)} prompts, replies of up to {budget.max_tokens} tokens")
+    distill(loaded, prompts, work / "distill", batch_size, budget.max_tokens, max_prompt_tokens=256)
+    samples = list(read_shards(work / "distill"))
+    if not samples:
+        raise RedrafterError(f"distillation produced no replies in {work / 'distill'}")
+    n_tokens = sum(len(s["reply"]) for s in samples)
+    log.done(replies=len(samples), reply_tokens=n_tokens)
+
+    # 3. train
+    depth, vocab = DEPTH, 4096
+    log.stage(3, "train", f"{budget.steps} steps on {len(samples)} replies ({n_tokens} tokens)")
+    (work / "train").mkdir(parents=True, exist_ok=True)
+    with open(work / "train" / "train_log.jsonl", "a") as f:
+        drafter = train(loaded.model, samples, work / "train", depth=depth, steps=budget.steps, batch=512, lr=1e-3,
+                        warmup=min(50, budget.steps // 5), weight_decay=0.01, draft_vocab=vocab,
+                        eos_ids=loaded.tokenizer.eos_token_ids, save_every=min(25, max(budget.steps // 4, 1)), log=f,
+                        val_every=max(budget.steps // 4, 1), save_dtype=mx.float16)
+    final = work / "train" / "drafter"
+    save_copy(drafter, final, mx.float16, {"training": {"steps": budget.steps, "depth": depth}})
+    trained = work / "train" / "best" if (work / "train" / "best" / "config.json").is_file() else final
+    log.done()
+
+    # 4. evaluate, against the drafter in place
+    home = resolved.drafter_home
+    from .loader import find_drafter
+
+    current = find_drafter(resolved)
+    drafters = {"new": (trained, load_drafter(trained, loaded.model))}
+    if current is not None:
+        try:
+            drafters["in place"] = (current, load_drafter(current, loaded.model))
+        except RedrafterError as e:
+            print(f"the drafter in place ({current}) does not load, so it is replaced: {e}", file=sys.stderr)
+    log.stage(4, "evaluate", f"{len(eval_set)} held-out prompts, {budget.eval_tokens} tokens: plain, auto, and "
+                             f"fixed {EVAL_SHAPE[0]}x{EVAL_SHAPE[1]} for {', '.join(drafters)}")
+    results = measure(loaded, drafters, eval_set, budget.eval_tokens)
+    log.done(evaluation=results)
+
+    # 5. install
+    shape = f"fixed {EVAL_SHAPE[0]}x{EVAL_SHAPE[1]}"
+    new_tps = results[f"{shape} (new)"]["tokens_per_step"]
+    old = results.get(f"{shape} (in place)")
+    log.stage(5, "install", str(home))
+    manifest = {
+        "model": resolved.name, "budget": args.budget, "budget_settings": asdict(budget),
+        "command": "redrafter-train " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("redrafter-train")
+        else f"redrafter-train --model {resolved.name} --budget {args.budget}",
+        "machine": _platform.device_description(), "mlx": mx.__version__, "weight_format": loaded.weight_format,
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "data": {"prompts": "your prompts (" + ", ".join(str(p) for p in args.prompts) + ")" if user_prompts
+                 else "the shipped self-instruct seed tasks (Apache-2.0) and GSM8K train questions (MIT), plus "
+                      f"{len(tasks)} tasks the model wrote from the seeds",
+                 "replies": len(samples), "tokens": n_tokens},
+        "training": {"steps": budget.steps, "depth": depth, "draft_vocab": vocab, "from": trained.name},
+        "held_out": held_out_accuracy(work / "train"),
+        "seconds": log.state["seconds"],
+        "evaluation": {"prompts": len(eval_set), "max_tokens": budget.eval_tokens, "results": results},
+    }
+    installed = old is None or new_tps > old["tokens_per_step"] or args.force
+    if installed:
+        install(trained, home, manifest)
+    log.done(installed=str(home) if installed else None)
+    manifest["installed"] = str(home) if installed else None
+    manifest["kept_at"] = str(trained)
+    return manifest
+
+
+def report(m: Dict, out=None):
+    out = out or sys.stdout
+    ev = m["evaluation"]["results"]
+    auto, shape = ev["auto (new)"], f"fixed {EVAL_SHAPE[0]}x{EVAL_SHAPE[1]}"
+    print(f"held-out prompts: plain {ev['ar']['tokens_per_second']} tok/s; auto with the new drafter "
+          f"{auto['tokens_per_second']} tok/s, {auto['tokens_per_step']} tokens/step, speedup {auto['speedup']}x; "
+          f"{shape}: {ev[shape + ' (new)']['tokens_per_step']} tokens/step"
+          + (f" (the drafter in place: {ev[shape + ' (in place)']['tokens_per_step']})"
+             if shape + " (in place)" in ev else ""), file=out)
+    if m["installed"]:
+        print(f"installed {m['installed']} (redrafter-chat --model {m['model']} and load() use it)", file=out)
+    else:
+        print(f"not installed: the drafter in place drafts more tokens per step; the new one is at {m['kept_at']} "
+              "(--force installs it)", file=out)
+
+
+def main(argv=None):
+    from .errors import RedrafterError
+
+    args = parse_args(argv)
+    try:
+        report(run(args))
+    except RedrafterError as e:
+        sys.exit(f"redrafter-train: {e}")
+    except KeyboardInterrupt:
+        sys.exit("redrafter-train: interrupted; run the same command again to resume")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""redrafter-train end to end on a tiny model: interrupted in distillation and in training,
+resumed, installed where load() finds it, and not overwriting a drafter as good without --force."""
+
+import json
+
+import pytest
+
+from redrafter_mlx import autotrain, distill, load, train
+
+
+@pytest.fixture
+def tiny_budget(monkeypatch):
+    monkeypatch.setitem(autotrain.BUDGETS, "tiny", autotrain.Budget(
+        self_instruct=2, prompts=10, max_tokens=8, steps=8, eval_prompts=2, eval_tokens=8, minutes_cpu=0))
+
+
+def interrupt_after(monkeypatch, module, name, calls):
+    real = getattr(module, name)
+    seen = []
+
+    def wrapper(*a, **kw):
+        out = real(*a, **kw)
+        seen.append(1)
+        if len(seen) == calls:
+            raise KeyboardInterrupt
+        return out
+
+    monkeypatch.setattr(module, name, wrapper)
+
+
+def test_train_command_resumes_installs_and_keeps_a_better_drafter(tiny_model_dir, tmp_path, tiny_budget,
+                                                                   monkeypatch, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"task {i}: say {'ab' * (i % 4 + 1)}"}) + "\n"
+                               for i in range(12)))
+    work = tmp_path / "work"
+    argv = ["--model", str(tiny_model_dir), "--budget", "tiny", "--prompts", str(prompts), "--work", str(work),
+            "--batch-size", "4"]
+
+    with monkeypatch.context() as m:  # killed after the first batch of replies
+        interrupt_after(m, distill, "write_shard", 1)
+        with pytest.raises(SystemExit, match="interrupted"):
+            autotrain.main(argv)
+    answered = (work / "distill" / "done.txt").read_text().split()
+    assert 0 < len(answered) < 10
+
+    with monkeypatch.context() as m:  # killed after the third training checkpoint (step 6 of 8)
+        interrupt_after(m, train, "save_checkpoint", 3)
+        with pytest.raises(SystemExit, match="interrupted"):
+            autotrain.main(argv)
+    assert len((work / "distill" / "done.txt").read_text().split()) == 10  # the rest answered, none twice
+    assert json.loads((work / "train" / "checkpoint" / "state.json").read_text())["step"] == 6
+
+    autotrain.main(argv)
+    steps = [json.loads(line)["step"] for line in (work / "train" / "train_log.jsonl").read_text().splitlines()
+             if '"loss"' in line]
+    assert steps == list(range(1, 9))  # resumed after step 6, not started over
+    home = tiny_model_dir / "drafter"
+    manifest = json.loads((home / "manifest.json").read_text())
+    assert manifest["data"]["replies"] == 10 and manifest["training"]["steps"] == 8
+    assert manifest["evaluation"]["results"]["auto (new)"]["identical_to_ar"]
+    assert "held-out" in (home / "README.md").read_text().lower()
+    out = capsys.readouterr().out
+    assert "speedup" in out and f"installed {home}" in out
+    loaded = load(str(tiny_model_dir))
+    assert loaded.drafter is not None and loaded.drafter_path == home
+
+    # Run again: the drafter in place is as good (the same), so it stays unless --force.
+    stamp = (home / "manifest.json").stat().st_mtime_ns
+    autotrain.main(argv)
+    assert "not installed" in capsys.readouterr().out
+    assert (home / "manifest.json").stat().st_mtime_ns == stamp
+    autotrain.main(argv + ["--force"])
+    assert "installed" in capsys.readouterr().out and (home / "manifest.json").stat().st_mtime_ns != stamp
+    assert not list(tiny_model_dir.glob(".drafter.*"))  # no half-written folders left beside it
+
+
+def test_train_command_refuses_mt_bench_and_missing_prompt_files(tiny_model_dir, tmp_path):
+    bench = tmp_path / "mt_bench.jsonl"
+    bench.write_text(json.dumps({"prompt": "x"}) + "\n")
+    with pytest.raises(SystemExit, match="MT-Bench"):
+        autotrain.main(["--model", str(tiny_model_dir), "--prompts", str(bench), "--work", str(tmp_path / "w")])
+    with pytest.raises(SystemExit, match="no prompt file"):
+        autotrain.main(["--model", str(tiny_model_dir), "--prompts", str(tmp_path / "none.jsonl")])
+
+
+def test_shipped_prompts_are_there_and_not_mt_bench():
+    groups = autotrain.shipped_groups()
+    assert [len(g) for g in groups] == [167, 1200]
+    evals = autotrain.read_prompt_files([autotrain.EVAL_PROMPTS])[0]
+    assert len(evals) == 16 and not set(evals) & {p for g in groups for p in g}
+    assert "Apache" in (autotrain.DATA / "README.md").read_text() and "MIT" in (autotrain.DATA / "README.md").read_text()
