@@ -69,6 +69,7 @@ class TreeState:
         self.batch = 0  # B
         self.mask: Optional[mx.array] = None  # (B' in {1, B}, T, T or offset + T) bool
         self.five_d = False
+        self.key_bucket = 0  # > 0: caches return keys padded to a multiple of this (shape buckets)
         self._host: Optional[np.ndarray] = None
 
     @property
@@ -190,6 +191,29 @@ def check_supported(model_type: str):
         raise UnsupportedModelError(f"{model_type!r} is not supported: {REFUSED[model_type]}")
 
 
+KEY_BUCKET = 256  # shape buckets: attended keys padded to a multiple of this (the cache's step)
+
+
+def padded_size(n: int) -> int:
+    """A tree of n tokens padded for shape buckets: the next power of two up to 64, then the
+    next multiple of 64."""
+    return 1 << max(n - 1, 0).bit_length() if n <= 64 else -(-n // 64) * 64
+
+
+def _pad_tree(tokens: mx.array, pos: mx.array, mask: mx.array, pad: int):
+    """`pad` more tokens after a tree's T: each attends only to itself (and the cache, when the
+    mask covers only the new tokens); no real token attends to them."""
+    B, T = tokens.shape
+    Bm, _, W = mask.shape
+    tokens = mx.concatenate([tokens, mx.zeros((B, pad), dtype=tokens.dtype)], axis=1)
+    pos = mx.concatenate([pos, mx.broadcast_to(pos[:, -1:], (B, pad))], axis=1)
+    bottom = np.zeros((pad, W + pad), dtype=bool)
+    bottom[np.arange(pad), W + np.arange(pad)] = True
+    top = mx.concatenate([mask, mx.zeros((Bm, T, pad), dtype=mx.bool_)], axis=-1)
+    mask = mx.concatenate([top, mx.broadcast_to(mx.array(bottom), (Bm, pad, W + pad))], axis=1)
+    return tokens, pos, mask
+
+
 class TreeModel:
     """An mlx-lm model that verifies packed trees of draft tokens. `model` is mlx-lm's Model,
     `config` the config.json it was built from."""
@@ -206,6 +230,7 @@ class TreeModel:
             raise UnsupportedModelError(f"{model_type!r}: {len(self.windows)} layer caches for {n_layers} layers")
         self.state = TreeState()
         self.state.five_d = model_type in FIVE_D_SCORES
+        self.shape_buckets = False  # see use_shape_buckets
         self._wrap_ropes()
         emb = self.decoder.embed_tokens
         vocab, hidden = (emb.num_embeddings, emb.dims) if hasattr(emb, "dims") else emb.weight.shape
@@ -247,6 +272,16 @@ class TreeModel:
             raise AttributeError(name)
         return getattr(self.model, name)
 
+    def use_shape_buckets(self, on: bool):
+        """Pad tree forwards to a few shapes: the tree to a power of two (multiples of 64 past
+        64) and the attended keys to a multiple of KEY_BUCKET, the padding masked out. Where
+        every new (tree size, context length) pair costs a kernel compilation or a graph
+        build (MLX's CUDA backend: 50-80 ms each, against 13 ms for the forward, measured on
+        an H200), a growing context made every verification pay one; `costs.calibrate`
+        measures whether this machine does and turns this on only there."""
+        self.shape_buckets = bool(on)
+        self.state.key_bucket = KEY_BUCKET if on else 0
+
     def make_cache(self) -> Cache:
         return Cache(len(self.windows), windows=self.windows, tree=self.state)
 
@@ -283,11 +318,18 @@ class TreeModel:
         mask = mask.reshape(-1, T, mask.shape[-1])
         if mask.shape[0] not in (1, B):
             raise ValueError(f"mask of shape {mask.shape} does not fit a batch of {B}")
+        pad = padded_size(T) - T if self.shape_buckets else 0
+        if pad:
+            tokens, pos, mask = _pad_tree(tokens, pos, mask, pad)
         self.state.begin(pos, mask)
         try:
-            return self.decoder(tokens, cache=cache)
+            h = self.decoder(tokens, cache=cache)
         finally:
             self.state.end()
+        if pad:
+            cache.trim_to(cache.offset - pad)  # the padding's keys and values are not history
+            h = h[:, :T]
+        return h
 
     def logits(self, hidden: mx.array) -> mx.array:
         """The model's own output head on hidden states: (..., hidden_size) -> (..., V)."""

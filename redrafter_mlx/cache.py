@@ -47,16 +47,22 @@ def _commit_plan(indices: Indices, start: int, offset: int) -> Tuple[int, int, O
 
 class KVCache:
     """One layer's keys and values. `window`: the layer's sliding attention window (None =
-    full attention); the history is kept and the window applied by the mask. `tree`: the
+    full attention), applied by the mask; `drop_old` frees what the window no longer sees,
+    keeping `KEEP` tokens more than the window so a tree can be rolled back. `tree`: the
     model's TreeState (base_model.py); inside a tree forward, `make_mask` returns the tree's
-    mask instead of a causal one. (No __len__: mlx-lm tests `if cache`.)"""
+    mask instead of a causal one. (No __len__: mlx-lm tests `if cache`.)
+
+    `offset` counts every token seen (positions are absolute, as ropes need); storage index
+    0 holds position `start` (> 0 once a windowed layer dropped old tokens)."""
 
     step = 256
+    KEEP = 320  # tokens kept beyond a window: room for the largest tree and the rewinds after it
 
     def __init__(self, window: Optional[int] = None, tree=None):
         self.keys = None  # (B, H_kv, T_max, D)
         self.values = None  # (B, H_kv, T_max, D)
         self.offset = 0
+        self.start = 0
         self.window = window
         self.tree = tree
 
@@ -65,22 +71,47 @@ class KVCache:
         windows = [w for w in (window_size, self.window) if w]
         window = min(windows) if windows else None
         if self.tree is not None and self.tree.active:
-            return tree_mask(self.tree, N, self.offset, window)
-        return plain_mask(N, self.offset, return_array, window)
+            return tree_mask(self.tree, N, self.offset, window, self.start)
+        return plain_mask(N, self.offset - self.start, return_array, window)
+
+    def can_rewind_to(self, offset: int) -> bool:
+        """Whether decoding can go on from `offset`: the keys its window needs were not dropped."""
+        return self.start == 0 or offset >= self.start + self.window - 1
+
+    def drop_old(self):
+        """Free the keys a windowed layer's queries can no longer see (copied once every `step`
+        tokens): memory stays about window + KEEP + step tokens, however long the context."""
+        if self.window is None or self.keys is None:
+            return
+        held = self.offset - self.start
+        keep = self.window - 1 + self.KEEP
+        if held <= keep + self.step:
+            return
+        drop = held - keep
+        B, H, _, D = self.keys.shape
+        size = -(-(keep + self.step) // self.step) * self.step
+        new_k = mx.zeros((B, H, size, D), self.keys.dtype)
+        new_v = mx.zeros((B, H, size, self.values.shape[-1]), self.values.dtype)
+        new_k[..., :keep, :] = self.keys[..., drop:held, :]
+        new_v[..., :keep, :] = self.values[..., drop:held, :]
+        self.keys, self.values = new_k, new_v
+        self.start += drop
 
     @property
     def capacity(self) -> int:
         return 0 if self.keys is None else self.keys.shape[2]
 
     def _grow(self, B: int, H: int, D: int, dtype, need: int, v_dim: int):
+        """Room for `need` tokens of storage (positions start .. start + need)."""
         if need <= self.capacity:
             return
         size = ((need + self.step - 1) // self.step) * self.step
         new_k = mx.zeros((B, H, size, D), dtype)
         new_v = mx.zeros((B, H, size, v_dim), dtype)
-        if self.keys is not None and self.offset > 0:
-            new_k[..., : self.offset, :] = self.keys[..., : self.offset, :]
-            new_v[..., : self.offset, :] = self.values[..., : self.offset, :]
+        held = self.offset - self.start
+        if self.keys is not None and held > 0:
+            new_k[..., :held, :] = self.keys[..., :held, :]
+            new_v[..., :held, :] = self.values[..., :held, :]
         self.keys, self.values = new_k, new_v
 
     def reserve(self, B: int, H: int, D: int, dtype, total: int, v_dim: int = None):
@@ -90,16 +121,23 @@ class KVCache:
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         """Append (B, H_kv, T, D) keys/values; return all cached ones, (B, H_kv, offset, D)."""
         B, H, T, D = keys.shape
-        start = self.offset
-        self._grow(B, H, D, keys.dtype, start + T, values.shape[-1])
+        start = self.offset - self.start  # storage index of the first new token
+        end = start + T
+        bucket = self.tree.key_bucket if self.tree is not None and self.tree.active else 0
+        if bucket:  # shape buckets: the keys past `end` are returned too, and masked out (tree_mask)
+            end = -(-end // bucket) * bucket
+        self._grow(B, H, D, keys.dtype, end, values.shape[-1])
         self.keys[..., start : start + T, :] = keys
         self.values[..., start : start + T, :] = values
-        self.offset = start + T
-        return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
+        self.offset += T
+        return self.keys[..., :end, :], self.values[..., :end, :]
 
     def rewind(self, n: int):
         if n < 0 or n > self.offset:
             raise ValueError(f"cannot rewind {n} tokens from a cache holding {self.offset}")
+        if not self.can_rewind_to(self.offset - n):
+            raise ValueError(f"cannot rewind to {self.offset - n}: this layer's window needs keys before {self.start}, "
+                             "which were dropped")
         self.offset -= n
 
     def commit(self, start: int, indices: Indices):
@@ -111,9 +149,10 @@ class KVCache:
 
     def _apply_commit(self, start: int, n: int, moved: int, src: Optional[mx.array]):
         if src is not None:
-            lo, hi = start + moved, start + n
-            self.keys[..., lo:hi, :] = mx.take(self.keys, src, axis=2)
-            self.values[..., lo:hi, :] = mx.take(self.values, src, axis=2)
+            lo, hi = start + moved - self.start, start + n - self.start
+            local = src - self.start if self.start else src
+            self.keys[..., lo:hi, :] = mx.take(self.keys, local, axis=2)
+            self.values[..., lo:hi, :] = mx.take(self.values, local, axis=2)
         self.offset = start + n
 
     def keep_rows(self, rows: mx.array):
@@ -154,6 +193,21 @@ class Cache(list):
             if offset < c.offset:
                 c.rewind(c.offset - offset)
 
+    def can_trim_to(self, offset: int) -> bool:
+        """Whether `trim_to(offset)` can work: no windowed layer dropped keys decoding from
+        there would need (else start over: `clear`)."""
+        return all(c.can_rewind_to(offset) for c in self)
+
+    def clear(self):
+        for c in self:
+            c.keys = c.values = None
+            c.offset = c.start = 0
+
+    def drop_old(self):
+        """Let windowed layers free what their window no longer sees (KVCache.drop_old)."""
+        for c in self:
+            c.drop_old()
+
     def commit(self, start: int, indices: Indices):
         plan = _commit_plan(indices, start, self.offset)  # checked and planned once for all layers
         for c in self:
@@ -170,18 +224,26 @@ class Cache(list):
         return [a for c in self for a in c.state]
 
 
-def tree_mask(state, N: int, offset: int, window: Optional[int]) -> mx.array:
-    """The attention mask of a tree forward for one layer: cached prefix + the state's mask,
-    the window applied on positions. (T, S) for one row, (B, 1, T, S) for a batch."""
-    mask = state.mask  # (B', T, T or S)
+def tree_mask(state, N: int, offset: int, window: Optional[int], start: int = 0) -> mx.array:
+    """The attention mask of a tree forward for one layer: cached prefix (positions start ..
+    offset, the ones still stored) + the state's mask, the window applied on positions. (T, S)
+    for one row, (B, 1, T, S) for a batch."""
+    mask = state.mask  # (B', T, T or offset + T)
     Bm, T, W = mask.shape
+    held = offset - start
     if W == N:
-        mask = mx.concatenate([mx.ones((Bm, T, offset), dtype=mx.bool_), mask], axis=-1)
+        mask = mx.concatenate([mx.ones((Bm, T, held), dtype=mx.bool_), mask], axis=-1)
+    elif start:
+        mask = mask[..., start:]
     if window is not None:
         B = state.batch
         qpos = state.positions.reshape(B, T)
-        kpos = mx.concatenate([mx.broadcast_to(mx.arange(offset, dtype=mx.int32), (B, offset)), qpos], axis=1)
+        kpos = mx.concatenate([mx.broadcast_to(mx.arange(start, offset, dtype=mx.int32), (B, held)), qpos], axis=1)
         mask = mask & ((qpos[:, :, None] - kpos[:, None, :]) < window)
+    if state.key_bucket:  # the keys come padded to a multiple of the bucket (KVCache.update_and_fetch)
+        extra = -(-(held + N) // state.key_bucket) * state.key_bucket - (held + N)
+        if extra:
+            mask = mx.concatenate([mask, mx.zeros((mask.shape[0], T, extra), dtype=mx.bool_)], axis=-1)
     if mask.shape[0] == 1:
         return mask[0]
     return mask[:, None, None] if state.five_d else mask[:, None]

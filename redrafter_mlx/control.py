@@ -26,13 +26,14 @@ It probes again after a back-off that doubles while probes keep failing (4 .. 25
 Without a drafter the controller is always parked: lookup alone, where it pays.
 """
 
+import math
 from dataclasses import dataclass
 from typing import Dict, Optional
 
 import numpy as np
 
 from .costs import CostModel, cost_model
-from .lookup import lookup_match
+from .lookup import ContextIndex
 from .tree_search import Candidates, expand, leaf_paths
 
 DRAFT_EDGES = np.array([0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99])
@@ -119,6 +120,8 @@ class Controller:
         self.mass = np.full(MAX_DEPTH + 2, 0.25)  # EMA per depth of the kept drafter nodes' path probabilities
         self.depth = 4  # levels to draft: the deepest paying its level's drafting time, plus one to explore
         self.last_floor = 0.05  # the last floor() (for the stats)
+        self.context = ContextIndex()  # the copy source, indexed as the context grows
+        self._n_max_key, self._n_max_val = None, 0
 
     # ---- what the next step is ---------------------------------------------------------------
     def next_step(self, ids, root_known: bool, room: int) -> str:
@@ -135,7 +138,7 @@ class Controller:
         n_max = min(self._n_max(), room - 1 - (not root_known))
         if n_max < 1:
             return False
-        copy, n = lookup_match(ids, n_max + (not root_known))
+        copy, n = self.context.match(ids, n_max + (not root_known))
         if not root_known:
             # The copy's first token predicts the token the pipelined step emits; the rest is the draft.
             if copy.size < 2:
@@ -155,9 +158,13 @@ class Controller:
     def _n_max(self) -> int:
         """Most draft nodes worth considering: a step costing more than 6 plain steps never pays
         on what a head drafts."""
-        curve = self.costs.verify_curve(MAX_NODES + 1) / self.costs.plain
-        fits = np.flatnonzero(curve <= 6.0)
-        return int(min(MAX_NODES, fits[-1])) if fits.size else 0
+        # Recomputed when the curve is rebuilt (a new array) or the plain step moves by 2%.
+        key = (id(self.costs._curve), round(50 * math.log(max(self.costs.plain, 1e-9))))
+        if key != self._n_max_key:
+            curve = self.costs.verify_curve(MAX_NODES + 1) / self.costs.plain
+            fits = np.flatnonzero(curve <= 6.0)
+            self._n_max_key, self._n_max_val = key, int(min(MAX_NODES, fits[-1])) if fits.size else 0
+        return self._n_max_val
 
     def floor(self, n_max: int) -> float:
         """Path probability below which no node can pay: verifying one more token (of up to
@@ -183,7 +190,7 @@ class Controller:
             # own verification, each token being worth about a plain step.
             stop = floor + (self.costs.draft_level or 0.0) / self.costs.plain
             cands = expand(drafter, base, h, token, width, levels, budget=n_max, min_prob=floor, stop_prob=stop)
-        copy, n = lookup_match(ids, n_max) if n_max >= 1 else (np.zeros(0, dtype=np.int32), 0)
+        copy, n = self.context.match(ids, n_max) if n_max >= 1 else (np.zeros(0, dtype=np.int32), 0)
         return self._choose(token, cands, copy, n, n_max, levels)
 
     def _choose(self, root: int, cands: Candidates, copy: np.ndarray, match_n: int, n_max: int, levels: int) -> Plan:

@@ -12,8 +12,9 @@ x86_64 CPU with the default model (SmolLM2-135M), time for n tokens over time fo
 (an H100 verifies 64 tokens for ~1.4x one; Apple chips differ by chip and quantization). So the
 curve is measured, not assumed:
 
-- `calibrate()` times forwards of n = 1, 2, 4, ... tokens over a short context, stopping after
-  a few seconds or once n tokens cost `STOP_RATIO` times one (larger n then extrapolate on the
+- `calibrate()` times forwards of n = 1, 2, 4, ... tokens over a short context (each size run
+  once untimed first: kernel set-up and JIT compilation are not the curve), stopping after
+  a few seconds of steady timing or once n tokens cost `STOP_RATIO` times one (larger n then extrapolate on the
   last slope, which only overstates their cost), and times the drafter's levels;
 - the result is cached on disk (`cost_model.json` beside the model, else in the user cache),
   keyed by device, model file, weight format and MLX version, so a change of any of them
@@ -41,26 +42,38 @@ from .registry import cache_dir
 
 FILE = "cost_model.json"
 SIZES = (1, 2, 4, 8, 16, 32, 64)  # token counts timed by calibrate()
+SHAPE_PENALTY = 2.0  # new shapes costing this many times a repeated one turn shape buckets on
 STOP_RATIO = 10.0  # stop timing larger n once n tokens cost this many times one
 BUDGET_SECONDS = 3.0  # calibration stops growing n after about this long
 CONTEXT = 16  # tokens of context the calibration verifies against
 EMA = 0.1  # weight of one new observation in the online corrections
+TABLE = 256  # verify(n) is tabulated for n = 1 .. TABLE (the controller drafts at most 64 nodes)
 
 
 class CostModel:
     """t_verify(n) from measured points, corrected online; t_plain; drafter seconds per level."""
 
     def __init__(self, sizes: List[int], seconds: List[float], draft_level: Optional[float] = None,
-                 source: str = "measured"):
+                 source: str = "measured", shape_buckets: bool = False):
         if len(sizes) < 1 or len(sizes) != len(seconds) or sizes[0] != 1:
             raise ValueError("a cost model needs the time of 1 token and matching sizes/seconds")
         self.sizes = np.asarray(sizes, dtype=np.float64)
         self.seconds = np.maximum.accumulate(np.asarray(seconds, dtype=np.float64))  # never cheaper for more
         self.draft_level = draft_level  # drafter seconds per tree level (None: not measured yet)
         self.source = source
+        self.shape_buckets = shape_buckets  # new shapes cost a compilation here: pad trees (TreeModel.use_shape_buckets)
         self.correction = np.ones(8)  # per bucket floor(log2 n), 1 .. 128+
         self.plain = float(self.seconds[0])  # a plain (pipelined) decoding step, refined online
         self.plain_seen = 0
+        self._refresh()
+
+    def _refresh(self):
+        """verify(n) for n = 1 .. TABLE, kept as a table: every decision reads it (a step on a
+        GPU or an Apple chip takes a few ms, so a lookup must cost microseconds, not a numpy
+        interpolation per call)."""
+        n = np.arange(1, TABLE + 1)
+        self._curve = self.base(n) * self.correction[self._bucket(n)]
+        self._list = self._curve.tolist()
 
     # ---- the curve -------------------------------------------------------------------------
     def base(self, n):
@@ -78,10 +91,14 @@ class CostModel:
 
     def verify(self, n: int) -> float:
         """Seconds to verify n tokens (n = 1: a plain forward that is not pipelined)."""
+        if 1 <= n <= TABLE:
+            return self._list[n - 1]
         return self.base(n) * float(self.correction[self._bucket(n)])
 
     def verify_curve(self, n_max: int) -> np.ndarray:
-        """verify(n) for n = 1 .. n_max, as an array indexed by n - 1."""
+        """verify(n) for n = 1 .. n_max, as an array indexed by n - 1 (a view: do not write)."""
+        if n_max <= TABLE:
+            return self._curve[:n_max]
         n = np.arange(1, n_max + 1)
         return self.base(n) * self.correction[self._bucket(n)]
 
@@ -94,6 +111,7 @@ class CostModel:
         r = seconds / max(self.base(n), 1e-9)
         if 0.2 < r / self.correction[b] < 5.0:  # a stray stall (GC, another process) is not the curve
             self.correction[b] += EMA * (r - self.correction[b])
+            self._refresh()
 
     def observe_plain(self, seconds: float):
         if self.plain_seen and not 0.2 < seconds / self.plain < 5.0:
@@ -115,7 +133,7 @@ class CostModel:
 
     def to_dict(self) -> Dict:
         return {"sizes": self.sizes.astype(int).tolist(), "seconds": self.seconds.tolist(),
-                "draft_level": self.draft_level}
+                "draft_level": self.draft_level, "shape_buckets": self.shape_buckets}
 
 
 # ---- calibration -------------------------------------------------------------------------------
@@ -132,27 +150,51 @@ def _time_forward(model, cache, start: int, n: int, vocab: int) -> float:
     return seconds
 
 
+def shape_penalty(model, cache, vocab: int, n: int = 3) -> float:
+    """How many times a tree forward at a never-seen (tree size, context length) pair costs one
+    repeated at a seen pair: ~1 where kernels do not depend on shapes (CPU), 4-6 where each new
+    pair compiles kernels or builds a graph (MLX's CUDA backend). The context grows one token
+    between the fresh forwards, as it does between decoding steps."""
+    start = cache.offset
+    _time_forward(model, cache, start, n, vocab)  # the size's first kernels, untimed
+    repeated = min(_time_forward(model, cache, start, n, vocab) for _ in range(2))
+    fresh = []
+    for i in range(3):
+        mx.eval(model.hidden(mx.array([[(start + i) % vocab]], dtype=mx.int32), cache))  # one more token of context
+        fresh.append(_time_forward(model, cache, start + i + 1, n, vocab))
+    cache.trim_to(start)
+    return sorted(fresh)[1] / max(repeated, 1e-9)
+
+
 def calibrate(model, drafter=None, budget: float = BUDGET_SECONDS,
               progress: Optional[Callable[[str], None]] = None) -> CostModel:
     """Time verification of 1, 2, 4, ... 64 tokens (and the drafter's levels) on this machine."""
     if progress:
-        progress("measuring this machine's verification cost (once per model and device)")
+        progress("measuring this machine's verification cost (once per model and device; a GPU may compile kernels first)")
     vocab = int(model.args.vocab_size)
     cache = model.make_cache()
     model.hidden(mx.array(np.arange(CONTEXT) % vocab, dtype=mx.int32)[None], cache)
     mx.eval(cache.state)
-    t0 = time.perf_counter()
-    for n in (1, 2, 1):  # warm-up: the first calls set up kernels
-        _time_forward(model, cache, CONTEXT, n, vocab)
+    buckets = False
+    if hasattr(model, "use_shape_buckets"):
+        model.use_shape_buckets(False)
+        buckets = shape_penalty(model, cache, vocab) > SHAPE_PENALTY
+        model.use_shape_buckets(buckets)
     sizes, seconds = [], []
+    spent = 0.0  # steady-state seconds spent: what the budget bounds
     for n in SIZES:
         reps = 3 if n <= 2 else 2
-        if seconds and (seconds[-1] > STOP_RATIO * seconds[0]
-                        or time.perf_counter() - t0 + reps * 2 * seconds[-1] > budget):
+        if seconds and (seconds[-1] > STOP_RATIO * seconds[0] or spent + (reps + 1) * 2 * seconds[-1] > budget):
             break  # larger n extrapolate on the last slope
+        # The first forward of a new size sets up its kernels, untimed and outside the budget: on
+        # MLX's CUDA backend that compiles them (30-100 s for some sizes on a fresh machine, then
+        # cached on disk); timed, it made a flat curve look linear and auto never drafted there.
+        _time_forward(model, cache, CONTEXT, n, vocab)
+        best = min(_time_forward(model, cache, CONTEXT, n, vocab) for _ in range(reps))
+        spent += (reps + 1) * best
         sizes.append(n)
-        seconds.append(min(_time_forward(model, cache, CONTEXT, n, vocab) for _ in range(reps)))
-    costs = CostModel(sizes, seconds)
+        seconds.append(best)
+    costs = CostModel(sizes, seconds, shape_buckets=buckets)
     if drafter is not None:
         costs.draft_level = time_drafter(drafter, model)
     return costs
@@ -208,7 +250,8 @@ def read_cached(loaded) -> Optional[CostModel]:
             entry = json.loads(path.read_text()).get(key)
             if not entry:
                 continue
-            costs = CostModel(entry["sizes"], entry["seconds"], source=f"cached ({path})")
+            costs = CostModel(entry["sizes"], entry["seconds"], source=f"cached ({path})",
+                              shape_buckets=bool(entry.get("shape_buckets", False)))
             costs.draft_level = (entry.get("draft_level") or {}).get(dkey)
             if loaded.drafter is not None and costs.draft_level is None:
                 continue  # measured without this drafter: measure again
@@ -253,4 +296,6 @@ def cost_model(loaded, progress: Optional[Callable[[str], None]] = None, refresh
     if costs is None:
         costs = calibrate(loaded.model, loaded.drafter, progress=progress)
         write_cached(loaded, costs)
+    if hasattr(loaded.model, "use_shape_buckets"):
+        loaded.model.use_shape_buckets(costs.shape_buckets)
     return costs

@@ -26,7 +26,7 @@ import numpy as np
 
 from .beam_search import beam_search
 from .errors import ContextLengthError, RedrafterError
-from .lookup import add_beam, lookup as context_lookup
+from .lookup import ContextIndex, add_beam
 from .sampling import Sampler
 from .stats import RunStats, StepStats
 from .tree import accept, beam_of, pack
@@ -56,12 +56,18 @@ class PromptCache:
                 break
             n += 1
         n = min(n, len(prompt) - 1)
-        self.truncate(n)
-        return n
+        return self.truncate(n)
 
-    def truncate(self, n: int):
+    def truncate(self, n: int) -> int:
+        """Keep the first n tokens; returns how many are kept: n, or 0 where a windowed layer
+        already dropped keys that decoding from n would need (the cache then starts over, and
+        the next prompt is prefilled whole)."""
+        if not self.cache.can_trim_to(n):
+            self.cache.clear()
+            n = 0
         self.cache.trim_to(n)
         del self.ids[n:]
+        return n
 
     def reset(self):
         self.truncate(0)
@@ -100,6 +106,7 @@ def _prefill(model, pc: PromptCache, prompt: List[int], stopped: Callable[[], bo
         h = model.hidden(chunk, pc.cache)
         mx.eval(h)  # keep prefill memory bounded chunk by chunk
         pc.ids.extend(todo[i : i + PREFILL_CHUNK])
+        pc.cache.drop_old()  # windowed layers keep about their window, not the whole prompt
     h = h[0, -1]
     return model.logits(h), h
 
@@ -229,6 +236,7 @@ def stream(
     # `kind`: the adaptive controller's choice for the coming step ("plain", "lookup" or "draft"),
     # None until made; a plain step that pipelines its successor makes it in advance.
     token_id, ahead, kind = first, None, None
+    context = ContextIndex()  # fixed drafting's copy source (the controller keeps its own)
     try:
         while True:
             if stopped():
@@ -285,7 +293,7 @@ def stream(
                             beams_np = np.array(beams)
                             drafted = beam_width * (L - 1)
                         rows = beams_np.shape[0]  # the drafter's rows; the lookup beam comes after them
-                        copy = context_lookup(pc.ids + [token_id], min(lookup, room - 1))  # (C,), C <= lookup
+                        copy, _ = context.match(pc.ids + [token_id], min(lookup, room - 1))  # (C,), C <= lookup
                         if copy.size:  # one more (ragged) beam: root, then the copy
                             beams_np = add_beam(beams_np, copy)  # (rows + 1, max(L, C + 1))
                             drafted += copy.size
@@ -330,6 +338,7 @@ def stream(
                 pc.truncate(start)
                 raise
             token_id = new[-1]
+            pc.cache.drop_old()
             # ---- stopping rules over this step's tokens ------------------------------------
             reason = None
             for i, t in enumerate(new):

@@ -306,3 +306,36 @@ def test_expansion_stops_where_no_child_can_pay():
     h = mx.zeros((m.args.hidden_size,))
     assert expand(m.drafter, m.model, h, 5, 2, 4, min_prob=1e-9).depth == 4
     assert expand(m.drafter, m.model, h, 5, 2, 4, min_prob=1e-9, stop_prob=0.999).depth == 1
+
+
+def test_shape_buckets_are_measured_cached_and_applied(tiny_loaded, monkeypatch):
+    """Where a forward at a new (tree size, context) shape costs several times a repeated one
+    (MLX's CUDA backend compiles per shape), calibration turns shape buckets on, the cache
+    keeps the choice, and loading the curve applies it to the model."""
+    model = tiny_loaded.model
+    assert costs.cost_model(tiny_loaded).shape_buckets is False and model.shape_buckets is False
+    seen = set()
+    real = costs._time_forward
+
+    def compiling(model, cache, start, n, vocab):  # a backend that compiles per shape
+        t = real(model, cache, start, n, vocab)
+        key = (n, start)
+        first = key not in seen
+        seen.add(key)
+        return t + (0.05 if first else 0.0)
+
+    monkeypatch.setattr(costs, "_time_forward", compiling)
+    fresh = costs.cost_model(tiny_loaded, refresh=True)
+    assert fresh.shape_buckets is True and model.shape_buckets is True
+    model.use_shape_buckets(False)
+    cached = costs.cost_model(tiny_loaded)
+    assert cached.source.startswith("cached") and cached.shape_buckets and model.shape_buckets
+
+
+def test_cost_lookups_read_a_table_rebuilt_when_the_curve_moves():
+    c = costs.CostModel([1, 2, 4], [0.1, 0.12, 0.2])
+    before = c.verify_curve(8).copy()
+    assert c.verify(3) == pytest.approx(0.16) and c.verify(300) == pytest.approx(0.2 + 296 * 0.04)
+    c.observe_verify(3, 0.32)  # twice the curve: the bucket's correction moves
+    assert c.verify(3) > 0.16 and c.verify_curve(8)[2] == c.verify(3)
+    assert before[2] == pytest.approx(0.16)

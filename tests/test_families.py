@@ -278,3 +278,82 @@ def test_registry_entries_are_well_formed():
             assert re.fullmatch(r"[0-9a-f]{64}", entry["sha256"]) and entry["package"] and entry["version"], name
         if entry.get("drafter"):
             assert registry.shipped_drafter(entry) is not None, name
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "mistral-sliding-window", "qwen3_moe"])
+def test_shape_buckets_pad_trees_without_changing_them(family):
+    """With shape buckets on (where new shapes cost a compilation), a tree of 7 is verified as 8
+    over keys padded to 256: the same logits as the sequential decode, and the cache holds
+    only the tree afterwards."""
+    model = model_of(family)
+    model.use_shape_buckets(True)
+    cache = model.make_cache()
+    model(mx.array([PROMPT]), cache)
+    positions, mask = tree_inputs(PARENTS, len(PROMPT))
+    logits, hidden = model(mx.array([TOKENS]), cache, positions=positions, mask=mask)
+    assert logits.shape[1] == len(TOKENS) and cache.offset == len(PROMPT) + len(TOKENS)
+    for node in range(len(TOKENS)):
+        want_logits, _ = sequential(model, [TOKENS[i] for i in path_to(node, PARENTS)])[-1]
+        assert rel(logits[0, node], want_logits) < 1e-4, (family, node)
+    path = path_to(6, PARENTS)
+    cache.commit(len(PROMPT), path)
+    after, _ = model(mx.array([[20]]), cache)
+    want, _ = sequential(model, [TOKENS[i] for i in path] + [20])[-1]
+    assert rel(after[0, -1], want) < 1e-4
+
+
+def test_greedy_redrafter_with_shape_buckets_equals_plain_decoding():
+    model = model_of("mistral-sliding-window", seed=2)
+    loaded = loaded_of(model, new_drafter(model.args, seed=3))
+    plain = generate(loaded, PROMPT, mode="ar", max_tokens=64)
+    model.use_shape_buckets(True)
+    for kw in (dict(tree=12, lookup=8), {}):
+        assert generate(loaded, PROMPT, mode="redrafter", max_tokens=64, **kw).tokens == plain.tokens, kw
+
+
+def test_padded_sizes():
+    from redrafter_mlx.base_model import padded_size
+
+    assert [padded_size(n) for n in (1, 2, 3, 5, 8, 9, 33, 64, 65, 130)] == [1, 2, 4, 8, 8, 16, 64, 64, 128, 192]
+
+
+@pytest.fixture
+def small_steps(monkeypatch):
+    """Storage grows 8 tokens at a time and keeps 4 beyond a window: drops happen in a short run."""
+    from redrafter_mlx.cache import KVCache
+
+    monkeypatch.setattr(KVCache, "step", 8)
+    monkeypatch.setattr(KVCache, "KEEP", 4)
+
+
+@pytest.mark.parametrize("family", ["mistral-sliding-window", "gemma3_text", "cohere2"])
+def test_windowed_layers_drop_old_keys_and_decode_the_same(family, small_steps):
+    """Windowed layers keep about their window (plus a tree's worth), not the whole history:
+    plain and ReDrafter decoding stay what they were, full-attention layers keep everything."""
+    from mlx_lm.generate import generate_step
+    from mlx_lm.utils import _get_classes
+    from mlx.utils import tree_flatten
+
+    from redrafter_mlx import PromptCache
+
+    model = model_of(family, seed=4)
+    model_class, args_class = _get_classes(model.config)
+    fresh = model_class(args_class.from_dict(model.config))
+    fresh.load_weights(tree_flatten(model.parameters()), strict=True)
+    want = [int(t) for t, _ in generate_step(mx.array(PROMPT), fresh, max_tokens=64)]
+    loaded = loaded_of(model, new_drafter(model.args, seed=3))
+    pc = PromptCache(model)
+    assert generate(loaded, PROMPT, mode="ar", max_tokens=64, prompt_cache=pc).tokens == want
+    windowed = [c for c in pc.cache if c.window]
+    assert windowed and all(c.start > 0 and c.capacity <= c.window + 4 + 2 * 8 for c in windowed)
+    assert all(c.start == 0 for c in pc.cache if not c.window)
+    for kw in (dict(tree=12, lookup=8), {}):
+        got = generate(loaded, PROMPT, mode="redrafter", max_tokens=64, prompt_cache=PromptCache(model),
+                                **kw)
+        assert got.tokens == want, kw
+    # Going back past what was dropped starts the cache over; the reply is still the same.
+    assert not pc.cache.can_trim_to(len(PROMPT))
+    again = generate(loaded, PROMPT, mode="auto", max_tokens=64, prompt_cache=pc)
+    assert again.tokens == want and again.stats.prompt_tokens == len(PROMPT)
+    with pytest.raises(ValueError, match="dropped"):
+        windowed[0].rewind(windowed[0].offset - windowed[0].start)

@@ -20,7 +20,7 @@ from redrafter_mlx.errors import DrafterMismatchError, RedrafterError
 from redrafter_mlx.generate import PromptCache
 from redrafter_mlx.loader import new_model
 from redrafter_mlx.loader import LoadedModel
-from redrafter_mlx.lookup import lookup
+from redrafter_mlx.lookup import ContextIndex, lookup, lookup_match
 from redrafter_mlx.tokenizer import Detokenizer
 from redrafter_mlx.tree import accept, pack
 
@@ -576,3 +576,28 @@ def test_draft_vocabulary_restricts_drafts_and_stays_lossless(tmp_path, lm_head)
     assert again.draft_vocab.tolist() == allowed
     h, s = mx.ones((2, 32)), mx.zeros((2, 32))
     assert mx.allclose(again.draft_logits(h, s, m.model), m.drafter.draft_logits(h, s, m.model), atol=1e-5).item()
+
+
+def test_context_index_answers_as_the_full_scan_does():
+    """The incremental index (a few dictionary reads a step) gives lookup_match's answer on
+    contexts that grow, restart and shrink, as a chat's do."""
+    rng = np.random.default_rng(1)
+    asked = 0
+    for _ in range(100):
+        index = ContextIndex()
+        ids = rng.integers(0, 5, int(rng.integers(1, 30))).tolist()
+        for _ in range(25):
+            length = int(rng.integers(0, 9))
+            want, got = lookup_match(ids, length), index.match(ids, length)
+            assert got[1] == want[1] and got[0].tolist() == want[0].tolist(), (ids, length)
+            asked += want[1] > 0
+            r = rng.random()
+            if r < 0.1:
+                ids = rng.integers(0, 5, int(rng.integers(1, 30))).tolist()
+            elif r < 0.15:
+                ids = ids[: max(1, len(ids) - int(rng.integers(1, 5)))]
+            else:
+                ids = ids + rng.integers(0, 5, int(rng.integers(1, 4))).tolist()
+    assert asked > 500  # most questions had a match to find
+    with pytest.raises(ValueError):
+        ContextIndex(max_ngram=1, min_ngram=2)
