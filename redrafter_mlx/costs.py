@@ -47,6 +47,7 @@ STOP_RATIO = 10.0  # stop timing larger n once n tokens cost this many times one
 BUDGET_SECONDS = 3.0  # calibration stops growing n after about this long
 CONTEXT = 16  # tokens of context the calibration verifies against
 EMA = 0.1  # weight of one new observation in the online corrections
+PLAIN_CAP = 1.25  # the plain estimate stays within this factor of what the latest verification implies
 TABLE = 256  # verify(n) is tabulated for n = 1 .. TABLE (the controller drafts at most 64 nodes)
 
 
@@ -65,6 +66,10 @@ class CostModel:
         self.correction = np.ones(8)  # per bucket floor(log2 n), 1 .. 128+
         self.plain = float(self.seconds[0])  # a plain (pipelined) decoding step, refined online
         self.plain_seen = 0
+        self.plain_share = 1.0  # a plain step over one token's share of a verification measured just before
+        self.shares = 0
+        self._one: Optional[float] = None  # one token's share of the latest verification
+        self._since_verify = 0  # plain steps since it
         self._refresh()
 
     def _refresh(self):
@@ -112,12 +117,25 @@ class CostModel:
         if 0.2 < r / self.correction[b] < 5.0:  # a stray stall (GC, another process) is not the curve
             self.correction[b] += EMA * (r - self.correction[b])
             self._refresh()
+        # The plain estimate is refreshed only by plain steps, so a burst of load (another process)
+        # while parked would stay in it through a long stretch of drafting, make verification look
+        # cheap and the trees ever larger (measured: plain 243 ms against ~70 real, 32-token trees
+        # at 0.7x plain speed for the rest of an MT-Bench run). So a verification caps it: a plain
+        # step costs about `plain_share` times one token's share of a verification (learned when
+        # the two are measured close together), PLAIN_CAP times that at most.
+        self._one = seconds * self.base(1) / max(self.base(n), 1e-12)
+        self._since_verify = 0
+        self.plain = min(self.plain, PLAIN_CAP * self.plain_share * self._one)
 
     def observe_plain(self, seconds: float):
         if self.plain_seen and not 0.2 < seconds / self.plain < 5.0:
             return
         self.plain_seen += 1
         self.plain += max(EMA, 1.0 / self.plain_seen) * (seconds - self.plain)
+        self._since_verify += 1
+        if self._one is not None and self._since_verify == 1:  # the first plain step measured after a verification
+            self.shares += 1
+            self.plain_share += max(EMA, 1.0 / self.shares) * (seconds / self._one - self.plain_share)
 
     def observe_draft(self, levels: int, seconds: float):
         if levels < 1:
