@@ -158,8 +158,8 @@ class Controller:
     def _n_max(self) -> int:
         """Most draft nodes worth considering: a step costing more than 6 plain steps never pays
         on what a head drafts."""
-        # Recomputed when the curve is rebuilt (a new array) or the plain step moves by 2%.
-        key = (id(self.costs._curve), round(50 * math.log(max(self.costs.plain, 1e-9))))
+        # Recomputed when the curve is rebuilt or the plain step moves by 2%.
+        key = (self.costs.version, round(50 * math.log(max(self.costs.plain, 1e-9))))
         if key != self._n_max_key:
             curve = self.costs.verify_curve(MAX_NODES + 1) / self.costs.plain
             fits = np.flatnonzero(curve <= 6.0)

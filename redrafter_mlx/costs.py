@@ -79,6 +79,7 @@ class CostModel:
         n = np.arange(1, TABLE + 1)
         self._curve = self.base(n) * self.correction[self._bucket(n)]
         self._list = self._curve.tolist()
+        self.version = getattr(self, "version", -1) + 1  # what caches of figures derived from the curve key on
 
     # ---- the curve -------------------------------------------------------------------------
     def base(self, n):
