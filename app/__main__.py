@@ -86,6 +86,11 @@ def configure_parser() -> argparse.ArgumentParser:
     p.add_argument("--tree-min-prob", type=_top_p, default=None, metavar="P",
                    help="drop tree nodes whose path probability is below P, in (0, 1] (lower: more drafted, "
                    "accepted and verified; default: the library's default)")
+    p.add_argument("--graph", type=_non_negative, default=None, metavar="K",
+                   help="draft a graph (GSD): a drafted node whose last K + 1 tokens match one drafted elsewhere "
+                   "reuses its continuation, and drafted nodes whose last tokens occur in the conversation get what "
+                   "followed there (0: match on the token alone; fixed drafting needs --tree N)")
+    p.add_argument("--no-context-graph", action="store_true", help="with --graph: GSD alone, without the context graph")
     p.add_argument("--temperature", type=_temperature, default=0.0, metavar="T", help="0 = greedy (default: 0)")
     p.add_argument("--top-p", type=_top_p, default=1.0, metavar="P", help="nucleus sampling mass (default: 1)")
     p.add_argument("--max-tokens", type=_positive, default=256, metavar="N",
@@ -113,6 +118,8 @@ def main(argv=None) -> int:
         lookup=args.lookup,
         tree=args.tree,
         tree_min_prob=args.tree_min_prob,
+        graph=args.graph,
+        context_graph=not args.no_context_graph,
         temperature=args.temperature,
         top_p=args.top_p,
         max_tokens=args.max_tokens,

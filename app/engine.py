@@ -54,6 +54,8 @@ class Settings:
     lookup: Optional[int] = None  # context-lookup beam length (None: the library default, 0: off)
     tree: Optional[int] = None  # dynamic draft tree node budget (None: the library default, 0: W x L beams)
     tree_min_prob: Optional[float] = None  # the tree's path-probability floor (None: the library default)
+    graph: Optional[int] = None  # graph drafting (GSD) with this k-gram length (None: a tree)
+    context_graph: bool = True  # with graph: graft the context's continuations of drafted nodes too
     temperature: float = 0.0
     top_p: float = 1.0
     max_tokens: int = 256
@@ -354,6 +356,8 @@ class Engine(EngineThread):
             temperature=settings.temperature,
             top_p=settings.top_p,
             **fixed,
+            graph=settings.graph if settings.speculative else None,
+            context_graph=settings.context_graph,
             system=settings.system,
             prompt_cache=self._cache,
             should_stop=should_stop,

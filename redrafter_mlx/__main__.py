@@ -44,6 +44,12 @@ def main(argv=None) -> int:
     p.add_argument("--tree-min-prob", type=float, default=None, metavar="P",
                    help="drop tree nodes whose path probability is below P, in (0, 1] (default: tuned, else "
                         "tree_search.DEFAULT_MIN_PROB)")
+    p.add_argument("--graph", type=int, default=None, metavar="K",
+                   help="draft a graph (GSD): a drafted node whose last K + 1 tokens match a node drafted elsewhere "
+                        "reuses that node's continuation, and drafted nodes whose last tokens occur in the context "
+                        "get what followed there (the context graph); K = 0 matches on the token alone. Fixed "
+                        "drafting needs --tree N")
+    p.add_argument("--no-context-graph", action="store_true", help="with --graph: GSD alone, without the context graph")
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--weight-format", default="auto", help="auto, stored, float32, float16 or bfloat16")
     args = p.parse_args(argv)
@@ -66,7 +72,8 @@ def main(argv=None) -> int:
         for last in stream(m, args.prompt, mode=args.mode, max_tokens=args.max_tokens, temperature=args.temperature,
                            top_p=args.top_p, seed=args.seed, beam_width=args.beam_width,
                            beam_length=args.beam_length, lookup=args.lookup, tree=args.tree,
-                           tree_min_prob=args.tree_min_prob, system=args.system):
+                           tree_min_prob=args.tree_min_prob, system=args.system, graph=args.graph,
+                           context_graph=not args.no_context_graph):
             print(last.text, end="", flush=True)
         print()
     except (RedrafterError, ValueError) as e:  # ValueError: a setting out of range (generate says which)
@@ -81,6 +88,9 @@ def main(argv=None) -> int:
     if s.mode == "redrafter":
         line += f", acceptance {s.acceptance_rate:.2f}, W={s.beam_width} L={s.beam_length}"
         line += f" tree={s.tree}" if s.tree else ""
+    if args.graph is not None and s.steps:
+        line += (f", graph: {s.aliases / s.steps:.2f} aliases, {s.grafted_tokens / s.steps:.2f} grafted and "
+                 f"{s.graft_accepted_tokens / s.steps:.2f} accepted through grafts per step")
     elif s.mode == "auto":
         c = s.controller
         line += (f", adaptive: {s.packed_per_step:.1f} tokens verified/step, {s.parked_share:.0%} of steps plain, "

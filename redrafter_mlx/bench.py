@@ -34,6 +34,7 @@ from typing import Dict, List
 
 from . import _platform  # noqa: F401  (OpenBLAS before mlx)
 from .errors import RedrafterError
+from .graph import graph_name, parse_graph
 from .tree_search import DEFAULT_MIN_PROB
 from .tuning import DEFAULT_LOOKUP, DEFAULT_TREE, drafting, fixed_drafting, save_beam_shape
 
@@ -99,9 +100,10 @@ def run_mlx_lm(loaded, twin, prompt: str, args) -> Dict:
     }
 
 
-def run_one(loaded, prompt: str, mode: str, args, shape=None) -> Dict:
+def run_one(loaded, prompt: str, mode: str, args, shape=None, graph=(None, True)) -> Dict:
     """One generation. mode "auto": the adaptive controller (control.py), with the drafter unless
-    --no-drafter; "redrafter": fixed drafting with shape (W, L, lookup, tree, tree_min_prob)."""
+    --no-drafter; "redrafter": fixed drafting with shape (W, L, lookup, tree, tree_min_prob).
+    graph: (k, context_graph) of graph drafting (graph.py; k None: a tree)."""
     from .generate import generate
 
     if mode == "redrafter":
@@ -123,6 +125,8 @@ def run_one(loaded, prompt: str, mode: str, args, shape=None) -> Dict:
         tree=tree,
         tree_min_prob=min_prob,
         use_drafter=not args.no_drafter,
+        graph=graph[0],
+        context_graph=graph[1],
     )
     seconds = time.perf_counter() - t0
     s = g.stats
@@ -147,6 +151,8 @@ def run_one(loaded, prompt: str, mode: str, args, shape=None) -> Dict:
         "packed_tokens": s.packed_tokens,
         "accepted_tokens": s.accepted_tokens,
         "looked_up_tokens": s.looked_up_tokens,
+        **({"graph": graph[0], "context_graph": graph[1], "aliases": s.aliases, "grafted_tokens": s.grafted_tokens,
+            "graft_accepted_tokens": s.graft_accepted_tokens} if graph[0] is not None else {}),
         "acceptance_rate": s.acceptance_rate,
         "peak_memory_mb": s.peak_memory_mb,
         "accepted_length_histogram": s.histogram(),
@@ -195,6 +201,10 @@ def summarize(results: List[Dict], modes: List[str], greedy: bool) -> Dict[str, 
             summary[mode]["acceptance_rate"] = mean(r["acceptance_rate"] for r in rows) if rows else 0.0
             summary[mode]["looked_up_tokens_per_step"] = (
                 sum(r.get("looked_up_tokens", 0) for r in rows) / steps if steps else 0)
+            if first.get("graph") is not None:
+                summary[mode]["graph"], summary[mode]["context_graph"] = first["graph"], first["context_graph"]
+                for name in ("aliases", "grafted_tokens", "graft_accepted_tokens"):
+                    summary[mode][f"{name}_per_step"] = sum(r.get(name, 0) for r in rows) / steps if steps else 0
         if first.get("mode") == "auto":
             summary[mode]["parked_share"] = parked / steps if steps else 0.0
             summary[mode]["controller"] = rows[-1].get("controller", {})  # its cost model, as the run ended
@@ -252,6 +262,9 @@ def print_table(results: List[Dict], summary: Dict, modes: List[str], out=None):
             c = s["controller"]
             extra += (f"  parked {s['parked_share']:.0%}  [cost: plain {c.get('plain_ms', 0):.1f} ms, verify 4/16/64 "
                       f"tokens {c.get('x4', 0):.2f}/{c.get('x16', 0):.2f}/{c.get('x64', 0):.2f}x one]")
+        if "grafted_tokens_per_step" in s:
+            extra += (f"  graph: aliases/step {s['aliases_per_step']:.2f}, grafted/step {s['grafted_tokens_per_step']:.2f}, "
+                      f"accepted through grafts/step {s['graft_accepted_tokens_per_step']:.3f}")
         if "identical_to_ar" in s:
             extra += f"  identical_to_ar {s['identical_to_ar']}"
         print(
@@ -359,6 +372,11 @@ def parse_args(argv=None):
     p.add_argument("--tree-min-prob", type=lambda t: parse_probs(t, "--tree-min-prob"), default=None, metavar="P",
                    help="drop tree nodes whose path probability (the drafter's) is below P: lower drafts more nodes, "
                    f"accepts more and verifies more; a comma-separated list runs each (default: tuned, else {DEFAULT_MIN_PROB})")
+    p.add_argument("--graph", type=parse_graph, default=None, metavar="K[,K...]",
+                   help="graph drafting (GSD, graph.py) for auto and redrafter: K = GSD's k-gram length (0: match "
+                   "the token alone) with the context graph (drafted nodes get what followed their last tokens in "
+                   "the context), gsdK = GSD alone, none = the tree; a comma-separated list runs each, e.g. "
+                   "none,gsd1,1 (fixed drafting needs --tree)")
     p.add_argument("--tune", action="store_true", help="measure this machine's cost curve again (auto's cost "
                    "model, cached beside the model), run the grid (with ar) and store the fastest lossless fixed "
                    "shape in the model folder for fixed drafting on this device (auto needs no tuning)")
@@ -381,6 +399,10 @@ def parse_args(argv=None):
         p.error(f"unknown mode(s) {', '.join(bad) or '(none)'}; choose from {', '.join(MODES)}")
     args.fixed = args.grid or fixed_drafting(args.beam_width, args.beam_length, args.lookup, args.tree,
                                              args.tree_min_prob)
+    if args.graph and args.tune:
+        p.error("--tune stores a tree shape: run it without --graph")
+    if args.graph and args.fixed and "redrafter" in args.modes and args.tree is not None and 0 in args.tree:
+        p.error("--graph drafts a dynamic tree: give --tree N with N > 0")
     if args.no_drafter and args.fixed and "redrafter" in args.modes:
         p.error("fixed drafting (--beam-width, --beam-length, --grid, --lookup, --tree, --tree-min-prob, --tune) "
                 "needs the drafter: drop --no-drafter, or those options to run the adaptive controller")
@@ -419,12 +441,17 @@ def main(argv=None):
     args.tree = args.tree or [d.tree]
     args.tree_min_prob = args.tree_min_prob or [d.tree_min_prob]
     variants = []
+    graphs = args.graph or [(None, True)]
+    suffix = (lambda g: "+" + graph_name(g)) if args.graph else (lambda g: "")
     for mode in args.modes:
         if mode == "redrafter" and not args.fixed:  # no drafting option: the adaptive controller, named as asked
-            variants.append(("redrafter", "auto", None))
+            variants += [("redrafter" + suffix(g), "auto", None, g) for g in graphs]
+            continue
+        if mode == "auto":
+            variants += [("auto" + suffix(g), "auto", None, g) for g in graphs]
             continue
         if mode != "redrafter":
-            variants.append((mode, mode, None))
+            variants.append((mode, mode, None, (None, True)))
             continue
         shapes = [(w, n) for w in args.widths for n in args.lengths] if args.grid else [(args.beam_width, args.beam_length)]
         for w, n in shapes:
@@ -433,22 +460,23 @@ def main(argv=None):
                     name = ((f"redrafter@{w}x{n}" if args.grid else "redrafter") + (f"+tree{t}" if len(args.tree) > 1 else "")
                             + (f"@{p:g}" if t and len(args.tree_min_prob) > 1 else "")
                             + (f"+lookup{c}" if len(args.lookup) > 1 else ""))
-                    variants.append((name, mode, (w, n, c, t, p)))
+                    variants += [(name + suffix(g), mode, (w, n, c, t, p), g) for g in graphs]
     names = [v[0] for v in variants]
     shape_text = (f"grid W in {args.widths} x L in {args.lengths}" if args.grid else f"W={args.beam_width} L={args.beam_length}"
                   if args.fixed else "adaptive drafting" + (" without the drafter" if args.no_drafter else ""))
     print(f"model {loaded.name} ({loaded.weight_format}) on {loaded.device}; drafter {loaded.drafter_path}; "
           f"{len(prompts)} prompts, modes {','.join(args.modes)}, {shape_text}", file=sys.stderr)
     twin = mlx_lm_twin(loaded) if "mlx-lm" in args.modes else None
-    for _, mode, shape in variants:  # warm-up: first calls pay for kernel set-up
+    for _, mode, shape, graph in variants:  # warm-up: first calls pay for kernel set-up
         if mode == "mlx-lm":
             run_mlx_lm(loaded, twin, "Hello", argparse.Namespace(**{**vars(args), "max_tokens": 8}))
         else:
-            run_one(loaded, "Hello", mode, argparse.Namespace(**{**vars(args), "max_tokens": 8}), shape)
+            run_one(loaded, "Hello", mode, argparse.Namespace(**{**vars(args), "max_tokens": 8}), shape, graph)
     results = []
     for q in prompts:
-        for name, mode, shape in variants:
-            r = run_mlx_lm(loaded, twin, q["prompt"], args) if mode == "mlx-lm" else run_one(loaded, q["prompt"], mode, args, shape)
+        for name, mode, shape, graph in variants:
+            r = (run_mlx_lm(loaded, twin, q["prompt"], args) if mode == "mlx-lm"
+                 else run_one(loaded, q["prompt"], mode, args, shape, graph))
             r = {"question_id": q["question_id"], "category": q["category"], **r}
             if name != mode:
                 r["variant"] = name

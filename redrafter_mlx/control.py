@@ -33,6 +33,7 @@ from typing import Dict, Optional
 import numpy as np
 
 from .costs import CostModel, cost_model
+from .graph import ALIAS_GRAFT, CONTEXT_GRAFT, DRAFTER, context_grafts
 from .lookup import ContextIndex
 from .tree_search import Candidates, expand, leaf_paths
 
@@ -52,15 +53,17 @@ class Acceptance:
     """Calibrated P(node accepted | parent accepted), learned online per bucket."""
 
     def __init__(self):
-        self.draft_n = np.zeros((3, DRAFT_PRIOR.size))  # depth 1, 2, 3+ x conditional-probability bin
-        self.draft_a = np.zeros((3, DRAFT_PRIOR.size))
+        self.draft_n = np.zeros((4, DRAFT_PRIOR.size))  # depth 1, 2, 3+, grafted (graph.py) x conditional-probability bin
+        self.draft_a = np.zeros((4, DRAFT_PRIOR.size))
         self.look_n = np.zeros((2, LOOKUP_POSITIONS.size + 1))  # matched n-gram 2, 3+ x position bucket
         self.look_a = np.zeros((2, LOOKUP_POSITIONS.size + 1))
 
     @staticmethod
-    def draft_bucket(q: np.ndarray, levels: np.ndarray) -> np.ndarray:
-        """Flat bucket index of drafter nodes from conditional probability q and depth."""
-        return np.minimum(levels - 1, 2) * DRAFT_PRIOR.size + np.searchsorted(DRAFT_EDGES, q, side="right")
+    def draft_bucket(q: np.ndarray, levels: np.ndarray, grafted=None) -> np.ndarray:
+        """Flat bucket index of drafter nodes from conditional probability q and depth (copies
+        grafted under a GSD alias have their own row: the head drafted them on another path)."""
+        row = np.minimum(levels - 1, 2) if grafted is None else np.where(grafted, 3, np.minimum(levels - 1, 2))
+        return row * DRAFT_PRIOR.size + np.searchsorted(DRAFT_EDGES, q, side="right")
 
     @staticmethod
     def lookup_bucket(n: int, positions: np.ndarray) -> np.ndarray:
@@ -105,6 +108,8 @@ class Plan:
     from_lookup: np.ndarray  # (N,) bool: proposed by the copy
     path_p: np.ndarray  # (N,) calibrated probability that the node is accepted
     depth: np.ndarray  # (N,) depth below the root
+    source: np.ndarray  # (N,) graph.DRAFTER, ALIAS_GRAFT or CONTEXT_GRAFT (the root copy's nodes: DRAFTER)
+    aliases: int = 0  # kept GSD aliases
 
 
 class Controller:
@@ -174,10 +179,12 @@ class Controller:
         self.last_floor = float(np.clip(0.5 * slope, 0.005, 0.5))  # half: the head's raw scores are uncalibrated
         return self.last_floor
 
-    def plan(self, kind: str, drafter, base, h, token: int, ids, room: int) -> Plan:
+    def plan(self, kind: str, drafter, base, h, token: int, ids, room: int, graph: Optional[int] = None,
+             context_graph: bool = True) -> Plan:
         """Draft the candidates for a step of `kind` ('draft' or 'lookup') from the root `token`
         (ids: the context ending with it) and keep the nodes that maximize expected tokens per
-        second."""
+        second. graph: draft a GSD graph with this k (graph.py); context_graph: graft the
+        context's continuation of every drafted node too."""
         n_all = self._n_max()
         n_max = min(n_all, room - 1)
         levels = 0
@@ -189,40 +196,54 @@ class Controller:
             # Another level pays only if its best node can repay the level's drafting time and its
             # own verification, each token being worth about a plain step.
             stop = floor + (self.costs.draft_level or 0.0) / self.costs.plain
-            cands = expand(drafter, base, h, token, width, levels, budget=n_max, min_prob=floor, stop_prob=stop)
+            cands = expand(drafter, base, h, token, width, levels, budget=n_max, min_prob=floor, stop_prob=stop,
+                           graph=graph, prefix=ids)
         copy, n = self.context.match(ids, n_max) if n_max >= 1 else (np.zeros(0, dtype=np.int32), 0)
-        return self._choose(token, cands, copy, n, n_max, levels)
+        copies = [(-1, copy, n)] if copy.size else []
+        if graph is not None and context_graph and cands.tokens.size:
+            copies += context_grafts(self.context, ids, cands.tokens.tolist(), cands.parents.tolist(),
+                                     cands.levels.tolist(), range(cands.tokens.size), n_max, n_max, graph)
+        return self._choose(token, cands, copies, n_max, levels)
 
-    def _choose(self, root: int, cands: Candidates, copy: np.ndarray, match_n: int, n_max: int, levels: int) -> Plan:
+    def _choose(self, root: int, cands: Candidates, copies, n_max: int, levels: int) -> Plan:
+        """copies: (node, tokens, n) context continuations to graft below candidate `node` (-1:
+        the root, the lookup copy), n the matched n-gram length."""
         acc = self.acceptance
         N = cands.tokens.size
         tokens, parent = cands.tokens.tolist(), cands.parents.tolist()
         depth = cands.levels.tolist()
-        cond = np.zeros(N + copy.size)
-        draft_bucket = np.full(N + copy.size, -1, dtype=np.int64)
-        lookup_bucket = np.full(N + copy.size, -1, dtype=np.int64)
+        extra = sum(c.size for _, c, _ in copies)
+        cond = np.zeros(N + extra)
+        draft_bucket = np.full(N + extra, -1, dtype=np.int64)
+        lookup_bucket = np.full(N + extra, -1, dtype=np.int64)
+        source = np.zeros(N + extra, dtype=np.int64)
         if N:
+            if cands.sources is not None:
+                source[:N] = cands.sources
             parent_logp = np.where(cands.parents >= 0, cands.logp[np.maximum(cands.parents, 0)], 0.0)
             q = np.exp(cands.logp - parent_logp)
-            draft_bucket[:N] = acc.draft_bucket(q, cands.levels)
+            draft_bucket[:N] = acc.draft_bucket(q, cands.levels, source[:N] == ALIAS_GRAFT)
             cond[:N] = acc.draft_p(draft_bucket[:N])
-        if copy.size:
+        if copies:
             child = {(p, t): i for i, (p, t) in enumerate(zip(parent, tokens))}
-            lb = acc.lookup_bucket(match_n, np.arange(1, copy.size + 1))
-            lp = acc.lookup_p(lb)
-            node = -1
-            for i, t in enumerate(copy.tolist()):
-                hit = child.get((node, t))
-                if hit is None:
-                    hit = len(tokens)
-                    tokens.append(t)
-                    parent.append(node)
-                    depth.append(i + 1)
-                cond[hit] = max(cond[hit], lp[i])
-                lookup_bucket[hit] = lb[i]
-                node = hit
+            for at, copy, match_n in copies:
+                lb = acc.lookup_bucket(match_n, np.arange(1, copy.size + 1))
+                lp = acc.lookup_p(lb)
+                node = at
+                for i, t in enumerate(copy.tolist()):
+                    hit = child.get((node, t))
+                    if hit is None:
+                        hit = len(tokens)
+                        tokens.append(t)
+                        parent.append(node)
+                        depth.append((depth[node] if node >= 0 else 0) + 1)
+                        source[hit] = CONTEXT_GRAFT if at >= 0 else DRAFTER
+                        child[(node, t)] = hit
+                    cond[hit] = max(cond[hit], lp[i])
+                    lookup_bucket[hit] = lb[i]
+                    node = hit
         M = len(tokens)
-        cond, draft_bucket, lookup_bucket = cond[:M], draft_bucket[:M], lookup_bucket[:M]
+        cond, draft_bucket, lookup_bucket, source = cond[:M], draft_bucket[:M], lookup_bucket[:M], source[:M]
         path_p = np.empty(M)
         for i in range(M):  # parents come before children
             path_p[i] = cond[i] * (path_p[parent[i]] if parent[i] >= 0 else 1.0)
@@ -235,8 +256,9 @@ class Controller:
         node_at = leaf_paths(kept, np.asarray(parent, dtype=np.int64), path_p)
         rows = np.where(node_at >= 0, np.asarray(tokens + [root], dtype=np.int32)[node_at], -1).astype(np.int32)
         rows[:, 0] = root
+        aliases = int(np.sum(cands.alias[kept[kept < N]] >= 0)) if N and cands.alias is not None else 0
         return Plan(rows, node_at, np.asarray(parent, dtype=np.int64), kept, draft_bucket, lookup_bucket,
-                    float(1.0 + gains[b]), M, levels, lookup_bucket >= 0, path_p, depth_arr)
+                    float(1.0 + gains[b]), M, levels, lookup_bucket >= 0, path_p, depth_arr, source, aliases)
 
     # ---- learning from the step -------------------------------------------------------------------
     def observe(self, kind: str, plan: Plan, accepted: np.ndarray, packed: int, draft_seconds: float,

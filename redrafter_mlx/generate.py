@@ -26,6 +26,7 @@ import numpy as np
 
 from .beam_search import beam_search
 from .errors import ContextLengthError, RedrafterError
+from .graph import graft_counts, search as graph_search
 from .lookup import ContextIndex, add_beam
 from .sampling import Sampler
 from .stats import RunStats, StepStats
@@ -130,6 +131,8 @@ def stream(
     prompt_cache: Optional[PromptCache] = None,
     should_stop: Optional[Callable[[], bool]] = None,
     use_drafter: bool = True,
+    graph: Optional[int] = None,
+    context_graph: bool = True,
 ) -> Iterator[Event]:
     """Generate a reply, yielding an Event per step.
 
@@ -156,6 +159,12 @@ def stream(
     when the shape is tuned too, else tuning.DEFAULT_TREE; tree_min_prob None: the tuned floor,
     else tree_search.DEFAULT_MIN_PROB). `tuning.drafting` holds these rules.
     use_drafter: False drafts without the model's drafter (adaptive: from the context alone).
+    graph: draft a graph (GSD, graph.py) instead of a tree, K being GSD's k-gram length (0
+    matches on the token alone): a node whose last K + 1 tokens match one drafted elsewhere
+    reuses that one's continuation, and with `context_graph` every drafter node whose last
+    tokens occur in the context gets what followed there (up to `lookup` tokens). Needs a tree
+    (`tree` > 0) when drafting is fixed; adaptive drafting chooses among grafted nodes as among
+    any. None: a tree, as without GSD.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -182,6 +191,10 @@ def stream(
         raise ValueError(f"tree must be >= 0 nodes, not {budget}")
     if not 0.0 < tree_min_prob <= 1.0:
         raise ValueError(f"tree_min_prob must be in (0, 1], not {tree_min_prob}")
+    if graph is not None and graph < 0:
+        raise ValueError(f"graph must be >= 0 (GSD's k-gram length), not {graph}")
+    if graph is not None and mode == "redrafter" and not adaptive and not budget:
+        raise ValueError("graph drafting needs a dynamic tree: pass tree=N (N > 0 draft nodes)")
     model, tok = loaded.model, loaded.tokenizer
     ctl = controller(loaded, use_drafter) if adaptive else None
     sampler = Sampler(temperature, top_p, seed)
@@ -279,13 +292,24 @@ def stream(
                     if ctl is not None:
                         # The controller drafts a candidate tree (the drafter's and the copy's nodes)
                         # and keeps what pays on this machine; `plan.rows` are its root-to-leaf rows.
-                        plan = ctl.plan(kind, drafter, model, h, token_id, pc.ids + [token_id], room)
+                        plan = ctl.plan(kind, drafter, model, h, token_id, pc.ids + [token_id], room,
+                                        graph=graph, context_graph=context_graph)
                         beams_np, drafted = plan.rows, plan.drafted
+                        sources_np, aliases = None, plan.aliases
+                        if graph is not None:
+                            sources_np = np.append(plan.source, -1)[plan.node_at]  # node -1 (root, past the end): -1
                     else:
                         # Draft W beams of L tokens (or a dynamic tree of up to `tree` nodes, W wide,
                         # L - 1 deep) from h, the hidden state at the last cached token.
                         L = min(beam_length, room)
-                        if budget:
+                        ctx_ids = pc.ids + [token_id]
+                        copy, _ = context.match(ctx_ids, min(lookup, room - 1))  # (C,), C <= lookup
+                        sources_np, aliases = None, 0
+                        if budget and graph is not None:
+                            g = graph_search(drafter, model, h, token_id, beam_width, L - 1, budget, tree_min_prob,
+                                             graph, ctx_ids, context if context_graph else None, min(lookup, room - 1))
+                            beams_np, sources_np, aliases, drafted = g.rows, g.sources, g.aliases, g.drafted
+                        elif budget:
                             beams_np = tree_search(drafter, model, h, token_id, beam_width, L - 1, budget, tree_min_prob)
                             drafted = tree_nodes(beams_np)
                         else:
@@ -293,7 +317,6 @@ def stream(
                             beams_np = np.array(beams)
                             drafted = beam_width * (L - 1)
                         rows = beams_np.shape[0]  # the drafter's rows; the lookup beam comes after them
-                        copy, _ = context.match(pc.ids + [token_id], min(lookup, room - 1))  # (C,), C <= lookup
                         if copy.size:  # one more (ragged) beam: root, then the copy
                             beams_np = add_beam(beams_np, copy)  # (rows + 1, max(L, C + 1))
                             drafted += copy.size
@@ -313,6 +336,9 @@ def stream(
                     new = [int(t) for t in tree.tokens[path[1:]]] + [bonus]
                     beam = beam_of(tree, path)
                     t_done = time.perf_counter()
+                    grafted = graft_accepted = 0
+                    if sources_np is not None:  # graph drafting: which packed nodes were grafted
+                        grafted, graft_accepted = graft_counts(tree, sources_np, path)
                     if plan is not None:
                         node = np.full(tree.size, -1, dtype=np.int64)  # packed index -> candidate node
                         valid = tree.unpacker >= 0
@@ -333,6 +359,9 @@ def stream(
                         looked_up=looked_up,
                         draft_seconds=t_verify - t_draft,
                         verify_seconds=t_done - t_verify,
+                        aliases=aliases,
+                        grafted=grafted,
+                        graft_accepted=graft_accepted,
                     )
             except BaseException:
                 pc.truncate(start)

@@ -69,6 +69,7 @@ class ContextIndex:
         self._reset()
 
     def _reset(self):
+        self.context: list = []  # the latest context matched (ending with its root)
         self.ids: list = []  # the tokens indexed: every n-gram lying inside them is in a table
         self.ends = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}  # n-gram -> end of its latest occurrence
 
@@ -87,10 +88,9 @@ class ContextIndex:
         """(copy, n) as `lookup_match(ids, length)` gives them."""
         if isinstance(ids, np.ndarray):
             ids = ids.tolist()
-        if length < 1:
-            return np.zeros(0, dtype=np.int32), 0
         if not self._extends(ids):
             self._reset()
+        self.context = ids
         T = len(ids)
         k = len(self.ids)
         self.ids.extend(ids[k : T - 1])  # the suffix itself stays out, as in lookup_match
@@ -98,8 +98,20 @@ class ContextIndex:
             for n, table in self.ends.items():
                 if end >= n:
                     table[tuple(self.ids[end - n : end])] = end
+        if length < 1:  # indexed all the same: `follow` reads this context
+            return np.zeros(0, dtype=np.int32), 0
         for n in range(min(self.max_ngram, T - 1), self.min_ngram - 1, -1):
             start = self.ends[n].get(tuple(ids[T - n :]))
             if start is not None:
                 return np.asarray(ids[start : start + length], dtype=np.int32), n
+        return np.zeros(0, dtype=np.int32), 0
+
+    def follow(self, key, length: int, min_ngram: int = MIN_NGRAM):
+        """(copy, n): up to `length` tokens that followed the latest occurrence, in the context
+        last given to `match`, of the longest suffix n-gram of `key` (a path's last tokens), for
+        n = max_ngram .. max(min_ngram, self.min_ngram); empty and 0 when none occurs."""
+        for n in range(min(self.max_ngram, len(key)), max(min_ngram, self.min_ngram) - 1, -1):
+            start = self.ends[n].get(tuple(key[len(key) - n :]))
+            if start is not None:
+                return np.asarray(self.context[start : start + length], dtype=np.int32), n
         return np.zeros(0, dtype=np.int32), 0

@@ -25,6 +25,9 @@ class StepStats:
     seconds: float = 0.0
     ended: bool = False  # the step also produced the end-of-turn token (not emitted as output)
     parked: bool = False  # the adaptive controller decoded plainly (drafting did not pay)
+    aliases: int = 0  # graph drafting (graph.py): kept draft nodes that reused another node's continuation
+    grafted: int = 0  # packed nodes grafted (copied under an alias, or from the context)
+    graft_accepted: int = 0  # accepted draft tokens that were grafted nodes
 
 
 @dataclass
@@ -49,6 +52,9 @@ class RunStats:
     tree: int = 0  # node budget of a dynamic draft tree (tree_search.py); 0: W x L beams
     adaptive: bool = False  # the controller chose each step's drafting (control.py)
     parked_steps: int = 0  # steps the controller decoded plainly
+    aliases: int = 0  # graph drafting: alias nodes kept, summed over steps
+    grafted_tokens: int = 0  # graph drafting: grafted nodes verified
+    graft_accepted_tokens: int = 0  # graph drafting: accepted tokens that were grafted nodes
     controller: Dict[str, float] = field(default_factory=dict)  # its cost model's figures, live
     peak_memory_mb: float = 0.0
     accepted_lengths: List[int] = field(default_factory=list)  # tokens produced per step (an end token included)
@@ -64,6 +70,9 @@ class RunStats:
         self.accepted_tokens += step.accepted
         self.draft_depth += step.depth
         self.looked_up_tokens += step.looked_up
+        self.aliases += step.aliases
+        self.grafted_tokens += step.grafted
+        self.graft_accepted_tokens += step.graft_accepted
         self.draft_seconds += step.draft_seconds
         self.verify_seconds += step.verify_seconds
         self.decode_seconds += step.seconds
@@ -128,6 +137,9 @@ class RunStats:
             "accepted_tokens": self.accepted_tokens,
             "draft_depth": self.draft_depth,
             "looked_up_tokens": self.looked_up_tokens,
+            "aliases": self.aliases,
+            "grafted_tokens": self.grafted_tokens,
+            "graft_accepted_tokens": self.graft_accepted_tokens,
             "beam_width": self.beam_width,
             "beam_length": self.beam_length,
             "tree": self.tree,
@@ -154,7 +166,7 @@ def merge(stats: List[RunStats]) -> Optional[RunStats]:
     for s in stats:
         for name in ("prompt_tokens", "new_tokens", "step_tokens", "end_tokens", "steps", "prefill_seconds", "decode_seconds", "draft_seconds",
                      "verify_seconds", "drafted_tokens", "packed_tokens", "accepted_tokens", "draft_depth",
-                     "looked_up_tokens", "parked_steps"):
+                     "looked_up_tokens", "parked_steps", "aliases", "grafted_tokens", "graft_accepted_tokens"):
             setattr(out, name, getattr(out, name) + getattr(s, name))
         out.accepted_lengths += s.accepted_lengths
         out.peak_memory_mb = max(out.peak_memory_mb, s.peak_memory_mb)

@@ -27,10 +27,12 @@ row's end), one per leaf, ordered best path first, for tree.pack.
 """
 
 import math
-from typing import List, NamedTuple, Optional
+from typing import List, NamedTuple, Optional, Sequence
 
 import mlx.core as mx
 import numpy as np
+
+from .graph import ALIAS_GRAFT, Merger, graft
 
 DEFAULT_MIN_PROB = 0.2  # best of 0.1 / 0.2 on the 2-core CPU (README); cheaper verification (GPU) favours lower
 
@@ -42,6 +44,9 @@ class Candidates(NamedTuple):
     parents: np.ndarray  # (N,) index of the parent node, -1 for a child of the root
     logp: np.ndarray  # (N,) float, log-probability of the node's whole path from the root
     levels: np.ndarray  # (N,) depth below the root, 1 ..
+    sources: Optional[np.ndarray] = None  # (N,) graph.DRAFTER / ALIAS_GRAFT (a copy grafted under an alias)
+    alias: Optional[np.ndarray] = None  # (N,) representative of an alias node (graph.py), -1 for others
+    rows: int = 0  # rows the drafter ran (frontier nodes fed to it, summed over levels)
 
     @property
     def depth(self) -> int:
@@ -50,7 +55,7 @@ class Candidates(NamedTuple):
     @classmethod
     def empty(cls) -> "Candidates":
         none = np.zeros(0, dtype=np.int64)
-        return cls(none, none, np.zeros(0), none)
+        return cls(none, none, np.zeros(0), none, none, none, 0)
 
 
 def tree_search(drafter, base, h: mx.array, token: int, width: int, depth: int, budget: int,
@@ -66,12 +71,16 @@ def tree_search(drafter, base, h: mx.array, token: int, width: int, depth: int, 
 
 
 def expand(drafter, base, h: mx.array, token: int, width: int, depth: int, budget: Optional[int] = None,
-           min_prob: float = DEFAULT_MIN_PROB, stop_prob: float = 0.0) -> Candidates:
+           min_prob: float = DEFAULT_MIN_PROB, stop_prob: float = 0.0, graph: Optional[int] = None,
+           prefix: Optional[Sequence[int]] = None) -> Candidates:
     """The candidate nodes of a tree drafted below `token` (see the module doc): `width` best
     children of each of the `width` best nodes per level, for at most `depth` levels, those
     whose path probability is at least `min_prob`; expansion ends early once `budget` nodes
     outscore the whole next frontier (budget None: never), or once the best frontier node's
-    path probability is below `stop_prob` (no child of it can pay for another level)."""
+    path probability is below `stop_prob` (no child of it can pay for another level).
+    graph: GSD's k (graph.py): a node whose last k + 1 tokens match a node drafted elsewhere is
+    an alias, left out of the frontier, and its representative's subtree is grafted under it
+    (prefix: the context ending with `token`, for the keys of shallow nodes). None: a tree."""
     if width < 1 or depth < 0:
         raise ValueError(f"tree needs width >= 1, depth >= 0, got {width}, {depth}")
     if not 0.0 < min_prob <= 1.0:
@@ -87,8 +96,10 @@ def expand(drafter, base, h: mx.array, token: int, width: int, depth: int, budge
     parents: List[np.ndarray] = []
     scores: List[np.ndarray] = []
     levels: List[np.ndarray] = []
-    count = 0
+    count = fed = 0
+    merger = Merger(graph, prefix if prefix is not None else [token]) if graph is not None else None
     for level in range(1, depth + 1):
+        fed += int(state.shape[0])
         state = drafter.update_state(base.embed(last).astype(state.dtype), state)  # (F, H)
         logits = drafter.draft_logits(mx.broadcast_to(context, state.shape), state, base).astype(mx.float32)
         logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # (F, V_draft)
@@ -110,7 +121,12 @@ def expand(drafter, base, h: mx.array, token: int, width: int, depth: int, budge
         scores.append(candidate[keep])
         levels.append(np.full(keep.size, level))
         first, count = count, count + keep.size
-        nxt = keep[:width]  # the next frontier
+        fresh = keep
+        if merger is not None:  # aliases are not drafted from: their representative's continuation is grafted
+            fresh = keep[merger.add(tokens[-1].tolist(), parents[-1].tolist()) < 0]
+            if fresh.size == 0:
+                break
+        nxt = fresh[:width]  # the next frontier
         if stop_prob > 0 and candidate[nxt[0]] < math.log(stop_prob):
             break  # not even the best frontier node's children would pay for another level
         if budget is not None and count >= budget:
@@ -122,16 +138,30 @@ def expand(drafter, base, h: mx.array, token: int, width: int, depth: int, budge
         frontier_score = candidate[nxt]
         frontier_node = np.arange(first, first + nxt.size)
     if not tokens:
-        return Candidates.empty()
-    return Candidates(np.concatenate(tokens).astype(np.int64), np.concatenate(parents).astype(np.int64),
-                      np.concatenate(scores), np.concatenate(levels))
+        return Candidates.empty()._replace(rows=fed)
+    t, p = np.concatenate(tokens).astype(np.int64), np.concatenate(parents).astype(np.int64)
+    lp, lv = np.concatenate(scores), np.concatenate(levels)
+    sources = np.zeros(t.size, dtype=np.int64)
+    if merger is None:
+        return Candidates(t, p, lp, lv, sources, np.full(t.size, -1, dtype=np.int64), fed)
+    alias = np.asarray(merger.alias, dtype=np.int64)
+    gt, gp, gs, gl = graft(t, p, lp, lv, alias, log_min, depth)
+    return Candidates(np.concatenate([t, gt]), np.concatenate([p, gp]), np.concatenate([lp, gs]),
+                      np.concatenate([lv, gl]), np.concatenate([sources, np.full(gt.size, ALIAS_GRAFT)]),
+                      np.concatenate([alias, np.full(gt.size, -1, dtype=np.int64)]), fed)
 
 
 def _rows(root: int, tokens, parents, scores, levels, budget: int) -> np.ndarray:
     """The `budget` best nodes as root-to-leaf rows, best path first (at each level the
     higher-scoring branch), -1 padded."""
+    return node_rows(root, tokens, parents, scores, levels, budget)[0]
+
+
+def node_rows(root: int, tokens, parents, scores, levels, budget: int):
+    """(rows, node_at): `_rows`' rows and the node index at each of their positions (-1 at the
+    root and past a row's end)."""
     if not tokens or budget == 0:
-        return np.array([[root]], dtype=np.int32)
+        return np.array([[root]], dtype=np.int32), np.full((1, 1), -1, dtype=np.int64)
     scores, levels = np.asarray(scores), np.asarray(levels)
     kept = np.lexsort((levels, -scores))[:budget]  # by score, a parent before its equal-scoring child
     kept_set = set(kept.tolist())
@@ -140,7 +170,7 @@ def _rows(root: int, tokens, parents, scores, levels, budget: int) -> np.ndarray
     node_at = leaf_paths(kept, np.asarray(parents), scores)
     out = np.where(node_at >= 0, np.append(np.asarray(tokens, dtype=np.int32), root)[node_at], -1).astype(np.int32)
     out[:, 0] = root
-    return out
+    return out, node_at
 
 
 def leaf_paths(kept: np.ndarray, parents: np.ndarray, scores: np.ndarray) -> np.ndarray:

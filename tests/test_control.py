@@ -61,21 +61,17 @@ def wide(q, width, depth):
     return Candidates(np.array(tokens), np.array(parents), np.array(logp), np.array(levels))
 
 
-def no_copy():
-    return np.zeros(0, dtype=np.int32)
-
-
 # ---- decisions against fake cost models ------------------------------------------------------
 
 def test_linear_verification_and_low_acceptance_verify_the_root_alone():
     ctl = Controller(linear_costs(), has_drafter=True)
-    plan = ctl._choose(5, chain(0.3, 6), no_copy(), 0, 63, 6)
+    plan = ctl._choose(5, chain(0.3, 6), [], 63, 6)
     assert plan.kept.size == 0 and plan.rows.tolist() == [[5]] and plan.expected == 1.0
 
 
 def test_flat_verification_keeps_a_large_tree():
     ctl = Controller(flat_costs(), has_drafter=True)
-    plan = ctl._choose(5, wide(0.5, 8, 5), no_copy(), 0, 63, 5)
+    plan = ctl._choose(5, wide(0.5, 8, 5), [], 63, 5)
     assert plan.kept.size >= 30
     assert plan.rows.shape[0] == 8 and (plan.rows[:, 0] == 5).all()
     # Every kept node's parent is kept: the rows are a tree.
@@ -88,7 +84,7 @@ def test_the_kept_size_grows_as_verification_gets_cheaper():
     sizes = []
     for slope in (1.0, 0.3, 0.1, 0.02):
         c = CostModel(SIZES, [0.1 * (1 + slope * (n - 1)) for n in SIZES], draft_level=0.001)
-        sizes.append(Controller(c, True)._choose(5, cands, no_copy(), 0, 63, 6).kept.size)
+        sizes.append(Controller(c, True)._choose(5, cands, [], 63, 6).kept.size)
     assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
 
 
@@ -96,7 +92,7 @@ def test_a_confident_copy_is_kept_and_merges_with_the_drafter():
     ctl = Controller(CostModel(SIZES, [0.1 * (1 + 0.2 * (n - 1)) for n in SIZES]), True)
     cands = chain(0.9, 3)  # tokens 10, 11, 12
     copy = np.array([10, 11, 40, 41], dtype=np.int32)  # shares the drafter's first two nodes
-    plan = ctl._choose(5, cands, copy, 3, 63, 3)
+    plan = ctl._choose(5, cands, [(-1, copy, 3)], 63, 3)
     assert plan.drafted == 5  # 3 drafted + 2 copied nodes the drafter did not have
     assert plan.from_lookup[:2].all() and not plan.from_lookup[2]
     assert (plan.draft_bucket[3:] < 0).all() and (plan.lookup_bucket[:2] >= 0).all()
@@ -106,7 +102,7 @@ def drive(ctl, expected, seconds, steps):
     """Feed `steps` drafting steps that expect `expected` tokens in `seconds`; returns the kinds
     the controller chose for the steps in between."""
     kinds = []
-    plan = ctl._choose(5, chain(0.5, 1), no_copy(), 0, 63, 1)
+    plan = ctl._choose(5, chain(0.5, 1), [], 63, 1)
     plan.expected = expected
     for _ in range(steps):
         kind = ctl.next_step([1, 2, 3, 4], True, 100)

@@ -1,0 +1,253 @@
+"""Graph-structured drafting (GSD, graph.py): merging, grafting, the context graph, losslessness."""
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from redrafter_mlx import generate
+from redrafter_mlx.graph import ALIAS_GRAFT, CONTEXT_GRAFT, DRAFTER, Merger, graft, search
+from redrafter_mlx.lookup import ContextIndex
+from redrafter_mlx.tree_search import expand, tree_search
+
+from test_control import flat_costs, linear_costs, with_costs
+from test_redrafter import PROMPT, SAMPLING_PROMPT, CharTokenizer, chi_square_p, exact_distribution, \
+    sampled_counts, tiny_loaded
+
+
+class MarkovStub:
+    """A drafter whose next-token distribution depends on the last token alone (a transition
+    table), so an alias's grafted continuation is exactly what drafting it would have given."""
+
+    def __init__(self, table):
+        self.logp = np.log(np.asarray(table, dtype=np.float64))  # (V, V) rows sum to 1
+        self.V = self.logp.shape[0]
+
+    def __contains__(self, name):
+        return False
+
+    def update_state(self, emb, state):
+        return emb  # the state is the last token, one-hot
+
+    def draft_logits(self, context, state, base):
+        return state @ mx.array(self.logp.astype(np.float32))
+
+
+class OneHotBase:
+    def __init__(self, V):
+        self.V = V
+
+    def embed(self, ids):
+        return mx.array(np.eye(self.V, dtype=np.float32))[ids]
+
+
+def table(V, rows):
+    t = np.full((V, V), 1e-6)
+    for a, nxt in rows.items():
+        for b, p in nxt.items():
+            t[a, b] = p
+    return t / t.sum(axis=1, keepdims=True)
+
+
+H = mx.zeros(1)
+
+
+def paths(tokens, parents):
+    """Every node's token path from the root, as a tuple."""
+    out = []
+    for i in range(len(tokens)):
+        p, node = [], i
+        while node >= 0:
+            p.append(int(tokens[node]))
+            node = int(parents[node])
+        out.append(tuple(p[::-1]))
+    return out
+
+
+# ---- merging and grafting ------------------------------------------------------------------
+
+def test_shared_suffixes_graft_the_representatives_subtree():
+    # root 0 -> 1 (0.6) or 2 (0.4); both 1 and 2 -> 3; 3 -> 4 -> 5. With k=0 the second 3
+    # (under 2) is an alias of the first (under 1): it is not drafted from, and 3 -> 4 -> 5 is
+    # grafted under it with its conditional probabilities.
+    V = 6
+    stub = MarkovStub(table(V, {0: {1: 0.6, 2: 0.4}, 1: {3: 1.0}, 2: {3: 1.0}, 3: {4: 0.9, 5: 0.1}, 4: {5: 1.0},
+                                5: {0: 1.0}}))
+    base = OneHotBase(V)
+    plain = expand(stub, base, H, 0, 4, 4, min_prob=0.01)  # 4 wide: every node clearing the floor is drafted
+    graphed = expand(stub, base, H, 0, 4, 4, min_prob=0.01, graph=0, prefix=[0])
+    alias = {paths(graphed.tokens, graphed.parents)[a] for a in np.flatnonzero(graphed.alias >= 0)}
+    assert alias == {(2, 3), (1, 3, 4, 5)}  # the second: a 5 under 4 matches the 5 under 3
+    assert graphed.rows < plain.rows  # the alias was not fed to the drafter
+    got = {p: s for p, s in zip(paths(graphed.tokens, graphed.parents), graphed.logp)}
+    want = {p: s for p, s in zip(paths(plain.tokens, plain.parents), plain.logp)}
+    # A Markov drafter gives the graft exactly what drafting would have: same nodes, same scores.
+    assert set(got) == set(want)
+    for p in want:
+        assert got[p] == pytest.approx(want[p], abs=1e-5)
+    assert (graphed.sources[graphed.sources != DRAFTER] == ALIAS_GRAFT).all() and (graphed.sources == ALIAS_GRAFT).any()
+    # Scores never rise down a path; the depth cap and the floor hold for grafts too.
+    has_parent = graphed.parents >= 0
+    assert (graphed.logp[has_parent] <= graphed.logp[graphed.parents[has_parent]] + 1e-9).all()
+    assert graphed.levels.max() <= 4 and (graphed.logp >= math.log(0.01)).all()
+    # Kept as a tree: the budget's best nodes, closed under parents.
+    rows = tree_search(stub, base, H, 0, 2, 4, 5, 0.01)
+    g = search(stub, base, H, 0, 2, 4, 5, 0.01, 0, [0])
+    assert sum(1 for _ in {tuple(r[: d + 1]) for r in g.rows.tolist() for d in range(1, len(r)) if r[d] >= 0}) <= 5
+    assert g.rows.shape[1] <= 5 and (g.rows[:, 0] == 0).all()
+    assert rows.shape[0] >= 1
+
+
+def test_k_gram_length_decides_what_merges():
+    # 1 -> 3 and 2 -> 3: the 3s end in (1, 3) and (2, 3), so with k=1 they do not merge, but
+    # the 4s below them end in (3, 4) and do; with k=2, the 5s (3, 4, 5); with k=3, nothing.
+    V = 6
+    stub = MarkovStub(table(V, {0: {1: 0.6, 2: 0.4}, 1: {3: 1.0}, 2: {3: 1.0}, 3: {4: 1.0}, 4: {5: 1.0}}))
+    base = OneHotBase(V)
+
+    def aliases(k):
+        c = expand(stub, base, H, 0, 2, 4, min_prob=0.01, graph=k, prefix=[0])
+        return {paths(c.tokens, c.parents)[a] for a in np.flatnonzero(c.alias >= 0)}
+
+    assert aliases(0) == {(2, 3)} and aliases(1) == {(2, 3, 4)}
+    assert aliases(2) == {(2, 3, 4, 5)} and aliases(3) == set()
+
+
+def test_a_stub_that_repeats_one_token_terminates_at_the_depth_cap():
+    V = 3
+    stub = MarkovStub(table(V, {0: {1: 0.5, 2: 0.5}, 1: {1: 0.99, 2: 0.01}, 2: {1: 0.99, 2: 0.01}}))
+    base = OneHotBase(V)
+    for k in (0, 1, 2):
+        c = expand(stub, base, H, 0, 3, 7, min_prob=1e-6, graph=k, prefix=[0, 0])
+        assert c.levels.max() <= 7 and c.tokens.size < 300
+        has_parent = c.parents >= 0
+        assert (c.logp[has_parent] <= c.logp[c.parents[has_parent]] + 1e-9).all()
+
+
+def test_merger_never_aliases_an_ancestor():
+    m = Merger(0, [7])
+    assert m.add([7, 5], [-1, -1]).tolist() == [-1, -1]  # 7 under the root is not the root's alias
+    assert m.add([7], [0]).tolist() == [-1]  # 7 under 7: its match is its own ancestor
+    assert m.add([7], [1]).tolist() == [0]  # 7 under 5: an alias of node 0
+    with pytest.raises(ValueError, match="k"):
+        Merger(-1, [])
+
+
+def test_graft_obeys_floor_and_depth():
+    tokens = np.array([1, 2, 3, 4])
+    parents = np.array([-1, -1, 0, 2])
+    logp = np.log(np.array([0.5, 0.4, 0.25, 0.05]))
+    levels = np.array([1, 1, 2, 3])
+    alias = np.array([-1, 0, -1, -1])  # node 1 reuses node 0's continuation
+    t, p, s, lv = graft(tokens, parents, logp, levels, alias, math.log(0.1), 3)
+    assert t.tolist() == [3] and p.tolist() == [1] and s[0] == pytest.approx(math.log(0.4 * 0.5))  # 4 falls below 0.1
+    t, p, s, lv = graft(tokens, parents, logp, levels, alias, math.log(0.001), 2)
+    assert t.tolist() == [3]  # depth cap 2
+    t, p, s, lv = graft(tokens, parents, logp, levels, alias, math.log(0.001), 5)
+    assert t.tolist() == [3, 4] and p.tolist() == [1, 4] and lv.tolist() == [2, 3]
+
+
+@pytest.mark.parametrize("width,depth,budget,min_prob", [(2, 4, 6, 0.02), (4, 5, 12, 0.01), (3, 6, 40, 0.001)])
+def test_graph_search_without_merging_is_the_tree(width, depth, budget, min_prob):
+    m = tiny_loaded()
+    h = m.model.hidden(mx.array([PROMPT]))[0, -1]
+    tree = tree_search(m.drafter, m.model, h, 5, width, depth, budget, min_prob)
+    g = search(m.drafter, m.model, h, 5, width, depth, budget, min_prob, None, PROMPT + [5])
+    assert np.array_equal(tree, g.rows) and g.aliases == 0
+    assert set(g.sources[g.sources >= 0].tolist()) <= {DRAFTER}
+
+
+def test_the_context_graph_grafts_what_followed_a_drafted_path():
+    # The drafter proposes 3 after the root; the context holds "3 8 9 6 2" after a "5 3".
+    V = 10
+    stub = MarkovStub(table(V, {5: {3: 0.9, 4: 0.1}}))
+    base = OneHotBase(V)
+    ids = [1, 5, 3, 8, 9, 6, 2, 7, 5]
+    index = ContextIndex()
+    index.match(ids, 8)
+    g = search(stub, base, H, 5, 2, 1, 8, 0.05, 0, ids, index, 4)
+    rows = [tuple(x for x in r if x >= 0) for r in g.rows.tolist()]
+    assert (5, 3, 8, 9) in rows or any(r[:4] == (5, 3, 8, 9) for r in rows)
+    assert (g.sources == CONTEXT_GRAFT).sum() >= 2
+    assert g.rows.shape[1] <= 1 + 4  # copies stop at the lookup length
+
+
+# ---- losslessness and counting --------------------------------------------------------------
+
+@pytest.mark.parametrize("graph,context_graph", [(0, True), (2, True), (0, False), (None, True)])
+def test_greedy_graph_drafting_equals_plain_tiny(graph, context_graph):
+    m = tiny_loaded()
+    ar = generate(m, PROMPT, mode="ar", max_tokens=200)
+    kw = dict(beam_width=4, beam_length=6, lookup=8, tree=16, tree_min_prob=0.001, graph=graph,
+              context_graph=context_graph)
+    rd = generate(m, PROMPT, mode="redrafter", max_tokens=200, **kw)
+    assert rd.tokens == ar.tokens and rd.finish_reason == "length"
+    assert max(s.packed for s in rd.step_stats) <= 16 + 1 + 8
+    if graph == 0:
+        assert rd.stats.aliases > 0  # 12 tokens: drafts often reach the same token on two branches
+        assert rd.stats.graft_accepted_tokens <= rd.stats.accepted_tokens
+    if graph is not None and context_graph:
+        assert rd.stats.grafted_tokens > 0 and rd.stats.graft_accepted_tokens > 0  # a tiny model loops
+    if graph is None:
+        assert rd.stats.grafted_tokens == 0 and rd.stats.aliases == 0
+    # end-of-turn mid-run and the context limit
+    eos = ar.tokens[60]
+    m.tokenizer = CharTokenizer(eos=[eos])
+    cut = ar.tokens.index(eos)
+    rd = generate(m, PROMPT, mode="redrafter", max_tokens=200, **kw)
+    assert rd.tokens == ar.tokens[:cut] and rd.finish_reason == "eos"
+    small = tiny_loaded(context=len(PROMPT) + 40)
+    ar = generate(small, PROMPT, mode="ar", max_tokens=500)
+    rd = generate(small, PROMPT, mode="redrafter", max_tokens=500, **kw)
+    assert rd.tokens == ar.tokens and rd.finish_reason == "context"
+
+
+@pytest.mark.parametrize("costs", ["flat", "linear"])
+def test_adaptive_graph_drafting_equals_plain_tiny(costs):
+    m = tiny_loaded()
+    ar = generate(m, PROMPT, mode="ar", max_tokens=200)
+    with_costs(m, flat_costs() if costs == "flat" else linear_costs())
+    auto = generate(m, PROMPT, mode="auto", max_tokens=200, graph=0)
+    assert auto.tokens == ar.tokens and auto.stats.adaptive
+    if costs == "flat":
+        assert auto.stats.grafted_tokens > 0
+    small = tiny_loaded(context=len(PROMPT) + 40)
+    ar = generate(small, PROMPT, mode="ar", max_tokens=500)
+    auto = generate(with_costs(small, flat_costs()), PROMPT, mode="auto", max_tokens=500, graph=1)
+    assert auto.tokens == ar.tokens and auto.finish_reason == "context"
+
+
+def test_graph_needs_a_tree_and_a_valid_k():
+    m = tiny_loaded()
+    with pytest.raises(ValueError, match="graph"):
+        generate(m, PROMPT, mode="redrafter", beam_width=2, beam_length=3, tree=0, graph=0)
+    with pytest.raises(ValueError, match="graph"):
+        generate(m, PROMPT, mode="redrafter", tree=8, graph=-1)
+
+
+def test_replay_counts_the_steps_real_graph_decoding_takes():
+    from redrafter_mlx.replay import replay
+
+    m = tiny_loaded()
+    ar = generate(m, PROMPT, mode="ar", max_tokens=150)
+    for graph, ctx in ((0, True), (1, False)):
+        kw = dict(beam_width=3, beam_length=5, lookup=4, tree=8, graph=graph, context_graph=ctx)
+        rd = generate(m, PROMPT, mode="redrafter", max_tokens=150, **kw)
+        out = replay(m, ar.prompt_tokens, ar.tokens, 3, 5, 4, tree=8, graph=graph, context_graph=ctx)
+        assert out["steps"] == rd.stats.steps and out["produced"] == rd.stats.step_tokens
+        assert out["packed"] == rd.stats.packed_tokens and out["grafted"] == rd.stats.grafted_tokens
+        assert out["graft_accepted"] == rd.stats.graft_accepted_tokens and out["aliases"] == rd.stats.aliases
+
+
+@pytest.mark.parametrize("mode", ["redrafter", "auto"])
+def test_sampling_through_grafted_nodes_matches_base_distribution(mode):
+    # A repetitive prompt: the context graph grafts copies, and a 4-token vocabulary makes aliases.
+    m = tiny_loaded(vocab=4, seed=2)
+    if mode == "auto":
+        with_costs(m, flat_costs())
+    prompt = [1, 2, 3, 0, 1, 2, 3, 0, 1, 2]
+    probs = exact_distribution(m, prompt, 3, 1.0, 1.0)
+    kw = dict(beam_width=3, beam_length=4, lookup=3, tree=8, tree_min_prob=0.01) if mode == "redrafter" else {}
+    counts = sampled_counts(m, prompt, 3, 1500, mode=mode, temperature=1.0, graph=0, **kw)
+    assert chi_square_p(counts, probs) > 1e-3
