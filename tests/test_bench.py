@@ -90,6 +90,23 @@ def test_lookup_values_run_side_by_side(model_dir, prompts, tmp_path, capsys):
         bench.parse_args(["--prompts", "x", "--lookup", "-1"])
 
 
+def test_graph_variants_run_side_by_side(model_dir, prompts, tmp_path, capsys):
+    out = tmp_path / "g.json"
+    rc, text, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 2, "--max-tokens", 12,
+                      "--modes", "ar,redrafter", "--beam-width", 3, "--beam-length", 4, "--tree", 6, "--lookup", 4,
+                      "--graph", "none,gsd0,1", "--json", out)
+    assert rc == 0
+    s = json.loads(out.read_text())["summary"]
+    assert set(s) == {"ar", "redrafter+tree", "redrafter+gsd0", "redrafter+graph1"}
+    assert all(v["identical_to_ar"] for k, v in s.items() if k != "ar")
+    assert (s["redrafter+gsd0"]["graph"], s["redrafter+gsd0"]["context_graph"]) == (0, False)
+    assert "grafted_tokens_per_step" in s["redrafter+graph1"] and "graph" not in s["redrafter+tree"]
+    assert "accepted through grafts" in text
+    for bad in (["--graph", "x"], ["--graph", "-1"], ["--graph", "1", "--tune"], ["--graph", "1", "--tree", "0"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--prompts", "x", "--modes", "redrafter", *bad])
+
+
 def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path, capsys):
     from redrafter_mlx import replay
 
@@ -101,11 +118,20 @@ def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path
     assert replay.main([str(out), "--model", str(model_dir), "--shapes", "2x3,1x2", "--lookup", "4",
                         "--tree", "0,3"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    for tree in (0, 3):  # columns: shape, tree, lookup, tokens/step
+    for tree in (0, 3):  # columns: shape, tree, lookup, graph, tokens/step
         row = next(line.split() for line in lines if line.startswith("2x3") and line.split()[1] == str(tree))
-        assert float(row[3]) == pytest.approx(summary[f"redrafter+tree{tree}"]["tokens_per_step"], abs=1e-3)
+        assert row[3] == "tree"
+        assert float(row[4]) == pytest.approx(summary[f"redrafter+tree{tree}"]["tokens_per_step"], abs=1e-3)
         assert summary[f"redrafter+tree{tree}"]["tree"] == tree
-    assert any(line.startswith("1x2") for line in lines) and "writing" in lines[1]
+    assert any(line.startswith("1x2") for line in lines) and any("writing" in line for line in lines)
+    assert replay.main([str(out), "--model", str(model_dir), "--shapes", "2x3", "--lookup", "4", "--tree", "3",
+                        "--graph", "none,0,gsd0"]) == 0
+    graphs = [line.split()[3] for line in capsys.readouterr().out.splitlines() if line.split()[:2] == ["2x3", "3"]]
+    assert graphs == ["tree", "graph0", "gsd0"]
+    with pytest.raises(SystemExit):  # a graph is drafted as a tree
+        replay.main([str(out), "--tree", "0", "--graph", "1"])
+    with pytest.raises(SystemExit):
+        replay.main([str(out), "--tree", "3", "--graph", "one"])
     assert replay.main([str(tmp_path / "none.json")]) == 2
     assert "not found" in capsys.readouterr().err
     with pytest.raises(SystemExit):
