@@ -88,13 +88,13 @@ def main(argv=None) -> int:
     if s.mode == "redrafter":
         line += f", acceptance {s.acceptance_rate:.2f}, W={s.beam_width} L={s.beam_length}"
         line += f" tree={s.tree}" if s.tree else ""
-    if args.graph is not None and s.steps:
-        line += (f", graph: {s.aliases / s.steps:.2f} aliases, {s.grafted_tokens / s.steps:.2f} grafted and "
-                 f"{s.graft_accepted_tokens / s.steps:.2f} accepted through grafts per step")
     elif s.mode == "auto":
         c = s.controller
         line += (f", adaptive: {s.packed_per_step:.1f} tokens verified/step, {s.parked_share:.0%} of steps plain, "
                  f"verify 16 tokens = {c.get('x16', 0):.2f}x one")
+    if args.graph is not None and s.steps:
+        line += (f", graph: {s.aliases / s.steps:.2f} aliases, {s.grafted_tokens / s.steps:.2f} grafted and "
+                 f"{s.graft_accepted_tokens / s.steps:.2f} accepted through grafts per step")
     print(line + "]", file=sys.stderr)
     return 0
 

@@ -241,3 +241,8 @@ def test_cli_reports_settings_out_of_range(model_dir, capsys):
         assert said in capsys.readouterr().err
     assert cli(["--model", str(model_dir), "--max-tokens", "4", "--tree", "3", "--tree-min-prob", "0.5", "hello"]) == 0
     assert "tree=3" in capsys.readouterr().err
+    assert cli(["--model", str(model_dir), "--max-tokens", "4", "--graph", "-1", "hello"]) == 2
+    assert "graph must be >= 0" in capsys.readouterr().err
+    assert cli(["--model", str(model_dir), "--max-tokens", "6", "--graph", "1", "hello"]) == 0
+    err = capsys.readouterr().err
+    assert "adaptive:" in err and "graph:" in err  # the graph's figures come beside auto's, not instead
