@@ -202,7 +202,7 @@ class Controller:
         copies = [(-1, copy, n)] if copy.size else []
         if graph is not None and context_graph and cands.tokens.size:
             copies += context_grafts(self.context, ids, cands.tokens.tolist(), cands.parents.tolist(),
-                                     cands.levels.tolist(), range(cands.tokens.size), n_max, n_max, graph)
+                                     cands.levels.tolist(), n_max, n_max, graph)
         return self._choose(token, cands, copies, n_max, levels)
 
     def _choose(self, root: int, cands: Candidates, copies, n_max: int, levels: int) -> Plan:

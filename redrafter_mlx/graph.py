@@ -126,28 +126,19 @@ def graft(tokens: np.ndarray, parents: np.ndarray, logp: np.ndarray, levels: np.
 
 
 def context_grafts(index, ids: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
-                   levels: Sequence[int], nodes: Sequence[int], length: int, depth_cap: int,
-                   k: int = 0) -> List[Tuple[int, np.ndarray, int]]:
-    """For each node in `nodes` (indexes of the candidate lists; parents first), the context's
-    continuation of its path: (node, copy, n) where the path's last n tokens (the context `ids`,
-    ending with the root, above it) occur in the context and `copy` followed their latest
-    occurrence, n from 3 down to max(k + 1, 2). `index` is a lookup.ContextIndex that has
-    indexed `ids` (its `match`). Copies end at `depth_cap` levels below the root."""
-    if length < 1 or not len(nodes):
+                   levels: Sequence[int], length: int, depth_cap: int, k: int = 0) -> List[Tuple[int, np.ndarray, int]]:
+    """For each candidate node (parents first), the context's continuation of its path:
+    (node, copy, n) where the path's last n tokens (the context `ids`, ending with the root,
+    above it) occur in the context and `copy` followed their latest occurrence, n from 3 down
+    to max(k + 1, 2). `index` is a lookup.ContextIndex that has indexed `ids` (its `match`).
+    Copies end at `depth_cap` levels below the root."""
+    if length < 1:
         return []
-    tail = tuple(int(t) for t in list(ids)[-MAX_NGRAM:])
-    suffix: Dict[int, tuple] = {-1: tail}
-    need = set(int(n) for n in nodes)
+    suffix: Dict[int, tuple] = {-1: tuple(int(t) for t in list(ids)[-MAX_NGRAM:])}  # node -> its path's last tokens
     min_n = max(k + 1, MIN_NGRAM)
     out = []
     for i, (t, p) in enumerate(zip(tokens, parents)):
-        up = suffix.get(int(p))
-        if up is None:
-            continue  # a node whose parent is not on a searched path (a context graft itself)
-        key = (up + (int(t),))[-MAX_NGRAM:]
-        suffix[i] = key
-        if i not in need:
-            continue
+        key = suffix[i] = (suffix[int(p)] + (int(t),))[-MAX_NGRAM:]
         room = min(length, depth_cap - int(levels[i]))
         if room < 1:
             continue
@@ -182,10 +173,8 @@ def search(drafter, base, h, token: int, width: int, depth: int, budget: int, mi
     drafted = int(np.sum(c.sources == DRAFTER))
     if index is not None and tokens:
         log_min = math.log(min_prob)
-        nodes = [i for i, s in enumerate(sources) if s != CONTEXT_GRAFT]
         child = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens))}
-        for node, copy, n in context_grafts(index, ids, tokens, parents, levels, nodes, lookup, max(depth, lookup),
-                                              k or 0):
+        for node, copy, n in context_grafts(index, ids, tokens, parents, levels, lookup, max(depth, lookup), k or 0):
             at, s = node, scores[node]
             for pos, t in enumerate(copy.tolist()):
                 s += math.log(CONTEXT_PRIOR[min(pos, CONTEXT_PRIOR.size - 1)])

@@ -100,11 +100,7 @@ class ContextIndex:
                     table[tuple(self.ids[end - n : end])] = end
         if length < 1:  # indexed all the same: `follow` reads this context
             return np.zeros(0, dtype=np.int32), 0
-        for n in range(min(self.max_ngram, T - 1), self.min_ngram - 1, -1):
-            start = self.ends[n].get(tuple(ids[T - n :]))
-            if start is not None:
-                return np.asarray(ids[start : start + length], dtype=np.int32), n
-        return np.zeros(0, dtype=np.int32), 0
+        return self.follow(ids[T - min(self.max_ngram, T - 1) :], length, self.min_ngram)
 
     def follow(self, key, length: int, min_ngram: int = MIN_NGRAM):
         """(copy, n): up to `length` tokens that followed the latest occurrence, in the context
