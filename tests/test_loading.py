@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from redrafter_mlx import generate, load
+from redrafter_mlx import _platform
 from redrafter_mlx._platform import on_cpu
 from redrafter_mlx.gguf import quantization_from_weights, read_gguf
 from redrafter_mlx.loader import build_model
@@ -136,11 +137,23 @@ def test_weight_formats_of_a_float16_folder(tiny_kit, tmp_path):
     assert_close(logits_of(stored.model), logits_of(ref), 2e-2)
 
 
-def test_auto_weight_format(tiny_kit, tmp_path):
+def test_auto_weight_format(tiny_kit, tmp_path, monkeypatch):
     path = tiny_kit.write_folder(tmp_path / "q", tiny_kit.model(seed=0, hidden_size=64, intermediate_size=128),
                                  quantize=(4, 32))
-    m = load(str(path))  # "auto": float32 on the CPU (BLAS), the stored 4-bit weights on a GPU
-    assert m.weight_format == ("float32" if on_cpu() else "4-bit (group 32)")
+    m = load(str(path))  # "auto": float32 on a CPU with a fast BLAS, the stored 4-bit weights on a GPU
+    fast = _platform.fast_cpu_blas()
+    assert m.weight_format == ("float32" if on_cpu() and fast else "4-bit (group 32)")
+    if on_cpu():
+        # Without a fast BLAS the CPU keeps quantized weights as stored, but never leaves an
+        # unquantized model in float16 (MLX's float16 CPU kernels are far slower than float32).
+        monkeypatch.setattr(_platform, "FAST_BLAS", None)
+        monkeypatch.setattr(_platform.sys, "platform", "linux")
+        assert load(str(path)).weight_format == "4-bit (group 32)"
+        f16 = tiny_kit.write_folder(tmp_path / "h", tiny_kit.model(seed=0, hidden_size=64, intermediate_size=128),
+                                    dtype=mx.float16)
+        assert load(str(f16)).weight_format == "float32"
+        monkeypatch.setattr(_platform, "FAST_BLAS", "MKL")
+        assert load(str(path)).weight_format == "float32"
 
 
 # ---- mlx-community quantized folders ---------------------------------------------------
@@ -305,11 +318,11 @@ def test_default_model_stored_4bit(default_model):
 
 
 @pytest.mark.skipif(
-    not sys.platform.startswith("linux") or not ctypes.util.find_library("openblas"),
-    reason="OpenBLAS is only swapped in on Linux with the library installed",
+    not sys.platform.startswith("linux") or not (_platform.mkl_library() or ctypes.util.find_library("openblas")),
+    reason="a fast BLAS is only swapped in on Linux with MKL or OpenBLAS installed",
 )
 def test_importing_mlx_before_redrafter_warns_about_the_slow_blas():
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "REDRAFTER_NO_OPENBLAS")}
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "REDRAFTER_NO_OPENBLAS", "REDRAFTER_BLAS")}
     strict = "import warnings; warnings.simplefilter('error')\n"
 
     def run(code):
@@ -317,6 +330,6 @@ def test_importing_mlx_before_redrafter_warns_about_the_slow_blas():
 
     late = run("import mlx.core\nimport redrafter_mlx")
     assert late.returncode != 0 and "import redrafter_mlx first" in late.stderr
-    first = run("import redrafter_mlx\nimport mlx.core\nfrom redrafter_mlx._platform import OPENBLAS_LOADED\n"
-                "assert OPENBLAS_LOADED")
+    first = run("import redrafter_mlx\nimport mlx.core\nfrom redrafter_mlx._platform import FAST_BLAS\n"
+                "assert FAST_BLAS in ('MKL', 'OpenBLAS')")
     assert first.returncode == 0, first.stderr
