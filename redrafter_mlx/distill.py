@@ -25,7 +25,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -59,9 +59,11 @@ def key_of(prompt: str) -> str:
 
 
 def generate_batch(
-    model, prompts: List[List[int]], max_tokens: int, eos: Sequence[int], temperature: float = 0.0
+    model, prompts: List[List[int]], max_tokens: int, eos: Sequence[int], temperature: float = 0.0,
+    on_step: Optional[Callable[[], None]] = None,
 ) -> List[Tuple[List[int], np.ndarray]]:
-    """Replies to a batch of prompt ids: greedy, or sampled at `temperature` (mx.random state).
+    """Replies to a batch of prompt ids: greedy, or sampled at `temperature` (mx.random state);
+    `on_step()` is called after each decoding step (a progress bar's tick).
     Returns per row (reply ids, hidden (n, H) f16, greedy ids), where hidden[i] is the base
     model's final hidden state at the position *before* reply token i (the state that
     predicted it): the last prompt token, then reply tokens; greedy[i] is that state's
@@ -100,6 +102,8 @@ def generate_batch(
             replies[rows[j]].append(int(nxt_np[j]))
             hiddens[rows[j]].append(h_np[j])
             greedy[rows[j]].append(int(best_np[j]))
+        if on_step is not None:
+            on_step()
         if not live.any():
             break
         if (~live).sum() * 4 >= len(rows):  # a quarter finished: drop them (copying the cache costs a step)
@@ -219,10 +223,15 @@ def distill(loaded, prompts: List[str], out: Path, batch_size: int = 16, max_tok
     encoded = kept
     budget = batch_tokens or batch_size * (max_tokens + 128)
     batches = length_batches([len(ids) + max_tokens for _, ids in encoded], batch_size, budget)
-    bar = tqdm(total=len(encoded), desc="distill", unit="prompt", disable=not progress)
-    produced, t0 = 0, time.perf_counter()
+    bar = tqdm(total=len(encoded), desc="distill", unit="prompt", disable=not progress,
+               bar_format="{l_bar}{bar}| {n:.0f}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]")
+    produced, finished, t0 = 0, 0, time.perf_counter()
     for b in batches:
-        rows = generate_batch(loaded.model, [encoded[i][1] for i in b], max_tokens, tok.eos_token_ids, temperature)
+        # The bar moves during a batch (a batch can take minutes): each decoding step is worth
+        # len(b) / max_tokens prompts, and the batch's end sets the exact count.
+        tick = len(b) / max_tokens
+        rows = generate_batch(loaded.model, [encoded[i][1] for i in b], max_tokens, tok.eos_token_ids, temperature,
+                              on_step=lambda: bar.update(tick) if bar.n + tick < finished + len(b) else None)
         samples = [
             {"key": encoded[i][0], "prompt": encoded[i][1], "reply": r, "hidden": hs, "greedy": g}
             for i, (r, hs, g) in zip(b, rows)
@@ -230,7 +239,8 @@ def distill(loaded, prompts: List[str], out: Path, batch_size: int = 16, max_tok
         write_shard(out, index, samples)
         index += 1
         produced += sum(len(r) for r, _, _ in rows)
-        bar.update(len(b))
+        finished += len(b)
+        bar.update(finished - bar.n)
         bar.set_postfix(tok_s=f"{produced / (time.perf_counter() - t0):.0f}")
     bar.close()
     return len(encoded)

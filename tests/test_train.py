@@ -98,6 +98,28 @@ def test_distill_round_trip_and_resume(samples, tmp_path):
     assert len(sorted(out.glob("shard-*.npz"))) == len(shards) + 1
 
 
+def test_distill_progress_bar_moves_within_a_batch(tmp_path, monkeypatch):
+    """One batch of replies can take minutes: the bar advances per decoding step, never past the
+    prompts answered so far, and lands on the exact count at each batch's end."""
+    import tqdm
+
+    seen = []
+
+    class Bar(tqdm.tqdm):
+        def update(self, n=1):
+            super().update(n)
+            seen.append(self.n)
+
+    monkeypatch.setattr(tqdm, "tqdm", Bar)
+    prompts = [f"question {i} about {w}" for i, w in enumerate(["cats", "dogs", "rivers"] * 2)]
+    assert distill(TinyLoaded(tiny_model()), prompts, tmp_path / "d", batch_size=3, max_tokens=12,
+                   progress=True) == 6
+    partial = [n for n in seen if n != int(n)]
+    assert partial, "the bar only moved at batch ends"
+    assert all(b >= a for a, b in zip(seen, seen[1:])) and max(seen) == 6 and seen[-1] == 6
+    assert 3 in seen and all(n <= 3 for n in seen[: seen.index(3)])  # the first batch's 3 prompts, then the second's
+
+
 def test_distill_skips_prompts_over_max_prompt_tokens_and_answers_them_later(tmp_path, capsys):
     model = tiny_model()
     prompts = ["short one", "a prompt of middling size", "a much longer prompt that goes over the limit we set"]
