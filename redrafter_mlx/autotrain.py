@@ -56,20 +56,20 @@ class Budget:
     steps: int  # training steps of 512 positions
     eval_prompts: int
     eval_tokens: int
-    minutes_cpu: int  # wall clock on the 2-core x86 CPU with OpenBLAS, default model (SmolLM2-135M)
+    minutes_cpu: int  # wall clock on the 2-core x86 CPU, default model (SmolLM2-135M): standard took 30 min with MKL, ~60 with OpenBLAS
 
 
 BUDGETS = {
     "quick": Budget(self_instruct=32, prompts=192, max_tokens=128, steps=200, eval_prompts=6, eval_tokens=96,
                     minutes_cpu=15),
     "standard": Budget(self_instruct=64, prompts=1024, max_tokens=200, steps=600, eval_prompts=12, eval_tokens=128,
-                       minutes_cpu=60),
+                       minutes_cpu=30),
 }
 BUDGET_HELP = (
     "quick: 32 new tasks, 192 replies of up to 128 tokens, 200 training steps (about 15 min on a 2-core CPU for "
-    "the default 135M model); standard: 64 new tasks, 1024 replies of up to 200 tokens, 600 steps (about an hour "
-    "there). A budget fixes the work, not the time: a larger model takes longer about in proportion to its size, "
-    "and a GPU does the same work in a fraction of the time"
+    "the default 135M model); standard: 64 new tasks, 1024 replies of up to 200 tokens, 600 steps (30 min there "
+    "with MKL, about an hour with OpenBLAS). A budget fixes the work, not the time: a larger model takes longer "
+    "about in proportion to its size, and a GPU does the same work in a fraction of the time"
 )
 
 

@@ -5,7 +5,8 @@ The curve differs by machine far more than any fixed default can cover. Measured
 x86_64 CPU with the default model (SmolLM2-135M), time for n tokens over time for one:
 
     n                          2     4     8     16    32    64
-    float32 + OpenBLAS         1.04  1.24  1.61  2.35  3.85  7.2
+    float32 + MKL (pip)        1.14  1.61  2.02  2.47  3.66  6.3   (one token: 37 ms)
+    float32 + OpenBLAS         1.04  1.24  1.61  2.35  3.85  7.2   (one token: 67 ms)
     float32, MLX's own BLAS    1.73  3.17  6.00  11.8  23.7  46
     stored 4-bit weights       1.89  3.60  6.93  13.7  27.0  53
 

@@ -27,7 +27,7 @@ import numpy as np
 from .beam_search import beam_search
 from .errors import ContextLengthError, RedrafterError
 from .graph import graft_counts, search as graph_search
-from .lookup import ContextIndex, add_beam
+from .lookup import ContextIndex, CopyLength, add_beam
 from .sampling import Sampler
 from .stats import RunStats, StepStats
 from .tree import accept, beam_of, pack
@@ -250,6 +250,7 @@ def stream(
     # None until made; a plain step that pipelines its successor makes it in advance.
     token_id, ahead, kind = first, None, None
     context = ContextIndex()  # fixed drafting's copy source (the controller keeps its own)
+    copy_length = CopyLength(lookup)  # fixed drafting's copy length: grows while copies are accepted whole
     try:
         while True:
             if stopped():
@@ -303,7 +304,7 @@ def stream(
                         # L - 1 deep) from h, the hidden state at the last cached token.
                         L = min(beam_length, room)
                         ctx_ids = pc.ids + [token_id]
-                        copy, _ = context.match(ctx_ids, min(lookup, room - 1))  # (C,), C <= lookup
+                        copy, _ = context.match(ctx_ids, min(copy_length.length, room - 1))  # (C,)
                         sources_np, aliases = None, 0
                         if budget and graph is not None:
                             g = graph_search(drafter, model, h, token_id, beam_width, L - 1, budget, tree_min_prob,
@@ -348,6 +349,7 @@ def stream(
                         ctl.observe(kind, plan, on_path, tree.size, t_verify - t_draft, t_done - t_verify)
                     else:
                         looked_up = len(path) - 1 if beam == rows else 0
+                        copy_length.update(copy.size, len(path) - 1)
                     kind = None
                     step = StepStats(
                         emitted=len(new),

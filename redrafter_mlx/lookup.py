@@ -111,3 +111,25 @@ class ContextIndex:
             if start is not None:
                 return np.asarray(self.context[start : start + length], dtype=np.int32), n
         return np.zeros(0, dtype=np.int32), 0
+
+
+GROWTH = 2  # a fully accepted copy makes the next one this many times longer ...
+MAX_GROWTH = 4  # ... up to this many times the lookup length asked for
+
+
+class CopyLength:
+    """The lookup copy's length for fixed drafting: `lookup` tokens, doubled after a step that
+    accepted the whole copy (the reply is running along text it has seen: extraction, code
+    being edited, a quoted list), up to MAX_GROWTH x `lookup`, and back to `lookup` after a
+    step that did not. A long copy is verified only while copies keep being accepted, so a
+    short one elsewhere costs no more packed tokens than before."""
+
+    def __init__(self, lookup: int):
+        self.base = self.length = max(int(lookup), 0)
+
+    def update(self, copied: int, accepted: int):
+        """copied: tokens in this step's copy; accepted: draft tokens this step accepted."""
+        if copied and accepted >= copied:
+            self.length = min(self.length * GROWTH, self.base * MAX_GROWTH)
+        else:
+            self.length = self.base

@@ -33,7 +33,7 @@ from .tuning import parse_shapes
 
 def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, length: int, lookup: int = 0,
            ended: bool = False, hidden=None, tree: int = 0, tree_min_prob: float = None, graph: Optional[int] = None,
-           context_graph: bool = True) -> Dict[str, int]:
+           context_graph: bool = True, grow_lookup: bool = True) -> Dict[str, int]:
     """Replay greedy ReDrafter steps along plain decoding's output `tokens` (prompt ids first).
 
     ended: the output stopped at an end-of-turn token, which the last step then also produces
@@ -41,7 +41,9 @@ def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, len
     hidden states over prompt + tokens, (T, H), when already computed. tree: draft a dynamic
     tree of up to this many nodes, W wide and L - 1 deep, instead of W x L beams (nodes below
     tree_min_prob dropped; None: tree_search's default). graph: draft a GSD graph with this k
-    (graph.py; needs a tree), with the context graph unless context_graph is False. Returns
+    (graph.py; needs a tree), with the context graph unless context_graph is False.
+    grow_lookup: the copy grows while copies are accepted whole, as decoding does
+    (lookup.CopyLength); False keeps it at `lookup` tokens. Returns
     steps, produced (tokens the decode steps produced), packed and looked_up token counts,
     drafter rows run, aliases, grafted nodes verified and accepted."""
     import mlx.core as mx
@@ -49,7 +51,7 @@ def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, len
 
     from .beam_search import beam_search
     from .graph import graft_counts, search as graph_search
-    from .lookup import ContextIndex, add_beam
+    from .lookup import ContextIndex, CopyLength, add_beam
     from .tree import accept, beam_of, pack
     from .tree_search import DEFAULT_MIN_PROB
 
@@ -68,10 +70,11 @@ def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, len
     g_np = np.array(g + [-1], dtype=np.int32)  # -1: no choice past the output's end
     out = dict.fromkeys(keys, 0)
     index = ContextIndex()
+    copy_length = CopyLength(lookup) if grow_lookup else None
     i = 0  # index in g of the current root
     while i < len(g) - 1:
         context = ids[: P + i + 1]
-        copy, _ = index.match(context, lookup)
+        copy, _ = index.match(context, copy_length.length if copy_length else lookup)
         sources = None
         if tree:  # as generate.stream drafts (graph.search with k None and no index is tree_search)
             d = graph_search(loaded.drafter, loaded.model, hidden[P - 1 + i], g[i], width, length - 1, tree,
@@ -96,6 +99,8 @@ def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, len
         out["packed"] += packed_tree.size
         out["drafter_rows"] += rows
         out["steps"] += 1
+        if copy_length:
+            copy_length.update(copy.size, len(path) - 1)
         i += len(path)
     out["produced"] = len(g) - 1
     return out
@@ -122,6 +127,9 @@ def main(argv=None) -> int:
                         "(needs --tree)")
     p.add_argument("--no-context-graph", action="store_true",
                    help="with --graph: merge inside the draft only, without grafting the context's continuations")
+    p.add_argument("--no-lookup-growth", action="store_true",
+                   help="keep the copy at --lookup tokens (decoding doubles it after a step that accepted all of "
+                        "it, up to 4x: lookup.CopyLength)")
     p.add_argument("--limit", type=int, default=None, help="only the first N questions")
     args = p.parse_args(argv)
     shapes, lookups, trees = args.shapes, args.lookup, args.tree
@@ -160,7 +168,7 @@ def main(argv=None) -> int:
         for config in configs:
             (w, n), c, t, (k, ctx) = config
             out = replay(loaded, r["prompt_tokens"], r["tokens"], w, n, c, r.get("finish_reason") == "eos", hidden, t,
-                         args.tree_min_prob, k, ctx)
+                         args.tree_min_prob, k, ctx, not args.no_lookup_growth)
             for key in ((config, ""), (config, r.get("category", ""))):
                 for name, v in out.items():
                     totals[key][name] += v

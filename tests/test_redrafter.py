@@ -269,16 +269,41 @@ def test_greedy_with_context_lookup_equals_plain_tiny(width, length, look):
         generate(m, PROMPT, mode="redrafter", lookup=-1)
 
 
+def test_the_copy_grows_while_copies_are_accepted_whole():
+    from redrafter_mlx.lookup import MAX_GROWTH, CopyLength
+
+    c = CopyLength(8)
+    lengths = []
+    for copied, accepted in [(8, 8), (16, 16), (32, 33), (32, 32), (12, 12), (32, 5), (8, 3), (0, 4), (8, 8)]:
+        c.update(copied, accepted)
+        lengths.append(c.length)
+    # doubled while a whole copy was accepted (a short copy that ran to the context's end too),
+    # capped at MAX_GROWTH x 8, back to 8 after a miss or a step without a copy
+    assert lengths == [16, 32, 32, 32, 32, 8, 8, 8, 16] and MAX_GROWTH * 8 == 32
+    off = CopyLength(0)
+    off.update(0, 5)
+    assert off.length == 0
+    # In decoding: a tiny random model loops, so whole copies are accepted and later copies run
+    # past `lookup` (beams of length 2 accept at most 1 drafted token); output is unchanged.
+    m = tiny_loaded()
+    ar = generate(m, PROMPT, mode="ar", max_tokens=200)
+    rd = generate(m, PROMPT, mode="redrafter", max_tokens=200, beam_width=1, beam_length=2, lookup=2)
+    assert rd.tokens == ar.tokens
+    assert 2 < max(s.accepted for s in rd.step_stats) <= MAX_GROWTH * 2
+
+
 @pytest.mark.parametrize("width,length,tree,look", [(2, 4, 6, 0), (4, 6, 16, 0), (3, 5, 8, 8), (1, 6, 5, 0)])
 def test_greedy_with_a_dynamic_tree_equals_plain_tiny(width, length, tree, look):
+    from redrafter_mlx.lookup import MAX_GROWTH
+
     m = tiny_loaded()
     ar = generate(m, PROMPT, mode="ar", max_tokens=200)
     rd = generate(m, PROMPT, mode="redrafter", max_tokens=200, beam_width=width, beam_length=length, lookup=look,
                   tree=tree, tree_min_prob=0.01)
     assert rd.tokens == ar.tokens and rd.finish_reason == "length"
     assert rd.stats.tree == tree and rd.stats.accepted_tokens > 0
-    assert max(s.drafted for s in rd.step_stats) <= tree + look
-    assert max(s.accepted for s in rd.step_stats) <= max(length - 1, look)
+    assert max(s.drafted for s in rd.step_stats) <= tree + MAX_GROWTH * look  # the copy grows (lookup.CopyLength)
+    assert max(s.accepted for s in rd.step_stats) <= max(length - 1, MAX_GROWTH * look)
     if not look:
         assert max(s.packed for s in rd.step_stats) <= tree + 1
         assert rd.stats.steps < ar.stats.steps
@@ -288,7 +313,7 @@ def test_greedy_with_a_dynamic_tree_equals_plain_tiny(width, length, tree, look)
         generate(m, PROMPT, mode="redrafter", tree=4, tree_min_prob=0.0)
 
 
-@pytest.mark.parametrize("width,length,look,tree", [(1, 3, 0, 0), (4, 3, 0, 0), (1, 3, 8, 0), (3, 5, 4, 0), (3, 5, 4, 8)])
+@pytest.mark.parametrize("width,length,look,tree", [(1, 3, 0, 0), (4, 3, 0, 0), (1, 3, 8, 0), (3, 5, 4, 0), (3, 5, 4, 8), (1, 2, 2, 0)])
 def test_replay_counts_the_steps_real_decoding_takes(width, length, look, tree):
     """replay.py scores a drafter from plain decoding's output alone; on a tiny float32 model it
     must agree step for step with real decoding, for outputs ending at max_tokens and at eos."""
