@@ -3,12 +3,14 @@ token for token, for every beam shape the ReDrafter issue lists, with a random d
 with the shipped trained one, up to 256 new tokens: one prompt's reply ends with EOS (inside an
 accepted run when the drafter is good), the other runs into the token limit, and a third run
 hits the context limit. The context-lookup beam is on (its default), so a step may emit up to
-DEFAULT_LOOKUP + 1 tokens when the copy is what got accepted."""
+MAX_GROWTH x DEFAULT_LOOKUP + 1 tokens when the copy is what got accepted (the copy grows while it
+is accepted whole: lookup.CopyLength)."""
 
 import pytest
 
 from redrafter_mlx import generate, load
 from redrafter_mlx.drafter import new_drafter
+from redrafter_mlx.lookup import MAX_GROWTH
 from redrafter_mlx.tuning import DEFAULT_LOOKUP
 
 SHAPES = [(1, 1), (1, 4), (4, 4), (8, 5), (16, 6)]
@@ -59,7 +61,7 @@ def test_redrafter_equals_plain_decoding(with_drafter, drafter, plain, width, le
         assert rd.tokens == plain[p].tokens
         assert rd.finish_reason == plain[p].finish_reason
         for s in rd.step_stats:  # at most L tokens, unless the accepted tokens came from the lookup beam
-            assert s.emitted <= length or (s.looked_up > 0 and s.emitted <= DEFAULT_LOOKUP + 1)
+            assert s.emitted <= length or (s.looked_up > 0 and s.emitted <= MAX_GROWTH * DEFAULT_LOOKUP + 1)
         steps += rd.stats.steps
         tokens += rd.stats.step_tokens
     if drafter[0] == "shipped" and length > 1:
