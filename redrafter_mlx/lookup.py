@@ -124,12 +124,13 @@ class CopyLength:
     step that did not. A long copy is verified only while copies keep being accepted, so a
     short one elsewhere costs no more packed tokens than before."""
 
-    def __init__(self, lookup: int):
+    def __init__(self, lookup: int, max_growth: int = MAX_GROWTH):
         self.base = self.length = max(int(lookup), 0)
+        self.cap = self.base * max(int(max_growth), 1)  # max_growth 1: the copy stays at `lookup`
 
     def update(self, copied: int, accepted: int):
         """copied: tokens in this step's copy; accepted: draft tokens this step accepted."""
         if copied and accepted >= copied:
-            self.length = min(self.length * GROWTH, self.base * MAX_GROWTH)
+            self.length = min(self.length * GROWTH, self.cap)
         else:
             self.length = self.base

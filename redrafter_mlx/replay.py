@@ -51,7 +51,7 @@ def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, len
 
     from .beam_search import beam_search
     from .graph import graft_counts, search as graph_search
-    from .lookup import ContextIndex, CopyLength, add_beam
+    from .lookup import MAX_GROWTH, ContextIndex, CopyLength, add_beam
     from .tree import accept, beam_of, pack
     from .tree_search import DEFAULT_MIN_PROB
 
@@ -70,11 +70,11 @@ def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, len
     g_np = np.array(g + [-1], dtype=np.int32)  # -1: no choice past the output's end
     out = dict.fromkeys(keys, 0)
     index = ContextIndex()
-    copy_length = CopyLength(lookup) if grow_lookup else None
+    copy_length = CopyLength(lookup, MAX_GROWTH if grow_lookup else 1)
     i = 0  # index in g of the current root
     while i < len(g) - 1:
         context = ids[: P + i + 1]
-        copy, _ = index.match(context, copy_length.length if copy_length else lookup)
+        copy, _ = index.match(context, copy_length.length)
         sources = None
         if tree:  # as generate.stream drafts (graph.search with k None and no index is tree_search)
             d = graph_search(loaded.drafter, loaded.model, hidden[P - 1 + i], g[i], width, length - 1, tree,
@@ -99,8 +99,7 @@ def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, len
         out["packed"] += packed_tree.size
         out["drafter_rows"] += rows
         out["steps"] += 1
-        if copy_length:
-            copy_length.update(copy.size, len(path) - 1)
+        copy_length.update(copy.size, len(path) - 1)
         i += len(path)
     out["produced"] = len(g) - 1
     return out

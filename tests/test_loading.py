@@ -146,13 +146,14 @@ def test_auto_weight_format(tiny_kit, tmp_path, monkeypatch):
     if on_cpu():
         # Without a fast BLAS the CPU keeps quantized weights as stored, but never leaves an
         # unquantized model in float16 (MLX's float16 CPU kernels are far slower than float32).
-        monkeypatch.setattr(_platform, "FAST_BLAS", None)
-        monkeypatch.setattr(_platform.sys, "platform", "linux")
+        from redrafter_mlx import loader
+
+        monkeypatch.setattr(loader, "fast_cpu_blas", lambda: False)
         assert load(str(path)).weight_format == "4-bit (group 32)"
         f16 = tiny_kit.write_folder(tmp_path / "h", tiny_kit.model(seed=0, hidden_size=64, intermediate_size=128),
                                     dtype=mx.float16)
         assert load(str(f16)).weight_format == "float32"
-        monkeypatch.setattr(_platform, "FAST_BLAS", "MKL")
+        monkeypatch.setattr(loader, "fast_cpu_blas", lambda: True)
         assert load(str(path)).weight_format == "float32"
 
 

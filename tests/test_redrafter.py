@@ -283,6 +283,9 @@ def test_the_copy_grows_while_copies_are_accepted_whole():
     off = CopyLength(0)
     off.update(0, 5)
     assert off.length == 0
+    fixed = CopyLength(8, max_growth=1)  # replay --no-lookup-growth: the copy stays at 8
+    fixed.update(8, 8)
+    assert fixed.length == 8
     # In decoding: a tiny random model loops, so whole copies are accepted and later copies run
     # past `lookup` (beams of length 2 accept at most 1 drafted token); output is unchanged.
     m = tiny_loaded()
