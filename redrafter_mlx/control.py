@@ -11,7 +11,8 @@ step. It holds three models and makes one choice per step:
   that its parent was accepted, per bucket of the drafter's conditional probability (and
   depth), and for the context-lookup beam per matched n-gram length and position in the copy.
   Raw drafter probabilities are not calibrated; the buckets learn from what the base model
-  accepts, starting from the raw value as a prior;
+  accepts, starting from the raw value as a prior. The copy's buckets learn in hindsight, every
+  position against what the reply then emitted, verified or not;
 - the choice: a candidate tree (the drafter's tree, drafted as deep as recently paid off, plus
   the lookup copy), each node's path probability the product of its calibrated conditionals,
   nodes ranked by it (a child never outranks its parent, so every prefix of the ranking is a
@@ -47,6 +48,7 @@ MAX_NODES = 63  # draft nodes verified at most (64 tokens with the root)
 PARK_FIRST, PARK_MAX = 4, 256  # steps parked after the first failed probe, and at most
 GAIN_EMA = 0.25
 MAX_DEPTH = 8  # drafter levels at most
+WATCHED = 8  # context copies scored in hindsight at once (Controller._watch)
 
 
 class Acceptance:
@@ -83,11 +85,11 @@ class Acceptance:
     @staticmethod
     def _update(n: np.ndarray, a: np.ndarray, buckets: np.ndarray, hits: np.ndarray):
         flat_n, flat_a = n.reshape(-1), a.reshape(-1)
-        for b, hit in zip(buckets.tolist(), hits.tolist()):
+        for b, hit in zip(np.asarray(buckets, dtype=np.int64).tolist(), np.asarray(hits).tolist()):
             flat_n[b] = flat_n[b] * DECAY + 1.0
             flat_a[b] = flat_a[b] * DECAY + float(hit)
 
-    def update(self, draft_buckets, draft_hits, lookup_buckets, lookup_hits):
+    def update(self, draft_buckets, draft_hits, lookup_buckets=(), lookup_hits=()):
         self._update(self.draft_n, self.draft_a, draft_buckets, draft_hits)
         self._update(self.look_n, self.look_a, lookup_buckets, lookup_hits)
 
@@ -126,6 +128,7 @@ class Controller:
         self.depth = 4  # levels to draft: the deepest paying its level's drafting time, plus one to explore
         self.last_floor = 0.05  # the last floor() (for the stats)
         self.context = ContextIndex()  # the copy source, indexed as the context grows
+        self._copies = []  # [start, token before it, copy, n, positions scored]: copies awaiting the reply (_watch)
         self._n_max_key, self._n_max_val = None, 0
 
     # ---- what the next step is ---------------------------------------------------------------
@@ -133,6 +136,7 @@ class Controller:
         """'draft' (drafter + lookup), 'lookup' (the copy alone) or 'plain' for the coming step.
         ids: the context ending with the latest emitted token; root_known: that token is the
         next step's root (False: a pipelined step will emit one more first, unknown yet)."""
+        self._learn(ids)
         if self.has_drafter and self.parked <= 0:
             return "draft"
         if self.has_drafter:
@@ -144,6 +148,7 @@ class Controller:
         if n_max < 1:
             return False
         copy, n = self.context.match(ids, n_max + (not root_known))
+        self._watch(ids, copy, n)
         if not root_known:
             # The copy's first token predicts the token the pipelined step emits; the rest is the draft.
             if copy.size < 2:
@@ -199,6 +204,7 @@ class Controller:
             cands = expand(drafter, base, h, token, width, levels, budget=n_max, min_prob=floor, stop_prob=stop,
                            graph=graph, prefix=ids)
         copy, n = self.context.match(ids, n_max) if n_max >= 1 else (np.zeros(0, dtype=np.int32), 0)
+        self._watch(ids, copy, n)
         copies = [(-1, copy, n)] if copy.size else []
         if graph is not None and context_graph and cands.tokens.size:
             copies += context_grafts(self.context, ids, cands.tokens.tolist(), cands.parents.tolist(),
@@ -261,6 +267,45 @@ class Controller:
                     float(1.0 + gains[b]), M, levels, lookup_bucket >= 0, path_p, depth_arr, source, aliases)
 
     # ---- learning from the step -------------------------------------------------------------------
+    def _watch(self, ids, copy: np.ndarray, n: int):
+        """Keep the context's copy for the position after `ids`, to score it against what the
+        reply then emits (_learn). Every position of the copy is learned so, verified or not:
+        learning only from verified nodes left the buckets of positions never verified at their
+        prior, so those positions were never verified (on MT-Bench's extraction the controller
+        verified 1-2 copied tokens a step along a copy accepting 30)."""
+        start = len(ids)
+        if copy.size == 0 or (self._copies and self._copies[-1][0] == start):
+            return
+        self._copies.append([start, ids[-1], copy.tolist(), n, 0])
+        if len(self._copies) > WATCHED:
+            del self._copies[0]
+
+    def _learn(self, ids):
+        """Score the watched copies' positions that the context `ids` now covers: position j is
+        a hit when the reply emitted the copy's j-th token after the first j - 1 (each
+        observation is P(accepted | parent accepted), the bucket's meaning); a copy is done at
+        its first miss or its end."""
+        if not self._copies:
+            return
+        T, kept, buckets, hits = len(ids), [], [], []
+        for entry in self._copies:
+            start, before, copy, n, done = entry
+            if start > T or ids[start - 1] != before:  # a new reply, or the context was cut
+                continue
+            end = min(len(copy), T - start)
+            seen = [copy[j] == ids[start + j] for j in range(done, end)]
+            if False in seen:
+                seen = seen[: seen.index(False) + 1]
+            elif end < len(copy):
+                entry[4] = end
+                kept.append(entry)
+            if seen:
+                buckets.append(self.acceptance.lookup_bucket(n, np.arange(done + 1, done + len(seen) + 1)))
+                hits += seen
+        self._copies = kept
+        if hits:
+            self.acceptance.update((), (), np.concatenate(buckets), np.asarray(hits))
+
     def observe(self, kind: str, plan: Plan, accepted: np.ndarray, packed: int, draft_seconds: float,
                 verify_seconds: float):
         """After a step of `kind`: accepted = candidate nodes on the accepted path."""
@@ -270,7 +315,10 @@ class Controller:
         kept = plan.kept
         tested = kept[on_path[plan.parent[kept]]]  # kept nodes whose parent was accepted
         hits = on_path[tested]
+        # The root copy's nodes are learned in hindsight (_learn); nodes grafted from the context
+        # below drafted ones (graph.py) from what this step verified.
         d, l = plan.draft_bucket[tested], plan.lookup_bucket[tested]
+        l[plan.source[tested] != CONTEXT_GRAFT] = -1
         self.acceptance.update(d[d >= 0], hits[d >= 0], l[l >= 0], hits[l >= 0])
         self.costs.observe_verify(packed, verify_seconds)
         if kind != "draft":

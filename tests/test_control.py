@@ -140,6 +140,45 @@ def test_without_a_drafter_only_the_copy_is_verified_and_only_where_it_pays():
     assert Controller(flat_costs(), has_drafter=False).next_step([1, 2, 3, 4, 5], True, 100) == "plain"
 
 
+def test_copies_are_scored_in_hindsight_position_by_position():
+    ctl = Controller(flat_costs(), has_drafter=False)
+    ids = [1, 2, 3, 4, 5, 6, 7, 1, 2]
+    ctl._watch(ids, np.array([3, 4, 5, 6], dtype=np.int32), 2)  # what followed "1 2" before
+    ctl._watch(ids, np.array([3, 4], dtype=np.int32), 2)  # the same position again: ignored
+    ctl._learn(ids + [3, 4])  # two positions known so far, both hits: still watched
+    look = ctl.acceptance
+    assert look.look_n.sum() == pytest.approx(2) and look.look_a.sum() == pytest.approx(2)
+    assert len(ctl._copies) == 1
+    ctl._learn(ids + [3, 4, 9, 6])  # position 3 missed: scored, and the copy is done
+    assert look.look_n.sum() == pytest.approx(3) and look.look_a.sum() == pytest.approx(2)
+    third = look.lookup_bucket(2, np.array([3]))[0]
+    assert look.look_n.reshape(-1)[third] == pytest.approx(1) and look.look_a.reshape(-1)[third] == 0
+    assert ctl._copies == []
+    ctl._watch(ids, np.array([3], dtype=np.int32), 2)
+    ctl._learn([8, 8])  # a new reply: the watched copy no longer applies
+    assert ctl._copies == [] and look.look_n.sum() == pytest.approx(3)
+
+
+def test_a_copy_that_keeps_holding_is_verified_ever_deeper():
+    """A reply repeating its context: positions of the copy never verified are still learned,
+    so the controller moves from one or two copied tokens a step to long copies."""
+    costs = FakeCosts(SIZES, [0.1 * r for r in (1, 1.1, 1.6, 2.0, 2.5, 3.7, 6.3)])  # a CPU with a fast BLAS
+    ctl = Controller(costs, has_drafter=False)
+    text = list(range(100, 400))
+    ids, kept = text[:150] + text[:2], []
+    while len(ids) < 300:
+        kind = ctl.next_step(ids, True, 1000)
+        if kind == "plain":
+            ids.append(text[len(ids) - 150])
+            continue
+        plan = ctl.plan("lookup", None, None, None, ids[-1], ids, 1000)
+        on_path = np.sort(plan.kept)  # the copy is a chain, and every copied token holds
+        ctl.observe("lookup", plan, on_path, 1 + plan.kept.size, 0.0, costs.verify(1 + plan.kept.size))
+        kept.append(plan.kept.size)
+        ids += text[len(ids) - 150 : len(ids) - 150 + plan.kept.size + 1]
+    assert max(kept) >= 16 and kept[-1] >= 16
+
+
 def test_acceptance_model_learns_from_outcomes():
     ctl = Controller(flat_costs(), True)
     acc = ctl.acceptance
