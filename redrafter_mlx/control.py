@@ -112,6 +112,7 @@ class Plan:
     depth: np.ndarray  # (N,) depth below the root
     source: np.ndarray  # (N,) graph.DRAFTER, ALIAS_GRAFT or CONTEXT_GRAFT (the root copy's nodes: DRAFTER)
     aliases: int = 0  # kept GSD aliases
+    drafter_rows: int = 0  # rows the drafter ran for this step's candidates (frontier nodes, summed over levels)
 
 
 class Controller:
@@ -264,7 +265,8 @@ class Controller:
         rows[:, 0] = root
         aliases = int(np.sum(cands.alias[kept[kept < N]] >= 0)) if N and cands.alias is not None else 0
         return Plan(rows, node_at, np.asarray(parent, dtype=np.int64), kept, draft_bucket, lookup_bucket,
-                    float(1.0 + gains[b]), M, levels, lookup_bucket >= 0, path_p, depth_arr, source, aliases)
+                    float(1.0 + gains[b]), M, levels, lookup_bucket >= 0, path_p, depth_arr, source, aliases,
+                    cands.rows)
 
     # ---- learning from the step -------------------------------------------------------------------
     def _watch(self, ids, copy: np.ndarray, n: int):

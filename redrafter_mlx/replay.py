@@ -105,6 +105,149 @@ def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, len
     return out
 
 
+# Cost profiles for replaying the adaptive controller (`replay_auto`): (sizes, seconds to verify
+# that many tokens, drafter seconds per level), measured on the default model unless said.
+PROFILES = {
+    # 2-core x86_64 CPU, float32, MKL from pip (costs.calibrate, 2026-11-25)
+    "mkl": ([1, 2, 4, 8, 16, 32, 64], [0.0426, 0.0468, 0.0689, 0.0992, 0.1051, 0.1480, 0.2491], 0.00165),
+    # the same CPU with the system OpenBLAS
+    "openblas": ([1, 2, 4, 8, 16, 32], [0.0706, 0.0790, 0.0936, 0.1160, 0.1626, 0.2712], 0.00245),
+    # the same CPU with MLX's own BLAS, stored 4-bit weights: verification ~linear
+    "linear": ([1, 2, 4], [0.1126, 0.2051, 0.4135], 0.01266),
+    # H200 (MLX CUDA, float16): 4.9 ms for one token, 7.2-7.9 ms for 2-64; the drafter's time per
+    # level there was not measured: 1 ms assumed
+    "gpu": ([1, 2, 4, 8, 16, 32, 64], [0.0049, 0.0072, 0.0073, 0.0074, 0.0075, 0.0077, 0.0079], 0.001),
+}
+
+
+def profile_costs(name: str, loaded=None):
+    """A fixed cost model (never refined online, so a replay's decisions are the profile's alone):
+    one of PROFILES, or "cached": this machine's cost model for `loaded`, as last measured."""
+    from .costs import CostModel, read_cached
+
+    class FixedCosts(CostModel):
+        def observe_verify(self, n, seconds):
+            pass
+
+        def observe_plain(self, seconds):
+            pass
+
+        def observe_draft(self, levels, seconds):
+            pass
+
+    if name == "cached":
+        c = read_cached(loaded) if loaded is not None else None
+        if c is None:
+            raise RedrafterError("no cost model cached for this model on this machine yet: run redrafter-bench "
+                                 "--modes auto once, or pick a profile: " + ", ".join(PROFILES))
+        return FixedCosts(c.sizes.astype(int).tolist(), c.seconds.tolist(), c.draft_level)
+    if name not in PROFILES:
+        raise RedrafterError(f"unknown cost profile {name!r}: pick cached or one of " + ", ".join(PROFILES))
+    sizes, seconds, draft_level = PROFILES[name]
+    return FixedCosts(sizes, seconds, draft_level)
+
+
+def replay_auto(loaded, ctl, prompt: Sequence[int], tokens: Sequence[int], ended: bool = False, hidden=None,
+                graph: Optional[int] = None, context_graph: bool = True) -> Dict[str, float]:
+    """Replay the adaptive controller `ctl` (control.Controller, on a fixed cost model:
+    `profile_costs`) along plain decoding's output, making generate.stream's decisions in its
+    order: a plain step decides the next one before its root is known (pipelining), drafting and
+    lookup steps verify what the controller keeps. The controller learns as in decoding, so
+    pass the same one for every question of a run. Without a drafter (ctl.has_drafter False)
+    only the copy is drafted. Returns what `replay` counts plus parked (plain) steps and the
+    modeled seconds (the profile's plain, drafting and verification times)."""
+    import mlx.core as mx
+    import numpy as np
+
+    from .graph import DRAFTER
+    from .tree import accept, pack
+
+    prompt, g = list(prompt), list(tokens)
+    keys = ("steps", "produced", "packed", "looked_up", "drafter_rows", "aliases", "grafted", "graft_accepted",
+            "parked", "seconds")
+    out = dict.fromkeys(keys, 0)
+    if not g:
+        return out
+    ids = prompt + g
+    if hidden is None:
+        hidden = loaded.model.hidden(mx.array(ids, dtype=mx.int32)[None])[0]
+    P, costs = len(prompt), ctl.costs
+    max_tokens = len(g) if not ended else 1 << 30  # what decoding was allowed (only its pipelining reads it)
+    if ended:
+        g.append(int(mx.argmax(loaded.model.logits(hidden[-1]))))
+    g_np = np.array(g + [-1], dtype=np.int32)
+    drafter = loaded.drafter if ctl.has_drafter else None
+    limit = loaded.context_length
+    i, kind = 0, None  # i: index in g of the current root
+    while i < len(g) - 1:
+        room = limit - (P + i)
+        if room < 1:
+            break
+        if kind is None:
+            kind = ctl.next_step(ids[: P + i + 1], True, room)
+        out["steps"] += 1
+        if kind == "plain":  # emits g[i + 1]; decides the next step before that token is known
+            kind = None
+            if room >= 2 and i + 2 < max_tokens:
+                kind = ctl.next_step(ids[: P + i + 1], False, room - 1)
+            out["packed"] += 1
+            out["parked"] += 1
+            out["seconds"] += costs.plain
+            i += 1
+            continue
+        plan = ctl.plan(kind, drafter, loaded.model, hidden[P - 1 + i], g[i], ids[: P + i + 1], room, graph=graph,
+                        context_graph=context_graph)
+        packed = pack(plan.rows)
+        path, _ = accept(packed, g_np[np.minimum(i + 1 + packed.depth, len(g))])
+        node = np.full(packed.size, -1, dtype=np.int64)  # packed index -> candidate node, as generate maps it
+        valid = packed.unpacker >= 0
+        node[packed.unpacker[valid]] = plan.node_at[valid]
+        on_path = node[path[1:]]
+        draft_seconds = plan.levels * (costs.draft_level or 0.0)
+        verify_seconds = costs.verify(packed.size)
+        ctl.observe(kind, plan, on_path, packed.size, draft_seconds, verify_seconds)
+        out["looked_up"] += int(np.sum(plan.from_lookup[on_path] & (plan.draft_bucket[on_path] < 0)))
+        out["drafter_rows"] += plan.drafter_rows
+        out["aliases"] += plan.aliases
+        if graph is not None:
+            out["grafted"] += int(np.sum(plan.source[plan.kept] != DRAFTER))
+            out["graft_accepted"] += int(np.sum(plan.source[on_path] != DRAFTER))
+        out["packed"] += packed.size
+        out["seconds"] += draft_seconds + verify_seconds
+        kind = None
+        i += len(path)
+    out["produced"] = len(g) - 1
+    return out
+
+
+def print_auto(configs, totals, categories, per_step, plain: Dict[str, float], no_drafter: bool):
+    """The --auto table: per (profile, graph) config, and per category. plain: each profile's
+    plain step seconds."""
+
+    def speedup(tot, profile):
+        return tot["produced"] * plain[profile] / tot["seconds"] if tot["seconds"] else 0.0
+
+    what = "the context copy alone" if no_drafter else "drafter + context copy"
+    print(f"adaptive controller ({what}), fixed cost profiles; speedup = plain decoding's modeled time / auto's")
+    print(f"{'profile':<9} {'graph':>7} {'tokens/step':>11} {'packed/step':>11} {'rows/step':>9} {'lookup/step':>11} "
+          f"{'parked':>7} {'grafted':>7} {'graft acc':>9} {'speedup':>8}")
+    for config in configs:
+        tot = totals[(config, "")]
+        print(f"{config[0]:<9} {graph_name(config[1]):>7} {per_step(tot, 'produced'):>11.3f} "
+              f"{per_step(tot, 'packed'):>11.2f} {per_step(tot, 'drafter_rows'):>9.2f} {per_step(tot, 'looked_up'):>11.3f} "
+              f"{per_step(tot, 'parked'):>7.1%} {per_step(tot, 'grafted'):>7.2f} {per_step(tot, 'graft_accepted'):>9.3f} "
+              f"{speedup(tot, config[0]):>7.2f}x")
+    if categories:
+        print("\nper category: tokens/step / packed/step / modeled speedup")
+        print(f"{'config':<18} " + " ".join(f"{cat:>16}" for cat in categories))
+        for config in configs:
+            cells = []
+            for cat in categories:
+                tot = totals[(config, cat)]
+                cells.append(f"{per_step(tot, 'produced'):.2f}/{per_step(tot, 'packed'):.1f}/{speedup(tot, config[0]):.2f}x")
+            print(f"{config[0] + ' ' + graph_name(config[1]):<18} " + " ".join(f"{cell:>16}" for cell in cells))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m redrafter_mlx.replay", description=__doc__.split("\n\n")[0],
                                 epilog="example: python -m redrafter_mlx.replay bench.json --shapes 1x3,4x3 --lookup 0,8")
@@ -129,11 +272,18 @@ def main(argv=None) -> int:
     p.add_argument("--no-lookup-growth", action="store_true",
                    help="keep the copy at --lookup tokens (decoding doubles it after a step that accepted all of "
                         "it, up to 4x: lookup.CopyLength)")
+    p.add_argument("--auto", type=lambda t: [x.strip() for x in t.split(",") if x.strip()], default=None,
+                   metavar="PROFILE[,PROFILE...]",
+                   help="replay the adaptive controller (mode auto) instead of fixed shapes, on a fixed cost "
+                        f"profile: {', '.join(PROFILES)} (measured; see replay.PROFILES) or cached (this machine's "
+                        "cost model for the model); prints tokens/step, packed/step, parked share and the speedup "
+                        "the profile's costs give (--graph applies; the shape options do not)")
+    p.add_argument("--no-drafter", action="store_true", help="with --auto: draft from the context copy alone")
     p.add_argument("--limit", type=int, default=None, help="only the first N questions")
     args = p.parse_args(argv)
     shapes, lookups, trees = args.shapes, args.lookup, args.tree
     graphs = [(k, c and not args.no_context_graph) for k, c in args.graph]
-    if any(k is not None for k, _ in graphs) and not all(trees):
+    if any(k is not None for k, _ in graphs) and not all(trees) and not args.auto:
         p.error("--graph needs --tree N (N > 0): a graph is drafted as a dynamic tree")
 
     from .loader import load
@@ -150,9 +300,12 @@ def main(argv=None) -> int:
             raise RedrafterError(f"{args.results} has no ar results: run redrafter-bench with --modes ar")
         if report.get("settings", {}).get("temperature", 0.0) != 0.0:
             raise RedrafterError(f"{args.results} holds sampled outputs; replay needs greedy ones")
+        if args.no_drafter and not args.auto:
+            raise RedrafterError("--no-drafter replays the adaptive controller: add --auto PROFILE")
         loaded = load(args.model or report.get("model"), drafter=args.drafter)
-        if loaded.drafter is None:
-            raise RedrafterError(f"no drafter found for {loaded.name}: pass --drafter PATH")
+        if loaded.drafter is None and not args.no_drafter:
+            raise RedrafterError(f"no drafter found for {loaded.name}: pass --drafter PATH (or --auto --no-drafter)")
+        profiles = {name: profile_costs(name, loaded) for name in args.auto or []}
     except RedrafterError as e:
         print(f"replay: error: {e}", file=sys.stderr)
         return 2
@@ -161,13 +314,26 @@ def main(argv=None) -> int:
 
     rows = rows[: args.limit] if args.limit else rows
     totals: Dict[tuple, Dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    configs = list(product(shapes, lookups, trees, graphs))
+    if args.auto:
+        from .control import Controller
+
+        configs = list(product(args.auto, graphs))
+        # one controller per config for the whole run: it learns across questions, as in a bench
+        controllers = {config: Controller(profile_costs(config[0], loaded), not args.no_drafter) for config in configs}
+        plain = {name: costs.plain for name, costs in profiles.items()}
+    else:
+        configs = list(product(shapes, lookups, trees, graphs))
     for r in tqdm(rows, desc="replay", unit="question", file=sys.stderr):
         hidden = loaded.model.hidden(mx.array(r["prompt_tokens"] + r["tokens"], dtype=mx.int32)[None])[0]
+        ended = r.get("finish_reason") == "eos"
         for config in configs:
-            (w, n), c, t, (k, ctx) = config
-            out = replay(loaded, r["prompt_tokens"], r["tokens"], w, n, c, r.get("finish_reason") == "eos", hidden, t,
-                         args.tree_min_prob, k, ctx, not args.no_lookup_growth)
+            if args.auto:
+                k, ctx = config[1]
+                out = replay_auto(loaded, controllers[config], r["prompt_tokens"], r["tokens"], ended, hidden, k, ctx)
+            else:
+                (w, n), c, t, (k, ctx) = config
+                out = replay(loaded, r["prompt_tokens"], r["tokens"], w, n, c, ended, hidden, t, args.tree_min_prob,
+                             k, ctx, not args.no_lookup_growth)
             for key in ((config, ""), (config, r.get("category", ""))):
                 for name, v in out.items():
                     totals[key][name] += v
@@ -175,6 +341,10 @@ def main(argv=None) -> int:
 
     def per_step(tot, name):
         return tot[name] / max(tot["steps"], 1)
+
+    if args.auto:
+        print_auto(configs, totals, categories, per_step, plain, args.no_drafter)
+        return 0
 
     print(f"{'shape':<7} {'tree':>4} {'lookup':>6} {'graph':>7} {'tokens/step':>11} {'packed/step':>11} "
           f"{'rows/step':>9} {'lookup/step':>11} {'aliases':>7} {'grafted':>7} {'graft acc':>9}")

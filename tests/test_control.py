@@ -223,6 +223,43 @@ def test_every_transition_between_plain_copy_and_drafted_steps_is_lossless(monke
     assert auto.stats.parked_steps > 0 and auto.stats.accepted_tokens > 0
 
 
+@pytest.mark.parametrize("use_drafter", [True, False])
+@pytest.mark.parametrize("curve", ["flat", "cpu", "linear"])
+def test_replay_of_the_controller_takes_the_steps_decoding_takes(use_drafter, curve):
+    """replay.replay_auto makes generate.stream's adaptive decisions (pipelined plain steps
+    decide before their root is known) on a fixed cost model: the same steps, packed tokens and
+    parked steps as real decoding on that model, for outputs ending at max_tokens and at eos."""
+    from redrafter_mlx.replay import replay_auto
+
+    def costs_():
+        if curve == "flat":
+            return flat_costs()
+        if curve == "linear":  # parks, probes and backs off
+            return FakeCosts(SIZES, [10.0 * n for n in SIZES], draft_level=1e-6)
+        # a fast-BLAS CPU's curve; seconds long enough that the tiny drafter's real time (which
+        # decoding measures and the replay models as draft_level per level) moves no decision
+        return FakeCosts(SIZES, [10 * r for r in (1, 1.1, 1.6, 2.0, 2.5, 3.7, 6.3)], draft_level=1e-6)
+
+    m = tiny_loaded()
+    eos = generate(m, PROMPT, mode="ar", max_tokens=150).tokens[90]
+    for tokenizer in (m.tokenizer, CharTokenizer(eos=[eos])):
+        m.tokenizer = tokenizer
+        ar = generate(m, PROMPT, mode="ar", max_tokens=150)
+        m.controllers.clear()
+        key = id(m.drafter) if use_drafter else id(None)
+        m.controllers[key] = Controller(costs_(), use_drafter)
+        rd = generate(m, PROMPT, mode="auto", max_tokens=150, use_drafter=use_drafter)
+        assert rd.tokens == ar.tokens
+        out = replay_auto(m, Controller(costs_(), use_drafter), ar.prompt_tokens, ar.tokens,
+                          ended=ar.finish_reason == "eos")
+        assert out["steps"] == rd.stats.steps and out["packed"] == rd.stats.packed_tokens + rd.stats.parked_steps
+        assert out["parked"] == rd.stats.parked_steps and out["produced"] == rd.stats.step_tokens + rd.stats.end_tokens
+        # decoding's last step may accept copied tokens past max_tokens (cut from the output), which
+        # the replay cannot see
+        last = rd.step_stats[-1].accepted - rd.step_stats[-1].emitted + 1 if rd.finish_reason == "length" else 0
+        assert rd.stats.looked_up_tokens - max(last, 0) <= out["looked_up"] <= rd.stats.looked_up_tokens
+
+
 def test_adaptive_stops_at_eos_and_the_context_limit():
     m = tiny_loaded()
     ar = generate(m, PROMPT, mode="ar", max_tokens=120)
