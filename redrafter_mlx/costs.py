@@ -158,6 +158,20 @@ class CostModel:
                 "draft_level": self.draft_level, "shape_buckets": self.shape_buckets}
 
 
+class FixedCosts(CostModel):
+    """A cost model that real timings never refine: the controller's decisions are then the
+    curve's alone (replay.py's cost profiles, the tests' fake machines)."""
+
+    def observe_verify(self, n: int, seconds: float):
+        pass
+
+    def observe_plain(self, seconds: float):
+        pass
+
+    def observe_draft(self, levels: int, seconds: float):
+        pass
+
+
 # ---- calibration -------------------------------------------------------------------------------
 
 def _time_forward(model, cache, start: int, n: int, vocab: int) -> float:

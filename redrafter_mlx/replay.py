@@ -123,17 +123,7 @@ PROFILES = {
 def profile_costs(name: str, loaded=None):
     """A fixed cost model (never refined online, so a replay's decisions are the profile's alone):
     one of PROFILES, or "cached": this machine's cost model for `loaded`, as last measured."""
-    from .costs import CostModel, read_cached
-
-    class FixedCosts(CostModel):
-        def observe_verify(self, n, seconds):
-            pass
-
-        def observe_plain(self, seconds):
-            pass
-
-        def observe_draft(self, levels, seconds):
-            pass
+    from .costs import FixedCosts, read_cached
 
     if name == "cached":
         c = read_cached(loaded) if loaded is not None else None
@@ -220,6 +210,18 @@ def replay_auto(loaded, ctl, prompt: Sequence[int], tokens: Sequence[int], ended
     return out
 
 
+def print_categories(configs, totals, categories, what: str, name, cell, width: int):
+    """Per-category table under the main one: a row per config (`name(config)`), a column per
+    category (`cell(config, totals)`), `what` saying what a cell holds."""
+    if not categories:
+        return
+    print(f"\nper category: {what}")
+    print(f"{'config':<{width}} " + " ".join(f"{cat:>18}" for cat in categories))
+    for config in configs:
+        cells = [cell(config, totals[(config, cat)]) for cat in categories]
+        print(f"{name(config):<{width}} " + " ".join(f"{c:>18}" for c in cells))
+
+
 def print_auto(configs, totals, categories, per_step, plain: Dict[str, float], no_drafter: bool):
     """The --auto table: per (profile, graph) config, and per category. plain: each profile's
     plain step seconds."""
@@ -237,15 +239,10 @@ def print_auto(configs, totals, categories, per_step, plain: Dict[str, float], n
               f"{per_step(tot, 'packed'):>11.2f} {per_step(tot, 'drafter_rows'):>9.2f} {per_step(tot, 'looked_up'):>11.3f} "
               f"{per_step(tot, 'parked'):>7.1%} {per_step(tot, 'grafted'):>7.2f} {per_step(tot, 'graft_accepted'):>9.3f} "
               f"{speedup(tot, config[0]):>7.2f}x")
-    if categories:
-        print("\nper category: tokens/step / packed/step / modeled speedup")
-        print(f"{'config':<18} " + " ".join(f"{cat:>16}" for cat in categories))
-        for config in configs:
-            cells = []
-            for cat in categories:
-                tot = totals[(config, cat)]
-                cells.append(f"{per_step(tot, 'produced'):.2f}/{per_step(tot, 'packed'):.1f}/{speedup(tot, config[0]):.2f}x")
-            print(f"{config[0] + ' ' + graph_name(config[1]):<18} " + " ".join(f"{cell:>16}" for cell in cells))
+    print_categories(configs, totals, categories, "tokens/step / packed/step / modeled speedup",
+                     lambda config: f"{config[0]} {graph_name(config[1])}",
+                     lambda config, tot: f"{per_step(tot, 'produced'):.2f}/{per_step(tot, 'packed'):.1f}/"
+                                         f"{speedup(tot, config[0]):.2f}x", 18)
 
 
 def main(argv=None) -> int:
@@ -319,7 +316,8 @@ def main(argv=None) -> int:
 
         configs = list(product(args.auto, graphs))
         # one controller per config for the whole run: it learns across questions, as in a bench
-        controllers = {config: Controller(profile_costs(config[0], loaded), not args.no_drafter) for config in configs}
+        # (a fixed cost model never changes, so the configs of one profile share it)
+        controllers = {config: Controller(profiles[config[0]], not args.no_drafter) for config in configs}
         plain = {name: costs.plain for name, costs in profiles.items()}
     else:
         configs = list(product(shapes, lookups, trees, graphs))
@@ -354,17 +352,10 @@ def main(argv=None) -> int:
         print(f"{w}x{n:<5} {t:>4} {c:>6} {graph_name(g):>7} {per_step(tot, 'produced'):>11.3f} "
               f"{per_step(tot, 'packed'):>11.2f} {per_step(tot, 'drafter_rows'):>9.2f} {per_step(tot, 'looked_up'):>11.3f} "
               f"{per_step(tot, 'aliases'):>7.2f} {per_step(tot, 'grafted'):>7.2f} {per_step(tot, 'graft_accepted'):>9.3f}")
-    if categories:
-        print("\nper category: tokens/step / packed/step / drafter rows/step")
-        print(f"{'config':<24} " + " ".join(f"{cat:>18}" for cat in categories))
-        for config in configs:
-            (w, n), c, t, g = config
-            cells = []
-            for cat in categories:
-                tot = totals[(config, cat)]
-                cells.append(f"{per_step(tot, 'produced'):.2f}/{per_step(tot, 'packed'):.1f}/{per_step(tot, 'drafter_rows'):.1f}")
-            name = f"{w}x{n} t{t} l{c} {graph_name(g)}"
-            print(f"{name:<24} " + " ".join(f"{cell:>18}" for cell in cells))
+    print_categories(configs, totals, categories, "tokens/step / packed/step / drafter rows/step",
+                     lambda config: f"{config[0][0]}x{config[0][1]} t{config[2]} l{config[1]} {graph_name(config[3])}",
+                     lambda config, tot: f"{per_step(tot, 'produced'):.2f}/{per_step(tot, 'packed'):.1f}/"
+                                         f"{per_step(tot, 'drafter_rows'):.1f}", 24)
     return 0
 
 

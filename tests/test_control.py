@@ -11,7 +11,7 @@ import pytest
 
 from redrafter_mlx import costs, generate
 from redrafter_mlx.control import PARK_FIRST, PARK_MAX, Controller, controller
-from redrafter_mlx.costs import CostModel
+from redrafter_mlx.costs import CostModel, FixedCosts
 from redrafter_mlx.tree_search import Candidates
 
 from test_redrafter import PROMPT, SAMPLING_PROMPT, CharTokenizer, chi_square_p, exact_distribution, sampled_counts, \
@@ -20,27 +20,14 @@ from test_redrafter import PROMPT, SAMPLING_PROMPT, CharTokenizer, chi_square_p,
 SIZES = [1, 2, 4, 8, 16, 32, 64]
 
 
-class FakeCosts(CostModel):
-    """A cost curve that the tiny models' real timings do not refine."""
-
-    def observe_verify(self, n, seconds):
-        pass
-
-    def observe_plain(self, seconds):
-        pass
-
-    def observe_draft(self, levels, seconds):
-        pass
-
-
 def linear_costs():
     """Verifying n tokens costs n plain steps (a CPU without a fast BLAS, 4-bit CPU kernels)."""
-    return FakeCosts(SIZES, [0.1 * n for n in SIZES], draft_level=0.002)
+    return FixedCosts(SIZES, [0.1 * n for n in SIZES], draft_level=0.002)
 
 
 def flat_costs():
     """Verifying 64 tokens costs 1.3 plain steps (a GPU)."""
-    return FakeCosts(SIZES, [0.1 * (1 + 0.3 * (n - 1) / 63) for n in SIZES], draft_level=0.001)
+    return FixedCosts(SIZES, [0.1 * (1 + 0.3 * (n - 1) / 63) for n in SIZES], draft_level=0.001)
 
 
 def chain(q, depth):
@@ -162,7 +149,7 @@ def test_copies_are_scored_in_hindsight_position_by_position():
 def test_a_copy_that_keeps_holding_is_verified_ever_deeper():
     """A reply repeating its context: positions of the copy never verified are still learned,
     so the controller moves from one or two copied tokens a step to long copies."""
-    costs = FakeCosts(SIZES, [0.1 * r for r in (1, 1.1, 1.6, 2.0, 2.5, 3.7, 6.3)])  # a CPU with a fast BLAS
+    costs = FixedCosts(SIZES, [0.1 * r for r in (1, 1.1, 1.6, 2.0, 2.5, 3.7, 6.3)])  # a CPU with a fast BLAS
     ctl = Controller(costs, has_drafter=False)
     text = list(range(100, 400))
     ids, kept = text[:150] + text[:2], []
@@ -235,10 +222,10 @@ def test_replay_of_the_controller_takes_the_steps_decoding_takes(use_drafter, cu
         if curve == "flat":
             return flat_costs()
         if curve == "linear":  # parks, probes and backs off
-            return FakeCosts(SIZES, [10.0 * n for n in SIZES], draft_level=1e-6)
+            return FixedCosts(SIZES, [10.0 * n for n in SIZES], draft_level=1e-6)
         # a fast-BLAS CPU's curve; seconds long enough that the tiny drafter's real time (which
         # decoding measures and the replay models as draft_level per level) moves no decision
-        return FakeCosts(SIZES, [10 * r for r in (1, 1.1, 1.6, 2.0, 2.5, 3.7, 6.3)], draft_level=1e-6)
+        return FixedCosts(SIZES, [10 * r for r in (1, 1.1, 1.6, 2.0, 2.5, 3.7, 6.3)], draft_level=1e-6)
 
     m = tiny_loaded()
     eos = generate(m, PROMPT, mode="ar", max_tokens=150).tokens[90]
