@@ -146,6 +146,26 @@ def test_copies_are_scored_in_hindsight_position_by_position():
     assert ctl._copies == [] and look.look_n.sum() == pytest.approx(3)
 
 
+def test_a_copy_continuing_a_run_is_learned_apart():
+    """Once the reply has followed a watched copy for 2+ tokens, the next copy is 'in a run' and
+    its positions learn (and are scored) in their own buckets."""
+    ctl = Controller(flat_costs(), has_drafter=False)
+    ids = [1, 2, 3, 4, 5, 6, 7, 1, 2]
+    assert not ctl._in_run(ids)
+    ctl._watch(ids, np.array([3, 4, 5, 6], dtype=np.int32), 2)
+    ctl._learn(ids + [3, 4])  # the copy held for two tokens, up to now
+    assert ctl._in_run(ids + [3, 4]) and not ctl._in_run(ids + [3, 4, 5])
+    ctl._watch(ids + [3, 4], np.array([5, 6], dtype=np.int32), 3, ctl._in_run(ids + [3, 4]))
+    ctl._learn(ids + [3, 4, 5, 9])
+    look = ctl.acceptance
+    in_run = look.lookup_bucket(3, np.array([1, 2]), run=True)
+    assert look.look_n.reshape(-1)[in_run].tolist() == pytest.approx([1, 1])
+    assert look.look_a.reshape(-1)[in_run].tolist() == pytest.approx([1, 0])
+    assert not set(in_run.tolist()) & set(look.lookup_bucket(3, np.arange(1, 64)).tolist())
+    ctl._learn([7, 7])  # an unrelated context: no run
+    assert not ctl._in_run([7, 7])
+
+
 def test_a_copy_that_keeps_holding_is_verified_ever_deeper():
     """A reply repeating its context: positions of the copy never verified are still learned,
     so the controller moves from one or two copied tokens a step to long copies."""
@@ -164,6 +184,54 @@ def test_a_copy_that_keeps_holding_is_verified_ever_deeper():
         kept.append(plan.kept.size)
         ids += text[len(ids) - 150 : len(ids) - 150 + plan.kept.size + 1]
     assert max(kept) >= 16 and kept[-1] >= 16
+
+
+def cpu_costs(draft_level=0.002):
+    """Verifying n tokens on a 2-core CPU with a fast BLAS: 64 cost 6.3 plain steps."""
+    return FixedCosts(SIZES, [0.1 * r for r in (1, 1.1, 1.6, 2.0, 2.5, 3.7, 6.3)], draft_level=draft_level)
+
+
+def drafting(ctl, seconds, mass, steps=10):
+    """`steps` drafting steps that took `seconds` to draft and kept drafter nodes worth `mass`
+    expected tokens (two nodes); the last one's plan is returned."""
+    cands = chain(0.5, 2)
+    for _ in range(steps):
+        plan = ctl._choose(5, cands, [], 63, 2)
+        plan.path_p[:] = mass / 2
+        plan.kept = np.arange(2)
+        plan.expected = 1.0 + mass
+        ctl.observe("draft", plan, np.zeros(0, dtype=np.int64), 3, seconds, ctl.costs.verify(3))
+    return plan
+
+
+def test_a_copy_carrying_the_reply_skips_the_drafter():
+    """While drafting, a step whose context copy alone is expected to beat drafting with it (the
+    head's time, its usual gain only where the copy's first token fails) verifies the copy alone;
+    elsewhere the drafter runs as before."""
+    text = list(range(100, 300))
+    repeat = text[:120] + text[:3]  # the copy continues text[3:]
+    ctl = Controller(cpu_costs(), has_drafter=True)
+    assert ctl.next_step(repeat, True, 1000) == "draft"  # nothing drafted yet: no figures to weigh
+    drafting(ctl, seconds=0.04, mass=0.8)
+    assert ctl.draft_seconds == pytest.approx(0.04) and ctl.draft_mass == pytest.approx(0.8)
+    acc = ctl.acceptance
+    held = acc.lookup_bucket(3, np.arange(1, 64))
+    acc.update((), (), np.repeat(held, 40), np.ones(40 * held.size, dtype=bool))  # copies have held
+    assert ctl.next_step(repeat, True, 1000) == "lookup"
+    assert ctl.next_step(text[:120], True, 1000) == "draft"  # no copy here
+    # A copy that rarely holds does not replace a head that pays.
+    doubtful = Controller(cpu_costs(), has_drafter=True)
+    drafting(doubtful, seconds=0.004, mass=1.5)
+    doubtful.acceptance.update((), (), np.repeat(held, 40), np.tile(np.arange(40) % 4 == 0, held.size))
+    assert doubtful.next_step(repeat, True, 1000) == "draft"
+
+
+def test_a_copy_carrying_the_reply_is_lossless_through_copy_only_steps():
+    m = with_costs(tiny_loaded(), cpu_costs())
+    prompt = PROMPT + PROMPT
+    ar = generate(m, prompt, mode="ar", max_tokens=200)
+    auto = generate(m, prompt, mode="auto", max_tokens=200)
+    assert auto.tokens == ar.tokens
 
 
 def test_acceptance_model_learns_from_outcomes():
@@ -297,9 +365,26 @@ def test_cost_model_interpolates_extrapolates_and_refines():
     assert c.ratio(8) == pytest.approx(2.4)
     for _ in range(100):
         c.observe_verify(4, 0.32)  # this size now costs twice the calibration
-    assert c.verify(4) == pytest.approx(0.32, rel=0.01) and c.verify(1) == pytest.approx(0.1)
+    # Buckets never observed take the nearest observed one's correction.
+    assert c.verify(4) == pytest.approx(0.32, rel=0.01) and c.verify(1) == pytest.approx(0.2, rel=0.01)
     c.observe_verify(4, 30.0)  # a stall is not the curve
     assert c.verify(4) == pytest.approx(0.32, rel=0.01)
+    for _ in range(100):
+        c.observe_verify(1, 0.1)  # one token as calibrated: the correction goes from 1x at n = 1 to 2x at n = 5.7
+    assert c.verify(1) == pytest.approx(0.1, rel=0.01) and c.verify(4) < 0.32
+    curve = c.verify_curve(64)
+    assert np.all(np.diff(curve) >= 0) and c.verify(8) == pytest.approx(0.48, rel=0.01)
+
+
+def test_corrections_never_make_more_tokens_cheaper():
+    """Corrections applied bucket by bucket as steps made 16 tokens cost less than 15 (a bucket
+    corrected by 1.3 beside one at 0.96), and the controller packed nodes that did not pay."""
+    c = CostModel([1, 2, 4, 8, 16, 32], [0.069, 0.075, 0.087, 0.094, 0.135, 0.189])
+    for n, t in [(8, 0.121), (9, 0.125), (16, 0.13), (5, 0.095)] * 30:
+        c.observe_verify(n, t)
+    curve = c.verify_curve(64)
+    assert np.all(np.diff(curve) >= 0)
+    assert c.verify(15) <= c.verify(16) and 0.095 < c.verify(8) < 0.125  # between what 5 and 9 tokens took
 
 
 def test_calibration_measures_a_rising_curve(tiny_loaded):
