@@ -57,6 +57,11 @@ MAX_DEPTH = 8  # drafter levels at most
 WATCHED = 8  # context copies scored in hindsight at once (Controller._watch)
 
 
+def _ema(old: Optional[float], new: float) -> float:
+    """An average over drafting steps (GAIN_EMA), starting at the first value."""
+    return new if old is None else old + GAIN_EMA * (new - old)
+
+
 class Acceptance:
     """Calibrated P(node accepted | parent accepted), learned online per bucket."""
 
@@ -137,7 +142,8 @@ class Controller:
         # EMAs over drafting steps, for _copy_beats_drafting: seconds drafting took (the head and
         # the host's planning), the head's kept nodes and their expected accepted tokens.
         self.draft_seconds: Optional[float] = None
-        self.draft_nodes, self.draft_mass = 0.0, 0.0
+        self.draft_nodes: Optional[float] = None
+        self.draft_mass: Optional[float] = None
         self.mass = np.full(MAX_DEPTH + 2, 0.25)  # EMA per depth of the kept drafter nodes' path probabilities
         self.depth = 4  # levels to draft: the deepest paying its level's drafting time, plus one to explore
         self.last_floor = 0.05  # the last floor() (for the stats)
@@ -252,14 +258,14 @@ class Controller:
         return self._choose(token, cands, copies, n_max, levels)
 
     def _choose(self, root: int, cands: Candidates, copies, n_max: int, levels: int) -> Plan:
-        """copies: (node, tokens, n[, run]) context continuations to graft below candidate `node`
+        """copies: (node, tokens, n, run) context continuations to graft below candidate `node`
         (-1: the root, the lookup copy), n the matched n-gram length, run: the copy continues a
         run (_in_run)."""
         acc = self.acceptance
         N = cands.tokens.size
         tokens, parent = cands.tokens.tolist(), cands.parents.tolist()
         depth = cands.levels.tolist()
-        extra = sum(c[1].size for c in copies)
+        extra = sum(c.size for _, c, _, _ in copies)
         cond = np.zeros(N + extra)
         draft_bucket = np.full(N + extra, -1, dtype=np.int64)
         lookup_bucket = np.full(N + extra, -1, dtype=np.int64)
@@ -273,9 +279,8 @@ class Controller:
             cond[:N] = acc.draft_p(draft_bucket[:N])
         if copies:
             child = {(p, t): i for i, (p, t) in enumerate(zip(parent, tokens))}
-            for entry in copies:
-                at, copy, match_n = entry[:3]
-                lb = acc.lookup_bucket(match_n, np.arange(1, copy.size + 1), len(entry) > 3 and entry[3])
+            for at, copy, match_n, run in copies:
+                lb = acc.lookup_bucket(match_n, np.arange(1, copy.size + 1), run)
                 lp = acc.lookup_p(lb)
                 node = at
                 for i, t in enumerate(copy.tolist()):
@@ -380,13 +385,9 @@ class Controller:
         # Drafting level d pays when the kept nodes it yields are worth its time: each expected
         # token saves about a plain step. Levels not drafted this step teach nothing.
         drafted = kept[plan.draft_bucket[kept] >= 0]
-        if self.draft_seconds is None:
-            self.draft_seconds, self.draft_nodes = draft_seconds, float(drafted.size)
-            self.draft_mass = float(np.sum(plan.path_p[drafted]))
-        else:
-            self.draft_seconds += GAIN_EMA * (draft_seconds - self.draft_seconds)
-            self.draft_nodes += GAIN_EMA * (drafted.size - self.draft_nodes)
-            self.draft_mass += GAIN_EMA * (float(np.sum(plan.path_p[drafted])) - self.draft_mass)
+        self.draft_seconds = _ema(self.draft_seconds, draft_seconds)
+        self.draft_nodes = _ema(self.draft_nodes, float(drafted.size))
+        self.draft_mass = _ema(self.draft_mass, float(np.sum(plan.path_p[drafted])))
         mass = np.bincount(plan.depth[drafted], weights=plan.path_p[drafted], minlength=MAX_DEPTH + 2)
         seen = slice(1, plan.levels + 1)
         self.mass[seen] += 0.2 * (mass[: MAX_DEPTH + 2][seen] - self.mass[seen])
@@ -398,7 +399,7 @@ class Controller:
         # and parked the controller where drafting paid.
         seconds = draft_seconds + self.costs.step_seconds(packed, verify_seconds)
         gain = plan.expected * self.costs.plain / max(seconds, 1e-9)
-        self.gain = gain if self.gain is None else self.gain + GAIN_EMA * (gain - self.gain)
+        self.gain = _ema(self.gain, gain)
         if self.gain < 1.0:
             self.parked = self.backoff
             self.backoff = min(2 * self.backoff, PARK_MAX)

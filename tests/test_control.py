@@ -30,6 +30,11 @@ def flat_costs():
     return FixedCosts(SIZES, [0.1 * (1 + 0.3 * (n - 1) / 63) for n in SIZES], draft_level=0.001)
 
 
+def cpu_costs():
+    """Verifying n tokens on a 2-core CPU with a fast BLAS: 64 cost 6.3 plain steps."""
+    return FixedCosts(SIZES, [0.1 * r for r in (1, 1.1, 1.6, 2.0, 2.5, 3.7, 6.3)], draft_level=0.002)
+
+
 def chain(q, depth):
     """A drafter candidate chain below the root, each node with conditional probability q."""
     logp = np.cumsum(np.full(depth, np.log(q)))
@@ -79,7 +84,7 @@ def test_a_confident_copy_is_kept_and_merges_with_the_drafter():
     ctl = Controller(CostModel(SIZES, [0.1 * (1 + 0.2 * (n - 1)) for n in SIZES]), True)
     cands = chain(0.9, 3)  # tokens 10, 11, 12
     copy = np.array([10, 11, 40, 41], dtype=np.int32)  # shares the drafter's first two nodes
-    plan = ctl._choose(5, cands, [(-1, copy, 3)], 63, 3)
+    plan = ctl._choose(5, cands, [(-1, copy, 3, False)], 63, 3)
     assert plan.drafted == 5  # 3 drafted + 2 copied nodes the drafter did not have
     assert plan.from_lookup[:2].all() and not plan.from_lookup[2]
     assert (plan.draft_bucket[3:] < 0).all() and (plan.lookup_bucket[:2] >= 0).all()
@@ -169,7 +174,7 @@ def test_a_copy_continuing_a_run_is_learned_apart():
 def test_a_copy_that_keeps_holding_is_verified_ever_deeper():
     """A reply repeating its context: positions of the copy never verified are still learned,
     so the controller moves from one or two copied tokens a step to long copies."""
-    costs = FixedCosts(SIZES, [0.1 * r for r in (1, 1.1, 1.6, 2.0, 2.5, 3.7, 6.3)])  # a CPU with a fast BLAS
+    costs = cpu_costs()
     ctl = Controller(costs, has_drafter=False)
     text = list(range(100, 400))
     ids, kept = text[:150] + text[:2], []
@@ -184,11 +189,6 @@ def test_a_copy_that_keeps_holding_is_verified_ever_deeper():
         kept.append(plan.kept.size)
         ids += text[len(ids) - 150 : len(ids) - 150 + plan.kept.size + 1]
     assert max(kept) >= 16 and kept[-1] >= 16
-
-
-def cpu_costs(draft_level=0.002):
-    """Verifying n tokens on a 2-core CPU with a fast BLAS: 64 cost 6.3 plain steps."""
-    return FixedCosts(SIZES, [0.1 * r for r in (1, 1.1, 1.6, 2.0, 2.5, 3.7, 6.3)], draft_level=draft_level)
 
 
 def drafting(ctl, seconds, mass, steps=10):
