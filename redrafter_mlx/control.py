@@ -17,8 +17,12 @@ step. It holds three models and makes one choice per step:
 - the choice: a candidate tree (the drafter's tree, drafted as deep as recently paid off, plus
   the lookup copy), each node's path probability the product of its calibrated conditionals,
   nodes ranked by it (a child never outranks its parent, so every prefix of the ranking is a
-  tree), and the B kept that maximize (1 + sum of kept path probabilities) / t_verify(B + 1).
-  B = 0 verifies the root alone: a plain step.
+  tree), and the B kept that maximize (sum of kept path probabilities) - R x t_verify(B + 1),
+  R being the rate decoding achieves here (`Controller.rate`: drafting steps' tokens over their
+  seconds, never below plain decoding's). A node is kept when it brings more tokens than its
+  verification time would bring at that rate (the long-run best, where a step's own
+  (1 + sum) / t_verify ratio ignores the drafting time every step pays); a level is drafted
+  when its best node can repay the level's time the same way. B = 0 verifies the root alone.
 
 A drafting step whose context copy alone is expected to be faster than the copy plus the
 drafter (its measured time, and its usual tokens only where the copy's first token fails)
@@ -55,11 +59,12 @@ PARK_FIRST, PARK_MAX = 4, 256  # steps parked after the first failed probe, and 
 GAIN_EMA = 0.25
 MAX_DEPTH = 8  # drafter levels at most
 WATCHED = 8  # context copies scored in hindsight at once (Controller._watch)
+RATE_EMA = 0.05  # weight of one drafting step in the local rate (Controller.rate)
 
 
-def _ema(old: Optional[float], new: float) -> float:
+def _ema(old: Optional[float], new: float, weight: float = GAIN_EMA) -> float:
     """An average over drafting steps (GAIN_EMA), starting at the first value."""
-    return new if old is None else old + GAIN_EMA * (new - old)
+    return new if old is None else old + weight * (new - old)
 
 
 class Acceptance:
@@ -127,6 +132,7 @@ class Plan:
     source: np.ndarray  # (N,) graph.DRAFTER, ALIAS_GRAFT or CONTEXT_GRAFT (the root copy's nodes: DRAFTER)
     aliases: int = 0  # kept GSD aliases
     drafter_rows: int = 0  # rows the drafter ran for this step's candidates (frontier nodes, summed over levels)
+    forwards: int = 0  # drafter levels actually run (expansion stops early where no child can pay)
 
 
 class Controller:
@@ -151,6 +157,17 @@ class Controller:
         self._copies = []  # [start, token before it, copy, n, positions scored, run]: copies awaiting the reply (_watch)
         self._confirmed = -1  # the reply up to this index was what a watched copy predicted, 2+ tokens of it
         self._n_max_key, self._n_max_val = None, 0
+        self._rate_tokens: Optional[float] = None  # EMAs over drafting steps of tokens emitted and seconds taken
+        self._rate_seconds: Optional[float] = None
+
+    def rate(self) -> float:
+        """Tokens per second that decoding achieves around here: drafting steps' emitted tokens
+        over their time, never below plain decoding's. A draft node, or a level of drafting, pays
+        when it brings more tokens than this rate times the seconds it costs."""
+        plain = 1.0 / max(self.costs.plain, 1e-9)
+        if self._rate_tokens is None:
+            return plain
+        return max(plain, self._rate_tokens / max(self._rate_seconds, 1e-9))
 
     # ---- what the next step is ---------------------------------------------------------------
     def next_step(self, ids, root_known: bool, room: int) -> str:
@@ -221,11 +238,14 @@ class Controller:
         return self._n_max_val
 
     def floor(self, n_max: int) -> float:
-        """Path probability below which no node can pay: verifying one more token (of up to
-        n_max) costs `slope` plain steps, and a node adds its acceptance probability to a step."""
-        curve = self.costs.verify_curve(max(n_max, 1) + 1) / self.costs.plain
-        slope = float(np.min(np.diff(curve))) if curve.size > 1 else 1.0
-        self.last_floor = float(np.clip(0.5 * slope, 0.005, 0.5))  # half: the head's raw scores are uncalibrated
+        """Path probability below which no node can pay: verifying one more token costs `slope`
+        seconds (the curve's mean slope over its first 16 tokens: the least slope anywhere was 0
+        where the curve is flat, and the floor then dropped nothing), which at the rate decoding
+        achieves (`rate`) would bring rate x slope tokens; a node brings its acceptance probability."""
+        curve = self.costs.verify_curve(max(n_max, 1) + 1)
+        top = min(curve.size, 16)
+        slope = float((curve[top - 1] - curve[0]) / (top - 1)) if top > 1 else self.costs.plain
+        self.last_floor = float(np.clip(0.5 * self.rate() * slope, 0.005, 0.5))  # half: the head's raw scores are uncalibrated
         return self.last_floor
 
     def plan(self, kind: str, drafter, base, h, token: int, ids, room: int, graph: Optional[int] = None,
@@ -243,8 +263,8 @@ class Controller:
             width = 8 if self.costs.ratio(32) < 2.0 else 4  # wide where verification is nearly free (GPUs)
             floor = self.floor(n_all)
             # Another level pays only if its best node can repay the level's drafting time and its
-            # own verification, each token being worth about a plain step.
-            stop = floor + (self.costs.draft_level or 0.0) / self.costs.plain
+            # own verification at the rate decoding achieves: rate x (level seconds + slope).
+            stop = 2 * floor + (self.costs.draft_level or 0.0) * self.rate()
             cands = expand(drafter, base, h, token, width, levels, budget=n_max, min_prob=floor, stop_prob=stop,
                            graph=graph, prefix=ids)
         copy, n = self.context.match(ids, n_max) if n_max >= 1 else (np.zeros(0, dtype=np.int32), 0)
@@ -304,7 +324,7 @@ class Controller:
         order = np.lexsort((depth_arr, -path_p))[: max(0, n_max)]
         gains = np.concatenate([[0.0], np.cumsum(path_p[order])])
         cost = self.costs.verify_curve(order.size + 1)
-        b = int(np.argmax((1.0 + gains) / cost))
+        b = int(np.argmax(gains - self.rate() * cost))
         kept = order[:b]
         node_at = leaf_paths(kept, np.asarray(parent, dtype=np.int64), path_p)
         rows = np.where(node_at >= 0, np.asarray(tokens + [root], dtype=np.int32)[node_at], -1).astype(np.int32)
@@ -312,7 +332,7 @@ class Controller:
         aliases = int(np.sum(cands.alias[kept[kept < N]] >= 0)) if N and cands.alias is not None else 0
         return Plan(rows, node_at, np.asarray(parent, dtype=np.int64), kept, draft_bucket, lookup_bucket,
                     float(1.0 + gains[b]), M, levels, lookup_bucket >= 0, path_p, depth_arr, source, aliases,
-                    cands.rows)
+                    cands.rows, cands.forwards)
 
     # ---- learning from the step -------------------------------------------------------------------
     def _in_run(self, ids) -> bool:
@@ -381,23 +401,26 @@ class Controller:
         self.costs.observe_verify(packed, verify_seconds)
         if kind != "draft":
             return
-        self.costs.observe_draft(plan.levels, draft_seconds)
-        # Drafting level d pays when the kept nodes it yields are worth its time: each expected
-        # token saves about a plain step. Levels not drafted this step teach nothing.
+        self.costs.observe_draft(plan.forwards, draft_seconds)
+        # The step's seconds as measured (a fixed cost profile: as modeled, so replays are exact).
+        seconds = self.costs.drafting_seconds(plan.forwards, draft_seconds) + self.costs.step_seconds(packed, verify_seconds)
+        self._rate_tokens = _ema(self._rate_tokens, float(len(accepted) + 1), RATE_EMA)
+        self._rate_seconds = _ema(self._rate_seconds, seconds, RATE_EMA)
+        # Drafting level d pays when the kept nodes it yields are worth its time at the rate decoding
+        # achieves. Levels not drafted this step teach nothing.
         drafted = kept[plan.draft_bucket[kept] >= 0]
-        self.draft_seconds = _ema(self.draft_seconds, draft_seconds)
+        self.draft_seconds = _ema(self.draft_seconds, self.costs.drafting_seconds(plan.forwards, draft_seconds))
         self.draft_nodes = _ema(self.draft_nodes, float(drafted.size))
         self.draft_mass = _ema(self.draft_mass, float(np.sum(plan.path_p[drafted])))
         mass = np.bincount(plan.depth[drafted], weights=plan.path_p[drafted], minlength=MAX_DEPTH + 2)
         seen = slice(1, plan.levels + 1)
         self.mass[seen] += 0.2 * (mass[: MAX_DEPTH + 2][seen] - self.mass[seen])
-        worth = np.flatnonzero(self.mass[1 : MAX_DEPTH + 1] * self.costs.plain > (self.costs.draft_level or 0.0))
+        worth = np.flatnonzero(self.mass[1 : MAX_DEPTH + 1] > (self.costs.draft_level or 0.0) * self.rate())
         self.depth = int(min(MAX_DEPTH, (worth[-1] + 1 if worth.size else 0) + 1))
         # Speed over plain decoding's, from the expected tokens (the acceptance model is calibrated)
         # and the step's measured time: the curve's figure for this size (interpolated, corrected by
         # averages) ran up to 20% above the measured verification on the 2-core CPU with OpenBLAS,
         # and parked the controller where drafting paid.
-        seconds = draft_seconds + self.costs.step_seconds(packed, verify_seconds)
         gain = plan.expected * self.costs.plain / max(seconds, 1e-9)
         self.gain = _ema(self.gain, gain)
         if self.gain < 1.0:

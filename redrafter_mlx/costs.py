@@ -13,10 +13,12 @@ x86_64 CPU with the default model (SmolLM2-135M), time for n tokens over time fo
 (an H100 verifies 64 tokens for ~1.4x one; Apple chips differ by chip and quantization). So the
 curve is measured, not assumed:
 
-- `calibrate()` times forwards of n = 1, 2, 4, ... tokens over a short context (each size run
-  once untimed first: kernel set-up and JIT compilation are not the curve), stopping after
-  a few seconds of steady timing or once n tokens cost `STOP_RATIO` times one (larger n then extrapolate on the
-  last slope, which only overstates their cost), and times the drafter's levels;
+- `calibrate()` times forwards of n = 1, 2, 4, ... tokens over a 128-token context (each size run
+  once untimed first: kernel set-up and JIT compilation are not the curve), ROUNDS times each,
+  the sizes interleaved so a stall from another process costs one sample and not a size's
+  figure, stopping after a few seconds or once n tokens cost `STOP_RATIO` times one (larger n
+  then extrapolate on the last slope, which only overstates their cost); it times plain
+  pipelined decoding steps (what a parked controller costs) and the drafter's levels;
 - the result is cached on disk (`cost_model.json` beside the model, else in the user cache),
   keyed by device, model file, weight format and MLX version, so a change of any of them
   measures again;
@@ -47,9 +49,10 @@ SIZES = (1, 2, 4, 8, 16, 32, 64)  # token counts timed by calibrate()
 SHAPE_PENALTY = 2.0  # new shapes costing this many times a repeated one turn shape buckets on
 STOP_RATIO = 10.0  # stop timing larger n once n tokens cost this many times one
 BUDGET_SECONDS = 3.0  # calibration stops growing n after about this long
-CONTEXT = 16  # tokens of context the calibration verifies against
+CONTEXT = 128  # tokens of context the calibration verifies against: a prompt and the start of a reply
+ROUNDS = 3  # timed forwards per size, interleaved
 EMA = 0.1  # weight of one new observation in the online corrections
-PLAIN_CAP = 1.25  # the plain estimate stays within this factor of what the latest verification implies
+PLAIN_CAP = 1.25  # the plain estimate stays within this factor of verifying one token
 TABLE = 256  # verify(n) is tabulated for n = 1 .. TABLE (the controller drafts at most 64 nodes)
 
 
@@ -57,7 +60,7 @@ class CostModel:
     """t_verify(n) from measured points, corrected online; t_plain; drafter seconds per level."""
 
     def __init__(self, sizes: List[int], seconds: List[float], draft_level: Optional[float] = None,
-                 source: str = "measured", shape_buckets: bool = False):
+                 source: str = "measured", shape_buckets: bool = False, plain: Optional[float] = None):
         if len(sizes) < 1 or len(sizes) != len(seconds) or sizes[0] != 1:
             raise ValueError("a cost model needs the time of 1 token and matching sizes/seconds")
         self.sizes = np.asarray(sizes, dtype=np.float64)
@@ -67,12 +70,10 @@ class CostModel:
         self.shape_buckets = shape_buckets  # new shapes cost a compilation here: pad trees (TreeModel.use_shape_buckets)
         self.correction = np.ones(8)  # per bucket floor(log2 n), 1 .. 128+
         self._seen = np.zeros(8, dtype=bool)  # buckets with a verification observed
-        self.plain = float(self.seconds[0])  # a plain (pipelined) decoding step, refined online
+        self.plain = float(plain or self.seconds[0])  # a plain (pipelined) decoding step, refined online
+        self.plain_measured = self.plain  # as calibrated (cached with the curve)
         self.plain_seen = 0
-        self.plain_share = 1.0  # a plain step over one token's share of a verification measured just before
-        self.shares = 0
-        self._one: Optional[float] = None  # one token's share of the latest verification
-        self._since_verify = 0  # plain steps since it
+        self._since_verify: Optional[int] = None  # plain steps since the latest verification (None: none yet)
         self._refresh()
 
     def _refresh(self):
@@ -140,28 +141,32 @@ class CostModel:
         # The plain estimate is refreshed only by plain steps, so a burst of load (another process)
         # while parked would stay in it through a long stretch of drafting, make verification look
         # cheap and the trees ever larger (measured: plain 243 ms against ~70 real, 32-token trees
-        # at 0.7x plain speed for the rest of an MT-Bench run). So a verification caps it: a plain
-        # step costs about `plain_share` times one token's share of a verification (learned when
-        # the two are measured close together), PLAIN_CAP times that at most.
-        self._one = seconds * self.base(1) / max(self.base(n), 1e-12)
+        # at 0.7x plain speed for the rest of an MT-Bench run). So each verification caps it at
+        # PLAIN_CAP times what one token costs on the corrected curve now: a pipelined plain step
+        # never costs much more than verifying one token (on the 2-core CPU 57 against 57-62 ms).
         self._since_verify = 0
-        self.plain = min(self.plain, PLAIN_CAP * self.plain_share * self._one)
+        self.plain = min(self.plain, PLAIN_CAP * self.verify(1))
 
     def observe_plain(self, seconds: float):
         if self.plain_seen and not 0.2 < seconds / self.plain < 5.0:
             return
+        if self._since_verify is not None:
+            self._since_verify += 1
+            if self._since_verify == 1:
+                # The first plain step timed after a verification overlaps the forward queued before
+                # it was timed and reads short (it held the estimate 5-30% low on MT-Bench).
+                return
         self.plain_seen += 1
         self.plain += max(EMA, 1.0 / self.plain_seen) * (seconds - self.plain)
-        self._since_verify += 1
-        # The second plain step measured after a verification: the first overlaps the forward queued
-        # before it was timed and reads short (it held plain ~30% low in an MT-Bench run).
-        if self._one is not None and self._since_verify == 2:
-            self.shares += 1
-            self.plain_share += max(EMA, 1.0 / self.shares) * (seconds / self._one - self.plain_share)
 
     def step_seconds(self, n: int, measured: float) -> float:
         """What verifying n tokens took, for judging a step: the measured time (FixedCosts: the
         curve's, so that a fixed profile alone decides)."""
+        return measured
+
+    def drafting_seconds(self, levels: int, measured: float) -> float:
+        """What drafting `levels` levels took, for judging a step: the measured time (FixedCosts:
+        the model's)."""
         return measured
 
     def observe_draft(self, levels: int, seconds: float):
@@ -178,7 +183,7 @@ class CostModel:
 
     def to_dict(self) -> Dict:
         return {"sizes": self.sizes.astype(int).tolist(), "seconds": self.seconds.tolist(),
-                "draft_level": self.draft_level, "shape_buckets": self.shape_buckets}
+                "plain": self.plain_measured, "draft_level": self.draft_level, "shape_buckets": self.shape_buckets}
 
 
 class FixedCosts(CostModel):
@@ -193,6 +198,9 @@ class FixedCosts(CostModel):
 
     def step_seconds(self, n: int, measured: float) -> float:
         return self.verify(n)
+
+    def drafting_seconds(self, levels: int, measured: float) -> float:
+        return levels * (self.draft_level or 0.0)
 
     def observe_draft(self, levels: int, seconds: float):
         pass
@@ -228,9 +236,33 @@ def shape_penalty(model, cache, vocab: int, n: int = 3) -> float:
     return sorted(fresh)[1] / max(repeated, 1e-9)
 
 
+def time_plain(model, cache, start: int, vocab: int, steps: int = 8) -> float:
+    """Seconds per step of plain decoding as mode "ar" runs it (each step's forward queued before
+    the previous step's token is read back): what a parked controller costs, and a little less
+    than verifying one token (on the 2-core CPU 57 against 62 ms). The median of the steady steps."""
+    token = mx.array([[start % vocab]], dtype=mx.int32)
+    y = mx.argmax(model(token, cache)[0][0, -1])
+    mx.async_eval(y)
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        nxt = mx.argmax(model(y.reshape(1, 1), cache)[0][0, -1])
+        mx.async_eval(nxt)
+        y.item()
+        times.append(time.perf_counter() - t)
+        y = nxt
+    y.item()
+    cache.trim_to(start)
+    return float(np.median(times[2:]))
+
+
 def calibrate(model, drafter=None, budget: float = BUDGET_SECONDS,
               progress: Optional[Callable[[str], None]] = None) -> CostModel:
-    """Time verification of 1, 2, 4, ... 64 tokens (and the drafter's levels) on this machine."""
+    """Time verification of 1, 2, 4, ... 64 tokens, a plain decoding step (and the drafter's
+    levels) on this machine. Every size is timed ROUNDS times, the sizes interleaved, and the
+    fastest kept: a stall from another process then costs one sample of a size, not its figure
+    (a calibration taken beside a burst of load had made 2 tokens cost 1.24x one instead of
+    1.1x, and the controller avoided small trees for the whole session)."""
     if progress:
         progress("measuring this machine's verification cost (once per model and device; a GPU may compile kernels first)")
     vocab = int(model.args.vocab_size)
@@ -242,21 +274,25 @@ def calibrate(model, drafter=None, budget: float = BUDGET_SECONDS,
         model.use_shape_buckets(False)
         buckets = shape_penalty(model, cache, vocab) > SHAPE_PENALTY
         model.use_shape_buckets(buckets)
-    sizes, seconds = [], []
-    spent = 0.0  # steady-state seconds spent: what the budget bounds
+    sizes, samples = [], []
+    spent = 0.0  # steady-state seconds the timed rounds take: what the budget bounds
     for n in SIZES:
-        reps = 3 if n <= 2 else 2
-        if seconds and (seconds[-1] > STOP_RATIO * seconds[0] or spent + (reps + 1) * 2 * seconds[-1] > budget):
-            break  # larger n extrapolate on the last slope
+        if samples:
+            last = min(samples[-1])
+            if last > STOP_RATIO * min(samples[0]) or spent + ROUNDS * 2 * last > budget:
+                break  # larger n extrapolate on the last slope
         # The first forward of a new size sets up its kernels, untimed and outside the budget: on
         # MLX's CUDA backend that compiles them (30-100 s for some sizes on a fresh machine, then
         # cached on disk); timed, it made a flat curve look linear and auto never drafted there.
         _time_forward(model, cache, CONTEXT, n, vocab)
-        best = min(_time_forward(model, cache, CONTEXT, n, vocab) for _ in range(reps))
-        spent += (reps + 1) * best
+        samples.append([_time_forward(model, cache, CONTEXT, n, vocab)])
         sizes.append(n)
-        seconds.append(best)
-    costs = CostModel(sizes, seconds, shape_buckets=buckets)
+        spent += ROUNDS * samples[-1][0]
+    for _ in range(ROUNDS - 1):
+        for n, times in zip(sizes, samples):
+            times.append(_time_forward(model, cache, CONTEXT, n, vocab))
+    plain = time_plain(model, cache, CONTEXT, vocab)
+    costs = CostModel(sizes, [min(t) for t in samples], shape_buckets=buckets, plain=plain)
     if drafter is not None:
         costs.draft_level = time_drafter(drafter, model)
     return costs
@@ -313,7 +349,8 @@ def read_cached(loaded) -> Optional[CostModel]:
             if not entry:
                 continue
             costs = CostModel(entry["sizes"], entry["seconds"], source=f"cached ({path})",
-                              shape_buckets=bool(entry.get("shape_buckets", False)))
+                              shape_buckets=bool(entry.get("shape_buckets", False)),
+                              plain=float(entry["plain"]))  # an entry from before plain was timed: measure again
             costs.draft_level = (entry.get("draft_level") or {}).get(dkey)
             if loaded.drafter is not None and costs.draft_level is None:
                 continue  # measured without this drafter: measure again

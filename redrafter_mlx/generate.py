@@ -379,6 +379,11 @@ def stream(
             if stats.new_tokens + len(new) >= max_tokens:
                 new, reason = new[: max_tokens - stats.new_tokens], "length"
             step.emitted = len(new)
+            # Drafts accepted past max_tokens or an end token are not output: not counted (a copy
+            # can run far past the output's end in a loop; replay counts the output only).
+            step.accepted = min(step.accepted, step.emitted)
+            step.looked_up = min(step.looked_up, step.emitted)
+            step.graft_accepted = min(step.graft_accepted, step.emitted)
             step.ended = reason == "eos"
             step.seconds = time.perf_counter() - t_step
             stats.add(step)

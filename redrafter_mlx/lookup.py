@@ -39,8 +39,19 @@ def lookup_match(ids, length: int, max_ngram: int = MAX_NGRAM, min_ngram: int = 
         hits = np.flatnonzero((windows == ids[T - n :]).all(axis=1))
         if hits.size:
             start = int(hits[-1]) + n
-            return ids[start : start + length].copy(), n
+            return periodic(ids, start, length), n
     return np.zeros(0, dtype=np.int32), 0
+
+
+def periodic(ids, start: int, length: int) -> np.ndarray:
+    """`length` tokens that follow position `start` of `ids` if the text repeats with the period
+    between that position and the end: ids[start:] and then the same again. A copy that reaches
+    the end of the context goes on as the text before it did: in a loop (a model repeating a
+    line, a list's pattern) the copy is as long as asked, not cut at the last repeat."""
+    tail = np.asarray(ids[start : start + length], dtype=np.int32)  # a slice: no pass over the whole context
+    if tail.size >= length or tail.size == 0:
+        return tail
+    return tail[np.arange(length) % tail.size]
 
 
 def add_beam(beams: np.ndarray, copy: np.ndarray) -> np.ndarray:
@@ -100,15 +111,17 @@ class ContextIndex:
                     table[tuple(self.ids[end - n : end])] = end
         if length < 1:  # indexed all the same: `follow` reads this context
             return np.zeros(0, dtype=np.int32), 0
-        return self.follow(ids[T - min(self.max_ngram, T - 1) :], length, self.min_ngram)
+        return self.follow(ids[T - min(self.max_ngram, T - 1) :], length, self.min_ngram, wrap=True)
 
-    def follow(self, key, length: int, min_ngram: int = MIN_NGRAM):
+    def follow(self, key, length: int, min_ngram: int = MIN_NGRAM, wrap: bool = False):
         """(copy, n): up to `length` tokens that followed the latest occurrence, in the context
         last given to `match`, of the longest suffix n-gram of `key` (a path's last tokens), for
         n = max_ngram .. max(min_ngram, self.min_ngram); empty and 0 when none occurs."""
         for n in range(min(self.max_ngram, len(key)), max(min_ngram, self.min_ngram) - 1, -1):
             start = self.ends[n].get(tuple(key[len(key) - n :]))
             if start is not None:
+                if wrap:
+                    return periodic(self.context, start, length), n
                 return np.asarray(self.context[start : start + length], dtype=np.int32), n
         return np.zeros(0, dtype=np.int32), 0
 

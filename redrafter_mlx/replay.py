@@ -193,7 +193,7 @@ def replay_auto(loaded, ctl, prompt: Sequence[int], tokens: Sequence[int], ended
         valid = packed.unpacker >= 0
         node[packed.unpacker[valid]] = plan.node_at[valid]
         on_path = node[path[1:]]
-        draft_seconds = plan.levels * (costs.draft_level or 0.0)
+        draft_seconds = plan.forwards * (costs.draft_level or 0.0)
         verify_seconds = costs.verify(packed.size)
         ctl.observe(kind, plan, on_path, packed.size, draft_seconds, verify_seconds)
         out["looked_up"] += int(np.sum(plan.from_lookup[on_path] & (plan.draft_bucket[on_path] < 0)))

@@ -47,6 +47,7 @@ class Candidates(NamedTuple):
     sources: Optional[np.ndarray] = None  # (N,) graph.DRAFTER / ALIAS_GRAFT (a copy grafted under an alias)
     alias: Optional[np.ndarray] = None  # (N,) representative of an alias node (graph.py), -1 for others
     rows: int = 0  # rows the drafter ran (frontier nodes fed to it, summed over levels)
+    forwards: int = 0  # levels the drafter ran (the last may have kept nothing)
 
     @property
     def depth(self) -> int:
@@ -55,7 +56,7 @@ class Candidates(NamedTuple):
     @classmethod
     def empty(cls) -> "Candidates":
         none = np.zeros(0, dtype=np.int64)
-        return cls(none, none, np.zeros(0), none, none, none, 0)
+        return cls(none, none, np.zeros(0), none, none, none, 0, 0)
 
 
 def tree_search(drafter, base, h: mx.array, token: int, width: int, depth: int, budget: int,
@@ -96,10 +97,11 @@ def expand(drafter, base, h: mx.array, token: int, width: int, depth: int, budge
     parents: List[np.ndarray] = []
     scores: List[np.ndarray] = []
     levels: List[np.ndarray] = []
-    count = fed = 0
+    count = fed = forwards = 0
     merger = Merger(graph, prefix if prefix is not None else [token]) if graph is not None else None
     for level in range(1, depth + 1):
         fed += int(state.shape[0])
+        forwards += 1
         state = drafter.update_state(base.embed(last).astype(state.dtype), state)  # (F, H)
         logits = drafter.draft_logits(mx.broadcast_to(context, state.shape), state, base).astype(mx.float32)
         logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # (F, V_draft)
@@ -138,17 +140,17 @@ def expand(drafter, base, h: mx.array, token: int, width: int, depth: int, budge
         frontier_score = candidate[nxt]
         frontier_node = np.arange(first, first + nxt.size)
     if not tokens:
-        return Candidates.empty()._replace(rows=fed)
+        return Candidates.empty()._replace(rows=fed, forwards=forwards)
     t, p = np.concatenate(tokens).astype(np.int64), np.concatenate(parents).astype(np.int64)
     lp, lv = np.concatenate(scores), np.concatenate(levels)
     sources = np.zeros(t.size, dtype=np.int64)
     if merger is None:
-        return Candidates(t, p, lp, lv, sources, np.full(t.size, -1, dtype=np.int64), fed)
+        return Candidates(t, p, lp, lv, sources, np.full(t.size, -1, dtype=np.int64), fed, forwards)
     alias = np.asarray(merger.alias, dtype=np.int64)
     gt, gp, gs, gl = graft(t, p, lp, lv, alias, log_min, depth)
     return Candidates(np.concatenate([t, gt]), np.concatenate([p, gp]), np.concatenate([lp, gs]),
                       np.concatenate([lv, gl]), np.concatenate([sources, np.full(gt.size, ALIAS_GRAFT)]),
-                      np.concatenate([alias, np.full(gt.size, -1, dtype=np.int64)]), fed)
+                      np.concatenate([alias, np.full(gt.size, -1, dtype=np.int64)]), fed, forwards)
 
 
 def _rows(root: int, tokens, parents, scores, levels, budget: int) -> np.ndarray:

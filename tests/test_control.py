@@ -193,10 +193,13 @@ def test_a_copy_that_keeps_holding_is_verified_ever_deeper():
 
 def drafting(ctl, seconds, mass, steps=10):
     """`steps` drafting steps that took `seconds` to draft and kept drafter nodes worth `mass`
-    expected tokens (two nodes); the last one's plan is returned."""
+    expected tokens (two nodes); the last one's plan is returned. The fake machine's drafter
+    takes seconds / 2 a level (a fixed cost profile judges steps by its own figures)."""
     cands = chain(0.5, 2)
+    ctl.costs.draft_level = seconds / 2
     for _ in range(steps):
         plan = ctl._choose(5, cands, [], 63, 2)
+        plan.forwards = 2
         plan.path_p[:] = mass / 2
         plan.kept = np.arange(2)
         plan.expected = 1.0 + mass
@@ -448,8 +451,27 @@ def test_expansion_stops_where_no_child_can_pay():
 
     m = tiny_loaded()
     h = mx.zeros((m.args.hidden_size,))
-    assert expand(m.drafter, m.model, h, 5, 2, 4, min_prob=1e-9).depth == 4
-    assert expand(m.drafter, m.model, h, 5, 2, 4, min_prob=1e-9, stop_prob=0.999).depth == 1
+    full = expand(m.drafter, m.model, h, 5, 2, 4, min_prob=1e-9)
+    assert full.depth == 4 and full.forwards == 4
+    early = expand(m.drafter, m.model, h, 5, 2, 4, min_prob=1e-9, stop_prob=0.999)
+    assert early.depth == 1 and early.forwards == 1  # the drafter's time is divided by the levels it ran
+
+
+def test_the_kept_size_shrinks_where_drafting_achieves_more():
+    """A node pays when it brings more tokens than its verification time would bring at the rate
+    decoding achieves around here (Controller.rate, never below plain decoding's): where recent
+    drafting steps emitted many tokens per second, marginal nodes are left out, and the floor
+    and the expansion's stop rise with the rate."""
+    ctl = Controller(cpu_costs(), True)
+    cands = wide(0.6, 4, 6)
+    assert ctl.rate() == pytest.approx(1 / 0.1)
+    before, floor = ctl._choose(5, cands, [], 63, 6).kept.size, ctl.floor(63)
+    sure = ctl._choose(5, chain(0.99, 4), [], 63, 4)
+    for _ in range(100):  # every step emits 5 tokens for verifying 5 (1.7 plain steps): 29 tokens/s
+        ctl.observe("draft", sure, sure.kept, 5, 0.0, ctl.costs.verify(5))
+    assert ctl.rate() == pytest.approx(5 / ctl.costs.verify(5), rel=0.01) and ctl.rate() > 2.5 / 0.1
+    after = ctl._choose(5, cands, [], 63, 6).kept.size
+    assert 0 < after < before and ctl.floor(63) > floor
 
 
 def test_shape_buckets_are_measured_cached_and_applied(tiny_loaded, monkeypatch):
@@ -487,16 +509,17 @@ def test_cost_lookups_read_a_table_rebuilt_when_the_curve_moves():
 
 def test_a_burst_of_load_while_parked_does_not_stay_in_the_plain_estimate():
     """Plain steps measured under load (another process) inflate the plain estimate; the next
-    verifications, at normal speed, bring it back, or trees would grow on a false baseline."""
-    c = CostModel([1, 2, 4, 8], [0.1, 0.11, 0.13, 0.17])
-    for _ in range(30):  # calm: a verification, then plain steps; a plain step is 0.6 of a 1-token share
+    verification, at normal speed, caps it at 1.25x what verifying one token costs, or trees
+    would grow on a false baseline."""
+    c = CostModel([1, 2, 4, 8], [0.1, 0.11, 0.13, 0.17], plain=0.09)
+    for _ in range(30):  # calm: a verification, then plain steps
         c.observe_verify(8, 0.17)
-        c.observe_plain(0.03)  # the first after a verification overlaps the forward queued before it
-        c.observe_plain(0.06)
-        c.observe_plain(0.06)
-    assert 0.04 < c.plain < 0.065 and c.plain_share == pytest.approx(0.6, rel=0.05)
+        c.observe_plain(0.03)  # the first after a verification overlaps the forward queued before it: not counted
+        c.observe_plain(0.095)
+        c.observe_plain(0.095)
+    assert c.plain == pytest.approx(0.095, rel=0.02)
     for _ in range(40):
         c.observe_plain(0.2)  # parked under load, no verification in between
-    assert c.plain > 0.15 and c.plain_share < 0.8  # only the second of them was paired with a verification
+    assert c.plain > 0.15
     c.observe_verify(8, 0.17)  # load gone: 8 tokens verified at the calibrated speed
-    assert c.plain == pytest.approx(1.25 * c.plain_share * 0.1) and c.plain < 0.1
+    assert c.plain == pytest.approx(1.25 * c.verify(1)) and c.plain < 0.13

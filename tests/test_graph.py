@@ -8,7 +8,7 @@ import pytest
 
 from redrafter_mlx import generate
 from redrafter_mlx.graph import ALIAS_GRAFT, CONTEXT_GRAFT, DRAFTER, Merger, graft, search
-from redrafter_mlx.lookup import ContextIndex
+from redrafter_mlx.lookup import MAX_GROWTH, ContextIndex
 from redrafter_mlx.tree_search import expand, tree_search
 
 from test_control import flat_costs, linear_costs, with_costs
@@ -183,12 +183,15 @@ def test_greedy_graph_drafting_equals_plain_tiny(graph, context_graph):
               context_graph=context_graph)
     rd = generate(m, PROMPT, mode="redrafter", max_tokens=200, **kw)
     assert rd.tokens == ar.tokens and rd.finish_reason == "length"
-    assert max(s.packed for s in rd.step_stats) <= 16 + 1 + 8
+    assert max(s.packed for s in rd.step_stats) <= 16 + 1 + MAX_GROWTH * 8  # the copy grows while accepted whole
     if graph == 0:
         assert rd.stats.aliases > 0  # 12 tokens: drafts often reach the same token on two branches
         assert rd.stats.graft_accepted_tokens <= rd.stats.accepted_tokens
     if graph is not None and context_graph:
-        assert rd.stats.grafted_tokens > 0 and rd.stats.graft_accepted_tokens > 0  # a tiny model loops
+        # A tiny model loops: drafted nodes meet the loop in the context and get grafts, unless the
+        # root's copy, running on around the loop (lookup.periodic), carries the steps by itself.
+        grafts = rd.stats.grafted_tokens > 0 and rd.stats.graft_accepted_tokens > 0
+        assert grafts or rd.stats.looked_up_tokens > 150
     if graph is None:
         assert rd.stats.grafted_tokens == 0 and rd.stats.aliases == 0
     # end-of-turn mid-run and the context limit
