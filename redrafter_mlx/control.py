@@ -59,7 +59,8 @@ PARK_FIRST, PARK_MAX = 4, 256  # steps parked after the first failed probe, and 
 GAIN_EMA = 0.25
 MAX_DEPTH = 8  # drafter levels at most
 WATCHED = 8  # context copies scored in hindsight at once (Controller._watch)
-RATE_EMA = 0.05  # weight of one drafting step in the local rate (Controller.rate)
+RATE_EMA = 0.005  # weight of one speculative step in the rate decoding achieves (Controller.rate)
+PROBE_STEPS = 4  # drafting steps a probe (or the first drafting) runs before it may park
 
 
 def _ema(old: Optional[float], new: float, weight: float = GAIN_EMA) -> float:
@@ -144,7 +145,10 @@ class Controller:
         self.has_drafter = has_drafter
         self.parked = 0  # plain steps left before the next probe
         self.backoff = PARK_FIRST
-        self.gain: Optional[float] = None  # EMA of expected speed over plain speed, drafting steps
+        self.gain: Optional[float] = None  # expected speed over plain speed, drafting steps (averages' ratio)
+        self._gain_tokens: Optional[float] = None  # EMAs of drafting steps' expected tokens and seconds
+        self._gain_seconds: Optional[float] = None
+        self._probed = 0  # drafting steps since the latest probe began
         # EMAs over drafting steps, for _copy_beats_drafting: seconds drafting took (the head and
         # the host's planning), the head's kept nodes and their expected accepted tokens.
         self.draft_seconds: Optional[float] = None
@@ -270,12 +274,24 @@ class Controller:
         copy, n = self.context.match(ids, n_max) if n_max >= 1 else (np.zeros(0, dtype=np.int32), 0)
         run = self._in_run(ids)
         self._watch(ids, copy, n, run)
-        copies = [(-1, copy, n, run)] if copy.size else []
+        copies = [(-1, self._stage(copy, n, run), n, run)] if copy.size else []
         if graph is not None and context_graph and cands.tokens.size:
             copies += [(i, c, k, False) for i, c, k in
                        context_grafts(self.context, ids, cands.tokens.tolist(), cands.parents.tolist(),
                                       cands.levels.tolist(), n_max, n_max, graph)]
         return self._choose(token, cands, copies, n_max, levels)
+
+    def _stage(self, copy: np.ndarray, n: int, run: bool) -> np.ndarray:
+        """The part of the context's copy worth verifying this step: at most the length at which
+        the copy alone runs fastest, (1 + expected accepted tokens) / t_verify. What is left
+        is not lost: where the copy holds, the next step verifies it. Valuing every copied token
+        at the rate decoding achieves instead kept copies of 63 tokens at 330 ms a step on a
+        2-core CPU, and a miss at their first token lost the lot (on MT-Bench replies that
+        rephrase their own earlier sentences); where the copy holds, the next step's copy runs at
+        the copy's own rate, which is the rate to weigh its tokens at."""
+        p = np.cumprod(self.acceptance.lookup_p(self.acceptance.lookup_bucket(n, np.arange(1, copy.size + 1), run)))
+        speed = (1.0 + np.cumsum(p)) / self.costs.verify_curve(copy.size + 1)[1:]
+        return copy[: int(np.argmax(speed)) + 1]
 
     def _choose(self, root: int, cands: Candidates, copies, n_max: int, levels: int) -> Plan:
         """copies: (node, tokens, n, run) context continuations to graft below candidate `node`
@@ -399,13 +415,15 @@ class Controller:
         l[plan.source[tested] != CONTEXT_GRAFT] = -1
         self.acceptance.update(d[d >= 0], hits[d >= 0], l[l >= 0], hits[l >= 0])
         self.costs.observe_verify(packed, verify_seconds)
-        if kind != "draft":
-            return
-        self.costs.observe_draft(plan.forwards, draft_seconds)
         # The step's seconds as measured (a fixed cost profile: as modeled, so replays are exact).
-        seconds = self.costs.drafting_seconds(plan.forwards, draft_seconds) + self.costs.step_seconds(packed, verify_seconds)
+        seconds = self.costs.step_seconds(packed, verify_seconds)
+        if kind == "draft":
+            self.costs.observe_draft(plan.forwards, draft_seconds)
+            seconds += self.costs.drafting_seconds(plan.forwards, draft_seconds)
         self._rate_tokens = _ema(self._rate_tokens, float(len(accepted) + 1), RATE_EMA)
         self._rate_seconds = _ema(self._rate_seconds, seconds, RATE_EMA)
+        if kind != "draft":
+            return
         # Drafting level d pays when the kept nodes it yields are worth its time at the rate decoding
         # achieves. Levels not drafted this step teach nothing.
         drafted = kept[plan.draft_bucket[kept] >= 0]
@@ -421,13 +439,16 @@ class Controller:
         # and the step's measured time: the curve's figure for this size (interpolated, corrected by
         # averages) ran up to 20% above the measured verification on the 2-core CPU with OpenBLAS,
         # and parked the controller where drafting paid.
-        gain = plan.expected * self.costs.plain / max(seconds, 1e-9)
-        self.gain = _ema(self.gain, gain)
-        if self.gain < 1.0:
+        self._gain_tokens = _ema(self._gain_tokens, plan.expected)
+        self._gain_seconds = _ema(self._gain_seconds, seconds)
+        self.gain = self._gain_tokens * self.costs.plain / max(self._gain_seconds, 1e-9)
+        self._probed += 1
+        if self.gain < 1.0 and self._probed >= PROBE_STEPS:
             self.parked = self.backoff
             self.backoff = min(2 * self.backoff, PARK_MAX)
-            self.gain = None  # the next probe starts afresh
-        else:
+            self._gain_tokens = self._gain_seconds = None  # the next probe starts afresh
+            self._probed = 0
+        elif self._probed >= PROBE_STEPS:
             self.backoff = PARK_FIRST  # drafting pays again: a later dip parks briefly first
 
     def observe_plain(self, seconds: float):

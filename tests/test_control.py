@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from redrafter_mlx import costs, generate
-from redrafter_mlx.control import PARK_FIRST, PARK_MAX, Controller, controller
+from redrafter_mlx.control import PARK_FIRST, PARK_MAX, PROBE_STEPS, Controller, controller
 from redrafter_mlx.costs import CostModel, FixedCosts
 from redrafter_mlx.tree_search import Candidates
 
@@ -105,15 +105,28 @@ def drive(ctl, expected, seconds, steps):
 
 
 def test_parks_when_drafting_does_not_pay_and_backs_off():
+    """Drafting runs PROBE_STEPS steps before it is judged (one unlucky step parked probes that
+    paid), then parks; each failed probe doubles the back-off."""
     ctl = Controller(linear_costs(), has_drafter=True)
-    kinds = drive(ctl, expected=1.0, seconds=0.25, steps=40)
+    kinds = drive(ctl, expected=1.0, seconds=0.25, steps=80)
     first = kinds.index("plain")
-    assert kinds[:first] == ["draft"] and kinds[first:first + PARK_FIRST] == ["plain"] * PARK_FIRST
-    assert kinds[first + PARK_FIRST] == "draft"  # the probe
-    probes = [i for i, k in enumerate(kinds) if k == "draft"]
-    gaps = np.diff(probes) - 1
-    assert list(gaps[:3]) == [PARK_FIRST, 2 * PARK_FIRST, 4 * PARK_FIRST]  # the back-off doubles
+    assert kinds[:first] == ["draft"] * PROBE_STEPS and kinds[first:first + PARK_FIRST] == ["plain"] * PARK_FIRST
+    probe = first + PARK_FIRST
+    assert kinds[probe:probe + PROBE_STEPS] == ["draft"] * PROBE_STEPS  # the probe
+    runs = [len(list(g)) for k, g in itertools.groupby(kinds) if k == "plain"]
+    assert runs[:3] == [PARK_FIRST, 2 * PARK_FIRST, 4 * PARK_FIRST]  # the back-off doubles
     assert ctl.backoff <= PARK_MAX
+
+
+def test_a_probe_is_judged_on_its_steps_together():
+    """One slow step among paying ones does not park: the probe's steps are averaged."""
+    ctl = Controller(CostModel(SIZES, [0.1 * n for n in SIZES], draft_level=0.002, plain=0.1), has_drafter=True)
+    plan = ctl._choose(5, chain(0.5, 1), [], 63, 1)
+    for seconds in (0.15, 0.12, 0.12, 0.12):  # the first step is slow: 1 token in 0.15 s, a plain step 0.1 s
+        plan.expected = 3.0 if seconds < 0.15 else 1.0
+        assert ctl.next_step([1, 2, 3, 4], True, 100) == "draft"
+        ctl.observe("draft", plan, np.zeros(0, dtype=np.int64), 2, seconds / 2, seconds / 2)
+    assert ctl.parked == 0 and ctl.gain > 1.0
 
 
 def test_recovers_after_parking_when_drafting_pays_again():
@@ -189,6 +202,26 @@ def test_a_copy_that_keeps_holding_is_verified_ever_deeper():
         kept.append(plan.kept.size)
         ids += text[len(ids) - 150 : len(ids) - 150 + plan.kept.size + 1]
     assert max(kept) >= 16 and kept[-1] >= 16
+
+
+def test_a_long_copy_is_verified_in_stages():
+    """A copy whose tokens hold 95% of the time, given the previous one: this step verifies it
+    up to the length at which the copy alone runs fastest (about 20 tokens on the 2-core CPU's
+    curve), not all 63 that the rate alone would pay for: the rest is verified next step where
+    the copy holds, and a miss early in the copy does not waste a 64-token verification."""
+    ctl = Controller(cpu_costs(), has_drafter=False)
+    acc = ctl.acceptance
+    buckets = np.concatenate([acc.lookup_bucket(n, np.arange(1, 64)) for n in (2, 3)])
+    acc.update((), (), np.repeat(buckets, 40), np.tile(np.arange(40) % 20 != 0, buckets.size))
+    text = list(range(100, 400))
+    ids = text[:150] + text[:3]
+    plan = ctl.plan("lookup", None, None, None, ids[-1], ids, 1000)
+    copied = plan.kept.size
+    p = np.cumprod(acc.lookup_p(acc.lookup_bucket(3, np.arange(1, 64))))
+    fastest = int(np.argmax((1 + np.cumsum(p)) / ctl.costs.verify_curve(64)[1:])) + 1
+    assert 8 <= copied == fastest <= 28
+    rate_alone = int(np.argmax(np.concatenate([[0.0], np.cumsum(p)]) - ctl.rate() * ctl.costs.verify_curve(64)))
+    assert rate_alone > 40  # what the rate rule alone kept
 
 
 def drafting(ctl, seconds, mass, steps=10):
