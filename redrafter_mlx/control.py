@@ -18,19 +18,21 @@ step. It holds three models and makes one choice per step:
   the lookup copy), each node's path probability the product of its calibrated conditionals,
   nodes ranked by it (a child never outranks its parent, so every prefix of the ranking is a
   tree), and the B kept that maximize (sum of kept path probabilities) - R x t_verify(B + 1),
-  R being the rate decoding achieves here (`Controller.rate`: drafting steps' tokens over their
-  seconds, never below plain decoding's). A node is kept when it brings more tokens than its
+  R being the rate decoding achieves here (`Controller.rate`: speculative steps' tokens over
+  their seconds, never below plain decoding's). A node is kept when it brings more tokens than its
   verification time would bring at that rate (the long-run best, where a step's own
   (1 + sum) / t_verify ratio ignores the drafting time every step pays); a level is drafted
   when its best node can repay the level's time the same way. B = 0 verifies the root alone.
+  The copy enters in stages (`_stage`): at most the length at which it alone runs fastest, since
+  where it holds, the next step verifies the rest.
 
 A drafting step whose context copy alone is expected to be faster than the copy plus the
 drafter (its measured time, and its usual tokens only where the copy's first token fails)
 verifies the copy alone: in a quote or a loop the head's time is saved.
 
 Parking: after each drafting step the controller scores expected tokens per second (the
-calibrated expectation over the step's measured time) against a plain step's (an average, so
-single steps do not flip it). Once drafting no longer pays, it
+calibrated expectation over the step's measured time, as ratios of averages, judged only once
+PROBE_STEPS steps have drafted, unless drafting is clearly slower) against a plain step's. Once drafting no longer pays, it
 parks: plain decoding, pipelined exactly as mode "ar", with only a context-lookup check per
 step (tens of microseconds), which still verifies a copied continuation when that alone pays.
 It probes again after a back-off that doubles while probes keep failing (4 .. 256 steps).
@@ -60,7 +62,8 @@ GAIN_EMA = 0.25
 MAX_DEPTH = 8  # drafter levels at most
 WATCHED = 8  # context copies scored in hindsight at once (Controller._watch)
 RATE_EMA = 0.005  # weight of one speculative step in the rate decoding achieves (Controller.rate)
-PROBE_STEPS = 4  # drafting steps a probe (or the first drafting) runs before it may park
+PROBE_STEPS = 4  # drafting steps a probe (or the first drafting) runs before a small loss parks it
+CLEAR_LOSS = 0.8  # ... and below this speed over plain decoding's it parks at once
 
 
 def _ema(old: Optional[float], new: float, weight: float = GAIN_EMA) -> float:
@@ -163,10 +166,12 @@ class Controller:
         self._n_max_key, self._n_max_val = None, 0
         self._rate_tokens: Optional[float] = None  # EMAs over drafting steps of tokens emitted and seconds taken
         self._rate_seconds: Optional[float] = None
+        self._rate_steps = 0
 
     def rate(self) -> float:
-        """Tokens per second that decoding achieves around here: drafting steps' emitted tokens
-        over their time, never below plain decoding's. A draft node, or a level of drafting, pays
+        """Tokens per second that decoding achieves: speculative steps' emitted tokens over their
+        time (averages over ~200 steps: drafting steps alone, or ~20 steps, valued time too cheaply
+        where copies carry the reply), never below plain decoding's. A draft node, or a level of drafting, pays
         when it brings more tokens than this rate times the seconds it costs."""
         plain = 1.0 / max(self.costs.plain, 1e-9)
         if self._rate_tokens is None:
@@ -420,8 +425,12 @@ class Controller:
         if kind == "draft":
             self.costs.observe_draft(plan.forwards, draft_seconds)
             seconds += self.costs.drafting_seconds(plan.forwards, draft_seconds)
-        self._rate_tokens = _ema(self._rate_tokens, float(len(accepted) + 1), RATE_EMA)
-        self._rate_seconds = _ema(self._rate_seconds, seconds, RATE_EMA)
+        # a plain mean over the first steps, then the average over the last ~1 / RATE_EMA: an
+        # average starting at the first step's figure kept a slow first step for ~100 steps
+        self._rate_steps += 1
+        weight = max(RATE_EMA, 1.0 / self._rate_steps)
+        self._rate_tokens = _ema(self._rate_tokens, float(len(accepted) + 1), weight)
+        self._rate_seconds = _ema(self._rate_seconds, seconds, weight)
         if kind != "draft":
             return
         # Drafting level d pays when the kept nodes it yields are worth its time at the rate decoding
@@ -443,7 +452,7 @@ class Controller:
         self._gain_seconds = _ema(self._gain_seconds, seconds)
         self.gain = self._gain_tokens * self.costs.plain / max(self._gain_seconds, 1e-9)
         self._probed += 1
-        if self.gain < 1.0 and self._probed >= PROBE_STEPS:
+        if self.gain < 1.0 and (self._probed >= PROBE_STEPS or self.gain < CLEAR_LOSS):
             self.parked = self.backoff
             self.backoff = min(2 * self.backoff, PARK_MAX)
             self._gain_tokens = self._gain_seconds = None  # the next probe starts afresh

@@ -105,25 +105,37 @@ def drive(ctl, expected, seconds, steps):
 
 
 def test_parks_when_drafting_does_not_pay_and_backs_off():
-    """Drafting runs PROBE_STEPS steps before it is judged (one unlucky step parked probes that
-    paid), then parks; each failed probe doubles the back-off."""
+    """Drafting at 0.4x plain decoding's speed parks at once; each failed probe doubles the back-off."""
     ctl = Controller(linear_costs(), has_drafter=True)
-    kinds = drive(ctl, expected=1.0, seconds=0.25, steps=80)
+    kinds = drive(ctl, expected=1.0, seconds=0.25, steps=40)
+    first = kinds.index("plain")
+    assert kinds[:first] == ["draft"] and kinds[first:first + PARK_FIRST] == ["plain"] * PARK_FIRST
+    assert kinds[first + PARK_FIRST] == "draft"  # the probe
+    probes = [i for i, k in enumerate(kinds) if k == "draft"]
+    gaps = np.diff(probes) - 1
+    assert list(gaps[:3]) == [PARK_FIRST, 2 * PARK_FIRST, 4 * PARK_FIRST]  # the back-off doubles
+    assert ctl.backoff <= PARK_MAX
+
+
+def test_a_small_loss_parks_after_a_probe_of_several_steps():
+    """Drafting at 0.9x plain decoding's speed runs PROBE_STEPS steps before it is judged (one
+    unlucky step parked probes that paid), then parks, and probes again the same way."""
+    ctl = Controller(linear_costs(), has_drafter=True)
+    kinds = drive(ctl, expected=1.8, seconds=0.2, steps=80)  # FixedCosts: verify(2) = 0.2 s, a plain step 0.1 s
     first = kinds.index("plain")
     assert kinds[:first] == ["draft"] * PROBE_STEPS and kinds[first:first + PARK_FIRST] == ["plain"] * PARK_FIRST
     probe = first + PARK_FIRST
-    assert kinds[probe:probe + PROBE_STEPS] == ["draft"] * PROBE_STEPS  # the probe
+    assert kinds[probe:probe + PROBE_STEPS + 1] == ["draft"] * PROBE_STEPS + ["plain"]
     runs = [len(list(g)) for k, g in itertools.groupby(kinds) if k == "plain"]
-    assert runs[:3] == [PARK_FIRST, 2 * PARK_FIRST, 4 * PARK_FIRST]  # the back-off doubles
-    assert ctl.backoff <= PARK_MAX
+    assert runs[:3] == [PARK_FIRST, 2 * PARK_FIRST, 4 * PARK_FIRST]
 
 
 def test_a_probe_is_judged_on_its_steps_together():
     """One slow step among paying ones does not park: the probe's steps are averaged."""
     ctl = Controller(CostModel(SIZES, [0.1 * n for n in SIZES], draft_level=0.002, plain=0.1), has_drafter=True)
     plan = ctl._choose(5, chain(0.5, 1), [], 63, 1)
-    for seconds in (0.15, 0.12, 0.12, 0.12):  # the first step is slow: 1 token in 0.15 s, a plain step 0.1 s
-        plan.expected = 3.0 if seconds < 0.15 else 1.0
+    for seconds in (0.14, 0.12, 0.12, 0.12):  # the first step is slow: 1.2 tokens in 0.14 s, a plain step 0.1 s
+        plan.expected = 3.0 if seconds < 0.14 else 1.2
         assert ctl.next_step([1, 2, 3, 4], True, 100) == "draft"
         ctl.observe("draft", plan, np.zeros(0, dtype=np.int64), 2, seconds / 2, seconds / 2)
     assert ctl.parked == 0 and ctl.gain > 1.0
