@@ -52,6 +52,7 @@ BUDGET_SECONDS = 3.0  # calibration stops growing n after about this long
 CONTEXT = 128  # tokens of context the calibration verifies against: a prompt and the start of a reply
 ROUNDS = 3  # timed forwards per size, interleaved
 EMA = 0.1  # weight of one new observation in the online corrections
+LOAD_EMA = 0.3  # weight of one step in the load factor, which moves the whole curve (CostModel.load)
 PLAIN_CAP = 1.25  # the plain estimate stays within this factor of verifying one token
 TABLE = 256  # verify(n) is tabulated for n = 1 .. TABLE (the controller drafts at most 64 nodes)
 
@@ -68,7 +69,15 @@ class CostModel:
         self.draft_level = draft_level  # drafter seconds per tree level (None: not measured yet)
         self.source = source
         self.shape_buckets = shape_buckets  # new shapes cost a compilation here: pad trees (TreeModel.use_shape_buckets)
-        self.correction = np.ones(8)  # per bucket floor(log2 n), 1 .. 128+
+        self.correction = np.ones(8)  # per bucket floor(log2 n), 1 .. 128+: the curve's shape here
+        # What moves every size at once (another process's load, clocks): every verification moves
+        # it, so a burst of load lifts the whole curve and its end brings it back. Kept
+        # per bucket only, a burst left verifying 1 token at 4x (250 ms against 62) after the load
+        # had gone; nothing verified 1 token again, the curve never rises, so every size looked
+        # 250 ms and the controller stayed parked for the rest of an 80-question run.
+        self.load = 1.0
+        self._load_applied = 1.0  # the load the table was built with
+        self._slow = 0  # steps in a row 5x slower than the curve
         self._seen = np.zeros(8, dtype=bool)  # buckets with a verification observed
         self.plain = float(plain or self.seconds[0])  # a plain (pipelined) decoding step, refined online
         self.plain_measured = self.plain  # as calibrated (cached with the curve)
@@ -81,6 +90,7 @@ class CostModel:
         GPU or an Apple chip takes a few ms, so a lookup must cost microseconds, not a numpy
         interpolation per call)."""
         n = np.arange(1, TABLE + 1)
+        self._load_applied = self.load
         self._curve = self._corrected(n)
         self._list = self._curve.tolist()
         self.version = getattr(self, "version", -1) + 1  # what caches of figures derived from the curve key on
@@ -113,7 +123,7 @@ class CostModel:
             corr = corr[nearest]
         middles = np.concatenate([[0.0], np.arange(1, corr.size) + 0.5])  # bucket 0 is n = 1 alone
         x = np.log2(np.maximum(np.asarray(n, dtype=np.float64), 1.0))
-        return np.maximum.accumulate(self.base(n) * np.interp(x, middles, corr))
+        return np.maximum.accumulate(self.load * self.base(n) * np.interp(x, middles, corr))
 
     def verify(self, n: int) -> float:
         """Seconds to verify n tokens (n = 1: a plain forward that is not pipelined)."""
@@ -134,17 +144,22 @@ class CostModel:
     def observe_verify(self, n: int, seconds: float):
         b = self._bucket(n)
         r = seconds / max(self.base(n), 1e-9)
-        if 0.2 < r / self.correction[b] < 5.0:  # a stray stall (GC, another process) is not the curve
-            self.correction[b] += EMA * (r - self.correction[b])
+        q = r / (self.load * self.correction[b])  # this step against the curve
+        self._since_verify = 0
+        if not self._move_load(q):
+            return
+        if 0.2 < q < 5.0:
+            # the shape learns slowly while the load moves (a step far off the curve is mostly load)
+            weight = EMA * min(1.0, 0.25 / max(abs(q - 1.0), 1e-9))
+            self.correction[b] += weight * (r / self.load - self.correction[b])
             self._seen[b] = True
-            self._refresh()
+        self._refresh()
         # The plain estimate is refreshed only by plain steps, so a burst of load (another process)
         # while parked would stay in it through a long stretch of drafting, make verification look
         # cheap and the trees ever larger (measured: plain 243 ms against ~70 real, 32-token trees
         # at 0.7x plain speed for the rest of an MT-Bench run). So each verification caps it at
         # PLAIN_CAP times what one token costs on the corrected curve now: a pipelined plain step
         # never costs much more than verifying one token (on the 2-core CPU 57 against 57-62 ms).
-        self._since_verify = 0
         self.plain = min(self.plain, PLAIN_CAP * self.verify(1))
 
     def observe_plain(self, seconds: float):
@@ -158,6 +173,20 @@ class CostModel:
                 return
         self.plain_seen += 1
         self.plain += max(EMA, 1.0 / self.plain_seen) * (seconds - self.plain)
+
+    def _move_load(self, q: float) -> bool:
+        """One verification took q times what the curve says: move the load
+        (by q clipped to 0.2 .. 5). A step 5x slower is a stall (GC, a page fault) and ignored,
+        unless 3 come in a row (load); a fast one is never a stall: ignoring those (as the stall
+        filter did) left the curve at 10x for good once a burst of load had gone. False: ignored."""
+        if q >= 5.0:
+            self._slow += 1
+            if self._slow < 3:
+                return False
+        else:
+            self._slow = 0
+        self.load *= 1.0 + LOAD_EMA * (min(max(q, 0.2), 5.0) - 1.0)
+        return True
 
     def step_seconds(self, n: int, measured: float) -> float:
         """What verifying n tokens took, for judging a step: the measured time (FixedCosts: the
