@@ -67,7 +67,7 @@ CLEAR_LOSS = 0.8  # ... and below this speed over plain decoding's it parks at o
 
 
 def _ema(old: Optional[float], new: float, weight: float = GAIN_EMA) -> float:
-    """An average over drafting steps (GAIN_EMA), starting at the first value."""
+    """An exponential average (weight: GAIN_EMA unless given), starting at the first value."""
     return new if old is None else old + weight * (new - old)
 
 
@@ -164,7 +164,7 @@ class Controller:
         self._copies = []  # [start, token before it, copy, n, positions scored, run]: copies awaiting the reply (_watch)
         self._confirmed = -1  # the reply up to this index was what a watched copy predicted, 2+ tokens of it
         self._n_max_key, self._n_max_val = None, 0
-        self._rate_tokens: Optional[float] = None  # EMAs over drafting steps of tokens emitted and seconds taken
+        self._rate_tokens: Optional[float] = None  # averages over speculative steps of tokens emitted and seconds taken
         self._rate_seconds: Optional[float] = None
         self._rate_steps = 0
 
@@ -211,8 +211,13 @@ class Controller:
             first = 1.0
         if copy.size == 0:
             return None, None
-        p = np.cumprod(self.acceptance.lookup_p(self.acceptance.lookup_bucket(n, np.arange(1, copy.size + 1), run)))
-        return first * np.cumsum(p), self.costs.verify_curve(copy.size + 1)[1:] / self.costs.plain
+        return first * np.cumsum(self._copy_path(copy.size, n, run)), self.costs.verify_curve(copy.size + 1)[1:] / self.costs.plain
+
+    def _copy_path(self, size: int, n: int, run: bool) -> np.ndarray:
+        """P(the copy's first j tokens are all accepted), j = 1 .. size, for a copy matched on an
+        n-gram (run: it continues a run)."""
+        acc = self.acceptance
+        return np.cumprod(acc.lookup_p(acc.lookup_bucket(n, np.arange(1, size + 1), run)))
 
     def _lookup_pays(self, ids, root_known: bool, room: int) -> bool:
         gains, cost = self._copy(ids, root_known, room)
@@ -294,8 +299,7 @@ class Controller:
         2-core CPU, and a miss at their first token lost the lot (on MT-Bench replies that
         rephrase their own earlier sentences); where the copy holds, the next step's copy runs at
         the copy's own rate, which is the rate to weigh its tokens at."""
-        p = np.cumprod(self.acceptance.lookup_p(self.acceptance.lookup_bucket(n, np.arange(1, copy.size + 1), run)))
-        speed = (1.0 + np.cumsum(p)) / self.costs.verify_curve(copy.size + 1)[1:]
+        speed = (1.0 + np.cumsum(self._copy_path(copy.size, n, run))) / self.costs.verify_curve(copy.size + 1)[1:]
         return copy[: int(np.argmax(speed)) + 1]
 
     def _choose(self, root: int, cands: Candidates, copies, n_max: int, levels: int) -> Plan:

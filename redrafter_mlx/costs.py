@@ -76,7 +76,6 @@ class CostModel:
         # had gone; nothing verified 1 token again, the curve never rises, so every size looked
         # 250 ms and the controller stayed parked for the rest of an 80-question run.
         self.load = 1.0
-        self._load_applied = 1.0  # the load the table was built with
         self._slow = 0  # steps in a row 5x slower than the curve
         self._seen = np.zeros(8, dtype=bool)  # buckets with a verification observed
         self.plain = float(plain or self.seconds[0])  # a plain (pipelined) decoding step, refined online
@@ -90,7 +89,6 @@ class CostModel:
         GPU or an Apple chip takes a few ms, so a lookup must cost microseconds, not a numpy
         interpolation per call)."""
         n = np.arange(1, TABLE + 1)
-        self._load_applied = self.load
         self._curve = self._corrected(n)
         self._list = self._curve.tolist()
         self.version = getattr(self, "version", -1) + 1  # what caches of figures derived from the curve key on
