@@ -36,6 +36,8 @@ PROBE_STEPS steps have drafted, unless drafting is clearly slower) against a pla
 parks: plain decoding, pipelined exactly as mode "ar", with only a context-lookup check per
 step (tens of microseconds), which still verifies a copied continuation when that alone pays.
 It probes again after a back-off that doubles while probes keep failing (4 .. 256 steps).
+No probe runs where the cost model says drafting cannot pay even at its best
+(`_drafting_can_pay`: verification costing ~k times one token).
 Without a drafter the controller is always parked: lookup alone, where it pays.
 """
 
@@ -64,6 +66,7 @@ WATCHED = 8  # context copies scored in hindsight at once (Controller._watch)
 RATE_EMA = 0.005  # weight of one speculative step in the rate decoding achieves (Controller.rate)
 PROBE_STEPS = 4  # drafting steps a probe (or the first drafting) runs before a small loss parks it
 CLEAR_LOSS = 0.8  # ... and below this speed over plain decoding's it parks at once
+BEST_ACCEPTANCE = 0.9  # per drafted node, for the best case a probe could find (Controller._drafting_can_pay)
 
 
 def _ema(old: Optional[float], new: float, weight: float = GAIN_EMA) -> float:
@@ -184,6 +187,8 @@ class Controller:
         ids: the context ending with the latest emitted token; root_known: that token is the
         next step's root (False: a pipelined step will emit one more first, unknown yet)."""
         self._learn(ids)
+        if self.has_drafter and self.parked <= 0 and not self._drafting_can_pay():
+            self.parked = PARK_MAX  # asked again then: the copies' verifications refine the curve
         if self.has_drafter and self.parked <= 0:
             if root_known and self.draft_seconds is not None and self._copy_beats_drafting(ids, room):
                 return "lookup"
@@ -191,6 +196,21 @@ class Controller:
         if self.has_drafter:
             self.parked -= 1
         return "lookup" if self._lookup_pays(ids, root_known, room) else "plain"
+
+    def _drafting_can_pay(self) -> bool:
+        """Could drafting be faster than plain decoding on this cost model at all: a chain of B
+        drafted nodes, each accepted with BEST_ACCEPTANCE given its parent (no drafter does better
+        on average), against verifying B + 1 tokens and drafting B levels? Where verification
+        costs ~k times one token (MLX's own BLAS, 4-bit weights on a CPU) it cannot, and the
+        probes that found so cost ~10% of a first 96-token reply on the 2-core CPU; the controller
+        then only verifies copies, where they pay. Asked only when a probe is due."""
+        n = self._n_max()
+        if n < 1:
+            return False
+        levels = np.arange(1, n + 1)
+        tokens = 1.0 + np.cumsum(BEST_ACCEPTANCE ** levels)
+        seconds = self.costs.verify_curve(n + 1)[1:] + levels * (self.costs.draft_level or 0.0)
+        return bool(np.max(tokens * self.costs.plain / seconds) > 1.0)
 
     def _copy(self, ids, root_known: bool, room: int):
         """The context's copy for the coming step as (expected accepted tokens of each prefix,

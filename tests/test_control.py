@@ -35,6 +35,21 @@ def cpu_costs():
     return FixedCosts(SIZES, [0.1 * r for r in (1, 1.1, 1.6, 2.0, 2.5, 3.7, 6.3)], draft_level=0.002)
 
 
+class Timed(FixedCosts):
+    """A fake machine whose curve is fixed but whose steps take the seconds a test says: the
+    curve lets drafting pay, the steps show whether it does."""
+
+    def step_seconds(self, n, measured):
+        return measured
+
+    def drafting_seconds(self, levels, measured):
+        return measured
+
+
+def timed(costs):
+    return Timed(costs.sizes.astype(int).tolist(), costs.seconds.tolist(), costs.draft_level)
+
+
 def chain(q, depth):
     """A drafter candidate chain below the root, each node with conditional probability q."""
     logp = np.cumsum(np.full(depth, np.log(q)))
@@ -106,7 +121,7 @@ def drive(ctl, expected, seconds, steps):
 
 def test_parks_when_drafting_does_not_pay_and_backs_off():
     """Drafting at 0.4x plain decoding's speed parks at once; each failed probe doubles the back-off."""
-    ctl = Controller(linear_costs(), has_drafter=True)
+    ctl = Controller(timed(cpu_costs()), has_drafter=True)
     kinds = drive(ctl, expected=1.0, seconds=0.25, steps=40)
     first = kinds.index("plain")
     assert kinds[:first] == ["draft"] and kinds[first:first + PARK_FIRST] == ["plain"] * PARK_FIRST
@@ -120,8 +135,8 @@ def test_parks_when_drafting_does_not_pay_and_backs_off():
 def test_a_small_loss_parks_after_a_probe_of_several_steps():
     """Drafting at 0.9x plain decoding's speed runs PROBE_STEPS steps before it is judged (one
     unlucky step parked probes that paid), then parks, and probes again the same way."""
-    ctl = Controller(linear_costs(), has_drafter=True)
-    kinds = drive(ctl, expected=1.8, seconds=0.2, steps=80)  # FixedCosts: verify(2) = 0.2 s, a plain step 0.1 s
+    ctl = Controller(timed(cpu_costs()), has_drafter=True)
+    kinds = drive(ctl, expected=1.8, seconds=0.2, steps=80)  # a plain step 0.1 s
     first = kinds.index("plain")
     assert kinds[:first] == ["draft"] * PROBE_STEPS and kinds[first:first + PARK_FIRST] == ["plain"] * PARK_FIRST
     probe = first + PARK_FIRST
@@ -143,12 +158,24 @@ def test_a_probe_is_judged_on_its_steps_together():
 
 
 def test_recovers_after_parking_when_drafting_pays_again():
-    ctl = Controller(flat_costs(), has_drafter=True)
+    ctl = Controller(timed(flat_costs()), has_drafter=True)
     drive(ctl, expected=1.0, seconds=0.3, steps=30)  # parked, backed off
     assert ctl.parked > 0 and ctl.backoff > PARK_FIRST
     kinds = drive(ctl, expected=3.0, seconds=0.12, steps=200)
     assert kinds[-50:] == ["draft"] * 50  # drafting again, for good
     assert ctl.backoff == PARK_FIRST and ctl.gain > 1
+
+
+def test_where_drafting_cannot_pay_at_its_best_no_probe_runs():
+    """Verification costing k times one token: even nodes accepted at 90% cannot repay verifying
+    and drafting them, so the controller never drafts (a probe would cost ~10% of a first short
+    reply); where verification is cheaper it drafts at once."""
+    ctl = Controller(linear_costs(), has_drafter=True)
+    assert not ctl._drafting_can_pay()
+    assert {ctl.next_step([1, 2, 3, 4, 5], True, 100) for _ in range(1000)} == {"plain"}
+    for costs in (cpu_costs(), flat_costs(), CostModel(SIZES, [0.1 * n ** 0.8 for n in SIZES], draft_level=0.002)):
+        ctl = Controller(costs, has_drafter=True)
+        assert ctl._drafting_can_pay() and ctl.next_step([1, 2, 3, 4, 5], True, 100) == "draft"
 
 
 def test_without_a_drafter_only_the_copy_is_verified_and_only_where_it_pays():
