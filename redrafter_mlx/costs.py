@@ -25,7 +25,8 @@ curve is measured, not assumed:
 - `CostModel.observe_*` refines it online from the real steps' timings: a multiplicative
   correction per power-of-two size bucket (context growth and machine load move the curve), interpolated
   between buckets and kept monotone,
-  and an average of plain steps, which is what a parked controller competes with.
+  and an average of plain steps, which is what a parked controller competes with (generate.py
+  times only plain steps in the middle of a pipelined run, the steady state).
 
 Every figure here is in seconds, and every lookup is a few arithmetic operations: no syncs.
 """
