@@ -187,7 +187,8 @@ class Controller:
         ids: the context ending with the latest emitted token; root_known: that token is the
         next step's root (False: a pipelined step will emit one more first, unknown yet)."""
         self._learn(ids)
-        if self.has_drafter and self.parked <= 0 and not self._drafting_can_pay():
+        if self.has_drafter and self.parked <= 0 and self._probed == 0 and not self._drafting_can_pay():
+            # a probe (or the first drafting) is due; once drafting runs, its measured speed judges it
             self.parked = PARK_MAX  # asked again then: the copies' verifications refine the curve
         if self.has_drafter and self.parked <= 0:
             if root_known and self.draft_seconds is not None and self._copy_beats_drafting(ids, room):

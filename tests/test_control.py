@@ -176,6 +176,11 @@ def test_where_drafting_cannot_pay_at_its_best_no_probe_runs():
     for costs in (cpu_costs(), flat_costs(), CostModel(SIZES, [0.1 * n ** 0.8 for n in SIZES], draft_level=0.002)):
         ctl = Controller(costs, has_drafter=True)
         assert ctl._drafting_can_pay() and ctl.next_step([1, 2, 3, 4, 5], True, 100) == "draft"
+    # Only a due probe asks: drafting that measurably pays runs on whatever the curve says meanwhile.
+    ctl = Controller(timed(cpu_costs()), has_drafter=True)
+    assert drive(ctl, expected=3.0, seconds=0.12, steps=10) == ["draft"] * 10
+    ctl._drafting_can_pay = lambda: False
+    assert drive(ctl, expected=3.0, seconds=0.12, steps=10) == ["draft"] * 10
 
 
 def test_without_a_drafter_only_the_copy_is_verified_and_only_where_it_pays():
@@ -370,9 +375,9 @@ def test_only_a_plain_step_that_queued_its_successor_times_plain_decoding(monkey
     monkeypatch.setattr(Controller, "next_step", next_step)
     monkeypatch.setattr(Controller, "observe_plain", lambda self, seconds: events.append(("timed",)))
     generate(m, PROMPT, mode="auto", max_tokens=120)
-    timed = [i for i, e in enumerate(events) if e[0] == "timed"]
-    assert timed and len(timed) < sum(e[2] == "plain" for e in events if e[0] == "next")
-    assert all(events[i - 1] == ("next", False, "plain") for i in timed)
+    timed_at = [i for i, e in enumerate(events) if e[0] == "timed"]
+    assert timed_at and len(timed_at) < sum(e[2] == "plain" for e in events if e[0] == "next")
+    assert all(events[i - 1] == ("next", False, "plain") for i in timed_at)
 
 
 @pytest.mark.parametrize("use_drafter", [True, False])
