@@ -22,8 +22,9 @@ alias. Here, on ReDrafter's recurrent head:
   also occur in the prompt or the reply so far gets what followed there as its continuation
   (n-grams of max(k + 1, 2) .. 3 tokens, the longest and latest match, as lookup.py's beam).
   Today's lookup beam at the root is the special case of a node at depth 0. A context graft
-  is scored by a match probability per position in the copy: `CONTEXT_PRIOR` for fixed
-  drafting, learned online by the adaptive controller (control.py) for mode "auto".
+  is scored by a match probability per position in the copy and length of the n-gram matched:
+  `CONTEXT_PRIOR` for fixed drafting, learned online by the adaptive controller (control.py)
+  for mode "auto".
 
 Which nodes are kept is decided as before (the best `budget` by score for a fixed tree, the
 controller's expected tokens per second in mode "auto"); the kept set is closed under
@@ -40,7 +41,11 @@ import numpy as np
 from .lookup import MAX_NGRAM, MIN_NGRAM
 
 DRAFTER, ALIAS_GRAFT, CONTEXT_GRAFT = 0, 1, 2  # node sources
-CONTEXT_PRIOR = np.array([0.5, 0.6, 0.7, 0.8])  # fixed drafting: P(context graft accepted | parent) at position 1, 2, 3, 4+
+# Fixed drafting: P(context graft accepted | parent accepted) at position 1, 2, 3, 4+ of the copy, per
+# length of the n-gram matched. Measured along greedy replies to 128 training prompts (alpaca, self-instruct
+# seeds, GSM8K; not MT-Bench) of the default model: a 3-gram match's next token was right 79% of the time,
+# a 2-gram's 59%.
+CONTEXT_PRIOR = {2: np.array([0.6, 0.6, 0.7, 0.8]), 3: np.array([0.8, 0.85, 0.88, 0.9])}
 MAX_GRAFTS = 256  # grafted nodes made per step at most (the kept ones are far fewer)
 
 
@@ -176,8 +181,9 @@ def search(drafter, base, h, token: int, width: int, depth: int, budget: int, mi
         child = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens))}
         for node, copy, n in context_grafts(index, ids, tokens, parents, levels, lookup, max(depth, lookup), k or 0):
             at, s = node, scores[node]
+            prior = CONTEXT_PRIOR[min(max(n, MIN_NGRAM), MAX_NGRAM)]
             for pos, t in enumerate(copy.tolist()):
-                s += math.log(CONTEXT_PRIOR[min(pos, CONTEXT_PRIOR.size - 1)])
+                s += math.log(prior[min(pos, prior.size - 1)])
                 hit = child.get((at, t))
                 if hit is None:
                     if s < log_min:

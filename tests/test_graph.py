@@ -173,6 +173,24 @@ def test_the_context_graph_grafts_what_followed_a_drafted_path():
     assert g.rows.shape[1] <= 1 + 4  # copies stop at the lookup length
 
 
+def test_a_longer_context_match_grafts_further_under_the_floor():
+    # The drafted path "7 5 3" occurs in the first context (a 3-gram match), only "5 3" in the
+    # second (a 2-gram match); both were followed by "8 9 6 2". A 3-gram match's continuation is
+    # the more often right (graph.CONTEXT_PRIOR), so more of it clears the probability floor.
+    V = 10
+    stub = MarkovStub(table(V, {5: {3: 0.9, 4: 0.1}}))
+    grafted = {}
+    for name, ids in (("3-gram", [7, 5, 3, 8, 9, 6, 2, 4, 7, 5]), ("2-gram", [1, 5, 3, 8, 9, 6, 2, 4, 7, 5])):
+        index = ContextIndex()
+        index.match(ids, 8)
+        g = search(stub, OneHotBase(V), H, 5, 2, 1, 8, 0.3, 0, ids, index, 5)  # copies to depth 5
+        rows = [tuple(x for x in r if x >= 0) for r in g.rows.tolist()]
+        grafted[name] = int((g.sources == CONTEXT_GRAFT).sum())
+        assert any(r[:3] == (5, 3, 8) for r in rows)
+    # 0.9 x (0.8, 0.85, 0.88, 0.9) stays above 0.3 for all four; 0.9 x (0.6, 0.6, 0.7) falls below it at the third
+    assert grafted == {"3-gram": 4, "2-gram": 2}
+
+
 # ---- losslessness and counting --------------------------------------------------------------
 
 @pytest.mark.parametrize("graph,context_graph", [(0, True), (2, True), (0, False), (None, True)])
