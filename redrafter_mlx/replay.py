@@ -14,6 +14,9 @@ tokens/step (exact on the tests' tiny models).
     python -m redrafter_mlx.replay runs/bench.json --shapes 1x3,4x3 --lookup 0,8 [--drafter DIR]
 
 reads the `ar` rows of a `redrafter-bench --json` file (prompt ids and output ids).
+`--context-ceiling 8,32` adds, per drafting config, the bound that no scoring of context grafts
+(graph.py) can pass: every step extended in hindsight by the context's continuation that runs
+furthest along the output from any node of the accepted path (`context_ceiling`).
 """
 
 import argparse
@@ -31,9 +34,50 @@ from .graph import graph_name, parse_graph
 from .tuning import parse_shapes
 
 
+def context_ceiling(index, context: Sequence[int], path: Sequence[int], future: Sequence[int], length: int,
+                    every: bool = False) -> int:
+    """How many more tokens a step could have emitted had context grafts (graph.py) been free and
+    chosen in hindsight: the longest run of `future` that a continuation of the context copies
+    from any node of the accepted `path`, beyond what the step accepted. An upper bound for any
+    scoring of context grafts, with no probability floor and no node budget.
+
+    context: the ids up to the step's root, indexed by `index` (a lookup.ContextIndex whose last
+    `match` was this context); path: the accepted tokens, root first; future: the base model's
+    tokens after the root. A node's continuation is what followed the latest occurrence of its
+    path's last 3 or 2 tokens (as a context graft copies it), up to `length` tokens; every: any
+    occurrence of its last 2 tokens instead (what branching into every continuation could reach)."""
+    import numpy as np
+
+    from .lookup import MAX_NGRAM, MIN_NGRAM
+
+    accepted = len(path) - 1
+    ctx = np.asarray(context, dtype=np.int64)
+    best = 0
+    for j in range(len(path)):  # node path[j], j tokens past the root
+        key = (list(context) + list(path[1 : j + 1]))[-MAX_NGRAM:]
+        truth = np.asarray(future[j : j + length], dtype=np.int64)
+        if every:
+            n = MIN_NGRAM
+            if ctx.size <= n or len(key) < n:
+                continue
+            hits = np.ones(ctx.size - n, dtype=bool)  # occurrences starting at s < T - n (one token follows)
+            for o in range(n):
+                hits &= ctx[o : ctx.size - n + o] == key[-n + o]
+            copies = [ctx[s + n : s + n + length] for s in np.flatnonzero(hits)]
+        else:
+            copies = [index.follow(key, length, MIN_NGRAM)[0]]
+        for copy in copies:
+            m = min(copy.size, truth.size)
+            miss = np.flatnonzero(copy[:m] != truth[:m])
+            run = int(miss[0]) if miss.size else m
+            best = max(best, j + run - accepted)
+    return best
+
+
 def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, length: int, lookup: int = 0,
            ended: bool = False, hidden=None, tree: int = 0, tree_min_prob: float = None, graph: Optional[int] = None,
-           context_graph: bool = True, grow_lookup: bool = True) -> Dict[str, int]:
+           context_graph: bool = True, grow_lookup: bool = True, ceiling: int = 0,
+           ceiling_every: bool = False) -> Dict[str, int]:
     """Replay greedy ReDrafter steps along plain decoding's output `tokens` (prompt ids first).
 
     ended: the output stopped at an end-of-turn token, which the last step then also produces
@@ -43,7 +87,9 @@ def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, len
     tree_min_prob dropped; None: tree_search's default). graph: draft a GSD graph with this k
     (graph.py; needs a tree), with the context graph unless context_graph is False.
     grow_lookup: the copy grows while copies are accepted whole, as decoding does
-    (lookup.CopyLength); False keeps it at `lookup` tokens. Returns
+    (lookup.CopyLength); False keeps it at `lookup` tokens. ceiling: extend every step by
+    `context_ceiling` with copies of up to this many tokens (ceiling_every: from any occurrence),
+    for the bound no context graft can pass; the next step starts after the extension. Returns
     steps, produced (tokens the decode steps produced), packed and looked_up token counts,
     drafter rows run, aliases, grafted nodes verified and accepted."""
     import mlx.core as mx
@@ -56,7 +102,8 @@ def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, len
     from .tree_search import DEFAULT_MIN_PROB
 
     prompt, g = list(prompt), list(tokens)
-    keys = ("steps", "produced", "packed", "looked_up", "drafter_rows", "aliases", "grafted", "graft_accepted")
+    keys = ("steps", "produced", "packed", "looked_up", "drafter_rows", "aliases", "grafted", "graft_accepted",
+            "ceiling_extra")
     if not g:
         return dict.fromkeys(keys, 0)
     if graph is not None and not tree:
@@ -100,7 +147,11 @@ def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, len
         out["drafter_rows"] += rows
         out["steps"] += 1
         copy_length.update(copy.size, len(path) - 1)
-        i += len(path)
+        extra = 0
+        if ceiling:
+            extra = context_ceiling(index, context, g[i : i + len(path)], g[i + 1 :], ceiling, ceiling_every)
+            out["ceiling_extra"] += extra
+        i += len(path) + extra
     out["produced"] = len(g) - 1
     return out
 
@@ -269,6 +320,15 @@ def main(argv=None) -> int:
     p.add_argument("--no-lookup-growth", action="store_true",
                    help="keep the copy at --lookup tokens (decoding doubles it after a step that accepted all of "
                         "it, up to 4x: lookup.CopyLength)")
+    p.add_argument("--context-ceiling", type=lambda t: parse_ints(t, "--context-ceiling", minimum=0), default=[0],
+                   metavar="L[,L...]",
+                   help="also extend every step by the longest context continuation (up to L tokens) that matches "
+                        "the output from any node of the accepted path: an upper bound for any scoring of context "
+                        "grafts, no floor, no budget; packed/step then counts the drafted trees' tokens only "
+                        "(comma-separated; 0: off, the default)")
+    p.add_argument("--ceiling-every", action="store_true",
+                   help="with --context-ceiling: copy from any earlier occurrence of a node's last 2 tokens, not "
+                        "only from the latest of its last 3 or 2 (the bound for branching into every continuation)")
     p.add_argument("--auto", type=lambda t: [x.strip() for x in t.split(",") if x.strip()], default=None,
                    metavar="PROFILE[,PROFILE...]",
                    help="replay the adaptive controller (mode auto) instead of fixed shapes, on a fixed cost "
@@ -282,6 +342,8 @@ def main(argv=None) -> int:
     graphs = [(k, c and not args.no_context_graph) for k, c in args.graph]
     if any(k is not None for k, _ in graphs) and not all(trees) and not args.auto:
         p.error("--graph needs --tree N (N > 0): a graph is drafted as a dynamic tree")
+    if args.auto and any(args.context_ceiling):
+        p.error("--context-ceiling bounds fixed drafting; it does not apply to --auto")
 
     from .loader import load
 
@@ -320,7 +382,7 @@ def main(argv=None) -> int:
         controllers = {config: Controller(profiles[config[0]], not args.no_drafter) for config in configs}
         plain = {name: costs.plain for name, costs in profiles.items()}
     else:
-        configs = list(product(shapes, lookups, trees, graphs))
+        configs = list(product(shapes, lookups, trees, graphs, args.context_ceiling))
     for r in tqdm(rows, desc="replay", unit="question", file=sys.stderr):
         hidden = loaded.model.hidden(mx.array(r["prompt_tokens"] + r["tokens"], dtype=mx.int32)[None])[0]
         ended = r.get("finish_reason") == "eos"
@@ -329,9 +391,9 @@ def main(argv=None) -> int:
                 k, ctx = config[1]
                 out = replay_auto(loaded, controllers[config], r["prompt_tokens"], r["tokens"], ended, hidden, k, ctx)
             else:
-                (w, n), c, t, (k, ctx) = config
+                (w, n), c, t, (k, ctx), ceil = config
                 out = replay(loaded, r["prompt_tokens"], r["tokens"], w, n, c, ended, hidden, t, args.tree_min_prob,
-                             k, ctx, not args.no_lookup_growth)
+                             k, ctx, not args.no_lookup_growth, ceil, args.ceiling_every)
             for key in ((config, ""), (config, r.get("category", ""))):
                 for name, v in out.items():
                     totals[key][name] += v
@@ -344,18 +406,22 @@ def main(argv=None) -> int:
         print_auto(configs, totals, categories, per_step, plain, args.no_drafter)
         return 0
 
-    print(f"{'shape':<7} {'tree':>4} {'lookup':>6} {'graph':>7} {'tokens/step':>11} {'packed/step':>11} "
+    def drafting(g, ceil):
+        return graph_name(g) + (f"+ceil{ceil}" + ("all" if args.ceiling_every else "") if ceil else "")
+
+    print(f"{'shape':<7} {'tree':>4} {'lookup':>6} {'graph':>15} {'tokens/step':>11} {'packed/step':>11} "
           f"{'rows/step':>9} {'lookup/step':>11} {'aliases':>7} {'grafted':>7} {'graft acc':>9}")
     for config in configs:
-        (w, n), c, t, g = config
+        (w, n), c, t, g, ceil = config
         tot = totals[(config, "")]
-        print(f"{w}x{n:<5} {t:>4} {c:>6} {graph_name(g):>7} {per_step(tot, 'produced'):>11.3f} "
+        print(f"{w}x{n:<5} {t:>4} {c:>6} {drafting(g, ceil):>15} {per_step(tot, 'produced'):>11.3f} "
               f"{per_step(tot, 'packed'):>11.2f} {per_step(tot, 'drafter_rows'):>9.2f} {per_step(tot, 'looked_up'):>11.3f} "
               f"{per_step(tot, 'aliases'):>7.2f} {per_step(tot, 'grafted'):>7.2f} {per_step(tot, 'graft_accepted'):>9.3f}")
     print_categories(configs, totals, categories, "tokens/step / packed/step / drafter rows/step",
-                     lambda config: f"{config[0][0]}x{config[0][1]} t{config[2]} l{config[1]} {graph_name(config[3])}",
+                     lambda config: f"{config[0][0]}x{config[0][1]} t{config[2]} l{config[1]} "
+                                    f"{drafting(config[3], config[4])}",
                      lambda config, tot: f"{per_step(tot, 'produced'):.2f}/{per_step(tot, 'packed'):.1f}/"
-                                         f"{per_step(tot, 'drafter_rows'):.1f}", 24)
+                                         f"{per_step(tot, 'drafter_rows'):.1f}", 30)
     return 0
 
 

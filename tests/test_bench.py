@@ -128,6 +128,13 @@ def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path
                         "--graph", "none,0,gsd0"]) == 0
     graphs = [line.split()[3] for line in capsys.readouterr().out.splitlines() if line.split()[:2] == ["2x3", "3"]]
     assert graphs == ["tree", "graph0", "gsd0"]
+    assert replay.main([str(out), "--model", str(model_dir), "--shapes", "2x3", "--lookup", "4", "--tree", "3",
+                        "--context-ceiling", "0,8"]) == 0
+    rows = {line.split()[3]: float(line.split()[4]) for line in capsys.readouterr().out.splitlines()
+            if line.split()[:2] == ["2x3", "3"]}
+    assert set(rows) == {"tree", "tree+ceil8"} and rows["tree+ceil8"] >= rows["tree"]
+    with pytest.raises(SystemExit):  # the ceiling bounds fixed drafting
+        replay.main([str(out), "--auto", "mkl", "--context-ceiling", "8"])
     with pytest.raises(SystemExit):  # a graph is drafted as a tree
         replay.main([str(out), "--tree", "0", "--graph", "1"])
     with pytest.raises(SystemExit):

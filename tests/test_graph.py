@@ -272,3 +272,38 @@ def test_sampling_through_grafted_nodes_matches_base_distribution(mode):
     kw = dict(beam_width=3, beam_length=4, lookup=3, tree=8, tree_min_prob=0.01) if mode == "redrafter" else {}
     counts = sampled_counts(m, prompt, 3, 1500, mode=mode, temperature=1.0, graph=0, **kw)
     assert chi_square_p(counts, probs) > 1e-3
+
+
+def test_context_ceiling_extends_a_step_by_what_the_context_continues():
+    from redrafter_mlx.replay import context_ceiling
+
+    #          0  1  2  3  4  5  6  7  8  9 10 11 12
+    context = [5, 6, 7, 8, 9, 4, 5, 6, 1, 2, 3, 0, 5]  # the root is the last token, 5
+    index = ContextIndex()
+    index.match(context, 4)
+    future = [6, 7, 8, 9, 3]  # what the base model says after the root
+    # nothing accepted: the root's keys (3, 0, 5) and (0, 5) never occurred before
+    assert context_ceiling(index, context, [5], future, 8) == 0
+    # 6 accepted: its key (5, 6) last occurred at 6..7 and continues 1, not 7
+    assert context_ceiling(index, context, [5, 6], future, 8) == 0
+    # any occurrence: (5, 6) at 0..1 continues 7, 8, 9, 4: matches 7, 8, 9, then 4 != 3
+    assert context_ceiling(index, context, [5, 6], future, 8, every=True) == 3
+    assert context_ceiling(index, context, [5, 6], future, 2, every=True) == 2  # copies of 2 tokens at most
+    # accepted 6, 7: the node 7's key (5, 6, 7) occurred at 0..2, latest, and continues 8, 9 (then 4 != 3)
+    assert context_ceiling(index, context, [5, 6, 7], future, 8) == 2
+    # already accepted further than any copy reaches: never negative
+    assert context_ceiling(index, context, [5, 6, 7, 8, 9, 3], future + [1], 8) == 0
+
+
+def test_replay_with_a_context_ceiling_takes_fewer_steps_on_a_repeating_reply():
+    from redrafter_mlx.replay import replay
+
+    m = tiny_loaded()
+    ar = generate(m, PROMPT, mode="ar", max_tokens=150)
+    kw = dict(tree=8, graph=1)
+    base = replay(m, ar.prompt_tokens, ar.tokens, 3, 5, 4, **kw)
+    assert replay(m, ar.prompt_tokens, ar.tokens, 3, 5, 4, ceiling=0, **kw) == base
+    latest = replay(m, ar.prompt_tokens, ar.tokens, 3, 5, 4, ceiling=8, **kw)
+    every = replay(m, ar.prompt_tokens, ar.tokens, 3, 5, 4, ceiling=8, ceiling_every=True, **kw)
+    assert latest["produced"] == base["produced"] and latest["ceiling_extra"] > 0
+    assert every["steps"] <= latest["steps"] < base["steps"]
