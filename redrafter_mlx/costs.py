@@ -292,7 +292,8 @@ def calibrate(model, drafter=None, budget: float = BUDGET_SECONDS,
     (a calibration taken beside a burst of load had made 2 tokens cost 1.24x one instead of
     1.1x, and the controller avoided small trees for the whole session)."""
     if progress:
-        progress("measuring this machine's verification cost (once per model and device; a GPU may compile kernels first)")
+        progress("measuring this machine's verification cost (once per model and device; a fresh machine compiles "
+                 "GPU kernels first, which on MLX's CUDA backend can take minutes)")
     vocab = int(model.args.vocab_size)
     cache = model.make_cache()
     model.hidden(mx.array(np.arange(CONTEXT) % vocab, dtype=mx.int32)[None], cache)
