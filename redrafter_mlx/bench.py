@@ -24,6 +24,7 @@ chat then decode plainly on this device.
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections import defaultdict
@@ -385,7 +386,8 @@ def parse_args(argv=None):
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--weight-format", default="auto", help="auto, stored, float32, float16 or bfloat16")
-    p.add_argument("--json", type=Path, default=None, help="write all results here")
+    p.add_argument("--json", type=Path, default=None, help="write all results here (rewritten after each question, so a run stopped by "
+                   "Ctrl-C or a time limit keeps the questions it finished; \"complete\" says whether all ran)")
     args = p.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if args.tune:
@@ -473,16 +475,29 @@ def main(argv=None):
         else:
             run_one(loaded, "Hello", mode, argparse.Namespace(**{**vars(args), "max_tokens": 8}), shape, graph)
     results = []
-    for q in prompts:
-        for name, mode, shape, graph in variants:
-            r = (run_mlx_lm(loaded, twin, q["prompt"], args) if mode == "mlx-lm"
-                 else run_one(loaded, q["prompt"], mode, args, shape, graph))
-            r = {"question_id": q["question_id"], "category": q["category"], **r}
-            if name != mode:
-                r["variant"] = name
-            results.append(r)
-            print(f"  q{q['question_id']} {name}: {r['new_tokens']} tokens, {r['tokens_per_step']:.2f} tok/step, "
-                  f"{r['tokens_per_second']:.2f} tok/s", file=sys.stderr)
+    done = 0  # questions every variant has run on; only those are reported
+    try:
+        for q in prompts:
+            rows = []
+            for name, mode, shape, graph in variants:
+                r = (run_mlx_lm(loaded, twin, q["prompt"], args) if mode == "mlx-lm"
+                     else run_one(loaded, q["prompt"], mode, args, shape, graph))
+                r = {"question_id": q["question_id"], "category": q["category"], **r}
+                if name != mode:
+                    r["variant"] = name
+                rows.append(r)
+                print(f"  q{q['question_id']} {name}: {r['new_tokens']} tokens, {r['tokens_per_step']:.2f} tok/step, "
+                      f"{r['tokens_per_second']:.2f} tok/s", file=sys.stderr)
+            results += rows
+            done += 1
+            if args.json and done < len(prompts):  # a run stopped later keeps what it finished
+                write_report(args.json, loaded, args, results, names, complete=False)
+    except KeyboardInterrupt:
+        print(f"redrafter-bench: interrupted after {done} of {len(prompts)} questions; reporting those",
+              file=sys.stderr)
+        if not done:
+            return 130
+    interrupted = done < len(prompts)
     summary = summarize(results, names, args.temperature == 0.0)
     categories = per_category(results, names)
     print_table(results, summary, names)
@@ -495,7 +510,9 @@ def main(argv=None):
             print(f"redrafter-bench: error: {e}", file=sys.stderr)
             return 2
         print(f"plot written to {args.plot}", file=sys.stderr)
-    if args.tune:
+    if args.tune and interrupted:
+        print("redrafter-bench: interrupted, so no shape is stored", file=sys.stderr)
+    elif args.tune:
         best = best_shape(summary)
         if best is None:
             print("redrafter-bench: no beam shape reproduced ar's output; nothing stored", file=sys.stderr)
@@ -517,18 +534,28 @@ def main(argv=None):
             print(f"fastest shape W={best['beam_width']} L={best['beam_length']}" + (f" tree {tree}" if tree else "") + " "
                   f"({best.get('speedup', 0):.2f}x over ar) stored in {path}")
     if args.json:
-        report = {
-            "model": loaded.name,
-            "device": loaded.device,
-            "weight_format": loaded.weight_format,
-            "drafter": str(loaded.drafter_path) if loaded.drafter_path else None,
-            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "results": results,
-            "summary": summary,
-            "categories": categories,
-        }
-        args.json.write_text(json.dumps(report, indent=1))
-    return 0
+        write_report(args.json, loaded, args, results, names, not interrupted, summary, categories)
+    return 130 if interrupted else 0
+
+
+def write_report(path: Path, loaded, args, results: List[Dict], names: List[str], complete: bool = True,
+                 summary: Dict = None, categories: Dict = None):
+    """The --json report, replaced atomically: a reader (or a run stopped mid-write) never sees
+    half a file. complete: False while questions are still to run, or after an interruption."""
+    report = {
+        "model": loaded.name,
+        "device": loaded.device,
+        "weight_format": loaded.weight_format,
+        "drafter": str(loaded.drafter_path) if loaded.drafter_path else None,
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "complete": complete,
+        "results": results,
+        "summary": summary if summary is not None else summarize(results, names, args.temperature == 0.0),
+        "categories": categories if categories is not None else per_category(results, names),
+    }
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(report, indent=1))
+    os.replace(tmp, path)
 
 
 def tuned_default(summary: Dict, best: Dict):

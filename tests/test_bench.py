@@ -253,3 +253,27 @@ def test_cli_reports_settings_out_of_range(model_dir, capsys):
     assert cli(["--model", str(model_dir), "--max-tokens", "6", "--graph", "1", "hello"]) == 0
     err = capsys.readouterr().err
     assert "adaptive:" in err and "graph:" in err  # the graph's figures come beside auto's, not instead
+
+
+def test_an_interrupted_run_reports_the_questions_it_finished(model_dir, prompts, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "b.json"
+    real = bench.run_one
+
+    def stopping(loaded, prompt, mode, *a, **kw):  # Ctrl-C during the second question's redrafter run
+        if prompt == QUESTIONS[1]["turns"][0] and mode != "ar":
+            raise KeyboardInterrupt
+        return real(loaded, prompt, mode, *a, **kw)
+
+    monkeypatch.setattr(bench, "run_one", stopping)
+    rc, text, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 8, "--modes", "ar,redrafter",
+                        "--beam-width", 2, "--beam-length", 3, "--json", out)
+    assert rc == 130 and "interrupted after 1 of 3 questions" in err
+    report = json.loads(out.read_text())
+    assert report["complete"] is False
+    assert [(r["question_id"], r["mode"]) for r in report["results"]] == [(81, "ar"), (81, "redrafter")]
+    assert report["summary"]["redrafter"]["questions"] == 1 and "redrafter" in text  # the table of what ran
+    assert not list(tmp_path.glob(".b.json.*"))  # written atomically: no temporary left behind
+    monkeypatch.setattr(bench, "run_one", real)
+    assert run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 8, "--modes", "ar",
+               "--json", out)[0] == 0
+    assert json.loads(out.read_text())["complete"] is True
