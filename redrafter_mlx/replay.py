@@ -47,23 +47,21 @@ def context_ceiling(index, context: Sequence[int], path: Sequence[int], future: 
     path's last 3 or 2 tokens (as a context graft copies it), up to `length` tokens; every: any
     occurrence of its last 2 tokens instead (what branching into every continuation could reach)."""
     import numpy as np
+    from numpy.lib.stride_tricks import sliding_window_view
 
     from .lookup import MAX_NGRAM, MIN_NGRAM
 
-    accepted = len(path) - 1
-    ctx = np.asarray(context, dtype=np.int64)
+    accepted, n = len(path) - 1, MIN_NGRAM
+    if every:  # every n-gram of the context that one token follows, as lookup.lookup_match scans them
+        ctx = np.asarray(context, dtype=np.int64)
+        windows = sliding_window_view(ctx[:-1], n) if ctx.size > n else np.zeros((0, n), dtype=np.int64)
     best = 0
     for j in range(len(path)):  # node path[j], j tokens past the root
         key = (list(context) + list(path[1 : j + 1]))[-MAX_NGRAM:]
         truth = np.asarray(future[j : j + length], dtype=np.int64)
         if every:
-            n = MIN_NGRAM
-            if ctx.size <= n or len(key) < n:
-                continue
-            hits = np.ones(ctx.size - n, dtype=bool)  # occurrences starting at s < T - n (one token follows)
-            for o in range(n):
-                hits &= ctx[o : ctx.size - n + o] == key[-n + o]
-            copies = [ctx[s + n : s + n + length] for s in np.flatnonzero(hits)]
+            hits = np.flatnonzero((windows == key[-n:]).all(axis=1)) if len(key) >= n else []
+            copies = [ctx[s + n : s + n + length] for s in hits]
         else:
             copies = [index.follow(key, length, MIN_NGRAM)[0]]
         for copy in copies:
