@@ -4,10 +4,14 @@
         --modes ar,redrafter --beam-width 4 --beam-length 4 --json out.json
 
 Prompts are Spec-Bench JSONL (`{"question_id", "category", "turns": [...]}`); the first turn
-is wrapped in the model's chat template. Every question runs in every mode, one after the
+is wrapped in the model's chat template. With `--turns N` each question is a conversation of its
+first N turns, as Spec-Bench runs MT-Bench (2): every mode answers turn i after its own earlier
+replies, the whole conversation prefilled again, and each turn is a result row of its own
+("turn"). Every question runs in every mode, one after the
 other, on the same loaded weights. The JSON holds "model", "device", "results" (one object
-per question and mode) and "summary" (per mode: mean tokens/s, tokens/step, speedup over ar,
-and, for greedy runs, whether every output equals ar's token for token).
+per question, turn and mode), "summary" (per mode: mean tokens/s, tokens/step, speedup over ar,
+and, for greedy runs, whether every output equals ar's token for token), "categories", and
+with --turns, "turns" (the same per turn).
 
     redrafter-bench --prompts ../shared/data/mt_bench.jsonl --limit 8 --modes ar,redrafter \
         --grid --widths 1,2,4,8 --lengths 3,4,5 --plot grid.png
@@ -34,7 +38,7 @@ from statistics import mean
 from typing import Dict, List
 
 from . import _platform  # noqa: F401  (OpenBLAS before mlx)
-from .errors import RedrafterError
+from .errors import ContextLengthError, RedrafterError
 from .graph import graph_name, parse_graph
 from .tree_search import DEFAULT_MIN_PROB
 from .tuning import DEFAULT_LOOKUP, DEFAULT_TREE, drafting, fixed_drafting, save_beam_shape
@@ -42,7 +46,9 @@ from .tuning import DEFAULT_LOOKUP, DEFAULT_TREE, drafting, fixed_drafting, save
 MODES = ("ar", "auto", "redrafter", "mlx-lm")
 
 
-def read_prompts(path: Path, limit: int = None) -> List[Dict]:
+def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
+    """The questions, each with its first `turns` turns ("turns"; fewer where it has fewer) and
+    the first as "prompt"."""
     if not path.is_file():
         raise RedrafterError(f"prompt file {path} not found")
     out = []
@@ -51,10 +57,13 @@ def read_prompts(path: Path, limit: int = None) -> List[Dict]:
             continue
         try:
             row = json.loads(line)
-            turns = row["turns"]
+            asked = row["turns"][:turns]
+            if not isinstance(asked, list) or not asked or not all(isinstance(t, str) and t.strip() for t in asked):
+                raise TypeError("'turns' must be a list of non-empty questions")
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise RedrafterError(f"{path}:{n} is not a Spec-Bench line with 'turns': {e}") from e
-        out.append({"question_id": row.get("question_id", n), "category": row.get("category", ""), "prompt": turns[0]})
+        out.append({"question_id": row.get("question_id", n), "category": row.get("category", ""),
+                    "prompt": asked[0], "turns": asked})
         if limit and len(out) >= limit:
             break
     return out
@@ -211,29 +220,36 @@ def summarize(results: List[Dict], modes: List[str], greedy: bool) -> Dict[str, 
             summary[mode]["controller"] = rows[-1].get("controller", {})  # its cost model, as the run ended
     if "ar" in summary:
         base = summary["ar"]["tokens_per_second"]
-        ar_tokens = {r["question_id"]: r["tokens"] for r in by_mode["ar"]}
+        ar_tokens = {(r["question_id"], r.get("turn", 1)): r["tokens"] for r in by_mode["ar"]}
         for mode in modes:
             summary[mode]["speedup"] = summary[mode]["tokens_per_second"] / base if base else 0.0
             if greedy and mode != "ar":  # mlx-lm included: an independent check of our plain decoding
-                summary[mode]["identical_to_ar"] = all(r["tokens"] == ar_tokens.get(r["question_id"]) for r in by_mode[mode])
+                summary[mode]["identical_to_ar"] = all(r["tokens"] == ar_tokens.get((r["question_id"], r.get("turn", 1)))
+                                                       for r in by_mode[mode])
     return summary
 
 
-def per_category(results: List[Dict], modes: List[str]) -> Dict[str, Dict[str, Dict]]:
-    """{category: {variant: {tokens_per_step, tokens_per_second, speedup}}}, pooled per category."""
+def per_category(results: List[Dict], modes: List[str], group=lambda r: r["category"]) -> Dict[str, Dict[str, Dict]]:
+    """{category: {variant: {tokens_per_step, tokens_per_second, speedup}}}, pooled per category
+    (or per whatever `group` returns for a row, e.g. its turn)."""
     out = {}
-    for cat in sorted({r["category"] for r in results}):
-        rows = [r for r in results if r["category"] == cat]
+    for cat in sorted({group(r) for r in results}):
+        rows = [r for r in results if group(r) == cat]
         s = summarize(rows, [m for m in modes if any(variant_of(r) == m for r in rows)], greedy=False)
         out[cat] = {m: {k: v[k] for k in ("tokens_per_step", "tokens_per_second", "speedup") if k in v}
                     for m, v in s.items()}
     return out
 
 
-def print_categories(cats: Dict[str, Dict[str, Dict]], modes: List[str], out=None):
+def per_turn(results: List[Dict], modes: List[str]) -> Dict[str, Dict[str, Dict]]:
+    """per_category's figures per turn of the conversations ("turn 1", "turn 2", ...)."""
+    return per_category(results, modes, lambda r: f"turn {r.get('turn', 1)}")
+
+
+def print_categories(cats: Dict[str, Dict[str, Dict]], modes: List[str], out=None, what: str = "category"):
     out = out or sys.stdout
     shown = [m for m in modes if m != "ar"] or modes
-    print(f"{'category':<12} " + " ".join(f"{m[:22]:>22}" for m in shown), file=out)
+    print(f"{what:<12} " + " ".join(f"{m[:22]:>22}" for m in shown), file=out)
     print(f"{'':<12} " + " ".join(f"{'tok/step  speedup':>22}" for _ in shown), file=out)
     for cat, row in cats.items():
         cells = []
@@ -247,8 +263,9 @@ def print_table(results: List[Dict], summary: Dict, modes: List[str], out=None):
     out = out or sys.stdout
     print(f"{'question':>9} {'category':<12} {'mode':<16} {'new':>5} {'steps':>5} {'tok/step':>8} {'tok/s':>7}", file=out)
     for r in results:
+        question = f"{r['question_id']}" + (f"/{r['turn']}" if "turn" in r else "")
         print(
-            f"{r['question_id']!s:>9} {r['category'][:12]:<12} {variant_of(r):<16} {r['new_tokens']:>5} {r['steps']:>5} "
+            f"{question:>9} {r['category'][:12]:<12} {variant_of(r):<16} {r['new_tokens']:>5} {r['steps']:>5} "
             f"{r['tokens_per_step']:>8.2f} {r['tokens_per_second']:>7.2f}",
             file=out,
         )
@@ -346,8 +363,13 @@ def parse_args(argv=None):
     )
     p.add_argument("--model", default=None, help="registry name, local path or hub id (default: the registry default)")
     p.add_argument("--drafter", default=None, help="drafter folder (default: the one found beside the model)")
-    p.add_argument("--prompts", required=True, type=Path, help="Spec-Bench JSONL file (first turn of each question)")
+    p.add_argument("--prompts", required=True, type=Path, help="Spec-Bench JSONL file (first turn of each question, "
+                   "unless --turns)")
     p.add_argument("--limit", type=int, default=None, help="only the first N questions")
+    p.add_argument("--turns", type=int, default=1, metavar="N",
+                   help="run each question as a conversation of its first N turns, as Spec-Bench runs MT-Bench "
+                   "(--turns 2): each mode answers every turn after its own earlier replies, so later turns can "
+                   "draw on the conversation (default: 1, the first turn alone)")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--modes", default="ar", help=f"comma-separated, from {', '.join(MODES)} (default: ar); "
                    "auto = the adaptive controller, which sizes each step's draft to this machine's measured cost "
@@ -396,6 +418,8 @@ def parse_args(argv=None):
         args.temperature = 0.0
         if args.limit is None:
             args.limit = 6
+    if args.turns < 1:
+        p.error(f"--turns must be >= 1, not {args.turns}")
     bad = [m for m in args.modes if m not in MODES]
     if bad or not args.modes:
         p.error(f"unknown mode(s) {', '.join(bad) or '(none)'}; choose from {', '.join(MODES)}")
@@ -417,7 +441,7 @@ def main(argv=None):
     from .loader import load
 
     try:
-        prompts = read_prompts(args.prompts, args.limit)
+        prompts = read_prompts(args.prompts, args.limit, args.turns)
         progress = lambda s: print(s, file=sys.stderr)  # noqa: E731
         loaded = load(args.model, drafter=args.drafter, weight_format=args.weight_format,
                       use_drafter=not args.no_drafter and args.modes != ["ar"], progress=progress)
@@ -479,15 +503,34 @@ def main(argv=None):
     try:
         for q in prompts:
             rows = []
-            for name, mode, shape, graph in variants:
-                r = (run_mlx_lm(loaded, twin, q["prompt"], args) if mode == "mlx-lm"
-                     else run_one(loaded, q["prompt"], mode, args, shape, graph))
-                r = {"question_id": q["question_id"], "category": q["category"], **r}
-                if name != mode:
-                    r["variant"] = name
-                rows.append(r)
-                print(f"  q{q['question_id']} {name}: {r['new_tokens']} tokens, {r['tokens_per_step']:.2f} tok/step, "
-                      f"{r['tokens_per_second']:.2f} tok/s", file=sys.stderr)
+            talk = {name: [] for name in names}  # each variant's conversation so far: its own replies
+            for turn, asked in enumerate(q["turns"], 1):
+                turn_rows = []
+                for name, mode, shape, graph in variants:
+                    prompt = talk[name] + [{"role": "user", "content": asked}] if turn > 1 else asked
+                    try:
+                        r = (run_mlx_lm(loaded, twin, prompt, args) if mode == "mlx-lm"
+                             else run_one(loaded, prompt, mode, args, shape, graph))
+                    except ContextLengthError as e:
+                        if turn == 1:
+                            raise
+                        print(f"  q{q['question_id']} turn {turn} {name}: {e}; this question's turns from here "
+                              "are left out", file=sys.stderr)
+                        turn_rows = None
+                        break
+                    talk[name] += [{"role": "user", "content": asked},
+                                   {"role": "assistant", "content": loaded.tokenizer.decode(r["tokens"])}]
+                    r = {"question_id": q["question_id"], "category": q["category"],
+                         **({"turn": turn} if args.turns > 1 else {}), **r}
+                    if name != mode:
+                        r["variant"] = name
+                    turn_rows.append(r)
+                    print(f"  q{q['question_id']}" + (f" turn {turn}" if args.turns > 1 else "") + f" {name}: "
+                          f"{r['new_tokens']} tokens, {r['tokens_per_step']:.2f} tok/step, "
+                          f"{r['tokens_per_second']:.2f} tok/s", file=sys.stderr)
+                if turn_rows is None:  # every variant's row of a turn, or none: the figures stay comparable
+                    break
+                rows += turn_rows
             results += rows
             done += 1
             if args.json and done < len(prompts):  # a run stopped later keeps what it finished
@@ -497,12 +540,18 @@ def main(argv=None):
               file=sys.stderr)
         if not done:
             return 130
+    except RedrafterError as e:  # e.g. a first turn longer than the model's context
+        print(f"redrafter-bench: error: {e}", file=sys.stderr)
+        return 2
     interrupted = done < len(prompts)
     summary = summarize(results, names, args.temperature == 0.0)
     categories = per_category(results, names)
     print_table(results, summary, names)
     print()
     print_categories(categories, names)
+    if args.turns > 1:
+        print()
+        print_categories(per_turn(results, names), names, what="turn")
     if args.plot:
         try:
             plot(summary, results, args.plot)
@@ -552,6 +601,7 @@ def write_report(path: Path, loaded, args, results: List[Dict], names: List[str]
         "results": results,
         "summary": summary if summary is not None else summarize(results, names, args.temperature == 0.0),
         "categories": categories if categories is not None else per_category(results, names),
+        **({"turns": per_turn(results, names)} if args.turns > 1 else {}),
     }
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(report, indent=1))

@@ -261,7 +261,8 @@ def replay_auto(loaded, ctl, prompt: Sequence[int], tokens: Sequence[int], ended
 
 def print_categories(configs, totals, categories, what: str, name, cell, width: int):
     """Per-category table under the main one: a row per config (`name(config)`), a column per
-    category (`cell(config, totals)`), `what` saying what a cell holds."""
+    category (and per turn, for results of redrafter-bench --turns) (`cell(config, totals)`),
+    `what` saying what a cell holds."""
     if not categories:
         return
     print(f"\nper category: {what}")
@@ -392,10 +393,12 @@ def main(argv=None) -> int:
                 (w, n), c, t, (k, ctx), ceil = config
                 out = replay(loaded, r["prompt_tokens"], r["tokens"], w, n, c, ended, hidden, t, args.tree_min_prob,
                              k, ctx, not args.no_lookup_growth, ceil, args.ceiling_every)
-            for key in ((config, ""), (config, r.get("category", ""))):
+            turn = (f"turn {r['turn']}",) if "turn" in r else ()  # redrafter-bench --turns
+            for group in ("", r.get("category", ""), *turn):
                 for name, v in out.items():
-                    totals[key][name] += v
-    categories = sorted({key[1] for key in totals if key[1]})
+                    totals[(config, group)][name] += v
+    groups = {key[1] for key in totals if key[1]}
+    categories = sorted(g for g in groups if not g.startswith("turn ")) + sorted(g for g in groups if g.startswith("turn "))
 
     def per_step(tot, name):
         return tot[name] / max(tot["steps"], 1)

@@ -277,3 +277,49 @@ def test_an_interrupted_run_reports_the_questions_it_finished(model_dir, prompts
     assert run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 8, "--modes", "ar",
                "--json", out)[0] == 0
     assert json.loads(out.read_text())["complete"] is True
+
+
+def test_turns_run_each_question_as_a_conversation(model_dir, prompts, tmp_path, capsys):
+    from redrafter_mlx import replay
+
+    out = tmp_path / "t.json"
+    rc, text, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 10, "--turns", 2,
+                      "--modes", "ar,redrafter", "--beam-width", 2, "--beam-length", 3, "--json", out)
+    assert rc == 0
+    report = json.loads(out.read_text())
+    rows = report["results"]
+    # q81 has two turns, the others one; each turn runs in every mode before the next turn
+    assert [(r["question_id"], r["turn"], r["mode"]) for r in rows] == [
+        (81, 1, "ar"), (81, 1, "redrafter"), (81, 2, "ar"), (81, 2, "redrafter"),
+        (82, 1, "ar"), (82, 1, "redrafter"), (83, 1, "ar"), (83, 1, "redrafter")]
+    tok = load(str(model_dir)).tokenizer
+    for mode in ("ar", "redrafter"):  # turn 2 is asked after the mode's own first reply
+        first, second = [r for r in rows if r["question_id"] == 81 and r["mode"] == mode]
+        assert first["prompt_tokens"] == tok.prompt_ids(QUESTIONS[0]["turns"][0])
+        assert second["prompt_tokens"] == tok.prompt_ids([
+            {"role": "user", "content": QUESTIONS[0]["turns"][0]},
+            {"role": "assistant", "content": tok.decode(first["tokens"])},
+            {"role": "user", "content": "again"}])
+    assert report["summary"]["redrafter"]["identical_to_ar"] is True
+    assert set(report["turns"]) == {"turn 1", "turn 2"}
+    assert any(line.split()[:2] == ["81/2", "writing"] for line in text.splitlines())
+    assert replay.main([str(out), "--model", str(model_dir), "--shapes", "2x3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("config"))
+    assert header.split()[-4:] == ["turn", "1", "turn", "2"]  # per-turn columns after the categories'
+
+    # a later turn that no longer fits the context is left out in every mode, with a message
+    long = " ".join(["the sea"] * 2000)
+    n = len(tok.prompt_ids(long))
+    words = int(2000 * 950 / n)  # a first turn of ~950 of the tiny model's 1024 tokens
+    f = tmp_path / "long.jsonl"
+    f.write_text(json.dumps({"question_id": 1, "category": "x", "turns": [" ".join(["the sea"] * words), "more"]}) + "\n")
+    rc, text, err = run(capsys, "--model", model_dir, "--prompts", f, "--max-tokens", 80, "--turns", 2,
+                        "--modes", "ar,redrafter", "--beam-width", 2, "--beam-length", 3, "--json", out)
+    assert rc == 0 and "turn 2" in err and "left out" in err
+    assert [(r["turn"], r["mode"]) for r in json.loads(out.read_text())["results"]] == [(1, "ar"), (1, "redrafter")]
+    f.write_text(json.dumps({"question_id": 1, "category": "x", "turns": [long, "more"]}) + "\n")
+    rc, _, err = run(capsys, "--model", model_dir, "--prompts", f, "--turns", 2)  # a first turn too long
+    assert rc == 2 and "context of 1024" in err and "Traceback" not in err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--prompts", "x", "--turns", "0"])
