@@ -41,6 +41,8 @@ from . import _platform  # noqa: F401
 
 import mlx.core as mx  # noqa: E402
 
+from .files import write_json  # noqa: E402
+
 DATA = Path(__file__).parent / "data"
 TRAIN_PROMPTS = DATA / "train_prompts.jsonl"
 EVAL_PROMPTS = DATA / "eval_prompts.jsonl"
@@ -95,9 +97,7 @@ class Log:
         self.save()
 
     def save(self):
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state, indent=1))
-        tmp.replace(self.path)
+        write_json(self.path, self.state)
 
 
 def read_prompt_files(paths: List[Path]) -> List[List[str]]:

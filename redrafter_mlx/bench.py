@@ -28,7 +28,6 @@ chat then decode plainly on this device.
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections import defaultdict
@@ -39,6 +38,7 @@ from typing import Dict, List
 
 from . import _platform  # noqa: F401  (OpenBLAS before mlx)
 from .errors import ContextLengthError, RedrafterError
+from .files import write_json
 from .graph import graph_name, parse_graph
 from .tree_search import DEFAULT_MIN_PROB
 from .tuning import DEFAULT_LOOKUP, DEFAULT_TREE, drafting, fixed_drafting, save_beam_shape
@@ -603,9 +603,7 @@ def write_report(path: Path, loaded, args, results: List[Dict], names: List[str]
         "categories": categories if categories is not None else per_category(results, names),
         **({"turns": per_turn(results, names)} if args.turns > 1 else {}),
     }
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(report, indent=1))
-    os.replace(tmp, path)
+    write_json(path, report)
 
 
 def tuned_default(summary: Dict, best: Dict):

@@ -34,7 +34,6 @@ Every figure here is in seconds, and every lookup is a few arithmetic operations
 import hashlib
 import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -43,6 +42,7 @@ import mlx.core as mx
 import numpy as np
 
 from ._platform import device_description
+from .files import write_json
 from .registry import cache_dir
 
 FILE = "cost_model.json"
@@ -408,10 +408,7 @@ def write_cached(loaded, costs: CostModel) -> Optional[Path]:
         data = dict(list(data.items())[-8:])
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(data, indent=1))
-            os.replace(tmp, path)
-            return path
+            return write_json(path, data)
         except OSError:
             continue
     return None

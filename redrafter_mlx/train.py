@@ -38,6 +38,7 @@ from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
 
 from .config import DrafterArgs  # noqa: E402
 from .drafter import Drafter, load_drafter, save_drafter  # noqa: E402
+from .files import write_json  # noqa: E402
 from .tuning import parse_shapes  # noqa: E402
 
 
@@ -173,8 +174,7 @@ def save_checkpoint(folder: Path, drafter: Drafter, opt, step: int, rng: np.rand
     mx.save_safetensors(str(folder / "optimizer.tmp.safetensors"), {k: v for k, v in state.items() if isinstance(v, mx.array)})
     (folder / "optimizer.tmp.safetensors").replace(folder / "optimizer.safetensors")
     meta = {"step": step, "rng": rng.bit_generator.state, **(extra or {})}
-    (folder / "state.tmp.json").write_text(json.dumps(meta))
-    (folder / "state.tmp.json").replace(folder / "state.json")
+    write_json(folder / "state.json", meta, indent=None)
 
 
 def load_checkpoint(folder: Path, drafter: Drafter, opt):

@@ -17,12 +17,12 @@ DEFAULT_SHAPE. A shape stored for another device is not used.
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from ._platform import device_description
+from .files import write_json
 from .tree_search import DEFAULT_MIN_PROB
 
 DEFAULT_SHAPE = (4, 4)  # (beam width W, beam length L counting the base model's token)
@@ -153,9 +153,7 @@ def save_beam_shape(loaded, width: int, length: int, measured: Dict[str, Any], t
         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         **measured,
     }
-    tmp = path.with_name(f".{FILE}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    write_json(path, data)
     loaded.beam_shape = (int(width), int(length))
     loaded.tree, loaded.lookup, loaded.tree_min_prob = int(tree), int(lookup), float(tree_min_prob)
     return path

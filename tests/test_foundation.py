@@ -248,3 +248,19 @@ def test_hub_id_without_network(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path))
     with pytest.raises((NetworkError, ModelNotFoundError), match="no-such-org/no-such-model"):
         load("no-such-org/no-such-model")
+
+
+def test_json_files_are_replaced_whole_or_not_at_all(tmp_path):
+    from redrafter_mlx.files import write_json
+
+    path = tmp_path / "beam_shape.json"
+    write_json(path, {"a": 1})
+    write_json(path, {"a": 2, "b": [1, 2]})
+    assert json.loads(path.read_text()) == {"a": 2, "b": [1, 2]}
+    with pytest.raises(TypeError):  # not JSON: the old file stays, no temp file is left behind
+        write_json(path, {"a": object()})
+    assert json.loads(path.read_text()) == {"a": 2, "b": [1, 2]}
+    (tmp_path / "taken.json").mkdir()  # the rename fails after the temp file was written: it is removed
+    with pytest.raises(OSError):
+        write_json(tmp_path / "taken.json", {"a": 3})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["beam_shape.json", "taken.json"]

@@ -1,0 +1,25 @@
+"""Files written whole or not at all.
+
+A JSON file the library writes (the cost-model cache, `beam_shape.json`, a bench report, a
+training run's state) goes to a hidden temporary file beside it and is then renamed over it:
+a reader, or a run stopped mid-write, sees the old file or the new one, never half of one.
+"""
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+
+def write_json(path: Path, data: Any, indent: Optional[int] = 1) -> Path:
+    """Replace `path` with `data` as JSON, atomically (a temp file in the same folder, then
+    `os.replace`). On any failure the old file is left as it was and the temp file removed."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=indent))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
