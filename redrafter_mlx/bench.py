@@ -28,7 +28,9 @@ chat then decode plainly on this device.
 
 import argparse
 import json
+import signal
 import sys
+import threading
 import time
 from collections import defaultdict
 from itertools import product
@@ -409,7 +411,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--weight-format", default="auto", help="auto, stored, float32, float16 or bfloat16")
     p.add_argument("--json", type=Path, default=None, help="write all results here (rewritten after each question, so a run stopped by "
-                   "Ctrl-C or a time limit keeps the questions it finished; \"complete\" says whether all ran)")
+                   "Ctrl-C, SIGTERM or a time limit keeps the questions it finished; \"complete\" says whether all ran)")
     args = p.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if args.tune:
@@ -500,6 +502,7 @@ def main(argv=None):
             run_one(loaded, "Hello", mode, argparse.Namespace(**{**vars(args), "max_tokens": 8}), shape, graph)
     results = []
     done = 0  # questions every variant has run on; only those are reported
+    stop = Stop()
     try:
         for q in prompts:
             rows = []
@@ -536,13 +539,15 @@ def main(argv=None):
             if args.json and done < len(prompts):  # a run stopped later keeps what it finished
                 write_report(args.json, loaded, args, results, names, complete=False)
     except KeyboardInterrupt:
-        print(f"redrafter-bench: interrupted after {done} of {len(prompts)} questions; reporting those",
+        print(f"redrafter-bench: {stop.why} after {done} of {len(prompts)} questions; reporting those",
               file=sys.stderr)
         if not done:
-            return 130
+            return stop.status
     except RedrafterError as e:  # e.g. a first turn longer than the model's context
         print(f"redrafter-bench: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        stop.restore()
     interrupted = done < len(prompts)
     summary = summarize(results, names, args.temperature == 0.0)
     categories = per_category(results, names)
@@ -584,7 +589,27 @@ def main(argv=None):
                   f"({best.get('speedup', 0):.2f}x over ar) stored in {path}")
     if args.json:
         write_report(args.json, loaded, args, results, names, not interrupted, summary, categories)
-    return 130 if interrupted else 0
+    return stop.status if interrupted else 0
+
+
+class Stop:
+    """Ctrl-C (SIGINT) and SIGTERM (`kill`, a job's time limit) both stop a run the same way, as
+    KeyboardInterrupt, so either reports the questions that finished. `status`: the exit
+    status, 130 or 143 (128 + the signal), as a shell reports a process those signals end."""
+
+    def __init__(self):
+        self.why, self.status, self._previous = "interrupted", 130, None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._terminated)
+
+    def _terminated(self, signum, frame):
+        self.why, self.status = "terminated (SIGTERM)", 128 + signal.SIGTERM
+        raise KeyboardInterrupt
+
+    def restore(self):
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
 
 
 def write_report(path: Path, loaded, args, results: List[Dict], names: List[str], complete: bool = True,

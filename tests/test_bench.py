@@ -2,6 +2,8 @@
 storing a per-device default shape that load() / stream() then use. Tiny random models only."""
 
 import json
+import os
+import signal
 
 import pytest
 
@@ -277,6 +279,20 @@ def test_an_interrupted_run_reports_the_questions_it_finished(model_dir, prompts
     assert run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 8, "--modes", "ar",
                "--json", out)[0] == 0
     assert json.loads(out.read_text())["complete"] is True
+
+    def terminated(loaded, prompt, mode, *a, **kw):  # `kill` (SIGTERM) during the third question
+        if prompt == QUESTIONS[2]["turns"][0]:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(loaded, prompt, mode, *a, **kw)
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(bench, "run_one", terminated)
+    rc, text, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 8, "--modes", "ar",
+                        "--json", out)
+    assert rc == 143 and "terminated (SIGTERM) after 2 of 3 questions" in err and "ar" in text
+    report = json.loads(out.read_text())
+    assert report["complete"] is False and [r["question_id"] for r in report["results"]] == [81, 82]
+    assert signal.getsignal(signal.SIGTERM) is before  # the bench's handler is gone once it returns
 
 
 def test_turns_run_each_question_as_a_conversation(model_dir, prompts, tmp_path, capsys):
