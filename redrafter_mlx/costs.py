@@ -264,6 +264,22 @@ def shape_penalty(model, cache, vocab: int, n: int = 3) -> float:
     return sorted(fresh)[1] / max(repeated, 1e-9)
 
 
+def wants_shape_buckets(model, cache, vocab: int) -> bool:
+    """Whether new (tree size, context) shapes cost more than SHAPE_PENALTY times a repeated one
+    here. A first reading over it is taken again a few tokens of context further on (pairs never
+    seen either): a backend that compiles per shape pays at every new pair, while a burst of load
+    from another process inflates one reading, hardly two in a row (one did, on the 2-core CPU
+    beside two other jobs, and padded every tree there for nothing)."""
+    if shape_penalty(model, cache, vocab) <= SHAPE_PENALTY:
+        return False
+    start = cache.offset
+    mx.eval(model.hidden(mx.array(((start + np.arange(8)) % vocab)[None], dtype=mx.int32), cache))
+    try:
+        return shape_penalty(model, cache, vocab) > SHAPE_PENALTY
+    finally:
+        cache.trim_to(start)
+
+
 def time_plain(model, cache, start: int, vocab: int, steps: int = 8) -> float:
     """Seconds per step of plain decoding as mode "ar" runs it (each step's forward queued before
     the previous step's token is read back): what a parked controller costs, and a little less
@@ -301,7 +317,7 @@ def calibrate(model, drafter=None, budget: float = BUDGET_SECONDS,
     buckets = False
     if hasattr(model, "use_shape_buckets"):
         model.use_shape_buckets(False)
-        buckets = shape_penalty(model, cache, vocab) > SHAPE_PENALTY
+        buckets = wants_shape_buckets(model, cache, vocab)
         model.use_shape_buckets(buckets)
     sizes, samples = [], []
     spent = 0.0  # steady-state seconds the timed rounds take: what the budget bounds
