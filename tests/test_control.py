@@ -597,6 +597,25 @@ def test_shape_buckets_are_measured_cached_and_applied(tiny_loaded, monkeypatch)
     assert cached.source.startswith("cached") and cached.shape_buckets and model.shape_buckets
 
 
+def test_one_slow_reading_does_not_turn_shape_buckets_on(tiny_loaded, monkeypatch):
+    """A burst of load from another process can inflate one shape-penalty reading; shape buckets
+    (padded trees) turn on only when a second reading, at contexts never seen either, agrees."""
+    model = tiny_loaded.model
+    cache = model.make_cache()
+    mx.eval(model.hidden(mx.arange(16, dtype=mx.int32)[None], cache))
+    for readings, wanted in (([3.0, 1.1], False), ([3.0, 2.5], True), ([1.2], False)):
+        starts, left = [], list(readings)
+
+        def reading(model, cache, vocab, n=3):
+            starts.append(cache.offset)
+            return left.pop(0)
+
+        monkeypatch.setattr(costs, "shape_penalty", reading)
+        assert costs.wants_shape_buckets(model, cache, 64) is wanted
+        assert not left and cache.offset == 16  # every reading taken, the context given back
+        assert len(set(starts)) == len(starts)  # the second reading at a context of its own
+
+
 def test_cost_lookups_read_a_table_rebuilt_when_the_curve_moves():
     c = costs.CostModel([1, 2, 4], [0.1, 0.12, 0.2])
     before = c.verify_curve(8).copy()
