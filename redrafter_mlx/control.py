@@ -49,7 +49,7 @@ import numpy as np
 
 from .costs import CostModel, cost_model
 from .graph import ALIAS_GRAFT, CONTEXT_GRAFT, DRAFTER, context_grafts
-from .lookup import ContextIndex
+from .lookup import NO_MATCH, ContextIndex
 from .tree_search import Candidates, expand, leaf_paths
 
 DRAFT_EDGES = np.array([0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99])
@@ -219,7 +219,7 @@ class Controller:
         n_max = min(self._n_max(), room - 1 - (not root_known))
         if n_max < 1:
             return None, None
-        copy, n = self.context.match(ids, n_max + (not root_known))
+        copy, n, _ = self.context.match(ids, n_max + (not root_known))
         run = self._in_run(ids)
         self._watch(ids, copy, n, run)
         if not root_known:
@@ -302,12 +302,12 @@ class Controller:
             stop = 2 * floor + (self.costs.draft_level or 0.0) * self.rate()
             cands = expand(drafter, base, h, token, width, levels, budget=n_max, min_prob=floor, stop_prob=stop,
                            graph=graph, prefix=ids)
-        copy, n = self.context.match(ids, n_max) if n_max >= 1 else (np.zeros(0, dtype=np.int32), 0)
+        copy, n, _ = self.context.match(ids, n_max) if n_max >= 1 else NO_MATCH
         run = self._in_run(ids)
         self._watch(ids, copy, n, run)
         copies = [(-1, self._stage(copy, n, run), n, run)] if copy.size else []
         if graph is not None and context_graph and cands.tokens.size:
-            copies += [(i, c, k, False) for i, c, k in
+            copies += [(i, m.copy, m.n, False) for i, m in
                        context_grafts(self.context, ids, cands.tokens.tolist(), cands.parents.tolist(),
                                       cands.levels.tolist(), n_max, n_max, graph)]
         return self._choose(token, cands, copies, n_max, levels)

@@ -26,8 +26,8 @@ import numpy as np
 
 from .beam_search import beam_search
 from .errors import ContextLengthError, RedrafterError
-from .graph import graft_counts, search as graph_search
-from .lookup import ContextIndex, CopyLength, add_beam
+from .graph import graft_counts, root_copy, search as graph_search
+from .lookup import MAX_GROWTH, ContextIndex, CopyLength, add_beam
 from .sampling import Sampler
 from .stats import RunStats, StepStats
 from .tree import accept, beam_of, pack
@@ -312,7 +312,11 @@ def stream(
                         # L - 1 deep) from h, the hidden state at the last cached token.
                         L = min(beam_length, room)
                         ctx_ids = pc.ids + [token_id]
-                        copy, _ = context.match(ctx_ids, min(copy_length.length, room - 1))  # (C,)
+                        if budget and graph is not None and context_graph:
+                            # the root is a node of the context graph: its copy is cut by calibrated probability
+                            copy = root_copy(context.match(ctx_ids, min(lookup * MAX_GROWTH, room - 1)), tree_min_prob)
+                        else:
+                            copy = context.match(ctx_ids, min(copy_length.length, room - 1)).copy  # (C,)
                         sources_np, aliases = None, 0
                         if budget and graph is not None:
                             g = graph_search(drafter, model, h, token_id, beam_width, L - 1, budget, tree_min_prob,

@@ -8,39 +8,83 @@ next to the drafter's; the packed tree merges it with any beam sharing its prefi
 verification accepts it only where the base model agrees, so output stays exactly the
 base model's.
 
-n runs from `max_ngram` down to `min_ngram` (the longest match wins, the latest occurrence of
-it); min_ngram 2 keeps single-token matches out (on MT-Bench replies they proposed about
-three tokens for every one accepted).
+n runs from `max_ngram` down to `min_ngram` (the longest n-gram found wins); min_ngram 2 keeps
+single-token matches out (on MT-Bench replies they proposed about three tokens for every one
+accepted). Of that n-gram's last CANDIDATES occurrences the copy follows the one whose match
+runs furthest back (the latest among equals), and a match reports that length, its *extent*
+(up to EXTENT tokens): a reply quoting a passage matches it far back, a common phrase only by
+its few tokens. Along greedy replies to 128 training prompts (not MT-Bench) of the default
+model, a copy's first token was right 59% of the time at extent 2 and 93% past 16, and its
+accepted run averaged 2.3 against 16 tokens (graph.CONTEXT_PRIOR). Picking the furthest-back
+occurrence over the latest raised tokens/step 1.0% on those prompts, 1.1% on MT-Bench's first
+turns and 3.6% on its second, at fewer packed tokens (replay, the shipped CPU tree).
 """
+
+from typing import NamedTuple
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 MAX_NGRAM = 3
 MIN_NGRAM = 2
+CANDIDATES = 8  # occurrences of the matched n-gram compared by extent (the latest ones)
+EXTENT = 33  # how far back a match is measured, in tokens (33: "more than 32")
+
+
+class Match(NamedTuple):
+    """A context lookup's answer: the copy, the n-gram length n that matched (0: none) and the
+    extent, how many tokens before the copy equal the key's last ones (>= n; at most EXTENT)."""
+
+    copy: np.ndarray
+    n: int
+    extent: int
+
+
+NO_MATCH = Match(np.zeros(0, dtype=np.int32), 0, 0)
+
+
+def extent(context, end: int, key, n: int) -> int:
+    """How many tokens of `context` before position `end` equal the last ones of `key` (a list),
+    given that the last n do; at most len(key). Compared in slices, as a loop repeats for
+    tens of tokens."""
+    L, limit = n, min(len(key), end)
+    K = len(key)
+    while L < limit:
+        s = min(8, limit - L)
+        if context[end - L - s : end - L] == key[K - L - s : K - L]:
+            L += s
+            continue
+        while L < limit and context[end - 1 - L] == key[K - 1 - L]:
+            L += 1
+        return L
+    return L
 
 
 def lookup(ids, length: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM) -> np.ndarray:
-    """Up to `length` tokens that followed the latest earlier occurrence of the longest suffix
-    n-gram of `ids` (1-D token ids), for n = max_ngram .. min_ngram. Empty when none recurs."""
-    return lookup_match(ids, length, max_ngram, min_ngram)[0]
+    """Up to `length` tokens that followed an earlier occurrence of the longest suffix n-gram of
+    `ids` (1-D token ids), n = max_ngram .. min_ngram: of its last CANDIDATES occurrences, the
+    one matching furthest back (the latest among equals). Empty when none recurs."""
+    return lookup_match(ids, length, max_ngram, min_ngram).copy
 
 
-def lookup_match(ids, length: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM):
-    """(copy, n): `lookup`'s tokens and the length n of the suffix n-gram that matched (0: none)."""
+def lookup_match(ids, length: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM) -> Match:
+    """`lookup`'s tokens as a Match, found by scanning the whole context (ContextIndex keeps the
+    same answer incrementally)."""
     if length < 1:
-        return np.zeros(0, dtype=np.int32), 0
+        return NO_MATCH
     if min_ngram < 1 or max_ngram < min_ngram:
         raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
     ids = np.asarray(ids, dtype=np.int32)
     T = ids.size
+    key = ids[max(T - EXTENT, 0) :].tolist()
+    context = ids.tolist()
     for n in range(min(max_ngram, T - 1), min_ngram - 1, -1):
         windows = sliding_window_view(ids[: T - 1], n)  # (T - n, n): starts 0 .. T-1-n, the suffix itself excluded
         hits = np.flatnonzero((windows == ids[T - n :]).all(axis=1))
         if hits.size:
-            start = int(hits[-1]) + n
-            return periodic(ids, start, length), n
-    return np.zeros(0, dtype=np.int32), 0
+            L, end = max((extent(context, int(h) + n, key, n), int(h) + n) for h in hits[-CANDIDATES:])
+            return Match(periodic(ids, end, length), n, L)
+    return NO_MATCH
 
 
 def periodic(ids, start: int, length: int) -> np.ndarray:
@@ -82,7 +126,7 @@ class ContextIndex:
     def _reset(self):
         self.context: list = []  # the latest context matched (ending with its root)
         self.ids: list = []  # the tokens indexed: every n-gram lying inside them is in a table
-        self.ends = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}  # n-gram -> end of its latest occurrence
+        self.ends = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}  # n-gram -> ends of its occurrences
 
     def _extends(self, ids: list) -> bool:
         k = len(self.ids)
@@ -95,8 +139,8 @@ class ContextIndex:
         j = max(k - 8, 0)
         return ids[j:k] == self.ids[j:k] and ids[k // 2] == self.ids[k // 2] and ids[k // 4] == self.ids[k // 4]
 
-    def match(self, ids, length: int):
-        """(copy, n) as `lookup_match(ids, length)` gives them."""
+    def match(self, ids, length: int) -> Match:
+        """The Match `lookup_match(ids, length)` gives."""
         if isinstance(ids, np.ndarray):
             ids = ids.tolist()
         if not self._extends(ids):
@@ -108,22 +152,25 @@ class ContextIndex:
         for end in range(k + 1, T):
             for n, table in self.ends.items():
                 if end >= n:
-                    table[tuple(self.ids[end - n : end])] = end
+                    table.setdefault(tuple(self.ids[end - n : end]), []).append(end)
         if length < 1:  # indexed all the same: `follow` reads this context
-            return np.zeros(0, dtype=np.int32), 0
-        return self.follow(ids[T - min(self.max_ngram, T - 1) :], length, self.min_ngram, wrap=True)
+            return NO_MATCH
+        return self.follow(ids[T - min(EXTENT, T - 1) :], length, self.min_ngram, wrap=True)
 
-    def follow(self, key, length: int, min_ngram: int = MIN_NGRAM, wrap: bool = False):
-        """(copy, n): up to `length` tokens that followed the latest occurrence, in the context
-        last given to `match`, of the longest suffix n-gram of `key` (a path's last tokens), for
-        n = max_ngram .. max(min_ngram, self.min_ngram); empty and 0 when none occurs."""
+    def follow(self, key, length: int, min_ngram: int = MIN_NGRAM, wrap: bool = False) -> Match:
+        """Up to `length` tokens that followed, in the context last given to `match`, the longest
+        suffix n-gram of `key` (a path's last tokens, up to EXTENT of them), n = max_ngram ..
+        max(min_ngram, self.min_ngram): of its last CANDIDATES occurrences the one matching
+        furthest back along `key`, the latest among equals. NO_MATCH when none occurs."""
+        key = list(key)
         for n in range(min(self.max_ngram, len(key)), max(min_ngram, self.min_ngram) - 1, -1):
-            start = self.ends[n].get(tuple(key[len(key) - n :]))
-            if start is not None:
+            ends = self.ends[n].get(tuple(key[len(key) - n :]))
+            if ends:
+                L, start = max((extent(self.context, e, key, n), e) for e in ends[-CANDIDATES:])
                 if wrap:
-                    return periodic(self.context, start, length), n
-                return np.asarray(self.context[start : start + length], dtype=np.int32), n
-        return np.zeros(0, dtype=np.int32), 0
+                    return Match(periodic(self.context, start, length), n, L)
+                return Match(np.asarray(self.context[start : start + length], dtype=np.int32), n, L)
+        return NO_MATCH
 
 
 GROWTH = 2  # a fully accepted copy makes the next one this many times longer ...

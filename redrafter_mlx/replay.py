@@ -43,13 +43,13 @@ def context_ceiling(index, context: Sequence[int], path: Sequence[int], future: 
 
     context: the ids up to the step's root, indexed by `index` (a lookup.ContextIndex whose last
     `match` was this context); path: the accepted tokens, root first; future: the base model's
-    tokens after the root. A node's continuation is what followed the latest occurrence of its
-    path's last 3 or 2 tokens (as a context graft copies it), up to `length` tokens; every: any
+    tokens after the root. A node's continuation is what a context graft copies (its path's last
+    3 or 2 tokens' occurrence that matches furthest back), up to `length` tokens; every: any
     occurrence of its last 2 tokens instead (what branching into every continuation could reach)."""
     import numpy as np
     from numpy.lib.stride_tricks import sliding_window_view
 
-    from .lookup import MAX_NGRAM, MIN_NGRAM
+    from .lookup import EXTENT, MIN_NGRAM
 
     accepted, n = len(path) - 1, MIN_NGRAM
     if every:  # every n-gram of the context that one token follows, as lookup.lookup_match scans them
@@ -57,13 +57,13 @@ def context_ceiling(index, context: Sequence[int], path: Sequence[int], future: 
         windows = sliding_window_view(ctx[:-1], n) if ctx.size > n else np.zeros((0, n), dtype=np.int64)
     best = 0
     for j in range(len(path)):  # node path[j], j tokens past the root
-        key = (list(context) + list(path[1 : j + 1]))[-MAX_NGRAM:]
+        key = (list(context) + list(path[1 : j + 1]))[-EXTENT:]
         truth = np.asarray(future[j : j + length], dtype=np.int64)
         if every:
             hits = np.flatnonzero((windows == key[-n:]).all(axis=1)) if len(key) >= n else []
             copies = [ctx[s + n : s + n + length] for s in hits]
         else:
-            copies = [index.follow(key, length, MIN_NGRAM)[0]]
+            copies = [index.follow(key, length, MIN_NGRAM).copy]
         for copy in copies:
             m = min(copy.size, truth.size)
             miss = np.flatnonzero(copy[:m] != truth[:m])
@@ -94,7 +94,7 @@ def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, len
     import numpy as np
 
     from .beam_search import beam_search
-    from .graph import graft_counts, search as graph_search
+    from .graph import graft_counts, root_copy, search as graph_search
     from .lookup import MAX_GROWTH, ContextIndex, CopyLength, add_beam
     from .tree import accept, beam_of, pack
     from .tree_search import DEFAULT_MIN_PROB
@@ -116,14 +116,18 @@ def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, len
     out = dict.fromkeys(keys, 0)
     index = ContextIndex()
     copy_length = CopyLength(lookup, MAX_GROWTH if grow_lookup else 1)
+    min_prob = DEFAULT_MIN_PROB if tree_min_prob is None else tree_min_prob
     i = 0  # index in g of the current root
     while i < len(g) - 1:
         context = ids[: P + i + 1]
-        copy, _ = index.match(context, copy_length.length)
+        if tree and graph is not None and context_graph:  # as generate.stream: the root's copy cut by probability
+            copy = root_copy(index.match(context, lookup * (MAX_GROWTH if grow_lookup else 1)), min_prob)
+        else:
+            copy = index.match(context, copy_length.length).copy
         sources = None
         if tree:  # as generate.stream drafts (graph.search with k None and no index is tree_search)
             d = graph_search(loaded.drafter, loaded.model, hidden[P - 1 + i], g[i], width, length - 1, tree,
-                             DEFAULT_MIN_PROB if tree_min_prob is None else tree_min_prob, graph, context,
+                             min_prob, graph, context,
                              index if graph is not None and context_graph else None, lookup)
             beams, rows = d.rows, d.drafter_rows
             if graph is not None:
@@ -327,7 +331,7 @@ def main(argv=None) -> int:
                         "(comma-separated; 0: off, the default)")
     p.add_argument("--ceiling-every", action="store_true",
                    help="with --context-ceiling: copy from any earlier occurrence of a node's last 2 tokens, not "
-                        "only from the latest of its last 3 or 2 (the bound for branching into every continuation)")
+                        "only from the one a context graft copies (the bound for branching into every continuation)")
     p.add_argument("--auto", type=lambda t: [x.strip() for x in t.split(",") if x.strip()], default=None,
                    metavar="PROFILE[,PROFILE...]",
                    help="replay the adaptive controller (mode auto) instead of fixed shapes, on a fixed cost "

@@ -173,22 +173,54 @@ def test_the_context_graph_grafts_what_followed_a_drafted_path():
     assert g.rows.shape[1] <= 1 + 4  # copies stop at the lookup length
 
 
-def test_a_longer_context_match_grafts_further_under_the_floor():
-    # The drafted path "7 5 3" occurs in the first context (a 3-gram match), only "5 3" in the
-    # second (a 2-gram match); both were followed by "8 9 6 2". A 3-gram match's continuation is
-    # the more often right (graph.CONTEXT_PRIOR), so more of it clears the probability floor.
+def test_a_context_match_that_runs_further_back_grafts_further_under_the_floor():
+    # The drafted path "... 7 5 3" is followed by "8 9 6 2" in both contexts. In the first the match
+    # runs 6 tokens back ("1 2 4 7 5 3", a passage quoted), in the second only "5 3" matches. The
+    # longer match's continuation is the more often right (graph.CONTEXT_PRIOR), so more of it
+    # clears the probability floor.
     V = 10
     stub = MarkovStub(table(V, {5: {3: 0.9, 4: 0.1}}))
     grafted = {}
-    for name, ids in (("3-gram", [7, 5, 3, 8, 9, 6, 2, 4, 7, 5]), ("2-gram", [1, 5, 3, 8, 9, 6, 2, 4, 7, 5])):
+    for name, ids in (("extent 6", [1, 2, 4, 7, 5, 3, 8, 9, 6, 2, 0, 1, 2, 4, 7, 5]),
+                      ("extent 2", [1, 5, 3, 8, 9, 6, 2, 4, 7, 5])):
         index = ContextIndex()
         index.match(ids, 8)
         g = search(stub, OneHotBase(V), H, 5, 2, 1, 8, 0.3, 0, ids, index, 5)  # copies to depth 5
         rows = [tuple(x for x in r if x >= 0) for r in g.rows.tolist()]
         grafted[name] = int((g.sources == CONTEXT_GRAFT).sum())
         assert any(r[:3] == (5, 3, 8) for r in rows)
-    # 0.9 x (0.8, 0.85, 0.88, 0.9) stays above 0.3 for all four; 0.9 x (0.6, 0.6, 0.7) falls below it at the third
-    assert grafted == {"3-gram": 4, "2-gram": 2}
+    # 0.9 x (0.77, 0.76, 0.79, 0.79) stays above 0.3 for four tokens, x 0.85 falls under it at the fifth;
+    # 0.9 x (0.59, 0.58, 0.73) falls under it at the third
+    assert grafted == {"extent 6": 4, "extent 2": 2}
+
+
+def test_a_graft_copies_the_occurrence_that_matches_furthest_back():
+    # "5 3" occurs twice: early after "2 4 7" (as the drafted path has it), followed by 8 9; later
+    # after "0", followed by 6 6. The latest would copy 6 6; the furthest-back match copies 8 9.
+    V = 10
+    stub = MarkovStub(table(V, {5: {3: 0.9, 4: 0.1}}))
+    ids = [2, 4, 7, 5, 3, 8, 9, 1, 0, 5, 3, 6, 6, 1, 2, 4, 7, 5]
+    index = ContextIndex()
+    index.match(ids, 8)
+    g = search(stub, OneHotBase(V), H, 5, 2, 1, 8, 0.05, 0, ids, index, 3)  # copies to depth 3
+    rows = [tuple(x for x in r if x >= 0) for r in g.rows.tolist()]
+    assert (5, 3, 8, 9) in rows and not any(r[:3] == (5, 3, 6) for r in rows)
+
+
+def test_the_root_copy_is_cut_by_its_calibrated_probability():
+    from redrafter_mlx.graph import ROOT_FLOOR, copy_prior, root_copy
+    from redrafter_mlx.lookup import Match
+
+    copy = np.arange(32, dtype=np.int32)
+    short, long = root_copy(Match(copy, 2, 2), 0.2), root_copy(Match(copy, 3, 33), 0.2)
+    assert 1 <= short.size < long.size <= 32
+    assert short.tolist() == copy[: short.size].tolist()
+    path = np.cumprod(copy_prior(2, 32))
+    assert path[short.size - 1] >= ROOT_FLOOR * 0.2 > path[short.size]
+    assert root_copy(Match(copy[:0], 0, 0), 0.2).size == 0
+    # a lower floor keeps more; the prior never rises above 1 or falls to 0
+    assert root_copy(Match(copy, 2, 2), 0.02).size > short.size
+    assert np.all((copy_prior(5, 40) > 0) & (copy_prior(5, 40) < 1))
 
 
 # ---- losslessness and counting --------------------------------------------------------------

@@ -20,7 +20,7 @@ from redrafter_mlx.errors import DrafterMismatchError, RedrafterError
 from redrafter_mlx.generate import PromptCache
 from redrafter_mlx.loader import new_model
 from redrafter_mlx.loader import LoadedModel
-from redrafter_mlx.lookup import MAX_GROWTH, ContextIndex, lookup, lookup_match
+from redrafter_mlx.lookup import MAX_GROWTH, ContextIndex, extent, lookup, lookup_match
 from redrafter_mlx.tuning import DEFAULT_LOOKUP
 from redrafter_mlx.tokenizer import Detokenizer
 from redrafter_mlx.tree import accept, pack
@@ -204,13 +204,22 @@ def test_pack_ragged_beams():
     assert list(tree.tokens[path]) == [5, 1, 2, 3, 4] and bonus == 9
 
 
-def test_lookup_copies_what_followed_the_latest_longest_match():
+def test_lookup_copies_what_followed_the_longest_match():
     #      0  1  2  3  4  5  6  7  8  9 10 11
     ids = [7, 1, 2, 3, 8, 9, 1, 2, 4, 5, 1, 2]
     # suffix trigram (5, 1, 2) never occurred before; the bigram (1, 2) did, latest at 6
     assert lookup(ids, 3).tolist() == [4, 5, 1]
     assert lookup(ids, 1).tolist() == [4]
     assert lookup([7, 1, 2, 3, 9, 5, 1, 2, 4, 7, 1, 2], 2).tolist() == [3, 9]  # trigram (7, 1, 2) at 0 wins
+    assert lookup_match(ids, 3).n == 2 and lookup_match(ids, 3).extent == 2
+    # Of the trigram's occurrences, the one matching furthest back wins over the latest: (5, 1, 2)
+    # at 1..3 follows a 4 as the suffix does (extent 4); at 6..8 it follows a 0.
+    #            0  1  2  3  4  5  6  7  8  9 10 11 12 13
+    quoted = [4, 5, 1, 2, 3, 0, 5, 1, 2, 6, 4, 5, 1, 2]
+    m = lookup_match(quoted, 2)
+    assert (m.n, m.extent) == (3, 4)
+    assert lookup(quoted, 2).tolist() == [3, 0]
+    assert lookup(quoted[1:], 2).tolist() == [6, 4]  # without the leading 4 both match 3 back: the latest
     # At the end of the context the copy goes on as the text repeats from the match on (period 4 here)
     assert lookup(ids, 10).tolist() == [4, 5, 1, 2, 4, 5, 1, 2, 4, 5]
     assert lookup([3, 3, 3, 3], 4).tolist() == [3, 3, 3, 3]  # a loop: the latest earlier match is one step back
@@ -622,7 +631,7 @@ def test_context_index_answers_as_the_full_scan_does():
         for _ in range(25):
             length = int(rng.integers(0, 9))
             want, got = lookup_match(ids, length), index.match(ids, length)
-            assert got[1] == want[1] and got[0].tolist() == want[0].tolist(), (ids, length)
+            assert got.n == want.n and got.extent == want.extent and got.copy.tolist() == want.copy.tolist(), (ids, length)
             asked += want[1] > 0
             r = rng.random()
             if r < 0.1:
@@ -632,5 +641,18 @@ def test_context_index_answers_as_the_full_scan_does():
             else:
                 ids = ids + rng.integers(0, 5, int(rng.integers(1, 4))).tolist()
     assert asked > 500  # most questions had a match to find
+    # a match's extent, measured in slices, is the naive backward count (loops run long)
+    for _ in range(300):
+        period = int(rng.integers(1, 4))
+        ctx = (rng.integers(0, 3, period).tolist() * 30)[: int(rng.integers(5, 90))]
+        ctx = [t if rng.random() > 0.03 else 7 for t in ctx]
+        key = ctx[-int(rng.integers(2, 40)) :]
+        end = int(rng.integers(2, len(ctx)))
+        if ctx[end - 2 : end] != key[-2:]:
+            continue
+        naive = 2
+        while naive < min(len(key), end) and ctx[end - 1 - naive] == key[-1 - naive]:
+            naive += 1
+        assert extent(ctx, end, key, 2) == naive
     with pytest.raises(ValueError):
         ContextIndex(max_ngram=1, min_ngram=2)
