@@ -162,9 +162,10 @@ def stream(
     graph: draft a graph (GSD, graph.py) instead of a tree, K being GSD's k-gram length (0
     matches on the token alone): a node whose last K + 1 tokens match one drafted elsewhere
     reuses that one's continuation, and with `context_graph` every drafter node whose last
-    tokens occur in the context gets what followed there (up to `lookup` tokens). Needs a tree
-    (`tree` > 0) when drafting is fixed; adaptive drafting chooses among grafted nodes as among
-    any. None: a tree, as without GSD.
+    tokens occur in the context gets what followed there (up to `lookup` tokens), and the root's
+    copy runs up to 4 x `lookup`, cut by its calibrated probability (graph.root_copy). Needs a
+    tree (`tree` > 0) when drafting is fixed; adaptive drafting chooses among grafted nodes as
+    among any. None: a tree, as without GSD.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
