@@ -9,11 +9,11 @@ step. It holds three models and makes one choice per step:
   online, the drafter's seconds per level, and what a plain step costs;
 - the acceptance model (`Acceptance`): the chance that verification accepts a draft node given
   that its parent was accepted, per bucket of the drafter's conditional probability (and
-  depth), and for the context's copies per extent of the match (how far back it runs:
-  lookup.Match) and position in the copy. Raw drafter probabilities are not calibrated; the buckets
-  learn from what the base model accepts, starting from the raw value as a prior (for copies,
-  graph.CONTEXT_PRIOR). The copy's buckets learn in hindsight, every position against what the
-  reply then emitted, verified or not;
+  depth), and for the context-lookup beam per matched n-gram length, position in the copy and
+  whether the copy continues a run (the reply's latest tokens were what a copy predicted).
+  Raw drafter probabilities are not calibrated; the buckets learn from what the base model
+  accepts, starting from the raw value as a prior. The copy's buckets learn in hindsight, every
+  position against what the reply then emitted, verified or not;
 - the choice: a candidate tree (the drafter's tree, drafted as deep as recently paid off, plus
   the lookup copy), each node's path probability the product of its calibrated conditionals,
   nodes ranked by it (a child never outranks its parent, so every prefix of the ranking is a
@@ -48,12 +48,14 @@ from typing import Dict, Optional
 import numpy as np
 
 from .costs import CostModel, cost_model
-from .graph import ALIAS_GRAFT, CONTEXT_GRAFT, CONTEXT_PRIOR, DRAFTER, EXTENT_BUCKETS, POSITION_BUCKETS, context_grafts
+from .graph import ALIAS_GRAFT, CONTEXT_GRAFT, DRAFTER, context_grafts
 from .lookup import NO_MATCH, ContextIndex
 from .tree_search import Candidates, expand, leaf_paths
 
 DRAFT_EDGES = np.array([0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99])
 DRAFT_PRIOR = np.array([0.01, 0.035, 0.075, 0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 0.925, 0.97, 0.995])
+LOOKUP_POSITIONS = np.array([2, 3, 5, 9])  # buckets: position 1, 2, 3-4, 5-8, 9+ in the copy
+LOOKUP_PRIOR = 0.5
 PRIOR_WEIGHT = 3.0  # observations the prior counts as
 DECAY = 0.995  # per observation of a bucket: about the last 200 count
 MAX_NODES = 63  # draft nodes verified at most (64 tokens with the root)
@@ -78,13 +80,10 @@ class Acceptance:
     def __init__(self):
         self.draft_n = np.zeros((4, DRAFT_PRIOR.size))  # depth 1, 2, 3+, grafted (graph.py) x conditional-probability bin
         self.draft_a = np.zeros((4, DRAFT_PRIOR.size))
-        # the match's extent x position in the copy, as graph.CONTEXT_PRIOR (the prior). A copy
-        # whose match runs far back is a quote, a list's pattern or a loop under way: the extent
-        # tells those from a common phrase (it replaced buckets per matched n-gram 2 / 3+ and
-        # "in a run or not", which one acceptance for all copies had needed: 3.5 tokens expected
-        # for 4.9 emitted where copies carried steps)
-        self.look_n = np.zeros(CONTEXT_PRIOR.shape)
-        self.look_a = np.zeros(CONTEXT_PRIOR.shape)
+        # (in a run or not) x matched n-gram 2, 3+ x position bucket; a copy is "in a run" when the
+        # reply so far was what an earlier copy predicted (a quote, a list, a loop under way)
+        self.look_n = np.zeros((4, LOOKUP_POSITIONS.size + 1))
+        self.look_a = np.zeros((4, LOOKUP_POSITIONS.size + 1))
 
     @staticmethod
     def draft_bucket(q: np.ndarray, levels: np.ndarray, grafted=None) -> np.ndarray:
@@ -94,11 +93,11 @@ class Acceptance:
         return row * DRAFT_PRIOR.size + np.searchsorted(DRAFT_EDGES, q, side="right")
 
     @staticmethod
-    def lookup_bucket(extent: int, positions: np.ndarray) -> np.ndarray:
-        """Flat bucket index of copied nodes from the match's extent (how many tokens before the
-        copy equal the context's last ones: lookup.Match) and 1-based position in the copy."""
-        row = int(np.searchsorted(EXTENT_BUCKETS, max(int(extent), 1)))
-        return row * CONTEXT_PRIOR.shape[1] + np.searchsorted(POSITION_BUCKETS, positions)
+    def lookup_bucket(n: int, positions: np.ndarray, run: bool = False) -> np.ndarray:
+        """Flat bucket index of lookup nodes from the matched n-gram length, 1-based position and
+        whether the copy continues a run (Controller._in_run)."""
+        row = 2 * bool(run) + min(max(n - 2, 0), 1)
+        return row * (LOOKUP_POSITIONS.size + 1) + np.searchsorted(LOOKUP_POSITIONS, positions, side="right")
 
     def draft_p(self, buckets: np.ndarray) -> np.ndarray:
         n, a = self.draft_n.reshape(-1)[buckets], self.draft_a.reshape(-1)[buckets]
@@ -107,8 +106,7 @@ class Acceptance:
 
     def lookup_p(self, buckets: np.ndarray) -> np.ndarray:
         n, a = self.look_n.reshape(-1)[buckets], self.look_a.reshape(-1)[buckets]
-        prior = CONTEXT_PRIOR.reshape(-1)[buckets]
-        return (a + PRIOR_WEIGHT * prior) / (n + PRIOR_WEIGHT)
+        return (a + PRIOR_WEIGHT * LOOKUP_PRIOR) / (n + PRIOR_WEIGHT)
 
     @staticmethod
     def _update(n: np.ndarray, a: np.ndarray, buckets: np.ndarray, hits: np.ndarray):
@@ -166,7 +164,8 @@ class Controller:
         self.depth = 4  # levels to draft: the deepest paying its level's drafting time, plus one to explore
         self.last_floor = 0.05  # the last floor() (for the stats)
         self.context = ContextIndex()  # the copy source, indexed as the context grows
-        self._copies = []  # [start, token before it, copy, extent, positions scored]: copies awaiting the reply (_watch)
+        self._copies = []  # [start, token before it, copy, n, positions scored, run]: copies awaiting the reply (_watch)
+        self._confirmed = -1  # the reply up to this index was what a watched copy predicted, 2+ tokens of it
         self._n_max_key, self._n_max_val = None, 0
         self._rate_tokens: Optional[float] = None  # averages over speculative steps of tokens emitted and seconds taken
         self._rate_seconds: Optional[float] = None
@@ -220,25 +219,26 @@ class Controller:
         n_max = min(self._n_max(), room - 1 - (not root_known))
         if n_max < 1:
             return None, None
-        copy, _, extent = self.context.match(ids, n_max + (not root_known))
-        self._watch(ids, copy, extent)
+        copy, n, _ = self.context.match(ids, n_max + (not root_known))
+        run = self._in_run(ids)
+        self._watch(ids, copy, n, run)
         if not root_known:
             # The copy's first token predicts the token the pipelined step emits; the rest is the draft.
             if copy.size < 2:
                 return None, None
-            first = float(self.acceptance.lookup_p(self.acceptance.lookup_bucket(extent, np.array([1])))[0])
+            first = float(self.acceptance.lookup_p(self.acceptance.lookup_bucket(n, np.array([1]), run))[0])
             copy = copy[1:]
         else:
             first = 1.0
         if copy.size == 0:
             return None, None
-        return first * np.cumsum(self._copy_path(copy.size, extent)), self.costs.verify_curve(copy.size + 1)[1:] / self.costs.plain
+        return first * np.cumsum(self._copy_path(copy.size, n, run)), self.costs.verify_curve(copy.size + 1)[1:] / self.costs.plain
 
-    def _copy_path(self, size: int, extent: int) -> np.ndarray:
-        """P(the copy's first j tokens are all accepted), j = 1 .. size, for a copy whose match has
-        this extent."""
+    def _copy_path(self, size: int, n: int, run: bool) -> np.ndarray:
+        """P(the copy's first j tokens are all accepted), j = 1 .. size, for a copy matched on an
+        n-gram (run: it continues a run)."""
         acc = self.acceptance
-        return np.cumprod(acc.lookup_p(acc.lookup_bucket(extent, np.arange(1, size + 1))))
+        return np.cumprod(acc.lookup_p(acc.lookup_bucket(n, np.arange(1, size + 1), run)))
 
     def _lookup_pays(self, ids, root_known: bool, room: int) -> bool:
         gains, cost = self._copy(ids, root_known, room)
@@ -302,16 +302,17 @@ class Controller:
             stop = 2 * floor + (self.costs.draft_level or 0.0) * self.rate()
             cands = expand(drafter, base, h, token, width, levels, budget=n_max, min_prob=floor, stop_prob=stop,
                            graph=graph, prefix=ids)
-        copy, _, extent = self.context.match(ids, n_max) if n_max >= 1 else NO_MATCH
-        self._watch(ids, copy, extent)
-        copies = [(-1, self._stage(copy, extent), extent)] if copy.size else []
+        copy, n, _ = self.context.match(ids, n_max) if n_max >= 1 else NO_MATCH
+        run = self._in_run(ids)
+        self._watch(ids, copy, n, run)
+        copies = [(-1, self._stage(copy, n, run), n, run)] if copy.size else []
         if graph is not None and context_graph and cands.tokens.size:
-            copies += [(i, m.copy, m.extent) for i, m in
+            copies += [(i, m.copy, m.n, False) for i, m in
                        context_grafts(self.context, ids, cands.tokens.tolist(), cands.parents.tolist(),
                                       cands.levels.tolist(), n_max, n_max, graph)]
         return self._choose(token, cands, copies, n_max, levels)
 
-    def _stage(self, copy: np.ndarray, extent: int) -> np.ndarray:
+    def _stage(self, copy: np.ndarray, n: int, run: bool) -> np.ndarray:
         """The part of the context's copy worth verifying this step: at most the length at which
         the copy alone runs fastest, (1 + expected accepted tokens) / t_verify. What is left
         is not lost: where the copy holds, the next step verifies it. Valuing every copied token
@@ -319,17 +320,18 @@ class Controller:
         2-core CPU, and a miss at their first token lost the lot (on MT-Bench replies that
         rephrase their own earlier sentences); where the copy holds, the next step's copy runs at
         the copy's own rate, which is the rate to weigh its tokens at."""
-        speed = (1.0 + np.cumsum(self._copy_path(copy.size, extent))) / self.costs.verify_curve(copy.size + 1)[1:]
+        speed = (1.0 + np.cumsum(self._copy_path(copy.size, n, run))) / self.costs.verify_curve(copy.size + 1)[1:]
         return copy[: int(np.argmax(speed)) + 1]
 
     def _choose(self, root: int, cands: Candidates, copies, n_max: int, levels: int) -> Plan:
-        """copies: (node, tokens, extent) context continuations to graft below candidate `node`
-        (-1: the root, the lookup copy), extent: how far back the match runs (lookup.Match)."""
+        """copies: (node, tokens, n, run) context continuations to graft below candidate `node`
+        (-1: the root, the lookup copy), n the matched n-gram length, run: the copy continues a
+        run (_in_run)."""
         acc = self.acceptance
         N = cands.tokens.size
         tokens, parent = cands.tokens.tolist(), cands.parents.tolist()
         depth = cands.levels.tolist()
-        extra = sum(c.size for _, c, _ in copies)
+        extra = sum(c.size for _, c, _, _ in copies)
         cond = np.zeros(N + extra)
         draft_bucket = np.full(N + extra, -1, dtype=np.int64)
         lookup_bucket = np.full(N + extra, -1, dtype=np.int64)
@@ -343,8 +345,8 @@ class Controller:
             cond[:N] = acc.draft_p(draft_bucket[:N])
         if copies:
             child = {(p, t): i for i, (p, t) in enumerate(zip(parent, tokens))}
-            for at, copy, extent in copies:
-                lb = acc.lookup_bucket(extent, np.arange(1, copy.size + 1))
+            for at, copy, match_n, run in copies:
+                lb = acc.lookup_bucket(match_n, np.arange(1, copy.size + 1), run)
                 lp = acc.lookup_p(lb)
                 node = at
                 for i, t in enumerate(copy.tolist()):
@@ -379,7 +381,14 @@ class Controller:
                     cands.rows, cands.forwards)
 
     # ---- learning from the step -------------------------------------------------------------------
-    def _watch(self, ids, copy: np.ndarray, extent: int):
+    def _in_run(self, ids) -> bool:
+        """Does a copy for the position after `ids` continue a run: the reply's latest tokens
+        (2 or more) were what a watched copy predicted, up to now? Copies in a run hold far more
+        often (a quote, a list's pattern, a loop), and one acceptance for all copies
+        underestimated them: on MT-Bench steps copying alone expected 3.5 tokens and emitted 4.9."""
+        return self._confirmed == len(ids)
+
+    def _watch(self, ids, copy: np.ndarray, n: int, run: bool = False):
         """Keep the context's copy for the position after `ids`, to score it against what the
         reply then emits (_learn). Every position of the copy is learned so, verified or not:
         learning only from verified nodes left the buckets of positions never verified at their
@@ -388,7 +397,7 @@ class Controller:
         start = len(ids)
         if copy.size == 0 or (self._copies and self._copies[-1][0] == start):
             return
-        self._copies.append([start, ids[-1], copy.tolist(), extent, 0])
+        self._copies.append([start, ids[-1], copy.tolist(), n, 0, run])
         if len(self._copies) > WATCHED:
             del self._copies[0]
 
@@ -401,18 +410,21 @@ class Controller:
             return
         T, kept, buckets, hits = len(ids), [], [], []
         for entry in self._copies:
-            start, before, copy, extent, done = entry
+            start, before, copy, n, done, run = entry
             if start > T or ids[start - 1] != before:  # a new reply, or the context was cut
                 continue
             end = min(len(copy), T - start)
             seen = [copy[j] == ids[start + j] for j in range(done, end)]
             if False in seen:
                 seen = seen[: seen.index(False) + 1]
-            elif end < len(copy):
-                entry[4] = end
-                kept.append(entry)
+            else:
+                if end >= 2:
+                    self._confirmed = max(self._confirmed, start + end)
+                if end < len(copy):
+                    entry[4] = end
+                    kept.append(entry)
             if seen:
-                buckets.append(self.acceptance.lookup_bucket(extent, np.arange(done + 1, done + len(seen) + 1)))
+                buckets.append(self.acceptance.lookup_bucket(n, np.arange(done + 1, done + len(seen) + 1), run))
                 hits += seen
         self._copies = kept
         if hits:

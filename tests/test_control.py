@@ -99,7 +99,7 @@ def test_a_confident_copy_is_kept_and_merges_with_the_drafter():
     ctl = Controller(CostModel(SIZES, [0.1 * (1 + 0.2 * (n - 1)) for n in SIZES]), True)
     cands = chain(0.9, 3)  # tokens 10, 11, 12
     copy = np.array([10, 11, 40, 41], dtype=np.int32)  # shares the drafter's first two nodes
-    plan = ctl._choose(5, cands, [(-1, copy, 3)], 63, 3)
+    plan = ctl._choose(5, cands, [(-1, copy, 3, False)], 63, 3)
     assert plan.drafted == 5  # 3 drafted + 2 copied nodes the drafter did not have
     assert plan.from_lookup[:2].all() and not plan.from_lookup[2]
     assert (plan.draft_bucket[3:] < 0).all() and (plan.lookup_bucket[:2] >= 0).all()
@@ -209,20 +209,24 @@ def test_copies_are_scored_in_hindsight_position_by_position():
     assert ctl._copies == [] and look.look_n.sum() == pytest.approx(3)
 
 
-def test_copies_are_learned_per_extent_of_their_match():
-    """A copy matched 40 tokens back (a quote under way) and one matched on 2 tokens learn in
-    their own buckets, position by position."""
+def test_a_copy_continuing_a_run_is_learned_apart():
+    """Once the reply has followed a watched copy for 2+ tokens, the next copy is 'in a run' and
+    its positions learn (and are scored) in their own buckets."""
     ctl = Controller(flat_costs(), has_drafter=False)
     ids = [1, 2, 3, 4, 5, 6, 7, 1, 2]
-    ctl._watch(ids, np.array([3, 4, 5, 6], dtype=np.int32), 40)
-    ctl._learn(ids + [3, 4, 9])  # two hits, then a miss
+    assert not ctl._in_run(ids)
+    ctl._watch(ids, np.array([3, 4, 5, 6], dtype=np.int32), 2)
+    ctl._learn(ids + [3, 4])  # the copy held for two tokens, up to now
+    assert ctl._in_run(ids + [3, 4]) and not ctl._in_run(ids + [3, 4, 5])
+    ctl._watch(ids + [3, 4], np.array([5, 6], dtype=np.int32), 3, ctl._in_run(ids + [3, 4]))
+    ctl._learn(ids + [3, 4, 5, 9])
     look = ctl.acceptance
-    quoted = look.lookup_bucket(40, np.array([1, 2, 3]))
-    assert look.look_n.reshape(-1)[quoted].tolist() == pytest.approx([1, 1, 1])
-    assert look.look_a.reshape(-1)[quoted].tolist() == pytest.approx([1, 1, 0])
-    phrase = look.lookup_bucket(2, np.arange(1, 64))
-    assert not set(quoted.tolist()) & set(phrase.tolist())
-    assert look.look_n.reshape(-1)[phrase].sum() == 0
+    in_run = look.lookup_bucket(3, np.array([1, 2]), run=True)
+    assert look.look_n.reshape(-1)[in_run].tolist() == pytest.approx([1, 1])
+    assert look.look_a.reshape(-1)[in_run].tolist() == pytest.approx([1, 0])
+    assert not set(in_run.tolist()) & set(look.lookup_bucket(3, np.arange(1, 64)).tolist())
+    ctl._learn([7, 7])  # an unrelated context: no run
+    assert not ctl._in_run([7, 7])
 
 
 def test_a_copy_that_keeps_holding_is_verified_ever_deeper():
@@ -263,24 +267,6 @@ def test_a_long_copy_is_verified_in_stages():
     assert 8 <= copied == fastest <= 28
     rate_alone = int(np.argmax(np.concatenate([[0.0], np.cumsum(p)]) - ctl.rate() * ctl.costs.verify_curve(64)))
     assert rate_alone > 40  # what the rate rule alone kept
-
-
-def test_a_copy_whose_match_runs_far_back_is_trusted_further():
-    """Before anything is learned, a copy's buckets start from graph.CONTEXT_PRIOR per extent of
-    the match: a quoted passage (the last 40 tokens occur in the context) is verified far, a
-    copy that only the last 2 tokens matched a few tokens at most. Both are learned apart."""
-    text = list(range(100, 400))
-    quote = text[:150] + text[:40]  # the copy continues text[40:], matched 33+ tokens back
-    phrase = text[:150] + [999] + text[:2]  # matched on "text[0] text[1]" alone
-    far = Controller(cpu_costs(), has_drafter=False)
-    near = Controller(cpu_costs(), has_drafter=False)
-    assert far.context.match(quote, 63).extent > 32 and near.context.match(phrase, 63).extent == 2
-    kept_far = far.plan("lookup", None, None, None, quote[-1], quote, 1000).kept.size
-    kept_near = near.plan("lookup", None, None, None, phrase[-1], phrase, 1000).kept.size
-    assert kept_far >= 8 and kept_near <= 3
-    acc = far.acceptance
-    assert acc.lookup_bucket(2, np.array([1]))[0] != acc.lookup_bucket(40, np.array([1]))[0]
-    assert acc.lookup_p(acc.lookup_bucket(40, np.arange(1, 4))).min() > acc.lookup_p(acc.lookup_bucket(2, np.arange(1, 4))).max()
 
 
 def drafting(ctl, seconds, mass, steps=10):
