@@ -81,6 +81,7 @@ class CostModel:
         self._seen = np.zeros(8, dtype=bool)  # buckets with a verification observed
         self.plain = float(plain or self.seconds[0])  # a plain (pipelined) decoding step, refined online
         self.plain_measured = self.plain  # as calibrated (cached with the curve)
+        self.measured_at: Optional[str] = None  # when the cached curve was measured (None: now)
         self.plain_seen = 0
         self._since_verify: Optional[int] = None  # plain steps since the latest verification (None: none yet)
         self._refresh()
@@ -396,9 +397,8 @@ def read_cached(loaded) -> Optional[CostModel]:
             costs = CostModel(entry["sizes"], entry["seconds"], source=f"cached ({path})",
                               shape_buckets=bool(entry.get("shape_buckets", False)),
                               plain=float(entry["plain"]))  # an entry from before plain was timed: measure again
-            costs.draft_level = (entry.get("draft_level") or {}).get(dkey)
-            if loaded.drafter is not None and costs.draft_level is None:
-                continue  # measured without this drafter: measure again
+            costs.draft_level = (entry.get("draft_level") or {}).get(dkey)  # None: not timed with this drafter
+            costs.measured_at = entry.get("measured_at")
             return costs
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # missing or damaged: measure again
@@ -420,7 +420,8 @@ def write_cached(loaded, costs: CostModel) -> Optional[Path]:
         levels = dict(old.get("draft_level") or {}) if isinstance(old.get("draft_level"), dict) else {}
         if costs.draft_level is not None:
             levels[dkey] = costs.draft_level
-        data[key] = {**costs.to_dict(), "draft_level": levels, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+        data[key] = {**costs.to_dict(), "draft_level": levels,
+                     "measured_at": costs.measured_at or time.strftime("%Y-%m-%d %H:%M:%S")}
         data = dict(list(data.items())[-8:])
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -436,6 +437,13 @@ def cost_model(loaded, progress: Optional[Callable[[str], None]] = None, refresh
     costs = None if refresh else read_cached(loaded)
     if costs is None:
         costs = calibrate(loaded.model, loaded.drafter, progress=progress)
+        write_cached(loaded, costs)
+    elif loaded.drafter is not None and costs.draft_level is None:
+        # The curve is the base model's, whatever drafts for it: a drafter not timed yet (one just
+        # trained, or the same model used from another checkout) times its own levels alone. Measuring
+        # the whole curve again replaced it, and a test suite run from a second clone had replaced a
+        # quiet machine's curve with one taken under load (verifying one token 117 ms against 59).
+        costs.draft_level = time_drafter(loaded.drafter, loaded.model)
         write_cached(loaded, costs)
     if hasattr(loaded.model, "use_shape_buckets"):
         loaded.model.use_shape_buckets(costs.shape_buckets)

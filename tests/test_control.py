@@ -527,6 +527,30 @@ def test_cost_cache_round_trip_and_invalidation(tiny_loaded, monkeypatch):
     assert len(json.loads((m.path / costs.FILE).read_text())) == 5  # each key kept
 
 
+def test_a_new_drafter_times_its_levels_and_keeps_the_cached_curve(tiny_loaded, monkeypatch):
+    from redrafter_mlx.drafter import new_drafter
+
+    m = tiny_loaded
+    assert m.drafter is None
+    first = costs.cost_model(m)  # measured without a drafter
+    assert first.draft_level is None
+    stamp = json.loads((m.path / costs.FILE).read_text())[costs.cache_key(m)]["measured_at"]
+    monkeypatch.setattr(costs, "calibrate", lambda *a, **kw: pytest.fail("the curve was measured again"))
+    timed = []
+    real = costs.time_drafter
+    monkeypatch.setattr(costs, "time_drafter", lambda *a, **kw: timed.append(1) or real(*a, **kw))
+    for n in range(2):  # two drafters (another checkout's, one just trained): each timed once, the curve kept
+        m.drafter = new_drafter(m.args)
+        m.drafter_path = m.path / f"drafter{n}"
+        c = costs.cost_model(m)
+        assert len(timed) == n + 1 and c.draft_level is not None and c.draft_level > 0
+        assert c.seconds.tolist() == first.seconds.tolist() and c.plain_measured == first.plain_measured
+        again = costs.cost_model(m)
+        assert len(timed) == n + 1 and again.draft_level == c.draft_level
+    entry = json.loads((m.path / costs.FILE).read_text())[costs.cache_key(m)]
+    assert entry["measured_at"] == stamp and len(entry["draft_level"]) == 2
+
+
 def test_a_damaged_cost_cache_is_measured_again(tiny_loaded):
     (tiny_loaded.path / costs.FILE).write_text("{not json")
     c = costs.cost_model(tiny_loaded)
