@@ -17,7 +17,7 @@ curve is measured, not assumed:
   once untimed first: kernel set-up and JIT compilation are not the curve), ROUNDS times each,
   the sizes interleaved so a stall from another process costs one sample and not a size's
   figure, stopping after a few seconds or once n tokens cost `STOP_RATIO` times one (larger n
-  then extrapolate on the last slope, which only overstates their cost); it times plain
+  then extrapolate on the last slope, or the slope from one token where steeper: never flat); it times plain
   pipelined decoding steps (what a parked controller costs) and the drafter's levels;
 - the result is cached on disk (`cost_model.json` beside the model, else in the user cache),
   keyed by device, model file, weight format and MLX version, so a change of any of them
@@ -98,9 +98,11 @@ class CostModel:
     # ---- the curve -------------------------------------------------------------------------
     def base(self, n):
         """Calibrated time for n tokens (a number or an array): interpolated, linear past the last
-        point on its slope."""
+        point on its slope, or on the slope from one token to the last point where that is
+        steeper. A calibration cut short by load had cached 1, 2, 4 tokens at 117, 218, 218 ms:
+        on the last slope alone every larger tree cost what 2 tokens did."""
         s, t = self.sizes, self.seconds
-        slope = (t[-1] - t[-2]) / (s[-1] - s[-2]) if s.size > 1 else t[-1]
+        slope = max((t[-1] - t[-2]) / (s[-1] - s[-2]), (t[-1] - t[0]) / (s[-1] - s[0])) if s.size > 1 else t[-1]
         n = np.asarray(n, dtype=np.float64)
         out = np.where(n <= s[-1], np.interp(n, s, t), t[-1] + (n - s[-1]) * slope)
         return float(out) if out.ndim == 0 else out

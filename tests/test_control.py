@@ -478,6 +478,17 @@ def test_cost_model_interpolates_extrapolates_and_refines():
     assert np.all(np.diff(curve) >= 0) and c.verify(8) < 0.48
 
 
+def test_cost_model_never_extrapolates_flat():
+    # A calibration cut short under load: 4 tokens timed no slower than 2 (kept monotone, so flat).
+    c = CostModel([1, 2, 4], [0.117, 0.218, 0.2])
+    assert c.verify(4) == pytest.approx(0.218)
+    slope = (0.218 - 0.117) / 3  # from one token to the last point: larger trees cost more
+    assert c.verify(8) == pytest.approx(0.218 + 4 * slope) and c.verify(64) == pytest.approx(0.218 + 60 * slope)
+    # A convex curve extrapolates on its last, steeper slope, as before.
+    c = CostModel([1, 2, 4, 8], [0.1, 0.12, 0.16, 0.24])
+    assert c.verify(16) == pytest.approx(0.40)
+
+
 def test_corrections_never_make_more_tokens_cheaper():
     """Corrections applied bucket by bucket as steps made 16 tokens cost less than 15 (a bucket
     corrected by 1.3 beside one at 0.96), and the controller packed nodes that did not pay."""
