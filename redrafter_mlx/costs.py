@@ -433,6 +433,18 @@ def write_cached(loaded, costs: CostModel) -> Optional[Path]:
     return None
 
 
+def time_missing_drafter(loaded, costs: CostModel) -> bool:
+    """Time `loaded`'s drafter into a cached curve that has no figure for it; True if it did.
+    The curve is the base model's, whatever drafts for it: a drafter not timed yet (one just
+    trained, or the same model used from another checkout) times its own levels alone. Measuring
+    the whole curve again replaced it, and a test suite run from a second clone had replaced a
+    quiet machine's curve with one taken under load (verifying one token 117 ms against 59)."""
+    if loaded.drafter is None or costs.draft_level is not None:
+        return False
+    costs.draft_level = time_drafter(loaded.drafter, loaded.model)
+    return True
+
+
 def cost_model(loaded, progress: Optional[Callable[[str], None]] = None, refresh: bool = False) -> CostModel:
     """The cached curve for this (device, model, weight format, MLX version), else a calibration
     (a few seconds, reported through `progress`) that is then cached."""
@@ -440,12 +452,7 @@ def cost_model(loaded, progress: Optional[Callable[[str], None]] = None, refresh
     if costs is None:
         costs = calibrate(loaded.model, loaded.drafter, progress=progress)
         write_cached(loaded, costs)
-    elif loaded.drafter is not None and costs.draft_level is None:
-        # The curve is the base model's, whatever drafts for it: a drafter not timed yet (one just
-        # trained, or the same model used from another checkout) times its own levels alone. Measuring
-        # the whole curve again replaced it, and a test suite run from a second clone had replaced a
-        # quiet machine's curve with one taken under load (verifying one token 117 ms against 59).
-        costs.draft_level = time_drafter(loaded.drafter, loaded.model)
+    elif time_missing_drafter(loaded, costs):
         write_cached(loaded, costs)
     if hasattr(loaded.model, "use_shape_buckets"):
         loaded.model.use_shape_buckets(costs.shape_buckets)

@@ -176,15 +176,14 @@ PROFILES = {
 def profile_costs(name: str, loaded=None):
     """A fixed cost model (never refined online, so a replay's decisions are the profile's alone):
     one of PROFILES, or "cached": this machine's cost model for `loaded`, as last measured."""
-    from .costs import FixedCosts, read_cached, time_drafter
+    from .costs import FixedCosts, read_cached, time_missing_drafter
 
     if name == "cached":
         c = read_cached(loaded) if loaded is not None else None
         if c is None:
             raise RedrafterError("no cost model cached for this model on this machine yet: run redrafter-bench "
                                  "--modes auto once, or pick a profile: " + ", ".join(PROFILES))
-        if c.draft_level is None and loaded.drafter is not None:
-            c.draft_level = time_drafter(loaded.drafter, loaded.model)  # the curve was measured with another drafter
+        time_missing_drafter(loaded, c)
         return FixedCosts(c.sizes.astype(int).tolist(), c.seconds.tolist(), c.draft_level)
     if name not in PROFILES:
         raise RedrafterError(f"unknown cost profile {name!r}: pick cached or one of " + ", ".join(PROFILES))
