@@ -21,7 +21,9 @@ curve is measured, not assumed:
   pipelined decoding steps (what a parked controller costs) and the drafter's levels;
 - the result is cached on disk (`cost_model.json` beside the model, else in the user cache),
   keyed by device, model file, weight format and MLX version, so a change of any of them
-  measures again;
+  measures again; a run that finds the machine much faster than its cached curve (a curve
+  measured while another process was busy) marks it, and the next `cost_model` measures again
+  (`heal_cached`, once per curve);
 - `CostModel.observe_*` refines it online from the real steps' timings: a multiplicative
   correction per power-of-two size bucket (context growth and machine load move the curve), interpolated
   between buckets and kept monotone,
@@ -55,6 +57,8 @@ ROUNDS = 3  # timed forwards per size, interleaved
 EMA = 0.1  # weight of one new observation in the online corrections
 LOAD_EMA = 0.3  # weight of one step in the load factor, which moves the whole curve (CostModel.load)
 PLAIN_CAP = 1.25  # the plain estimate stays within this factor of verifying one token
+HEAL_STEPS = 32  # steps of one kind a run observes before it may judge the cached curve (heal_cached)
+HEAL_RATIO = 0.75  # ... and finds them under this share of the curve's figures: measured under load
 TABLE = 256  # verify(n) is tabulated for n = 1 .. TABLE (the controller drafts at most 64 nodes)
 
 
@@ -83,6 +87,10 @@ class CostModel:
         self.plain_measured = self.plain  # as calibrated (cached with the curve)
         self.measured_at: Optional[str] = None  # when the cached curve was measured (None: now)
         self.plain_seen = 0
+        self._plain_total = 0.0  # seconds of the plain steps observed (plain_seen of them)
+        self._verified = 0  # verifications that moved the load factor
+        self.stale = False  # a run found this (cached) curve far slower than the machine: measure again
+        self.healed = False  # measured again for that reason (heal_cached marks a curve once)
         self._since_verify: Optional[int] = None  # plain steps since the latest verification (None: none yet)
         self._refresh()
 
@@ -150,6 +158,7 @@ class CostModel:
         self._since_verify = 0
         if not self._move_load(q):
             return
+        self._verified += 1
         if 0.2 < q < 5.0:
             # the shape learns slowly while the load moves (a step far off the curve is mostly load)
             weight = EMA * min(1.0, 0.25 / max(abs(q - 1.0), 1e-9))
@@ -174,6 +183,7 @@ class CostModel:
                 # it was timed and reads short (it held the estimate 5-30% low on MT-Bench).
                 return
         self.plain_seen += 1
+        self._plain_total += seconds
         self.plain += max(EMA, 1.0 / self.plain_seen) * (seconds - self.plain)
 
     def _move_load(self, q: float) -> bool:
@@ -189,6 +199,15 @@ class CostModel:
             self._slow = 0
         self.load *= 1.0 + LOAD_EMA * (min(max(q, 0.2), 5.0) - 1.0)
         return True
+
+    def faster_than_measured(self) -> bool:
+        """This run found the machine much faster than the calibration did: over HEAL_STEPS plain
+        steps their average, or over HEAL_STEPS verifications the load factor, under HEAL_RATIO
+        of the calibrated figures. A real run's context is longer than the calibration's, which
+        makes its steps slower, not faster; so this is a curve measured while the machine was
+        busy (another process, a test suite beside it)."""
+        plain = self.plain_seen >= HEAL_STEPS and self._plain_total / self.plain_seen < HEAL_RATIO * self.plain_measured
+        return plain or (self._verified >= HEAL_STEPS and self.load < HEAL_RATIO)
 
     def step_seconds(self, n: int, measured: float) -> float:
         """What verifying n tokens took, for judging a step: the measured time (FixedCosts: the
@@ -214,7 +233,8 @@ class CostModel:
 
     def to_dict(self) -> Dict:
         return {"sizes": self.sizes.astype(int).tolist(), "seconds": self.seconds.tolist(),
-                "plain": self.plain_measured, "draft_level": self.draft_level, "shape_buckets": self.shape_buckets}
+                "plain": self.plain_measured, "draft_level": self.draft_level, "shape_buckets": self.shape_buckets,
+                "healed": self.healed}
 
 
 class FixedCosts(CostModel):
@@ -401,6 +421,7 @@ def read_cached(loaded) -> Optional[CostModel]:
                               plain=float(entry["plain"]))  # an entry from before plain was timed: measure again
             costs.draft_level = (entry.get("draft_level") or {}).get(dkey)  # None: not timed with this drafter
             costs.measured_at = entry.get("measured_at")
+            costs.stale, costs.healed = bool(entry.get("stale")), bool(entry.get("healed"))
             return costs
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # missing or damaged: measure again
@@ -445,12 +466,43 @@ def time_missing_drafter(loaded, costs: CostModel) -> bool:
     return True
 
 
+def heal_cached(loaded, costs: CostModel) -> bool:
+    """After a run on a cached curve: mark the curve to be measured again by the next
+    `cost_model` when the run found the machine much faster than it (`faster_than_measured`);
+    True if it did. A curve measured under load otherwise stayed until `redrafter-bench --tune`:
+    the load factor corrects its scale within a run, but not the shape of sizes a parked
+    controller never verifies. Once per curve: one measured again for this reason is not marked
+    again, so a machine whose runs always beat its calibration measures once, not every time."""
+    if costs.stale or costs.healed or not costs.source.startswith("cached") or not costs.faster_than_measured():
+        return False
+    key = cache_key(loaded)
+    for path in cache_paths(loaded):
+        try:
+            data = json.loads(path.read_text())
+            entry = data.get(key)
+            if not isinstance(entry, dict) or entry.get("measured_at") != costs.measured_at:
+                continue
+            entry["stale"] = (f"a run's plain steps took {1000 * costs._plain_total / max(costs.plain_seen, 1):.0f} ms against {1000 * costs.plain_measured:.0f}"
+                              f", verification x{costs.load:.2f} the curve ({time.strftime('%Y-%m-%d %H:%M:%S')})")
+            write_json(path, data)
+            costs.stale = True
+            return True
+        except (OSError, ValueError, AttributeError):
+            continue
+    return False
+
+
 def cost_model(loaded, progress: Optional[Callable[[str], None]] = None, refresh: bool = False) -> CostModel:
     """The cached curve for this (device, model, weight format, MLX version), else a calibration
-    (a few seconds, reported through `progress`) that is then cached."""
-    costs = None if refresh else read_cached(loaded)
-    if costs is None:
+    (a few seconds, reported through `progress`) that is then cached; also a calibration when a
+    run marked the cached curve as measured under load (heal_cached)."""
+    cached = None if refresh else read_cached(loaded)
+    costs = cached
+    if cached is None or cached.stale:
+        if cached is not None and progress:
+            progress("the cached cost curve was measured while this machine was busier than it is now: measuring again")
         costs = calibrate(loaded.model, loaded.drafter, progress=progress)
+        costs.healed = cached is not None
         write_cached(loaded, costs)
     elif time_missing_drafter(loaded, costs):
         write_cached(loaded, costs)

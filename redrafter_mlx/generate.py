@@ -34,6 +34,7 @@ from .tree import accept, beam_of, pack
 from .tree_search import tree_nodes, tree_search
 from .tuning import drafting, fixed_drafting
 from .control import controller
+from .costs import heal_cached
 
 PREFILL_CHUNK = 512
 MODES = ("auto", "ar", "redrafter")
@@ -405,6 +406,8 @@ def stream(
                 return
     finally:
         pc.cache.trim_to(len(pc.ids))  # drop a pipelined token nobody will read
+        if ctl is not None:
+            heal_cached(loaded, ctl.costs)  # a cached curve far slower than this run: measure it again next time
 
 
 def generate(loaded, prompt, **kwargs) -> Generation:

@@ -569,6 +569,58 @@ def test_a_damaged_cost_cache_is_measured_again(tiny_loaded):
     assert costs.read_cached(tiny_loaded) is not None
 
 
+def test_a_curve_measured_under_load_is_measured_again_once(tiny_loaded, monkeypatch):
+    m = tiny_loaded
+    costs.cost_model(m)
+    cached = costs.cost_model(m)
+    assert cached.source.startswith("cached")
+    # a run at the curve's own speed leaves it alone
+    for _ in range(2 * costs.HEAL_STEPS):
+        cached.observe_plain(cached.plain_measured)
+        cached.observe_verify(4, cached.verify(4))
+    assert not cached.faster_than_measured() and not costs.heal_cached(m, cached)
+    assert "stale" not in json.loads((m.path / costs.FILE).read_text())[costs.cache_key(m)]
+
+    def run_at_half(c, kind):
+        for _ in range(costs.HEAL_STEPS):
+            assert not costs.heal_cached(m, c)  # too few steps to judge yet
+            if kind == "plain":
+                c.observe_plain(0.5 * c.plain_measured)
+            else:
+                c.observe_verify(4, 0.5 * c.base(4))
+        assert c.faster_than_measured()
+
+    run_at_half(cached, "plain")
+    assert costs.heal_cached(m, cached) and not costs.heal_cached(m, cached)  # marked once
+    assert "stale" in json.loads((m.path / costs.FILE).read_text())[costs.cache_key(m)]
+    calls = []
+    real = costs.calibrate
+    monkeypatch.setattr(costs, "calibrate", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    said = []
+    healed = costs.cost_model(m, said.append)
+    assert calls == [1] and healed.source == "measured" and healed.healed
+    assert "busier" in said[0]
+    entry = json.loads((m.path / costs.FILE).read_text())[costs.cache_key(m)]
+    assert "stale" not in entry and entry["healed"]
+    again = costs.cost_model(m)
+    assert calls == [1] and again.source.startswith("cached") and again.healed
+    run_at_half(again, "verify")  # faster again, by the verifications this time: not marked a second time
+    assert not costs.heal_cached(m, again)
+    costs.cost_model(m)
+    assert calls == [1]
+
+
+def test_a_run_marks_a_cached_curve_it_found_too_slow(tiny_loaded, monkeypatch):
+    from redrafter_mlx.drafter import new_drafter
+
+    m = tiny_loaded
+    m.drafter = new_drafter(m.args)
+    costs.cost_model(m)  # measured and cached: the run below reads it from the cache
+    monkeypatch.setattr(CostModel, "faster_than_measured", lambda self: True)
+    generate(m, PROMPT, mode="auto", max_tokens=4)
+    assert "stale" in json.loads((m.path / costs.FILE).read_text())[costs.cache_key(m)]
+
+
 def test_controller_is_made_once_per_drafter(tiny_loaded):
     from redrafter_mlx.drafter import new_drafter
 
