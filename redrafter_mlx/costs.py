@@ -482,8 +482,9 @@ def heal_cached(loaded, costs: CostModel) -> bool:
             entry = data.get(key)
             if not isinstance(entry, dict) or entry.get("measured_at") != costs.measured_at:
                 continue
-            entry["stale"] = (f"a run's plain steps took {1000 * costs._plain_total / max(costs.plain_seen, 1):.0f} ms against {1000 * costs.plain_measured:.0f}"
-                              f", verification x{costs.load:.2f} the curve ({time.strftime('%Y-%m-%d %H:%M:%S')})")
+            plain = costs._plain_total / max(costs.plain_seen, 1)
+            entry["stale"] = (f"a run's plain steps took {1000 * plain:.0f} ms against {1000 * costs.plain_measured:.0f}, "
+                              f"verification x{costs.load:.2f} the curve ({time.strftime('%Y-%m-%d %H:%M:%S')})")
             write_json(path, data)
             costs.stale = True
             return True
