@@ -89,7 +89,7 @@ class CostModel:
         self.plain_seen = 0
         self._plain_total = 0.0  # seconds of the plain steps observed (plain_seen of them)
         self._verified = 0  # verifications that moved the load factor
-        self.stale = False  # a run found this (cached) curve far slower than the machine: measure again
+        self.stale: Optional[str] = None  # why a run found this (cached) curve far slower than the machine: measure again
         self.healed = False  # measured again for that reason (heal_cached marks a curve once)
         self._since_verify: Optional[int] = None  # plain steps since the latest verification (None: none yet)
         self._refresh()
@@ -234,7 +234,7 @@ class CostModel:
     def to_dict(self) -> Dict:
         return {"sizes": self.sizes.astype(int).tolist(), "seconds": self.seconds.tolist(),
                 "plain": self.plain_measured, "draft_level": self.draft_level, "shape_buckets": self.shape_buckets,
-                "healed": self.healed}
+                "healed": self.healed, **({"stale": self.stale} if self.stale else {})}
 
 
 class FixedCosts(CostModel):
@@ -421,7 +421,7 @@ def read_cached(loaded) -> Optional[CostModel]:
                               plain=float(entry["plain"]))  # an entry from before plain was timed: measure again
             costs.draft_level = (entry.get("draft_level") or {}).get(dkey)  # None: not timed with this drafter
             costs.measured_at = entry.get("measured_at")
-            costs.stale, costs.healed = bool(entry.get("stale")), bool(entry.get("healed"))
+            costs.stale, costs.healed = entry.get("stale") or None, bool(entry.get("healed"))
             return costs
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # missing or damaged: measure again
@@ -475,22 +475,10 @@ def heal_cached(loaded, costs: CostModel) -> bool:
     again, so a machine whose runs always beat its calibration measures once, not every time."""
     if costs.stale or costs.healed or not costs.source.startswith("cached") or not costs.faster_than_measured():
         return False
-    key = cache_key(loaded)
-    for path in cache_paths(loaded):
-        try:
-            data = json.loads(path.read_text())
-            entry = data.get(key)
-            if not isinstance(entry, dict) or entry.get("measured_at") != costs.measured_at:
-                continue
-            plain = costs._plain_total / max(costs.plain_seen, 1)
-            entry["stale"] = (f"a run's plain steps took {1000 * plain:.0f} ms against {1000 * costs.plain_measured:.0f}, "
-                              f"verification x{costs.load:.2f} the curve ({time.strftime('%Y-%m-%d %H:%M:%S')})")
-            write_json(path, data)
-            costs.stale = True
-            return True
-        except (OSError, ValueError, AttributeError):
-            continue
-    return False
+    plain = costs._plain_total / max(costs.plain_seen, 1)
+    costs.stale = (f"a run's plain steps took {1000 * plain:.0f} ms against {1000 * costs.plain_measured:.0f}, "
+                   f"verification x{costs.load:.2f} the curve ({time.strftime('%Y-%m-%d %H:%M:%S')})")
+    return write_cached(loaded, costs) is not None
 
 
 def cost_model(loaded, progress: Optional[Callable[[str], None]] = None, refresh: bool = False) -> CostModel:
