@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, Optional
 
 from redrafter_mlx.errors import RedrafterError
+from redrafter_mlx.files import staging_folder
 
 MANIFEST = "manifest.json"
 
@@ -50,6 +51,9 @@ class OutputFolder:
                 raise ConversionError(f"output {self.target} exists and is not a folder")
             if not force:
                 raise ConversionError(f"output folder {self.target} already exists (use --force to replace it)")
+        above = next((p for p in self.target.parents if p.exists()), None)  # checked before any long work
+        if above is not None and (not above.is_dir() or not os.access(above, os.W_OK)):
+            raise ConversionError(f"cannot create the output folder {self.target}: {above} is not a folder you can write")
 
     def protect(self, source: Path):
         """Refuse an output that replacing would delete `source` with."""
@@ -57,8 +61,13 @@ class OutputFolder:
             raise ConversionError(f"--force would delete the input {source}: choose another output folder")
 
     def __enter__(self) -> Path:
-        self.target.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.partial-", dir=self.target.parent))
+        try:
+            self.target.parent.mkdir(parents=True, exist_ok=True)
+            self.tmp = staging_folder(self.target, "partial-")
+        except OSError as e:
+            above = next((p for p in self.target.parents if p.exists()), None)
+            why = f"{above} is not a folder" if above is not None and not above.is_dir() else (e.strerror or str(e))
+            raise ConversionError(f"cannot create the output folder {self.target}: {why}") from e
         if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
             # Turn SIGTERM into an exception so the staging folder is cleaned up.
             signal.signal(signal.SIGTERM, _raise_on_sigterm)

@@ -17,6 +17,7 @@ from .errors import (  # noqa: F401
     ModelNotFoundError,
     NetworkError,
     RedrafterError,
+    SettingError,
     UnsupportedModelError,
 )
 from .generate import Event, Generation, PromptCache, generate, stream  # noqa: F401

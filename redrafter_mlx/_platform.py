@@ -42,6 +42,9 @@ def _wanted() -> str:
     if os.environ.get("REDRAFTER_NO_OPENBLAS"):
         return "mlx"
     want = os.environ.get("REDRAFTER_BLAS", "").strip().lower()
+    if want not in (*CHOICES, "auto", ""):
+        warnings.warn(f"REDRAFTER_BLAS={want!r} is not one of auto, {', '.join(CHOICES)}: using auto", RuntimeWarning,
+                      stacklevel=2)
     return want if want in CHOICES else "auto"
 
 

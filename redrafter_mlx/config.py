@@ -7,7 +7,7 @@ import inspect
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Optional
 
-from .errors import UnsupportedModelError
+from .errors import CorruptModelError, UnsupportedModelError
 
 
 @dataclass
@@ -55,12 +55,15 @@ class ModelArgs(BaseArgs):
         from .base_model import SCALED_EMBEDDINGS
 
         model_type = str(get("model_type"))
-        hidden = int(get("hidden_size"))
-        return cls(model_type=model_type, hidden_size=hidden, vocab_size=int(get("vocab_size")),
-                   num_hidden_layers=int(get("num_hidden_layers")),
-                   max_position_embeddings=int(get("max_position_embeddings", 4096) or 4096),
-                   tie_word_embeddings=bool(get("tie_word_embeddings", True)),
-                   embed_scale=hidden**0.5 if model_type in SCALED_EMBEDDINGS else 1.0)
+        try:
+            hidden = int(get("hidden_size"))
+            return cls(model_type=model_type, hidden_size=hidden, vocab_size=int(get("vocab_size")),
+                       num_hidden_layers=int(get("num_hidden_layers")),
+                       max_position_embeddings=int(get("max_position_embeddings", 4096) or 4096),
+                       tie_word_embeddings=bool(get("tie_word_embeddings", True)),
+                       embed_scale=hidden**0.5 if model_type in SCALED_EMBEDDINGS else 1.0)
+        except (TypeError, ValueError) as e:
+            raise CorruptModelError(f"config.json holds a size that is not a number: {e}") from e
 
 
 @dataclass

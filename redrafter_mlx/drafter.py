@@ -25,7 +25,6 @@ verification always uses the base model's full distribution.
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Union
 
@@ -34,6 +33,7 @@ import mlx.nn as nn
 
 from .config import DrafterArgs
 from .errors import CorruptModelError, DrafterMismatchError, ModelNotFoundError
+from .files import staging_folder
 
 
 class ResBlock(nn.Module):
@@ -205,7 +205,7 @@ def check_compatible(args: DrafterArgs, base_args, where: str = "drafter"):
         raise DrafterMismatchError(
             f"{where} was trained for a base model with hidden size {args.hidden_size} and "
             f"vocabulary {args.vocab_size}, but this base model has hidden size {base_args.hidden_size} and "
-            f"vocabulary {base_args.vocab_size}: use the drafter trained for this model (or --no-speculative)"
+            f"vocabulary {base_args.vocab_size}: use the drafter trained for this model (or --no-drafter)"
         )
 
 
@@ -223,6 +223,10 @@ def load_drafter(path: Union[str, Path], base=None) -> Drafter:
         args = DrafterArgs.from_dict(config)
     except TypeError as e:
         raise CorruptModelError(f"{cfg_path} is not a drafter config: {e}") from e
+    for key in ("hidden_size", "vocab_size", "exit_dim", "num_draft_layers", "draft_vocab_size"):
+        value = getattr(args, key, 0)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise CorruptModelError(f"{cfg_path}: {key} must be a whole number, not {value!r}")
     if base is not None:
         check_compatible(args, base.args, f"the drafter at {path}")
     weights_path = path / "model.safetensors"
@@ -238,7 +242,9 @@ def load_drafter(path: Union[str, Path], base=None) -> Drafter:
         if args.draft_vocab_size and int(drafter.draft_vocab.max()) >= args.vocab_size:
             raise ValueError("draft_vocab holds ids outside the vocabulary")
     except ValueError as e:
-        raise CorruptModelError(f"drafter weights in {weights_path} do not fit its config: {str(e).splitlines()[0]}") from e
+        what = " ".join(str(e).split())
+        what = what if len(what) <= 240 else what[:237] + "..."
+        raise CorruptModelError(f"drafter weights in {weights_path} do not fit its config: {what}") from e
     dtype = _activation_dtype(base) if base is not None else mx.float32
     drafter.set_dtype(dtype)  # floating parameters only; draft_vocab stays int32
     mx.eval(drafter.parameters())
@@ -251,7 +257,7 @@ def save_drafter(drafter: Drafter, path: Union[str, Path], extra_config: dict = 
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    tmp = staging_folder(path)
     try:
         config = drafter.args.to_dict()
         config.update(extra_config or {})

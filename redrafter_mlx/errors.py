@@ -31,3 +31,8 @@ class EmptyPromptError(RedrafterError):
 
 class NetworkError(RedrafterError):
     """A download was needed and the network (PyPI or the Hugging Face hub) is not reachable."""
+
+
+class SettingError(RedrafterError, ValueError):
+    """A generation setting out of range (max_tokens, temperature, seed, a drafting option).
+    Also a ValueError, as a bad argument value is in Python."""

@@ -7,6 +7,7 @@ a reader, or a run stopped mid-write, sees the old file or the new one, never ha
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -23,3 +24,15 @@ def write_json(path: Path, data: Any, indent: Optional[int] = 1) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def staging_folder(target: Path, tag: str = "") -> Path:
+    """A hidden folder beside `target` to write into and then rename to it, with the permissions a
+    folder made by `mkdir` would have (`tempfile.mkdtemp` makes it private to its owner, which the
+    renamed result would keep: a model or drafter no one else could read)."""
+    target = Path(target)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.{tag}", dir=target.parent))
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(tmp, 0o777 & ~mask)
+    return tmp

@@ -25,7 +25,7 @@ import mlx.core as mx
 import numpy as np
 
 from .beam_search import beam_search
-from .errors import ContextLengthError, RedrafterError
+from .errors import ContextLengthError, RedrafterError, SettingError
 from .graph import graft_counts, root_copy, search as graph_search
 from .lookup import MAX_GROWTH, ContextIndex, CopyLength, add_beam
 from .sampling import Sampler
@@ -169,14 +169,17 @@ def stream(
     among any. None: a tree, as without GSD.
     """
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+        raise SettingError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
     drafter = loaded.drafter if use_drafter else None
     adaptive = mode != "ar" and not fixed_drafting(beam_width, beam_length, tree, lookup, tree_min_prob, draft_top_k)
     # The node budget is `budget`: below, `tree` holds each step's packed tree.
     beam_width, beam_length, budget, lookup, tree_min_prob = drafting(
         loaded, beam_width, beam_length, tree, lookup, tree_min_prob)
     if mode == "redrafter" and drafter is None:
-        raise RedrafterError(f"model {loaded.name} has no drafter: pass drafter=PATH to load(), or use mode='ar'")
+        why = (f"{loaded.name} has none" if loaded.drafter is None
+               else "use_drafter=False (--no-drafter) left the model's drafter out")
+        raise RedrafterError(f"mode 'redrafter' needs a drafter and {why}: load one (drafter=PATH, --drafter PATH) "
+                             "or use mode 'auto' or 'ar'")
     if mode == "auto" and not adaptive:  # L=1 (e.g. tuned: plain decoding was fastest here) drafts nothing
         mode = "redrafter" if drafter is not None and beam_length != 1 else "ar"
     elif mode == "auto":
@@ -184,21 +187,20 @@ def stream(
     if mode == "redrafter" and not getattr(loaded, "tree_ok", True):
         mode, adaptive = "ar", False  # the load-time self-check found tree verification wrong here
     if mode == "redrafter" and (beam_width < 1 or beam_length < 1):
-        raise ValueError(f"beam width and length must be >= 1, not {beam_width} x {beam_length}")
+        raise SettingError(f"beam width and length must be >= 1, not {beam_width} x {beam_length}")
     if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, not {max_tokens}")
+        raise SettingError(f"max_tokens must be >= 1, not {max_tokens}")
     if lookup < 0:
-        raise ValueError(f"lookup must be >= 0, not {lookup}")
+        raise SettingError(f"lookup must be >= 0, not {lookup}")
     if budget < 0:
-        raise ValueError(f"tree must be >= 0 nodes, not {budget}")
+        raise SettingError(f"tree must be >= 0 nodes, not {budget}")
     if not 0.0 < tree_min_prob <= 1.0:
-        raise ValueError(f"tree_min_prob must be in (0, 1], not {tree_min_prob}")
+        raise SettingError(f"tree_min_prob must be in (0, 1], not {tree_min_prob}")
     if graph is not None and graph < 0:
-        raise ValueError(f"graph must be >= 0 (GSD's k-gram length), not {graph}")
+        raise SettingError(f"graph must be >= 0 (GSD's k-gram length), not {graph}")
     if graph is not None and mode == "redrafter" and not adaptive and not budget:
-        raise ValueError("graph drafting needs a dynamic tree: pass tree=N (N > 0 draft nodes)")
+        raise SettingError("graph drafting needs a dynamic tree: pass tree=N (N > 0 draft nodes)")
     model, tok = loaded.model, loaded.tokenizer
-    ctl = controller(loaded, use_drafter) if adaptive else None
     sampler = Sampler(temperature, top_p, seed)
     ids = tok.prompt_ids(prompt, system=system)
     limit = loaded.context_length
@@ -207,6 +209,7 @@ def stream(
             f"the prompt has {len(ids)} tokens but {loaded.name} has a context of {limit}: "
             "shorten the conversation or start a new chat"
         )
+    ctl = controller(loaded, use_drafter) if adaptive else None  # after the checks: a first call calibrates
     pc = prompt_cache if prompt_cache is not None else PromptCache(model)
     detok = tok.detokenizer()
     stats = RunStats(mode="auto" if ctl is not None else mode, prompt_tokens=len(ids), adaptive=ctl is not None)

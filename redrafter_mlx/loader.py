@@ -27,7 +27,7 @@ from . import registry
 from ._platform import device_description, fast_cpu_blas, on_cpu
 from .base_model import TreeModel, check_supported, self_check
 from .config import ModelArgs
-from .errors import CorruptModelError, ModelNotFoundError, UnsupportedModelError
+from .errors import CorruptModelError, ModelNotFoundError, SettingError, UnsupportedModelError
 from .gguf import read_gguf
 from .tokenizer import Tokenizer
 from .tuning import find_tuned
@@ -69,7 +69,7 @@ def _resolve_format(weight_format: str, quantized: bool = True) -> str:
     reference BLAS (default model: 8.3-10.5 tok/s against 4.9), but an unquantized float16
     model stays float32 (MLX's float16 CPU kernels are ~25x slower)."""
     if weight_format not in WEIGHT_FORMATS:
-        raise ValueError(f"weight format must be one of {', '.join(WEIGHT_FORMATS)}, not {weight_format!r}")
+        raise SettingError(f"weight format must be one of {', '.join(WEIGHT_FORMATS)}, not {weight_format!r}")
     if weight_format == "auto":
         if not on_cpu():
             return "stored"
@@ -216,6 +216,17 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
         config = json.loads(cfg_path.read_text())
     except json.JSONDecodeError as e:
         raise CorruptModelError(f"{cfg_path} is not valid JSON: {e}") from e
+    if not isinstance(config, dict):
+        raise CorruptModelError(f"{cfg_path} is not a model config: expected a JSON object, found {type(config).__name__}")
+    generation = {}
+    gen = path / "generation_config.json"  # optional; mlx-lm reads it too
+    if gen.is_file():
+        try:
+            generation = json.loads(gen.read_text())
+        except json.JSONDecodeError as e:
+            raise CorruptModelError(f"{gen} is not valid JSON: {e}") from e
+        if not isinstance(generation, dict):
+            raise CorruptModelError(f"{gen} is not a generation config: expected a JSON object")
     files = sorted(path.glob("*.safetensors"))
     if not files:
         hint = " (a PyTorch checkpoint: convert it with `python -m convert`)" if list(path.glob("*.bin")) else ""
@@ -251,11 +262,8 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
         mx.eval(model.parameters())
     except (ValueError, RuntimeError) as e:
         raise CorruptModelError(f"cannot read the weights in {path.name}: {_one_line(e)}") from e
-    eos = []
-    gen = path / "generation_config.json"
-    if gen.is_file():
-        ids = json.loads(gen.read_text()).get("eos_token_id")
-        eos = ids if isinstance(ids, list) else [ids] if ids is not None else []
+    ids = generation.get("eos_token_id")
+    eos = ids if isinstance(ids, list) else [ids] if ids is not None else []
     ids = config.get("eos_token_id")
     eos += ids if isinstance(ids, list) else [ids] if ids is not None else []
     return config, TreeModel(model, config), description, Tokenizer.from_folder(path, eos)

