@@ -17,8 +17,8 @@ examples:
       (a few seconds of measuring the first time), plain decoding wherever drafting does not pay
   redrafter-chat --model ~/models/llama-7b --drafter ~/models/llama-7b/drafter -W 8 -L 5
       a local model folder (or .gguf file) with a ReDrafter head, a fixed beam of 8 x 5 tokens
-  redrafter-chat --model mlx-community/Llama-2-7b-chat-mlx-4bit --no-speculative
-      a Hugging Face hub model, plain decoding to start with (Ctrl+T switches)
+  redrafter-chat --model mlx-community/Qwen3-0.6B-4bit --no-speculative
+      a Hugging Face hub model (any family mlx-lm builds), plain decoding to start with (Ctrl+T switches)
   redrafter-chat --temperature 0.7 --top-p 0.9 --max-tokens 512 --system "Answer briefly."
 
 in the app:
@@ -29,32 +29,56 @@ in the app:
 """
 
 
+# The library's own argparse types (redrafter_mlx.cli) would import the whole library before
+# --help could print (5 s instead of 0.1): these few are the chat's.
+def _number(kind, text: str):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, not {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number, not {text!r}")
+    return value
+
+
 def _positive(text: str) -> int:
-    value = int(text)
+    value = _number(int, text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
 
 
 def _non_negative(text: str) -> int:
-    value = int(text)
+    value = _number(int, text)
     if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, not {value}")
+        raise argparse.ArgumentTypeError(f"must be at least 0, not {value}")
     return value
 
 
 def _temperature(text: str) -> float:
-    value = float(text)
+    value = _number(float, text)
     if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, not {value}")
+        raise argparse.ArgumentTypeError(f"must be >= 0 (0 = greedy), not {value:g}")
     return value
 
 
 def _top_p(text: str) -> float:
-    value = float(text)
+    value = _number(float, text)
     if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], not {value}")
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], not {value:g}")
     return value
+
+
+def _versions() -> str:  # as redrafter_mlx.cli.versions, from the packages' metadata
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(name):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"redrafter-mlx {of('redrafter-mlx')} (mlx {of('mlx')}, mlx-lm {of('mlx-lm')}, textual {of('textual')})"
 
 
 def configure_parser() -> argparse.ArgumentParser:
@@ -65,6 +89,7 @@ def configure_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--version", action="version", version=_versions(), help="print the versions and exit")
     p.add_argument("--model", metavar="NAME|PATH|HUB_ID", default=None,
                    help="registry name, local .gguf file or model folder, or Hugging Face hub id "
                    "(default: the registry default, smollm2-135m)")

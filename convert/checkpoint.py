@@ -30,10 +30,16 @@ def _first_line(e: BaseException) -> str:
 
 
 def resolve(source: str, what: str, drafter: bool = False) -> Path:
-    """A local path as is; otherwise an `org/name` hub id fetched into the hub cache."""
+    """A local path as is; a model's registry name (`smollm2-135m`) as the file or folder it names;
+    otherwise an `org/name` hub id fetched into the hub cache."""
     path = Path(source).expanduser()
     if path.exists():
         return path.resolve()
+    if not drafter:
+        from redrafter_mlx import registry
+
+        if source in registry.known_models():
+            return registry.resolve(source).path
     parts = source.split("/")
     if len(parts) != 2 or not all(parts) or source.startswith((".", "/", "~")):
         raise ModelNotFoundError(f"{what} {source!r} not found: not a local path, nor a Hugging Face hub id (org/name)")

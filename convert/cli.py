@@ -15,6 +15,7 @@ from typing import Any, Dict, Optional
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from redrafter_mlx import _platform  # noqa: E402,F401  (OpenBLAS before mlx)
+from redrafter_mlx.cli import add_version, describe  # noqa: E402
 from redrafter_mlx.errors import RedrafterError  # noqa: E402
 
 from .output import OutputFolder  # noqa: E402
@@ -52,10 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_version(p)
     src = p.add_argument_group("inputs")
     src.add_argument("--model", metavar="SRC",
                      help="base model: Hugging Face folder or hub id (config.json, *.safetensors or "
-                          "pytorch_model*.bin, tokenizer files), or a llama .gguf file")
+                          "pytorch_model*.bin, tokenizer files), a llama .gguf file, or a registry name "
+                          "(smollm2-135m)")
     src.add_argument("--drafter", metavar="SRC",
                      help="Apple ReDrafter checkpoint: folder (or file) with config.json and model.safetensors, "
                           "pytorch_model.bin or model.pt (a drafter already in redrafter_mlx's format works too)")
@@ -196,6 +199,9 @@ def main(argv=None) -> int:
         return 130
     except MemoryError:
         print("error: out of memory; nothing was written", file=sys.stderr)
+        return 1
+    except OSError as e:  # a file that cannot be read or written, a full disk
+        print(f"error: {describe(e)} (nothing was written)", file=sys.stderr)
         return 1
     except Exception as e:  # a bug, or an error from a library this tool does not expect
         if os.environ.get("CONVERT_DEBUG"):

@@ -8,7 +8,10 @@ import argparse
 import sys
 
 from . import _platform  # noqa: F401
-from .errors import RedrafterError
+from . import cli
+from .loader import WEIGHT_FORMATS
+from .tree_search import DEFAULT_MIN_PROB
+from .tuning import DEFAULT_LOOKUP, DEFAULT_TREE, fixed_drafting
 
 
 def main(argv=None) -> int:
@@ -16,6 +19,7 @@ def main(argv=None) -> int:
         prog="python -m redrafter_mlx",
         description="Generate one chat reply with ReDrafter speculative decoding (or plain decoding) and print its stats.",
     )
+    cli.add_version(p)
     p.add_argument("prompt", help="the user message (wrapped in the model's chat template)")
     p.add_argument("--model", default=None, help="registry name, local path or hub id (default: smollm2-135m)")
     p.add_argument("--drafter", default=None, help="drafter folder overriding the one found beside the model")
@@ -26,62 +30,69 @@ def main(argv=None) -> int:
                    "ar = plain decoding")
     p.add_argument("--no-drafter", action="store_true",
                    help="leave the model's drafter out (auto then drafts from the context alone)")
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--beam-width", type=int, default=None,
+    p.add_argument("--max-tokens", type=cli.positive, default=256, metavar="N",
+                   help="longest reply in tokens (default: 256; it also stops at the end of its turn and at the "
+                   "model's context length)")
+    p.add_argument("--temperature", type=cli.temperature, default=0.0, metavar="T",
+                   help="0 = greedy, token for token what plain decoding gives (default: 0); above 0, sampled from "
+                   "the base model's own distribution")
+    p.add_argument("--top-p", type=cli.probability, default=1.0, metavar="P",
+                   help="sample from the smallest set of tokens holding this much probability, in (0, 1] (default: 1)")
+    p.add_argument("--seed", type=cli.seed, default=None,
+                   help="random seed for sampling, 0 to 2**64 - 1 (default: a fresh one each run)")
+    p.add_argument("--beam-width", type=cli.positive, default=None, metavar="W",
                    help="beams drafted per step (default: the shape `redrafter-bench --tune` stored, else 4)")
-    p.add_argument("--beam-length", type=int, default=None,
+    p.add_argument("--beam-length", type=cli.positive, default=None, metavar="L",
                    help="tokens per beam, the base model's own next token included (default: tuned, else 4)")
-    p.add_argument("--lookup", type=int, default=None, metavar="N",
+    p.add_argument("--lookup", type=cli.non_negative, default=None, metavar="N",
                    help="also draft up to N tokens copied from the context where its last tokens recur "
-                        "(0 = off; default: tuned, else tuning.DEFAULT_LOOKUP)")
-    p.add_argument("--tree", type=int, default=None, metavar="N",
+                        f"(0 = off; default: tuned, else {DEFAULT_LOOKUP})")
+    p.add_argument("--tree", type=cli.non_negative, default=None, metavar="N",
                    help="draft a dynamic tree of up to N nodes (at most W children per node, L - 1 levels, "
                         "unlikely nodes dropped) instead of W x L beams (0 = beams; default: tuned, else "
-                        "tuning.DEFAULT_TREE)")
-    p.add_argument("--tree-min-prob", type=float, default=None, metavar="P",
+                        f"{DEFAULT_TREE})")
+    p.add_argument("--tree-min-prob", type=cli.probability, default=None, metavar="P",
                    help="drop tree nodes whose path probability is below P, in (0, 1] (default: tuned, else "
-                        "tree_search.DEFAULT_MIN_PROB)")
-    p.add_argument("--graph", type=int, default=None, metavar="K",
+                        f"{DEFAULT_MIN_PROB})")
+    p.add_argument("--graph", type=cli.non_negative, default=None, metavar="K",
                    help="draft a graph (GSD): a drafted node whose last K + 1 tokens match a node drafted elsewhere "
                         "reuses that node's continuation, and drafted nodes whose last tokens occur in the context "
                         "get what followed there (the context graph); K = 0 matches on the token alone. Fixed "
                         "drafting needs --tree N")
     p.add_argument("--no-context-graph", action="store_true", help="with --graph: GSD alone, without the context graph")
     p.add_argument("--system", default=None, help="system prompt")
-    p.add_argument("--weight-format", default="auto", help="auto, stored, float32, float16 or bfloat16")
+    p.add_argument("--weight-format", default="auto", choices=WEIGHT_FORMATS,
+                   help="auto = the fastest for this device (default); stored = as in the file (e.g. 4-bit); or "
+                   "float32, float16, bfloat16")
     args = p.parse_args(argv)
+    if not args.prompt.strip():
+        p.error("the prompt is empty")
+    if args.mode == "redrafter" and args.no_drafter:
+        p.error("--mode redrafter needs the drafter: drop --no-drafter, or use --mode auto (the context alone) or ar")
+    return cli.run("python -m redrafter_mlx", lambda: _reply(args))
 
+
+def _reply(args) -> int:
     from .generate import stream
     from .loader import load
-    from .tuning import fixed_drafting
 
-    try:
-        m = load(args.model, drafter=args.drafter, weight_format=args.weight_format,
-                 use_drafter=args.mode != "ar" and not args.no_drafter,
-                 progress=lambda s: print(f"[{s}]", file=sys.stderr))
-        print(f"[{m.name}: {m.weight_format} on {m.device}; drafter: {m.drafter_path or 'none'}]", file=sys.stderr)
-        if args.mode != "ar" and not fixed_drafting(args.beam_width, args.beam_length, args.lookup, args.tree,
-                                                     args.tree_min_prob):
-            from .control import controller
+    m = load(args.model, drafter=args.drafter, weight_format=args.weight_format,
+             use_drafter=args.mode != "ar" and not args.no_drafter,
+             progress=lambda s: print(f"[{s}]", file=sys.stderr))
+    print(f"[{m.name}: {m.weight_format} on {m.device}; drafter: {m.drafter_path or 'none'}]", file=sys.stderr)
+    if args.mode != "ar" and not fixed_drafting(args.beam_width, args.beam_length, args.lookup, args.tree,
+                                                 args.tree_min_prob):
+        from .control import controller
 
-            controller(m, not args.no_drafter, progress=lambda s: print(f"[{s}]", file=sys.stderr))
-        last = None
-        for last in stream(m, args.prompt, mode=args.mode, max_tokens=args.max_tokens, temperature=args.temperature,
-                           top_p=args.top_p, seed=args.seed, beam_width=args.beam_width,
-                           beam_length=args.beam_length, lookup=args.lookup, tree=args.tree,
-                           tree_min_prob=args.tree_min_prob, system=args.system, graph=args.graph,
-                           context_graph=not args.no_context_graph):
-            print(last.text, end="", flush=True)
-        print()
-    except (RedrafterError, ValueError) as e:  # ValueError: a setting out of range (generate says which)
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\n[cancelled]", file=sys.stderr)
-        return 130
+        controller(m, not args.no_drafter, progress=lambda s: print(f"[{s}]", file=sys.stderr))
+    last = None
+    for last in stream(m, args.prompt, mode=args.mode, max_tokens=args.max_tokens, temperature=args.temperature,
+                       top_p=args.top_p, seed=args.seed, beam_width=args.beam_width,
+                       beam_length=args.beam_length, lookup=args.lookup, tree=args.tree,
+                       tree_min_prob=args.tree_min_prob, system=args.system, graph=args.graph,
+                       context_graph=not args.no_context_graph):
+        print(last.text, end="", flush=True)
+    print()
     s = last.stats
     line = (f"[{s.mode}: {s.new_tokens} tokens, {s.tokens_per_second:.1f} tok/s, {s.tokens_per_step:.2f} tokens/step, "
             f"prefill {s.prefill_seconds:.2f}s ({s.prompt_tokens} tokens), stop: {last.finish_reason}")

@@ -41,6 +41,8 @@ from . import _platform  # noqa: F401
 
 import mlx.core as mx  # noqa: E402
 
+from . import cli  # noqa: E402
+from .distill import read_prompt_files  # noqa: E402
 from .files import write_json  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
@@ -98,24 +100,6 @@ class Log:
 
     def save(self):
         write_json(self.path, self.state)
-
-
-def read_prompt_files(paths: List[Path]) -> List[List[str]]:
-    from .distill import read_prompts
-    from .errors import RedrafterError
-
-    groups = []
-    for path in paths:
-        if not Path(path).is_file():
-            raise RedrafterError(f"no prompt file at {path}")
-        try:
-            prompts = read_prompts([Path(path)])
-        except (ValueError, json.JSONDecodeError) as e:
-            raise RedrafterError(f"{path}: {str(e).splitlines()[0]}") from e
-        if not prompts:
-            raise RedrafterError(f"{path} holds no prompts (JSONL lines with 'prompt', 'instruction' or 'question')")
-        groups.append(prompts)
-    return groups
 
 
 def shipped_groups() -> List[List[str]]:
@@ -234,6 +218,7 @@ def parse_args(argv=None):
                     "again.",
         epilog="example: redrafter-train --model smollm2-135m --budget quick",
     )
+    cli.add_version(p)
     p.add_argument("--model", default=None, help="registry name, model folder, GGUF file or hub id "
                                                  "(default: the registry default)")
     p.add_argument("--budget", choices=sorted(BUDGETS), default="quick", help=BUDGET_HELP)
@@ -387,6 +372,10 @@ def main(argv=None):
         sys.exit(f"redrafter-train: {e}")
     except KeyboardInterrupt:
         sys.exit("redrafter-train: interrupted; run the same command again to resume")
+    except OSError as e:  # a folder that cannot be written, a full disk: the stages done so far are kept
+        from .cli import describe
+
+        sys.exit(f"redrafter-train: {describe(e)}; run the same command again to resume")
 
 
 if __name__ == "__main__":

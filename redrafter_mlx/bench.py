@@ -39,9 +39,11 @@ from statistics import mean
 from typing import Dict, List
 
 from . import _platform  # noqa: F401  (OpenBLAS before mlx)
+from . import cli
 from .errors import ContextLengthError, RedrafterError
 from .files import write_json
 from .graph import graph_name, parse_graph
+from .loader import WEIGHT_FORMATS
 from .tree_search import DEFAULT_MIN_PROB
 from .tuning import DEFAULT_LOOKUP, DEFAULT_TREE, drafting, fixed_drafting, save_beam_shape
 
@@ -68,6 +70,8 @@ def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
                     "prompt": asked[0], "turns": asked})
         if limit and len(out) >= limit:
             break
+    if not out:
+        raise RedrafterError(f"prompt file {path} holds no questions")
     return out
 
 
@@ -363,30 +367,34 @@ def parse_args(argv=None):
         epilog="example: redrafter-bench --model smollm2-135m --prompts ../shared/data/mt_bench.jsonl "
         "--limit 10 --modes ar,redrafter --json bench.json",
     )
+    cli.add_version(p)
     p.add_argument("--model", default=None, help="registry name, local path or hub id (default: the registry default)")
     p.add_argument("--drafter", default=None, help="drafter folder (default: the one found beside the model)")
     p.add_argument("--prompts", required=True, type=Path, help="Spec-Bench JSONL file (first turn of each question, "
                    "unless --turns)")
-    p.add_argument("--limit", type=int, default=None, help="only the first N questions")
-    p.add_argument("--turns", type=int, default=1, metavar="N",
+    p.add_argument("--limit", type=cli.positive, default=None, metavar="N", help="only the first N questions")
+    p.add_argument("--turns", type=cli.positive, default=1, metavar="N",
                    help="run each question as a conversation of its first N turns, as Spec-Bench runs MT-Bench "
                    "(--turns 2): each mode answers every turn after its own earlier replies, so later turns can "
                    "draw on the conversation (default: 1, the first turn alone)")
-    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--max-tokens", type=cli.positive, default=256, metavar="N",
+                   help="longest reply per turn in tokens (default: 256)")
     p.add_argument("--modes", default="ar", help=f"comma-separated, from {', '.join(MODES)} (default: ar); "
                    "auto = the adaptive controller, which sizes each step's draft to this machine's measured cost "
                    "(and decodes plainly where drafting does not pay); redrafter = the same when no drafting option "
-                   "below is given, else fixed drafting with those options; mlx-lm = mlx-lm's own Llama module and "
-                   "generate_step on the same weights")
+                   "below is given, else fixed drafting with those options; mlx-lm = mlx-lm's own generate_step "
+                   "on the same model, as a reference for plain decoding")
     p.add_argument("--no-drafter", action="store_true",
                    help="leave the model's drafter out: auto drafts from the context alone (prompt lookup)")
-    p.add_argument("--beam-width", type=int, default=None,
+    p.add_argument("--beam-width", type=cli.positive, default=None, metavar="W",
                    help="beams drafted per step (default: the tuned shape for this model and device, else 4)")
-    p.add_argument("--beam-length", type=int, default=None,
+    p.add_argument("--beam-length", type=cli.positive, default=None, metavar="L",
                    help="tokens per beam, counting the base model's own (default: tuned, else 4)")
     p.add_argument("--grid", action="store_true", help="run redrafter for every shape in --widths x --lengths")
-    p.add_argument("--widths", type=lambda t: parse_shapes(t, "--widths"), default=[1, 2, 4, 8])
-    p.add_argument("--lengths", type=lambda t: parse_shapes(t, "--lengths"), default=[3, 4, 5])
+    p.add_argument("--widths", type=lambda t: parse_shapes(t, "--widths"), default=[1, 2, 4, 8], metavar="W[,W...]",
+                   help="beam widths --grid runs (default: 1,2,4,8)")
+    p.add_argument("--lengths", type=lambda t: parse_shapes(t, "--lengths"), default=[3, 4, 5], metavar="L[,L...]",
+                   help="beam lengths --grid runs (default: 3,4,5)")
     p.add_argument("--lookup", type=lambda t: parse_shapes(t, "--lookup", minimum=0), default=None,
                    help="tokens of the context-lookup beam added to the drafter's (0 = none); a comma-separated "
                    f"list runs each (default: tuned, else {DEFAULT_LOOKUP})")
@@ -405,12 +413,18 @@ def parse_args(argv=None):
     p.add_argument("--tune", action="store_true", help="measure this machine's cost curve again (auto's cost "
                    "model, cached beside the model), run the grid (with ar) and store the fastest lossless fixed "
                    "shape in the model folder for fixed drafting on this device (auto needs no tuning)")
-    p.add_argument("--plot", type=Path, default=None, help="write speedup / tokens-per-step / acceptance plots (PNG)")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--weight-format", default="auto", help="auto, stored, float32, float16 or bfloat16")
-    p.add_argument("--json", type=Path, default=None, help="write all results here (rewritten after each question, so a run stopped by "
+    p.add_argument("--plot", type=cli.writable_file, default=None, metavar="FILE.png",
+                   help="write speedup / tokens-per-step / acceptance plots (PNG)")
+    p.add_argument("--temperature", type=cli.temperature, default=0.0, metavar="T",
+                   help="0 = greedy (default), where every mode's output must equal ar's and the table says whether "
+                   "it does; above 0, sampled")
+    p.add_argument("--top-p", type=cli.probability, default=1.0, metavar="P",
+                   help="nucleus sampling mass, in (0, 1] (default: 1)")
+    p.add_argument("--seed", type=cli.seed, default=0, help="sampling seed (default: 0)")
+    p.add_argument("--weight-format", default="auto", choices=WEIGHT_FORMATS,
+                   help="auto = the fastest for this device (default); stored = as in the file (e.g. 4-bit); or "
+                   "float32, float16, bfloat16")
+    p.add_argument("--json", type=cli.writable_file, default=None, metavar="FILE", help="write all results here (rewritten after each question, so a run stopped by "
                    "Ctrl-C, SIGTERM or a time limit keeps the questions it finished; \"complete\" says whether all ran)")
     args = p.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -420,8 +434,6 @@ def parse_args(argv=None):
         args.temperature = 0.0
         if args.limit is None:
             args.limit = 6
-    if args.turns < 1:
-        p.error(f"--turns must be >= 1, not {args.turns}")
     bad = [m for m in args.modes if m not in MODES]
     if bad or not args.modes:
         p.error(f"unknown mode(s) {', '.join(bad) or '(none)'}; choose from {', '.join(MODES)}")
@@ -439,6 +451,10 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    return cli.run("redrafter-bench", lambda: _bench(args))
+
+
+def _bench(args) -> int:
     from .generate import generate
     from .loader import load
 

@@ -33,6 +33,10 @@ from . import _platform  # noqa: F401
 
 import mlx.core as mx  # noqa: E402
 
+from . import cli  # noqa: E402
+from .errors import RedrafterError  # noqa: E402
+from .loader import WEIGHT_FORMATS  # noqa: E402
+
 
 def read_prompts(paths: Sequence[Path]) -> List[str]:
     """User messages from alpaca ({instruction, input}), self-instruct seeds ({instruction,
@@ -316,44 +320,47 @@ def self_instruct(loaded, seeds: List[str], n: int, path: Path, batch_size: int 
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m redrafter_mlx.distill", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None)
+    p.add_argument("--model", default=None, help="registry name, local path or hub id (default: smollm2-135m)")
     p.add_argument("--data", nargs="+", type=Path, help="prompt JSONL files (never MT-Bench)")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--offset", type=int, default=0, help="skip the first N prompts (interleaved across files)")
-    p.add_argument("--limit", type=int, default=None, help="use N prompts from --offset (interleaved across files)")
-    p.add_argument("--batch-size", type=int, default=16, help="most prompts answered together")
-    p.add_argument("--batch-tokens", type=int, default=None,
+    p.add_argument("--out", type=Path, required=True,
+                   help="folder for the replies and hidden states (shards); a run stopped early resumes there")
+    p.add_argument("--offset", type=cli.non_negative, default=0, help="skip the first N prompts (interleaved across files)")
+    p.add_argument("--limit", type=cli.positive, default=None, help="use N prompts from --offset (interleaved across files)")
+    p.add_argument("--batch-size", type=cli.positive, default=16, help="most prompts answered together")
+    p.add_argument("--batch-tokens", type=cli.positive, default=None,
                    help="most padded tokens (prompt + --max-tokens) in a batch; long prompts go in smaller batches "
                         "(default: batch size x (max tokens + 128))")
-    p.add_argument("--max-tokens", type=int, default=256, help="longest reply")
+    p.add_argument("--max-tokens", type=cli.positive, default=256, help="longest reply (default: 256)")
     p.add_argument("--max-prompt-tokens", type=int, default=None, metavar="N",
                    help="skip prompts of more than N tokens (chat template included): on a CPU the few very long "
                         "ones cost more than they teach (default: all that leave --max-tokens in the context)")
-    p.add_argument("--weight-format", default="float32")
-    p.add_argument("--self-instruct", type=int, default=0, metavar="N",
+    p.add_argument("--weight-format", default="float32", choices=WEIGHT_FORMATS,
+                   help="the base model's weights while distilling (default: float32)")
+    p.add_argument("--self-instruct", type=cli.non_negative, default=0, metavar="N",
                    help="first have the model write N new tasks from the seed tasks (files named seed_tasks*, "
                         "else all --data) into OUT/self_instruct.jsonl, and answer them too")
-    p.add_argument("--temperature", type=float, default=0.0,
+    p.add_argument("--temperature", type=cli.temperature, default=0.0, metavar="T",
                    help="sample replies at T instead of greedy ones: more varied contexts, still the model's own "
                         "text (answers are keyed by prompt, so use another --out than the greedy run)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=cli.seed, default=0, help="sampling seed with --temperature (default: 0)")
     p.add_argument("--backfill-greedy", action="store_true",
                    help="only add the greedy tokens to the shards of an older sampled run in OUT, then stop")
     args = p.parse_args(argv)
+    if not args.backfill_greedy and not args.data:
+        p.error("--data is required (prompt JSONL files)")
+    if args.max_prompt_tokens is not None and args.max_prompt_tokens < 1:
+        p.error("--max-prompt-tokens must be at least 1")
+    return cli.run("python -m redrafter_mlx.distill", lambda: _distill(args))
+
+
+def _distill(args):
     from .loader import load
 
     if args.backfill_greedy:
         loaded = load(args.model, weight_format=args.weight_format, use_drafter=False)
         print(f"added greedy tokens to {backfill_greedy(loaded.model, args.out)} shards", file=sys.stderr)
         return
-    if not args.data:
-        p.error("--data is required (prompt JSONL files)")
-    if args.batch_size < 1 or (args.batch_tokens is not None and args.batch_tokens < 1):
-        p.error("--batch-size and --batch-tokens must be at least 1")
-    if args.max_prompt_tokens is not None and args.max_prompt_tokens < 1:
-        p.error("--max-prompt-tokens must be at least 1")
-
-    per_file = [read_prompts([f]) for f in args.data]
+    per_file = read_prompt_files(args.data)
     loaded = load(args.model, weight_format=args.weight_format, use_drafter=False)
     if args.self_instruct:
         seeds = [q for f, qs in zip(args.data, per_file) if "seed_tasks" in Path(f).name for q in qs]
@@ -368,6 +375,23 @@ def main(argv=None):
     print(f"answered {n} prompts into {args.out}", file=sys.stderr)
 
 
+def read_prompt_files(paths: List[Path]) -> List[List[str]]:
+    """The user messages of each prompt file (`read_prompts`); a file that is missing, is not
+    JSONL, or holds no prompts is a RedrafterError that names it."""
+    groups = []
+    for path in paths:
+        if not Path(path).is_file():
+            raise RedrafterError(f"no prompt file at {path}")
+        try:
+            prompts = read_prompts([Path(path)])
+        except (ValueError, AttributeError) as e:  # json.JSONDecodeError is a ValueError
+            raise RedrafterError(f"{path}: {str(e).splitlines()[0]}") from e
+        if not prompts:
+            raise RedrafterError(f"{path} holds no prompts (JSONL lines with 'prompt', 'instruction' or 'question')")
+        groups.append(prompts)
+    return groups
+
+
 def interleave(groups: List[List[str]]) -> List[str]:
     """Round-robin over the files, so a --limit takes from each of them."""
     out = []
@@ -377,4 +401,4 @@ def interleave(groups: List[List[str]]) -> List[str]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -36,8 +36,10 @@ import mlx.nn as nn  # noqa: E402
 import mlx.optimizers as optim  # noqa: E402
 from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
 
+from . import cli  # noqa: E402
 from .config import DrafterArgs  # noqa: E402
 from .drafter import Drafter, load_drafter, save_drafter  # noqa: E402
+from .errors import RedrafterError  # noqa: E402
 from .files import write_json  # noqa: E402
 from .tuning import parse_shapes  # noqa: E402
 
@@ -379,46 +381,56 @@ def evaluate_shapes(loaded, questions: List[dict], shapes, max_tokens: int = 128
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m redrafter_mlx.train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None)
+    p.add_argument("--model", default=None,
+                   help="the base model the head drafts for (registry name, local path or hub id; default: smollm2-135m)")
     p.add_argument("--data", type=Path, nargs="+", help="distillation folder(s) from redrafter_mlx.distill")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--depth", type=int, default=4, help="draft tokens predicted per position (beam length - 1)")
-    p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--batch", type=int, default=512)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--warmup", type=int, default=50)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--val-every", type=int, default=0,
+    p.add_argument("--out", type=Path, required=True,
+                   help="run folder: checkpoints (a stopped run resumes from them), train_log.jsonl, OUT/drafter")
+    p.add_argument("--depth", type=cli.positive, default=4, help="draft tokens predicted per position (beam length - 1)")
+    p.add_argument("--steps", type=cli.positive, default=1000, help="optimizer steps in all, resumed ones included "
+                   "(default: 1000)")
+    p.add_argument("--batch", type=cli.positive, default=512, help="positions per step (default: 512)")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate, cosine-decayed (default: 1e-3)")
+    p.add_argument("--warmup", type=cli.non_negative, default=50, help="linear warm-up steps (default: 50)")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default: 0)")
+    p.add_argument("--val-every", type=cli.non_negative, default=0,
                    help="held-out loss and accuracy every N steps; the most accurate drafter -> OUT/best")
-    p.add_argument("--val-fraction", type=float, default=0.05)
+    p.add_argument("--val-fraction", type=cli.probability, default=0.05,
+                   help="share of the replies held out for validation (default: 0.05)")
     p.add_argument("--soft", type=float, default=0.0, metavar="A",
                    help="weight of the base model's own distribution as target (0: the reply tokens only; "
                         "1: the distribution only); see loss_fn")
     p.add_argument("--greedy-targets", action="store_true",
                    help="predict the base model's greedy token at each position of sampled replies (stored by "
                         "distill --temperature), not the sampled one")
-    p.add_argument("--exit-dim", type=int, default=None)
-    p.add_argument("--layers", type=int, default=1)
-    p.add_argument("--draft-vocab", type=int, default=8192, help="0 = the whole vocabulary")
-    p.add_argument("--save-every", type=int, default=200)
-    p.add_argument("--reload-every", type=int, default=0,
+    p.add_argument("--exit-dim", type=cli.positive, default=None,
+                   help="width of the head's residual blocks (default: 2 x the base model's hidden size)")
+    p.add_argument("--layers", type=cli.positive, default=1, help="residual blocks (default: 1)")
+    p.add_argument("--draft-vocab", type=cli.non_negative, default=8192,
+                   help="draft from the N tokens most frequent in the replies (0 = the whole vocabulary; default: 8192)")
+    p.add_argument("--save-every", type=cli.positive, default=200, help="checkpoint every N steps (default: 200)")
+    p.add_argument("--reload-every", type=cli.non_negative, default=0,
                    help="re-read --data every N steps (a distillation run still adding shards)")
     p.add_argument("--dtype", default="float16", choices=["float16", "float32"], help="saved weights")
     p.add_argument("--eval-only", action="store_true", help="skip training: evaluate --eval-drafter")
     p.add_argument("--eval-drafter", type=Path, default=None, help="drafter folder to evaluate (default OUT/drafter)")
     p.add_argument("--eval-prompts", type=Path, default=None, help="Spec-Bench JSONL to report tokens/step on")
-    p.add_argument("--eval-per-category", type=int, default=2, help="questions per category")
-    p.add_argument("--eval-max-tokens", type=int, default=128)
+    p.add_argument("--eval-per-category", type=cli.positive, default=2, help="questions per category")
+    p.add_argument("--eval-max-tokens", type=cli.positive, default=128, help="tokens per evaluated reply (default: 128)")
     p.add_argument("--beam-shapes", type=parse_shapes, default="4x5", help="W x L list, e.g. 4x5,8x5")
     args = p.parse_args(argv)
+    if not args.eval_only and args.data is None:
+        p.error("--data is required for training")
+    return cli.run("python -m redrafter_mlx.train", lambda: _train(args))
+
+
+def _train(args):
     from .distill import read_shards
     from .loader import load
 
     loaded = load(args.model, use_drafter=False)
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.eval_only:
-        if args.data is None:
-            sys.exit("--data is required for training")
 
         latest = {}
 
@@ -428,7 +440,7 @@ def main(argv=None):
 
         samples = samples_now()
         if not samples:
-            sys.exit(f"no distillation shards in {args.data}")
+            raise RedrafterError(f"no distillation shards in {' '.join(map(str, args.data))}")
         print(f"{len(samples)} replies, {sum(len(s['reply']) for s in samples)} tokens", file=sys.stderr)
         t0 = time.perf_counter()
         with open(args.out / "train_log.jsonl", "a") as log:
@@ -452,4 +464,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -241,17 +241,39 @@ def test_tune_prefers_plain_decoding_when_it_is_faster():
     assert bench.tuned_default({"redrafter@2x3": shape}, shape) == (2, 3, False)  # no ar to compare with
 
 
-def test_cli_reports_settings_out_of_range(model_dir, capsys):
+def test_cli_reports_settings_out_of_range(model_dir, capsys, monkeypatch):
+    """Out-of-range options are refused while parsing, in the flag's words, before any model loads."""
+    from redrafter_mlx import loader
     from redrafter_mlx.__main__ import main as cli
 
-    for flag, value, said in (("--lookup", "-1", "lookup must be >= 0"), ("--tree", "-2", "tree must be >= 0"),
-                              ("--tree-min-prob", "0", "tree_min_prob must be in (0, 1]")):
-        assert cli(["--model", str(model_dir), "--max-tokens", "4", flag, value, "hello"]) == 2
+    real_load = loader.load
+    monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("loaded a model for a bad option"))
+    for flag, value, said in (("--lookup", "-1", "argument --lookup: must be at least 0, not -1"),
+                              ("--tree", "-2", "argument --tree: must be at least 0"),
+                              ("--tree-min-prob", "0", "argument --tree-min-prob: must be in (0, 1]"),
+                              ("--graph", "-1", "argument --graph: must be at least 0"),
+                              ("--max-tokens", "0", "argument --max-tokens: must be at least 1"),
+                              ("--beam-width", "two", "argument --beam-width: expected an integer, not 'two'"),
+                              ("--seed", "-1", "argument --seed: must be from 0"),
+                              ("--temperature", "nan", "argument --temperature: expected a finite number"),
+                              ("--top-p", "1.5", "argument --top-p: must be in (0, 1]"),
+                              ("--weight-format", "int3", "argument --weight-format: invalid choice")):
+        with pytest.raises(SystemExit) as exit_:
+            cli(["--model", str(model_dir), flag, value, "hello"])
+        assert exit_.value.code == 2
         assert said in capsys.readouterr().err
+    for argv, said in ((["  "], "the prompt is empty"), (["--mode", "redrafter", "--no-drafter", "hi"], "--no-drafter")):
+        with pytest.raises(SystemExit):
+            cli(["--model", str(model_dir), *argv])
+        assert said in capsys.readouterr().err
+    monkeypatch.setattr(loader, "load", real_load)
     assert cli(["--model", str(model_dir), "--max-tokens", "4", "--tree", "3", "--tree-min-prob", "0.5", "hello"]) == 0
     assert "tree=3" in capsys.readouterr().err
-    assert cli(["--model", str(model_dir), "--max-tokens", "4", "--graph", "-1", "hello"]) == 2
-    assert "graph must be >= 0" in capsys.readouterr().err
+    # A setting only the library can check (a graph over fixed beams) is still one line, status 2.
+    assert cli(["--model", str(model_dir), "--max-tokens", "4", "--beam-width", "2", "--tree", "0", "--graph", "1",
+                "hello"]) == 2
+    err = capsys.readouterr().err
+    assert "graph drafting needs a dynamic tree" in err and "Traceback" not in err
     assert cli(["--model", str(model_dir), "--max-tokens", "6", "--graph", "1", "hello"]) == 0
     err = capsys.readouterr().err
     assert "adaptive:" in err and "graph:" in err  # the graph's figures come beside auto's, not instead

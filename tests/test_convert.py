@@ -550,3 +550,17 @@ def test_bin_without_torch_says_what_to_install(tmp_path, capsys, monkeypatch, m
     out = tmp_path / "out"
     rc, lines = run_convert(capsys, "--model", src, "--out", out)
     assert_clean_failure(rc, lines, out, "needs PyTorch", "redrafter-mlx[convert]")
+
+
+def test_a_registry_name_is_a_source(default_model):
+    from convert.checkpoint import resolve
+
+    assert resolve(default_model.name, "model") == default_model.path
+
+
+def test_an_output_that_cannot_be_made_is_refused_before_any_work(tmp_path):
+    from convert.output import ConversionError
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConversionError, match="is not a folder you can write"):
+        OutputFolder(tmp_path / "file" / "out")

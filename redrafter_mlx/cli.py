@@ -1,0 +1,127 @@
+"""What the command lines share: options that check their range while they parse, so a bad value is
+refused at once, in the flag's own words, before any model loads; and one way to end a command on a
+user error: one line on stderr, never a traceback.
+
+    p.add_argument("--max-tokens", type=cli.positive, default=256)
+    ...
+    return cli.run("redrafter-bench", lambda: body(args))
+"""
+
+import argparse
+import math
+import os
+import sys
+from typing import Callable, Optional
+
+from .errors import RedrafterError
+from .sampling import SEED_MAX
+
+
+def _parse(kind, text: str):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, not {text!r}") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, not {text!r}")
+    return value
+
+
+def integer(minimum: int = 0, maximum: Optional[int] = None) -> Callable[[str], int]:
+    """An argparse type: an integer in [minimum, maximum]."""
+
+    def parse(text: str) -> int:
+        value = _parse(int, text)
+        if value < minimum or (maximum is not None and value > maximum):
+            span = f"at least {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+            raise argparse.ArgumentTypeError(f"must be {span}, not {value}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+positive = integer(1)
+non_negative = integer(0)
+seed = integer(0, SEED_MAX)
+
+
+def temperature(text: str) -> float:
+    """An argparse type: a sampling temperature, a finite number >= 0 (0 = greedy)."""
+    value = _parse(float, text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (0 = greedy), not {value:g}")
+    return value
+
+
+def probability(text: str) -> float:
+    """An argparse type: a probability in (0, 1] (top-p, a tree's floor)."""
+    value = _parse(float, text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], not {value:g}")
+    return value
+
+
+def writable_file(text: str):
+    """An argparse type: a file path whose folder exists and can be written, checked before a long run
+    whose results would otherwise be lost at the end."""
+    from pathlib import Path
+
+    path = Path(text).expanduser()
+    folder = path.parent
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} is a folder, not a file")
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"folder {folder} cannot be written")
+    return path
+
+
+def describe(error: OSError) -> str:
+    """An OS error as one line: what failed and on which path."""
+    what = error.strerror or str(error) or type(error).__name__
+    where = " -> ".join(str(f) for f in (error.filename, error.filename2) if f is not None)
+    return f"{what}: {where}" if where else what
+
+
+def run(prog: str, body: Callable[[], Optional[int]]) -> int:
+    """Run a command's body and return its exit status. A user error (`RedrafterError`) ends it
+    with one line on stderr and status 2; an OS error (a path that cannot be read or written, a
+    full disk) the same with status 1; Ctrl-C with 130; output cut short by the reader (`... |
+    head`) quietly, as other command-line tools do. Anything else is a bug and keeps its traceback."""
+    try:
+        return body() or 0
+    except RedrafterError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        try:  # the reader is gone: no more output, and no second error when Python flushes stdout at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        return 1
+    except OSError as e:
+        print(f"{prog}: error: {describe(e)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"\n{prog}: cancelled", file=sys.stderr)
+        return 130
+
+
+def versions() -> str:
+    """`redrafter-mlx 0.1.0 (mlx 0.29.3, mlx-lm 0.28.2)`: what a bug report needs, read from the
+    installed packages' metadata (cheap: nothing is imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(name):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"redrafter-mlx {of('redrafter-mlx')} (mlx {of('mlx')}, mlx-lm {of('mlx-lm')})"
+
+
+def add_version(p: argparse.ArgumentParser):
+    p.add_argument("--version", action="version", version=versions(), help="print the versions and exit")

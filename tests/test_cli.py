@@ -1,0 +1,93 @@
+"""The command lines' shared pieces (redrafter_mlx/cli.py): options checked while parsing, and one
+line on stderr, never a traceback, for what a user can fix."""
+
+import argparse
+import errno
+import os
+
+import pytest
+
+from redrafter_mlx import bench, cli
+from redrafter_mlx.errors import CorruptModelError
+
+
+def parse(kind, text):
+    p = argparse.ArgumentParser(prog="t")
+    p.add_argument("--x", type=kind)
+    return p.parse_args(["--x", text]).x
+
+
+def test_typed_options(capsys):
+    assert parse(cli.positive, "3") == 3 and parse(cli.non_negative, "0") == 0
+    assert parse(cli.seed, str(2**64 - 1)) == 2**64 - 1
+    assert parse(cli.temperature, "0.7") == 0.7 and parse(cli.probability, "1") == 1.0
+    for kind, text, said in ((cli.positive, "0", "must be at least 1, not 0"),
+                             (cli.positive, "x", "expected an integer, not 'x'"),
+                             (cli.seed, str(2**64), "must be from 0 to"),
+                             (cli.temperature, "-1", "must be >= 0"),
+                             (cli.temperature, "inf", "expected a finite number"),
+                             (cli.probability, "0", "must be in (0, 1]")):
+        with pytest.raises(SystemExit):
+            parse(kind, text)
+        assert f"argument --x: {said}" in capsys.readouterr().err
+
+
+def test_writable_file(tmp_path, capsys):
+    assert parse(cli.writable_file, str(tmp_path / "r.json")) == tmp_path / "r.json"
+    for path, said in ((tmp_path / "missing" / "r.json", "does not exist"), (tmp_path, "is a folder")):
+        with pytest.raises(SystemExit):
+            parse(cli.writable_file, str(path))
+        assert said in capsys.readouterr().err
+
+
+def test_run_ends_user_and_os_errors_with_one_line(capsys):
+    def fails(e):
+        def body():
+            raise e
+        return body
+
+    assert cli.run("tool", lambda: None) == 0 and cli.run("tool", lambda: 3) == 3
+    assert cli.run("tool", fails(CorruptModelError("x.gguf is truncated"))) == 2
+    assert capsys.readouterr().err == "tool: error: x.gguf is truncated\n"
+    assert cli.run("tool", fails(FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), "/no/such"))) == 1
+    assert capsys.readouterr().err == "tool: error: No such file or directory: /no/such\n"
+    assert cli.run("tool", fails(KeyboardInterrupt())) == 130
+    assert "cancelled" in capsys.readouterr().err
+    with pytest.raises(ZeroDivisionError):  # a bug keeps its traceback
+        cli.run("tool", fails(ZeroDivisionError()))
+
+
+def test_a_closed_pipe_ends_quietly():
+    """`python -m redrafter_mlx ... | head -c 1`: the reader left; no traceback, nothing more written."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from redrafter_mlx import cli\n"
+            "def body():\n    for _ in range(2000): print('x' * 1000)\n"
+            "sys.exit(cli.run('tool', body))")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.read(1) == b"x"
+    proc.stdout.close()  # the reader goes away mid-reply
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_bench_refuses_bad_options_before_loading(tmp_path, capsys, monkeypatch):
+    from redrafter_mlx import loader
+
+    monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("loaded a model for a bad option"))
+    prompts = tmp_path / "q.jsonl"
+    prompts.write_text('{"turns": ["hi"]}\n')
+    for argv, said in ((["--limit", "0"], "argument --limit: must be at least 1"),
+                       (["--temperature", "-1"], "argument --temperature: must be >= 0"),
+                       (["--beam-width", "0"], "argument --beam-width: must be at least 1"),
+                       (["--json", str(tmp_path / "nowhere" / "r.json")], "argument --json: folder"),
+                       (["--plot", str(tmp_path)], "argument --plot:")):
+        with pytest.raises(SystemExit):
+            bench.main(["--prompts", str(prompts), *argv])
+        assert said in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    assert bench.main(["--prompts", str(empty)]) == 2
+    assert "holds no questions" in capsys.readouterr().err
