@@ -11,6 +11,7 @@ multi-byte character (the windowed-decode scheme used by TGI and vLLM).
 """
 
 import os
+from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no "PyTorch was not found" banner
@@ -125,7 +126,13 @@ class Tokenizer:
         try:
             hf = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
         except Exception as e:
-            raise CorruptModelError(f"cannot load the tokenizer in {path}: {str(e).splitlines()[0]}") from e
+            files = [n for n in ("tokenizer.json", "tokenizer.model", "vocab.json") if (Path(path) / n).is_file()]
+            if not files:
+                raise CorruptModelError(f"{path} has no tokenizer (tokenizer.json, tokenizer.model or vocab.json): "
+                                        "copy the tokenizer files of the model into it") from e
+            what = " ".join(str(e).split())
+            what = what if len(what) <= 240 else what[:237] + "..."
+            raise CorruptModelError(f"cannot load the tokenizer in {path}: {what}") from e
         eos = set(eos_token_ids)
         if hf.eos_token_id is not None:
             eos.add(hf.eos_token_id)

@@ -117,7 +117,7 @@ def test_broken_or_missing_tokenizer(tiny_kit, tmp_path):
     for p in path.iterdir():
         if "token" in p.name or p.suffix == ".jinja":
             p.unlink()
-    raises(CorruptModelError, lambda: load(str(path)), "tokenizer")
+    raises(CorruptModelError, lambda: load(str(path)), "has no tokenizer", "tokenizer.json")
 
 
 # ---- unsupported models ------------------------------------------------------------------
