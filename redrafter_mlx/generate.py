@@ -176,10 +176,11 @@ def stream(
     beam_width, beam_length, budget, lookup, tree_min_prob = drafting(
         loaded, beam_width, beam_length, tree, lookup, tree_min_prob)
     if mode == "redrafter" and drafter is None:
-        why = (f"{loaded.name} has none" if loaded.drafter is None
-               else "use_drafter=False (--no-drafter) left the model's drafter out")
-        raise RedrafterError(f"mode 'redrafter' needs a drafter and {why}: load one (drafter=PATH, --drafter PATH) "
-                             "or use mode 'auto' or 'ar'")
+        if loaded.drafter is None:
+            raise RedrafterError(f"model {loaded.name} has no drafter: load one (drafter=PATH, --drafter PATH) or use "
+                                 "mode 'auto' or 'ar'")
+        raise RedrafterError("mode 'redrafter' with no drafter: use_drafter=False (--no-drafter) left the model's "
+                             "drafter out; drop it, or use mode 'auto' or 'ar'")
     if mode == "auto" and not adaptive:  # L=1 (e.g. tuned: plain decoding was fastest here) drafts nothing
         mode = "redrafter" if drafter is not None and beam_length != 1 else "ar"
     elif mode == "auto":

@@ -296,7 +296,7 @@ def test_redrafter_mode_without_its_drafter_says_why(tiny_kit, tmp_path):
     raises(RedrafterError, lambda: generate(with_drafter, "hi", mode="redrafter", use_drafter=False),
            "use_drafter=False", "--no-drafter")
     raises(RedrafterError, lambda: generate(load(str(path), use_drafter=False), "hi", mode="redrafter"),
-           "has none", "--drafter")
+           "has no drafter", "--drafter")
 
 
 # ---- config files of the wrong shape -----------------------------------------------------
