@@ -206,27 +206,26 @@ def new_model(config: Dict[str, Any], seed: int = 0) -> TreeModel:
     return TreeModel(model, config)
 
 
+def _json_object(path: Path, what: str) -> Dict[str, Any]:
+    """A JSON file that must hold an object; a CorruptModelError that names it otherwise."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CorruptModelError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise CorruptModelError(f"{path} is not a {what}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
 def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeModel, str, Tokenizer]:
     """A Hugging Face / mlx-community folder, built by mlx-lm's own loading (config, sanitize,
     quantization), after checks that give one-line errors."""
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
         raise ModelNotFoundError(f"{path} has no config.json: not a model folder")
-    try:
-        config = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise CorruptModelError(f"{cfg_path} is not valid JSON: {e}") from e
-    if not isinstance(config, dict):
-        raise CorruptModelError(f"{cfg_path} is not a model config: expected a JSON object, found {type(config).__name__}")
-    generation = {}
+    config = _json_object(cfg_path, "model config")
     gen = path / "generation_config.json"  # optional; mlx-lm reads it too
-    if gen.is_file():
-        try:
-            generation = json.loads(gen.read_text())
-        except json.JSONDecodeError as e:
-            raise CorruptModelError(f"{gen} is not valid JSON: {e}") from e
-        if not isinstance(generation, dict):
-            raise CorruptModelError(f"{gen} is not a generation config: expected a JSON object")
+    generation = _json_object(gen, "generation config") if gen.is_file() else {}
     files = sorted(path.glob("*.safetensors"))
     if not files:
         hint = " (a PyTorch checkpoint: convert it with `python -m convert`)" if list(path.glob("*.bin")) else ""
