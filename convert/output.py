@@ -64,10 +64,8 @@ class OutputFolder:
         try:
             self.target.parent.mkdir(parents=True, exist_ok=True)
             self.tmp = staging_folder(self.target, "partial-")
-        except OSError as e:
-            above = next((p for p in self.target.parents if p.exists()), None)
-            why = f"{above} is not a folder" if above is not None and not above.is_dir() else (e.strerror or str(e))
-            raise ConversionError(f"cannot create the output folder {self.target}: {why}") from e
+        except OSError as e:  # the constructor checked the folder above; what is left: /proc, a full disk, a race
+            raise ConversionError(f"cannot create the output folder {self.target}: {e.strerror or e}") from e
         if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
             # Turn SIGTERM into an exception so the staging folder is cleaned up.
             signal.signal(signal.SIGTERM, _raise_on_sigterm)

@@ -32,7 +32,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .config import DrafterArgs
-from .errors import CorruptModelError, DrafterMismatchError, ModelNotFoundError
+from .errors import CorruptModelError, DrafterMismatchError, ModelNotFoundError, one_line
 from .files import staging_folder
 
 
@@ -242,9 +242,7 @@ def load_drafter(path: Union[str, Path], base=None) -> Drafter:
         if args.draft_vocab_size and int(drafter.draft_vocab.max()) >= args.vocab_size:
             raise ValueError("draft_vocab holds ids outside the vocabulary")
     except ValueError as e:
-        what = " ".join(str(e).split())
-        what = what if len(what) <= 240 else what[:237] + "..."
-        raise CorruptModelError(f"drafter weights in {weights_path} do not fit its config: {what}") from e
+        raise CorruptModelError(f"drafter weights in {weights_path} do not fit its config: {one_line(e)}") from e
     dtype = _activation_dtype(base) if base is not None else mx.float32
     drafter.set_dtype(dtype)  # floating parameters only; draft_vocab stays int32
     mx.eval(drafter.parameters())

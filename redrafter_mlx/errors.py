@@ -1,6 +1,12 @@
 """Exceptions raised for user errors. Each message is one readable line."""
 
 
+def one_line(e: BaseException, limit: int = 240) -> str:
+    """Another library's exception text as one line of at most `limit` characters, for a message."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class RedrafterError(Exception):
     """Base class: anything a user can fix (bad input, missing files, wrong model)."""
 

@@ -27,7 +27,7 @@ from . import registry
 from ._platform import device_description, fast_cpu_blas, on_cpu
 from .base_model import TreeModel, check_supported, self_check
 from .config import ModelArgs
-from .errors import CorruptModelError, ModelNotFoundError, SettingError, UnsupportedModelError
+from .errors import CorruptModelError, ModelNotFoundError, SettingError, UnsupportedModelError, one_line
 from .gguf import read_gguf
 from .tokenizer import Tokenizer
 from .tuning import find_tuned
@@ -83,11 +83,6 @@ def _describe_quant(quant: Dict[str, Any]) -> str:
     if overrides:
         text += ", " + ", ".join(f"{b}-bit (group {g})" for b, g in overrides) + " in places"
     return text
-
-
-def _one_line(e: BaseException, limit: int = 240) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _misfit(text: str) -> bool:
@@ -173,7 +168,7 @@ def build_model(config: Dict[str, Any], weights: Dict[str, mx.array], weight_for
     try:
         model = model_class(args_class.from_dict(config))
     except (TypeError, KeyError, ValueError, AttributeError) as e:
-        raise CorruptModelError(f"config.json does not describe a {config['model_type']} model: {_one_line(e)}") from e
+        raise CorruptModelError(f"config.json does not describe a {config['model_type']} model: {one_line(e)}") from e
     if hasattr(model, "sanitize"):
         weights = model.sanitize(weights)
     quant = config.get("quantization") or {}
@@ -191,7 +186,7 @@ def build_model(config: Dict[str, Any], weights: Dict[str, mx.array], weight_for
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
-        raise CorruptModelError(f"weights do not fit the model config: {_one_line(e)}") from e
+        raise CorruptModelError(f"weights do not fit the model config: {one_line(e)}") from e
     description = _set_format(model, config, weight_format)
     mx.eval(model.parameters())
     return TreeModel(model, config), description
@@ -239,7 +234,7 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
             with safe_open(str(f), framework="numpy") as fh:
                 names.update(fh.keys())
         except Exception as e:  # safetensors raises its own error types
-            raise CorruptModelError(f"cannot read {f.name}: {_one_line(e)}") from e
+            raise CorruptModelError(f"cannot read {f.name}: {one_line(e)}") from e
     overrides = config_overrides(config)
     text_config = config.get("text_config") or {}
     if "tie_word_embeddings" not in config and "tie_word_embeddings" not in text_config:
@@ -250,7 +245,7 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
     try:
         model, config = load_model(path, lazy=True, strict=True, model_config=overrides)
     except (ValueError, FileNotFoundError, RuntimeError, KeyError, TypeError, AttributeError) as e:
-        text = _one_line(e)
+        text = one_line(e)
         if _misfit(text):
             raise CorruptModelError(f"weights do not fit the model config: {text}") from e
         if "safetensors" in text:
@@ -260,7 +255,7 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
         description = _set_format(model, config, weight_format)
         mx.eval(model.parameters())
     except (ValueError, RuntimeError) as e:
-        raise CorruptModelError(f"cannot read the weights in {path.name}: {_one_line(e)}") from e
+        raise CorruptModelError(f"cannot read the weights in {path.name}: {one_line(e)}") from e
     ids = generation.get("eos_token_id")
     eos = ids if isinstance(ids, list) else [ids] if ids is not None else []
     ids = config.get("eos_token_id")

@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no "PyTorch was not found" banner
 
-from .errors import CorruptModelError, EmptyPromptError, UnsupportedModelError  # noqa: E402
+from .errors import CorruptModelError, EmptyPromptError, UnsupportedModelError, one_line  # noqa: E402
 
 # Pre-tokenizer per GGUF `tokenizer.ggml.pre`, as llama.cpp defines them.
 # "digits" = split every digit on its own before the GPT-2 byte-level regex.
@@ -130,9 +130,7 @@ class Tokenizer:
             if not files:
                 raise CorruptModelError(f"{path} has no tokenizer (tokenizer.json, tokenizer.model or vocab.json): "
                                         "copy the tokenizer files of the model into it") from e
-            what = " ".join(str(e).split())
-            what = what if len(what) <= 240 else what[:237] + "..."
-            raise CorruptModelError(f"cannot load the tokenizer in {path}: {what}") from e
+            raise CorruptModelError(f"cannot load the tokenizer in {path}: {one_line(e)}") from e
         eos = set(eos_token_ids)
         if hf.eos_token_id is not None:
             eos.add(hf.eos_token_id)
