@@ -11,7 +11,7 @@ from . import _platform  # noqa: F401
 from . import cli
 from .loader import WEIGHT_FORMATS
 from .tree_search import DEFAULT_MIN_PROB
-from .tuning import DEFAULT_LOOKUP, DEFAULT_TREE, fixed_drafting
+from .tuning import DEFAULT_LOOKUP, DEFAULT_TREE
 
 
 def main(argv=None) -> int:
@@ -80,17 +80,13 @@ def _reply(args) -> int:
              use_drafter=args.mode != "ar" and not args.no_drafter,
              progress=lambda s: print(f"[{s}]", file=sys.stderr))
     print(f"[{m.name}: {m.weight_format} on {m.device}; drafter: {m.drafter_path or 'none'}]", file=sys.stderr)
-    if args.mode != "ar" and not fixed_drafting(args.beam_width, args.beam_length, args.lookup, args.tree,
-                                                 args.tree_min_prob):
-        from .control import controller
-
-        controller(m, not args.no_drafter, progress=lambda s: print(f"[{s}]", file=sys.stderr))
     last = None
     for last in stream(m, args.prompt, mode=args.mode, max_tokens=args.max_tokens, temperature=args.temperature,
                        top_p=args.top_p, seed=args.seed, beam_width=args.beam_width,
                        beam_length=args.beam_length, lookup=args.lookup, tree=args.tree,
                        tree_min_prob=args.tree_min_prob, system=args.system, graph=args.graph,
-                       context_graph=not args.no_context_graph):
+                       context_graph=not args.no_context_graph,
+                       progress=lambda s: print(f"[{s}]", file=sys.stderr)):
         print(last.text, end="", flush=True)
     print()
     s = last.stats

@@ -134,6 +134,7 @@ def stream(
     use_drafter: bool = True,
     graph: Optional[int] = None,
     context_graph: bool = True,
+    progress: Optional[Callable[[str], None]] = None,
 ) -> Iterator[Event]:
     """Generate a reply, yielding an Event per step.
 
@@ -167,6 +168,9 @@ def stream(
     copy runs up to 4 x `lookup`, cut by its calibrated probability (graph.root_copy). Needs a
     tree (`tree` > 0) when drafting is fixed; adaptive drafting chooses among grafted nodes as
     among any. None: a tree, as without GSD.
+    progress: called with a line of text while an adaptive call calibrates this machine's cost
+    curve (the first call for a device and model, a few seconds), after the settings, the
+    prompt and the context length were checked.
     """
     if mode not in MODES:
         raise SettingError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -200,7 +204,8 @@ def stream(
     if graph is not None and graph < 0:
         raise SettingError(f"graph must be >= 0 (GSD's k-gram length), not {graph}")
     if graph is not None and mode == "redrafter" and not adaptive and not budget:
-        raise SettingError("graph drafting needs a dynamic tree: pass tree=N (N > 0 draft nodes)")
+        raise SettingError("graph drafting needs a dynamic tree: pass tree=N (--tree N) with N > 0 draft nodes, or "
+                          "no drafting option at all (adaptive drafting)")
     model, tok = loaded.model, loaded.tokenizer
     sampler = Sampler(temperature, top_p, seed)
     ids = tok.prompt_ids(prompt, system=system)
@@ -210,7 +215,7 @@ def stream(
             f"the prompt has {len(ids)} tokens but {loaded.name} has a context of {limit}: "
             "shorten the conversation or start a new chat"
         )
-    ctl = controller(loaded, use_drafter) if adaptive else None  # after the checks: a first call calibrates
+    ctl = controller(loaded, use_drafter, progress) if adaptive else None  # after the checks: a first call calibrates
     pc = prompt_cache if prompt_cache is not None else PromptCache(model)
     detok = tok.detokenizer()
     stats = RunStats(mode="auto" if ctl is not None else mode, prompt_tokens=len(ids), adaptive=ctl is not None)

@@ -91,3 +91,30 @@ def test_bench_refuses_bad_options_before_loading(tmp_path, capsys, monkeypatch)
     empty.write_text("\n")
     assert bench.main(["--prompts", str(empty)]) == 2
     assert "holds no questions" in capsys.readouterr().err
+
+
+def test_main_cli_refuses_a_prompt_over_the_context_before_calibrating(tiny_kit, tmp_path, capsys, monkeypatch):
+    """`python -m redrafter_mlx` with a prompt longer than the context ends on one line before the
+    adaptive controller's first calibration (seconds on a model never run here), and a first
+    adaptive call's calibration lines still reach stderr (stream's `progress`)."""
+    import importlib
+
+    from redrafter_mlx.__main__ import main
+
+    gen = importlib.import_module("redrafter_mlx.generate")
+    path = tiny_kit.write_folder(tmp_path / "short", tiny_kit.model(seed=0, max_position_embeddings=16))
+    monkeypatch.setattr(gen, "controller", lambda *a, **k: pytest.fail("calibrated before checking the context"))
+    assert main(["--model", str(path), "--max-tokens", "4", "a prompt that runs well past sixteen tokens"]) == 2
+    err = capsys.readouterr().err
+    assert "error: the prompt has" in err and "context of 16" in err and "Traceback" not in err
+
+    real = importlib.import_module("redrafter_mlx.control").controller
+
+    def calibrating(loaded, use_drafter=True, progress=None):
+        progress("measuring this machine")
+        return real(loaded, use_drafter)
+
+    monkeypatch.setattr(gen, "controller", calibrating)
+    assert main(["--model", str(tiny_kit.write_folder(tmp_path / "long", tiny_kit.model(seed=0))),
+                 "--max-tokens", "4", "hi"]) == 0
+    assert "[measuring this machine]" in capsys.readouterr().err
