@@ -26,7 +26,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
 from redrafter_mlx.config import ModelArgs
-from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError, RedrafterError, UnsupportedModelError
+from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError, RedrafterError, UnsupportedModelError, one_line
 
 from .checkpoint import load_safetensors, pytorch_to_safetensors, read_json, weight_files
 from .output import ConversionError
@@ -34,10 +34,6 @@ from .tokenizer import save_gguf_tokenizer, save_hf_tokenizer, write_generation_
 
 DTYPES = ("float16", "bfloat16", "float32")
 STAGING = ".pytorch-as-safetensors"
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 @dataclass
@@ -86,7 +82,7 @@ def _materialize(model: nn.Module, report, desc: str) -> int:
             try:
                 mx.eval(value)
             except Exception as e:
-                raise CorruptModelError(f"cannot read tensor {name}: {_one_line(e)}") from e
+                raise CorruptModelError(f"cannot read tensor {name}: {one_line(e)}") from e
             bar.update(1)
     finally:
         bar.close()
@@ -171,16 +167,16 @@ def _load_hf(src: Path, dest: Path, config: Dict[str, Any], report):
     try:
         model, config = load_model(model_dir, lazy=True, strict=True, model_config=overrides, trust_remote_code=False)
     except FileNotFoundError as e:
-        raise ModelNotFoundError(f"{src}: {_one_line(e)}") from e
+        raise ModelNotFoundError(f"{src}: {one_line(e)}") from e
     except ValueError as e:
-        text = _one_line(e)
+        text = one_line(e)
         if "not supported" in text:
             raise UnsupportedModelError(f"{src}: {text}") from e
         raise CorruptModelError(f"{src}: the tensors do not fit config.json: {text}") from e
     except RedrafterError:
         raise
     except Exception as e:  # mx.load on a truncated or corrupt shard
-        raise CorruptModelError(f"cannot read {src}: {_one_line(e)}") from e
+        raise CorruptModelError(f"cannot read {src}: {one_line(e)}") from e
     return model, config, kind, files
 
 

@@ -16,7 +16,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from redrafter_mlx import _platform  # noqa: E402,F401  (OpenBLAS before mlx)
 from redrafter_mlx.cli import add_version, describe  # noqa: E402
-from redrafter_mlx.errors import RedrafterError  # noqa: E402
+from redrafter_mlx.errors import RedrafterError, one_line  # noqa: E402
 
 from .output import OutputFolder  # noqa: E402
 
@@ -192,7 +192,7 @@ def main(argv=None) -> int:
     try:
         target = run(args, report)
     except RedrafterError as e:
-        print(f"error: {_one_line(e)}", file=sys.stderr)
+        print(f"error: {one_line(e, limit=2000)}", file=sys.stderr)  # our own message, whole
         return 2
     except KeyboardInterrupt:
         print("error: cancelled; nothing was written", file=sys.stderr)
@@ -206,12 +206,8 @@ def main(argv=None) -> int:
     except Exception as e:  # a bug, or an error from a library this tool does not expect
         if os.environ.get("CONVERT_DEBUG"):
             raise
-        print(f"error: {type(e).__name__}: {_one_line(e)} (nothing was written; CONVERT_DEBUG=1 shows the traceback)",
+        print(f"error: {type(e).__name__}: {one_line(e)} (nothing was written; CONVERT_DEBUG=1 shows the traceback)",
               file=sys.stderr)
         return 1
     report.say(f"wrote {target}; try it: python -m redrafter_mlx --model {target} \"Hello!\"")
     return 0
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
