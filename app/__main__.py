@@ -95,7 +95,7 @@ def configure_parser() -> argparse.ArgumentParser:
                    "(default: the registry default, smollm2-135m)")
     p.add_argument("--drafter", metavar="PATH", default=None,
                    help="ReDrafter head folder (default: the one found beside the model, if any; "
-                   "without one, plain decoding)")
+                   "without one, speculation drafts from the conversation alone where that pays)")
     p.add_argument("-W", "--beam-width", type=_positive, default=None, metavar="N",
                    help="fixed drafting, N beams per step (this and the four options below fix the drafting; "
                    "without any, the adaptive controller sizes each step; default: the shape `redrafter-bench "
@@ -128,15 +128,25 @@ def configure_parser() -> argparse.ArgumentParser:
     return p
 
 
+def fixed_drafting(args) -> bool:
+    """Any drafting option fixes the drafting; without one the adaptive controller sizes each step.
+    The rule of redrafter_mlx.tuning.fixed_drafting (tests check they agree), written here because
+    importing the library takes seconds during which the terminal would stay blank."""
+    return any(v is not None for v in (args.beam_width, args.beam_length, args.lookup, args.tree, args.tree_min_prob))
+
+
 def main(argv=None) -> int:
-    args = configure_parser().parse_args(argv)
-    from redrafter_mlx.tuning import fixed_drafting  # after parsing: --help stays fast
+    parser = configure_parser()
+    args = parser.parse_args(argv)
+    fixed = fixed_drafting(args)
+    if args.graph is not None and fixed and not args.tree:
+        parser.error("--graph with fixed drafting (-W, -L, --lookup, --tree-min-prob) needs --tree N (N > 0 nodes); "
+                     "without any of those options drafting is adaptive and takes --graph as it is")
     from .app import create_app
 
     settings = Settings(
         speculative=not args.no_speculative,
-        # Any drafting option fixes the drafting; without one the adaptive controller sizes each step.
-        adaptive=not fixed_drafting(args.beam_width, args.beam_length, args.lookup, args.tree, args.tree_min_prob),
+        adaptive=not fixed,
         beam_width=args.beam_width or 4,
         beam_length=args.beam_length or 4,
         beam_tuned=args.beam_width is None and args.beam_length is None,
@@ -150,7 +160,11 @@ def main(argv=None) -> int:
         max_tokens=args.max_tokens,
         system=args.system,
     )
-    create_app(Engine(args.model, args.drafter, use_drafter=not args.no_drafter), settings).run()
+    app = create_app(Engine(args.model, args.drafter, use_drafter=not args.no_drafter), settings)
+    app.run()
+    if app.load_error is not None:  # the screen is gone: say it where it stays
+        print(f"redrafter-chat: error: {app.load_error}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -27,11 +27,12 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header
 
 from .engine import EngineError, EngineInfo, Settings, Stats
-from .messages import LoadFailed, LoadFinished, LoadProgress, ReplyFailed, ReplyProgress
+from .messages import LoadFailed, LoadFinished, LoadProgress, ReplyFailed, ReplyProgress, ReplyStatus
 from .stats_view import Baseline, speculative_state, stats_rows
 from .widgets import AssistantMessage, LoadStatus, Notice, PromptInput, StatsPanel, Transcript, UserMessage
 
 BEAM_LIMITS = (1, 16)
+STATS_MIN_WIDTH = 100  # narrower terminals start with the stats panel hidden (F2 shows it): it takes 48 columns
 # While a reply streams, the reply and the stats panel are redrawn at most this often (the
 # newest progress wins; the end of a reply is drawn at once). Every redraw is Python work that
 # competes with decoding for the CPU and the GIL: on the 2-core CPU, redrawing on every step
@@ -47,10 +48,12 @@ HELP = """\
 Keys
   Enter send · ↑/↓ prompt history · Esc or Ctrl+C cancel the reply
   Ctrl+N new chat · Ctrl+Y copy the last reply · Ctrl+Q quit
-  Ctrl+T speculative decoding on/off
+  Ctrl+T speculative decoding on/off · F2 stats panel on/off
   F5/F6 beam width −/+ · F7/F8 beam length −/+ · Ctrl+P all commands
+  A pasted text keeps its line breaks, shown as ⏎
 Commands
-  /new · /copy · /spec [on|off] · /beam W L · /width N · /length N (a fixed beam) · /auto (adaptive)"""
+  /new · /copy · /spec [on|off] · /beam W L · /width N · /length N (a fixed beam) · /auto (adaptive)
+  /stats (the panel on/off) · /help · a message starting with / is sent as such when written //"""
 
 
 class ChatApp(App):
@@ -62,6 +65,7 @@ class ChatApp(App):
         Binding("ctrl+n", "new_chat", "New chat"),
         Binding("ctrl+y", "copy_reply", "Copy"),
         Binding("ctrl+t", "toggle_speculative", "Speculative"),
+        Binding("f2", "toggle_stats", "Stats", show=False),
         Binding("f5", "beam('width', -1)", "Width−"),
         Binding("f6", "beam('width', 1)", "Width+"),
         Binding("f7", "beam('length', -1)", "Length−"),
@@ -86,6 +90,9 @@ class ChatApp(App):
         self._drawn_at = 0.0  # time.monotonic() of the last streamed redraw
         self._footer_generating: Optional[bool] = None  # the state the footer's bindings show
         self._queued: Optional[str] = None  # a message sent while the model was loading
+        self.user_view: Optional[UserMessage] = None  # the prompt bubble of the reply that runs
+        self.load_error: Optional[str] = None  # why the model did not load (main() prints it after the app)
+        self._stats_shown: Optional[bool] = None  # the user's choice (F2, /stats); None: by the terminal's width
 
     # ---- layout ----------------------------------------------------------------------------
 
@@ -101,8 +108,17 @@ class ChatApp(App):
         self.load_status = LoadStatus(self.engine.label)
         self.query_one(Transcript).mount(self.load_status)
         self.query_one(PromptInput).focus()
+        self._fit_stats()
         self._refresh()
         self._load()
+
+    def on_resize(self):
+        self._fit_stats()
+
+    def _fit_stats(self):
+        """The stats panel takes 48 columns: shown from STATS_MIN_WIDTH columns up, unless the user chose."""
+        shown = self._stats_shown if self._stats_shown is not None else self.size.width >= STATS_MIN_WIDTH
+        self.query_one(StatsPanel).display = shown
 
     @property
     def generating(self) -> bool:
@@ -163,6 +179,10 @@ class ChatApp(App):
             self.settings.beam_width, self.settings.beam_length = info.beam_shape
             if self.settings.tree is None and info.tree is not None:
                 self.settings.tree = info.tree
+        if info.drafter is None and not self.settings.adaptive:
+            self.settings.adaptive = True
+            self._note("A fixed beam needs a drafter and this model has none: drafting stays adaptive, from the "
+                       "conversation alone where that pays.", "warning")
         if info.drafter is not None:
             state = "on" if self.settings.speculative else "off"
             how = "adaptive" if self.settings.adaptive else "fixed beam"
@@ -178,7 +198,7 @@ class ChatApp(App):
             await self.send(text)
 
     def on_load_failed(self, msg: LoadFailed):
-        self.status = "load failed"
+        self.status, self.load_error = "load failed", msg.error
         self.load_status.failed(
             f"The model did not load: {msg.error}\nCheck --model / --drafter and start again; Ctrl+Q quits."
         )
@@ -192,33 +212,41 @@ class ChatApp(App):
     # ---- sending and streaming -------------------------------------------------------------
 
     async def on_input_submitted(self, event: PromptInput.Submitted):
-        text = event.value.strip()
         prompt = self.query_one(PromptInput)
-        if not text:
-            return
-        if text.startswith("/"):
-            prompt.remember(text)
+        typed = event.value.strip()
+        if not typed:
             prompt.value = ""
-            await self.run_command(text)
+            self.notify("The message is empty: type something first.", severity="warning")
             return
+        if typed.startswith("/") and not typed.startswith("//"):
+            prompt.remember(typed)
+            prompt.value = ""
+            await self.run_command(typed)
+            return
+        text = PromptInput.message(typed[1:] if typed.startswith("//") else typed)
         if not self.ready:
-            if self.status == "loading":  # keep it, and send it once the model is ready
-                prompt.remember(text)
-                prompt.value = ""
-                self._queued = text
-                self._note("The model is still loading: this message is sent as soon as it is ready.")
+            if self.status != "loading":
+                return
+            if self._queued is not None:
+                self.notify("A message is already waiting for the model: send this one after it.",
+                            severity="warning")
+                return
+            prompt.remember(typed)  # keep it, and send it once the model is ready
+            prompt.value = ""
+            self._queued = text
+            self._note("The model is still loading: this message is sent as soon as it is ready.")
             return
         if self.generating:
             self.notify("A reply is still running: Esc cancels it.", severity="warning")
             return
-        prompt.remember(text)
+        prompt.remember(typed)
         prompt.value = ""
         await self.send(text)
 
     async def send(self, text: str):
         """Add a user turn and start streaming the reply."""
         self.messages.append({"role": "user", "content": text})
-        await self._add(UserMessage(text))
+        self.user_view = await self._add(UserMessage(text))
         self.reply_view = await self._add(AssistantMessage())
         self.reply_id += 1
         self._cancel = threading.Event()
@@ -230,7 +258,8 @@ class ChatApp(App):
     def _reply(self, reply_id: int, messages, settings: Settings, cancel: threading.Event):
         text, last = "", None
         try:
-            for chunk in self.engine.reply(messages, settings, cancel.is_set):
+            on_status = lambda line: self.post_message(ReplyStatus(reply_id, line))  # noqa: E731 (engine thread)
+            for chunk in self.engine.reply(messages, settings, cancel.is_set, on_status):
                 text += chunk.text
                 last = chunk
                 self.post_message(ReplyProgress(reply_id, text, chunk.stats, chunk.finish_reason))
@@ -242,17 +271,28 @@ class ChatApp(App):
             if last is None or last.finish_reason is None:
                 self.post_message(ReplyFailed(reply_id, "the engine ended the reply without a reason", text))
 
+    def on_reply_status(self, msg: ReplyStatus):
+        if msg.reply_id == self.reply_id and self.reply_view is not None and not self.reply_view.text:
+            self.reply_view.border_subtitle = msg.text
+
     async def on_reply_progress(self, msg: ReplyProgress):
         if msg.reply_id != self.reply_id or self.reply_view is None:
             return
+        if msg.text and not self.reply_view.text:
+            self.reply_view.border_subtitle = ""  # the prompt has been read
         if msg.finish_reason is None:  # keep the newest; a timer draws it (see UPDATE_SECONDS)
             if self._pending is None:
                 self.set_timer(max(0.001, self._drawn_at + UPDATE_SECONDS - time.monotonic()), self._draw_pending)
             self._pending = msg
             return
         self._pending = None  # the final message holds everything
-        await self.reply_view.show(msg.text)
         self.stats = msg.stats
+        if msg.finish_reason == "cancelled" and not msg.text:  # cancelled before a word: as if never sent
+            await self._withdraw()
+            self.status = "cancelled"
+            await self._reply_ended()
+            return
+        await self.reply_view.show(msg.text)
         note = FINISH_NOTES.get(msg.finish_reason, msg.finish_reason)
         await self.reply_view.finish(note)
         self.messages.append({"role": "assistant", "content": msg.text})
@@ -278,17 +318,25 @@ class ChatApp(App):
         if msg.text:  # keep what was streamed, as a cancel would
             self.messages.append({"role": "assistant", "content": msg.text})
         else:  # the model never answered: leave the prompt out of the conversation
-            turn = self.messages.pop()
-            await self.reply_view.remove()
-            prompt = self.query_one(PromptInput)
-            if not prompt.value:
-                prompt.value = turn["content"]
+            await self._withdraw()
         self._note(f"The reply failed: {msg.error}", "error")
         self.status = "error"
         await self._reply_ended()
 
+    async def _withdraw(self):
+        """Take back the user turn whose reply never began: out of the conversation and the
+        transcript, its text back in the prompt box (unless something else was typed there)."""
+        turn = self.messages.pop()
+        for view in (self.reply_view, self.user_view):
+            if view is not None:
+                await view.remove()
+        prompt = self.query_one(PromptInput)
+        if not prompt.value:
+            prompt.value = PromptInput.shown(turn["content"])
+            prompt.cursor_position = len(prompt.value)
+
     async def _reply_ended(self):
-        self.reply_view, self._cancel = None, None
+        self.reply_view, self.user_view, self._cancel = None, None, None
         self._refresh()
         then, self._after_reply = self._after_reply, None
         if then is not None:
@@ -349,11 +397,18 @@ class ChatApp(App):
         self.set_beam(width, length)
 
     def set_beam(self, width: int, length: int):
+        if self.info is not None and self.info.drafter is None:
+            self.notify("A fixed beam needs a drafter and this model has none: drafting stays adaptive, from the "
+                        "conversation alone.", severity="warning")
+            return
         lo, hi = BEAM_LIMITS
         width, length = max(lo, min(hi, width)), max(lo, min(hi, length))
         self.settings.beam_width, self.settings.beam_length = width, length
         self.settings.adaptive = False
-        self.notify(f"Beam: {width} × {length} (width × length), fixed{self._later()}; /auto returns to adaptive.")
+        graph = "" if self.settings.graph is None or self.settings.tree else \
+            " Graph drafting needs a tree (--tree N): this beam drafts without it."
+        self.notify(f"Beam: {width} × {length} (width × length), fixed{self._later()}; /auto returns to adaptive."
+                    + graph)
         self._refresh()
 
     def action_adaptive(self):
@@ -364,10 +419,14 @@ class ChatApp(App):
     def action_help(self):
         self._note(HELP)
 
+    def action_toggle_stats(self):
+        self._stats_shown = not self.query_one(StatsPanel).display
+        self._fit_stats()
+
     async def run_command(self, line: str):
         """The prompt box's /commands."""
-        name, *args = line[1:].split()
         try:
+            name, *args = line[1:].lower().split() or [""]
             if name == "new":
                 await self.action_new_chat()
             elif name == "copy":
@@ -383,12 +442,15 @@ class ChatApp(App):
                 self.set_beam(self.settings.beam_width, int(args[0]))
             elif name == "auto" and not args:
                 self.action_adaptive()
-            elif name == "help":
+            elif name == "help" and not args:
                 self.action_help()
+            elif name == "stats" and not args:
+                self.action_toggle_stats()
             else:
                 raise ValueError
         except ValueError:
-            self.notify(f"Unknown command {line!r}: /help lists them.", severity="warning")
+            self.notify(f"Unknown command {line!r}: /help lists them (// sends a message that starts with /).",
+                        severity="warning")
 
     def get_system_commands(self, screen: Screen):
         yield from super().get_system_commands(screen)
@@ -401,6 +463,7 @@ class ChatApp(App):
             for n in (2, 3, 4, 5, 6):
                 set_it = lambda w=w, n=n: self.set_beam(w, n)  # noqa: E731
                 yield SystemCommand(f"Beam {w} × {n}", "Set beam width × length", set_it)
+        yield SystemCommand("Stats panel", "Show or hide the live stats (F2)", self.action_toggle_stats)
         yield SystemCommand("Keys and commands", "Show help in the transcript", self.action_help)
 
     def on_unmount(self):

@@ -5,8 +5,9 @@ thread (the app makes them from Textual workers):
 
     future = engine.start_load(progress)              # Future[EngineInfo]; progress(stage, text), stage in STAGES
     info = engine.load(progress)                      # the same, waiting for it
-    for chunk in engine.reply(messages, settings, should_stop):
+    for chunk in engine.reply(messages, settings, should_stop, on_status):
         chunk.text, chunk.stats, chunk.finish_reason  # a text delta and a stats snapshot per step
+                                                      # on_status(text): a line while a long prompt is read
     engine.new_chat()                                 # forget the conversation's KV cache
     engine.close()
 
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 STAGES = ("fetch", "load", "warm-up")
+NO_DRAFTER = "speculation drafts from the conversation alone where that pays, else decodes plainly"
 Progress = Callable[[str, str], None]  # (stage, text)
 Messages = List[dict]  # [{"role": "user" | "assistant", "content": str}, ...]
 
@@ -239,11 +241,12 @@ class Engine(EngineThread):
     def load(self, progress: Progress) -> EngineInfo:
         return self.start_load(progress).result()
 
-    def reply(self, messages: Messages, settings: Settings, should_stop: Callable[[], bool]) -> Iterator[Chunk]:
+    def reply(self, messages: Messages, settings: Settings, should_stop: Callable[[], bool],
+              on_status: Optional[Callable[[str], None]] = None) -> Iterator[Chunk]:
         if self._m is None:
             raise EngineError("no model loaded")
         try:
-            yield from self.iterate(self._reply, list(messages), replace(settings), should_stop)
+            yield from self.iterate(self._reply, list(messages), replace(settings), should_stop, on_status)
         except EngineError:
             raise
         except Exception as e:  # not a user error: name it
@@ -287,14 +290,16 @@ class Engine(EngineThread):
                     m.drafter = load_drafter(self.drafter_path, m.model)
                     m.drafter_path = Path(self.drafter_path)
                 except (RedrafterError, OSError, ValueError) as e:
-                    notices.append(f"The drafter {self.drafter_path} did not load ({_readable(e)}): plain decoding.")
+                    progress("load", "the drafter did not load: the base model alone")
+                    notices.append(f"The drafter {self.drafter_path} did not load ({_readable(e)}): {NO_DRAFTER}.")
             else:
                 try:
                     m = load(self.model_name, progress=on_progress)
                 except RedrafterError as e:
                     if stage[0] != "drafter":
                         raise
-                    notices.append(f"The model's drafter did not load ({_readable(e)}): plain decoding.")
+                    notices.append(f"The model's drafter did not load ({_readable(e)}): {NO_DRAFTER}.")
+                    progress("load", "the drafter did not load: the base model alone")
                     m = load(self.model_name, use_drafter=False, progress=on_progress)
         except RedrafterError as e:
             raise EngineError(str(e)) from e
@@ -329,9 +334,9 @@ class Engine(EngineThread):
             tree=m.tree if m.drafter is not None else None,
         )
 
-    def _reply(self, messages: Messages, settings: Settings, should_stop) -> Iterator[Chunk]:
+    def _reply(self, messages: Messages, settings: Settings, should_stop, on_status=None) -> Iterator[Chunk]:
         try:
-            yield from self._stream(messages, settings, should_stop)
+            yield from self._stream(messages, settings, should_stop, on_status)
         except Exception as e:
             from redrafter_mlx import RedrafterError
 
@@ -339,7 +344,7 @@ class Engine(EngineThread):
                 raise EngineError(_readable(e)) from e
             raise
 
-    def _stream(self, messages: Messages, settings: Settings, should_stop) -> Iterator[Chunk]:
+    def _stream(self, messages: Messages, settings: Settings, should_stop, on_status=None) -> Iterator[Chunk]:
         from redrafter_mlx import stream
 
         m = self._m
@@ -356,11 +361,13 @@ class Engine(EngineThread):
             temperature=settings.temperature,
             top_p=settings.top_p,
             **fixed,
-            graph=settings.graph if settings.speculative else None,
+            # graph drafting needs a tree when drafting is fixed (the app says so when a beam is set)
+            graph=settings.graph if settings.speculative and (adaptive or settings.tree) else None,
             context_graph=settings.context_graph,
             system=settings.system,
             prompt_cache=self._cache,
             should_stop=should_stop,
+            progress=on_status,
         ):
             if ev.step is not None and ev.step.emitted:  # not a final step that only found the end token
                 last = ev.step.emitted
@@ -406,10 +413,12 @@ class FakeEngine(EngineThread):
     drafter: None to act like a model without a drafter.
     fail_load: a message to fail loading with.
     hold_after: after this many chunks of each reply, wait until `should_stop()` (a reply
-        that only ends by being cancelled).
+        that only ends by being cancelled; 0: before its first token).
     step_delay: real seconds to sleep per chunk (for trying the UI by hand).
     load_delay: real seconds the load takes.
     beam_shape: the tuned (W, L) the load reports; tree: the tuned dynamic-tree budget.
+    prefill_status: lines each reply reports through on_status before its first chunk (as a
+        long prompt's reading does).
 
     Records `calls` (messages, settings) and `new_chats` for tests to check."""
 
@@ -425,8 +434,10 @@ class FakeEngine(EngineThread):
         load_delay: float = 0.0,
         beam_shape: Optional[Tuple[int, int]] = None,
         tree: Optional[int] = None,
+        prefill_status: Tuple[str, ...] = (),
     ):
         super().__init__(name="fake-engine")
+        self.prefill_status = prefill_status
         self.load_delay = load_delay
         self.beam_shape, self.tree = beam_shape, tree
         self.replies = list(replies)
@@ -446,10 +457,11 @@ class FakeEngine(EngineThread):
     def load(self, progress: Progress) -> EngineInfo:
         return self.start_load(progress).result()
 
-    def reply(self, messages: Messages, settings: Settings, should_stop: Callable[[], bool]) -> Iterator[Chunk]:
+    def reply(self, messages: Messages, settings: Settings, should_stop: Callable[[], bool],
+              on_status: Optional[Callable[[str], None]] = None) -> Iterator[Chunk]:
         if not self.loaded:
             raise EngineError("no model loaded")
-        return self.iterate(self._reply, [dict(m) for m in messages], replace(settings), should_stop)
+        return self.iterate(self._reply, [dict(m) for m in messages], replace(settings), should_stop, on_status)
 
     def new_chat(self):
         def reset():
@@ -480,8 +492,11 @@ class FakeEngine(EngineThread):
             tree=self.tree,
         )
 
-    def _reply(self, messages: Messages, settings: Settings, should_stop) -> Iterator[Chunk]:
+    def _reply(self, messages: Messages, settings: Settings, should_stop, on_status=None) -> Iterator[Chunk]:
         self.calls.append((messages, settings))
+        for line in self.prefill_status:
+            if on_status is not None:
+                on_status(line)
         text = self.replies[(len(self.calls) - 1) % len(self.replies)]
         tokens = re.findall(r"\S+\s*|\s+", text)
         spec = settings.speculative and self.drafter is not None
@@ -517,6 +532,11 @@ class FakeEngine(EngineThread):
         def reason(done: int) -> Optional[str]:
             return None if done < limit else ("eos" if limit == len(tokens) else "length")
 
+        if self.hold_after == 0:  # held before the first token (a long prompt being read)
+            while not should_stop():
+                time.sleep(0.01)
+            yield Chunk("", stats(0), "cancelled")
+            return
         yield Chunk(tokens[0], stats(1), reason(1))  # the prefill's token
         done, sent, step = 1, 1, 0
         while done < limit:

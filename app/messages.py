@@ -40,6 +40,14 @@ class ReplyProgress(Message):
         return isinstance(message, ReplyProgress) and message.reply_id == self.reply_id and self.finish_reason is None
 
 
+class ReplyStatus(Message):
+    """A line about a reply before its first token (a long prompt being read)."""
+
+    def __init__(self, reply_id: int, text: str):
+        super().__init__()
+        self.reply_id, self.text = reply_id, text
+
+
 class ReplyFailed(Message):
     def __init__(self, reply_id: int, error: str, text: str):
         super().__init__()

@@ -105,7 +105,7 @@ def reply_rows(stats: Optional[Stats], baseline: Baseline, status: str) -> List[
     elif base and stats.steps:
         rows.append(("speedup", f"{stats.tokens_per_second / base:.2f}×"))
     else:
-        rows.append(("speedup", "— (no plain baseline yet)"))
+        rows.append(("speedup", "—" if base else "— (no plain baseline yet)"))
     if base:
         rows.append(("  vs plain", f"{base:.1f} tok/s ({baseline.source})"))
     if spec and stats.steps:

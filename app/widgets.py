@@ -6,6 +6,7 @@ They only display what they are given; the app decides what happens (see app.py)
 from typing import List, Optional, Tuple
 
 from rich.text import Text
+from textual import events
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Input, Markdown, Static
@@ -98,7 +99,12 @@ class LoadStatus(Notice):
 
 
 class PromptInput(Input):
-    """The prompt box: Enter sends (Input.Submitted), up/down walk the sent prompts."""
+    """The prompt box: Enter sends (Input.Submitted), up/down walk the sent prompts.
+
+    A one-line box: a pasted text keeps its line breaks as NEWLINE marks (Input itself keeps
+    only a paste's first line), which `message()` turns back into line breaks when it is sent."""
+
+    NEWLINE = "⏎"
 
     BINDINGS = [
         Binding("up", "history(-1)", "Previous prompt", show=False),
@@ -110,6 +116,27 @@ class PromptInput(Input):
         self.history: List[str] = []
         self._index: Optional[int] = None  # position while walking the history
         self._draft = ""  # what was typed before walking
+
+    @classmethod
+    def message(cls, value: str) -> str:
+        """The text the model gets for what the box shows."""
+        return value.replace(cls.NEWLINE, "\n")
+
+    @classmethod
+    def shown(cls, text: str) -> str:
+        """What the box shows for a message."""
+        return text.replace("\r\n", "\n").replace("\n", cls.NEWLINE)
+
+    def _on_paste(self, event: events.Paste) -> None:
+        if "\n" not in event.text.strip("\r\n"):
+            return  # Input's own paste
+        event.prevent_default()  # Input's would keep the first line alone
+        event.stop()
+        text = self.shown(event.text.strip("\r\n"))
+        if self.selection.is_empty:
+            self.insert_text_at_cursor(text)
+        else:
+            self.replace(text, *self.selection)
 
     def remember(self, text: str):
         if not self.history or self.history[-1] != text:

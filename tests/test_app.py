@@ -13,7 +13,7 @@ import pytest
 
 from app.__main__ import configure_parser
 from app.app import ChatApp, create_app
-from app.engine import Engine, FakeEngine, Settings
+from app.engine import Engine, EngineError, FakeEngine, Settings
 from app.widgets import AssistantMessage, LoadStatus, Notice, PromptInput, StatsPanel, UserMessage
 
 SIZE = (120, 40)
@@ -375,6 +375,157 @@ def test_command_line():
         p.parse_args(["--beam-width", "0"])
     with pytest.raises(SystemExit):
         p.parse_args(["--lookup", "-2"])
+
+
+async def test_commands_are_forgiving_and_double_slash_sends_a_slash():
+    engine = FakeEngine(["Sure."])
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        for line in ("/", "/ ", "/nosuch", "/help me"):
+            await ask(pilot, line)  # a notice, never a crash
+            assert app.is_running and not engine.calls
+        await ask(pilot, "/SPEC OFF")
+        assert not app.settings.speculative
+        await ask(pilot, "//usr/bin/env: what does it do?")
+        await finished(pilot)
+        assert engine.calls[-1][0][-1] == {"role": "user", "content": "/usr/bin/env: what does it do?"}
+
+
+async def test_an_empty_message_is_refused_with_a_word():
+    engine = FakeEngine(["x"])
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "   ")
+        await pilot.pause()
+        assert not engine.calls and app.query_one(PromptInput).value == ""
+        assert any("empty" in str(n.message) for n in app._notifications)
+
+
+async def test_a_second_message_while_loading_stays_in_the_box():
+    engine = FakeEngine(["Ready now."], load_delay=0.6)
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ask(pilot, "first question")
+        await ask(pilot, "second question")
+        assert app.query_one(PromptInput).value == "second question"  # not silently dropped
+        await ready(pilot)
+        await wait_for(pilot, lambda: engine.calls)
+        await finished(pilot)
+        assert [m[0][-1]["content"] for m in engine.calls] == ["first question"]
+
+
+async def test_a_reply_that_fails_before_a_word_takes_its_turn_back():
+    engine = FakeEngine(["x"])
+
+    def fails(messages, settings, should_stop, on_status=None):
+        raise EngineError("the prompt has 9 tokens but fake-135m has a context of 4: shorten it")
+        yield
+
+    engine._reply = fails
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "a long question")
+        await finished(pilot)
+        assert app.status == "error" and app.messages == []
+        assert not app.query(UserMessage) and not app.query(AssistantMessage)  # no bubble the model never saw
+        assert app.query_one(PromptInput).value == "a long question"
+        await pilot.pause()
+        assert any("shorten it" in str(n.render()) for n in app.query(Notice))
+
+
+async def test_a_long_prompt_shows_its_reading_and_a_cancel_then_withdraws_it():
+    engine = FakeEngine(["x"], hold_after=0, prefill_status=("reading the prompt: 512 of 2048 tokens",))
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "a pasted document")
+        await wait_for(pilot, lambda: app.reply_view is not None
+                       and app.reply_view.border_subtitle == "reading the prompt: 512 of 2048 tokens")
+        await pilot.press("escape")
+        await finished(pilot)
+        assert app.status == "cancelled" and app.messages == []
+        assert not app.query(UserMessage) and not app.query(AssistantMessage)
+        assert app.query_one(PromptInput).value == "a pasted document"
+
+
+async def test_a_pasted_text_keeps_its_line_breaks():
+    from textual import events
+
+    engine = FakeEngine(["ok"])
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        box = app.query_one(PromptInput)
+        box.post_message(events.Paste("Fix this code:\ndef add(a, b):\n    return a - b\n"))
+        await pilot.pause()
+        assert box.value == "Fix this code:⏎def add(a, b):⏎    return a - b"
+        await pilot.press("enter")
+        await finished(pilot)
+        assert engine.calls[-1][0][-1]["content"] == "Fix this code:\ndef add(a, b):\n    return a - b"
+        box.post_message(events.Paste("one line"))
+        await pilot.pause()
+        assert box.value == "one line"  # Input's own paste
+
+
+async def test_a_fixed_beam_without_a_drafter_says_it_stays_adaptive():
+    app = create_app(FakeEngine(["x"], drafter=None), Settings(adaptive=False, beam_width=8, beam_tuned=False))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert app.settings.adaptive
+        assert any("needs a drafter" in str(n.render()) for n in app.query(Notice))
+        await pilot.press("f6")
+        assert app.settings.adaptive and app.settings.beam_width == 8
+
+
+async def test_the_stats_panel_hides_on_narrow_terminals_and_toggles():
+    app = create_app(FakeEngine(["x"]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        stats = app.query_one(StatsPanel)
+        assert not stats.display
+        await pilot.press("f2")
+        assert stats.display
+        await ask(pilot, "/stats")
+        assert not stats.display
+    app = create_app(FakeEngine(["x"]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert app.query_one(StatsPanel).display
+
+
+def test_command_line_refusals_and_the_drafting_rule(monkeypatch, capsys):
+    """--graph with fixed drafting needs a tree (else every reply would fail); the chat's own
+    adaptive-or-fixed rule is the library's; a load error outlives the screen, with status 1."""
+    import itertools
+
+    import app.app as app_module
+    from app.__main__ import fixed_drafting, main
+    from redrafter_mlx import tuning
+
+    for argv in (["--graph", "1", "-W", "2"], ["--graph", "0", "--tree", "0"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert "--graph with fixed drafting" in capsys.readouterr().err
+    p = configure_parser()
+    flags = (("--beam-width", "2"), ("--beam-length", "3"), ("--lookup", "0"), ("--tree", "8"),
+             ("--tree-min-prob", "0.1"))
+    for given in itertools.product((False, True), repeat=len(flags)):
+        a = p.parse_args([x for on, f in zip(given, flags) if on for x in f])
+        assert fixed_drafting(a) == tuning.fixed_drafting(a.beam_width, a.beam_length, a.lookup, a.tree,
+                                                          a.tree_min_prob)
+
+    class Failed:
+        load_error = "unknown model 'nope': not a known name"
+
+        def run(self):
+            pass
+
+    monkeypatch.setattr(app_module, "create_app", lambda engine, settings: Failed())
+    assert main(["--model", "nope"]) == 1
+    assert capsys.readouterr().err == "redrafter-chat: error: unknown model 'nope': not a known name\n"
 
 
 # ---- snapshots (regenerate with: pytest tests/test_app.py --snapshot-update) -----------------
