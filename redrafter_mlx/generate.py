@@ -95,15 +95,19 @@ class Generation:
     step_stats: List[StepStats] = field(default_factory=list)
 
 
-def _prefill(model, pc: PromptCache, prompt: List[int], stopped: Callable[[], bool]):
+def _prefill(model, pc: PromptCache, prompt: List[int], stopped: Callable[[], bool],
+             progress: Optional[Callable[[str], None]] = None):
     """Run the uncached part of the prompt. Returns (logits (V,), hidden (H,)) of its last token,
     or None when `stopped()` turns true between chunks (the chunks done stay cached: a valid
-    prefix that the next prompt can reuse)."""
+    prefix that the next prompt can reuse). `progress` hears of each chunk of a prompt longer
+    than one."""
     start = pc.reuse(prompt)
     todo = prompt[start:]
     for i in range(0, len(todo), PREFILL_CHUNK):
         if i and stopped():
             return None
+        if progress is not None and len(todo) > PREFILL_CHUNK:
+            progress(f"reading the prompt: {i} of {len(todo)} tokens")
         chunk = mx.array(todo[i : i + PREFILL_CHUNK], dtype=mx.int32)[None]
         h = model.hidden(chunk, pc.cache)
         mx.eval(h)  # keep prefill memory bounded chunk by chunk
@@ -170,7 +174,8 @@ def stream(
     among any. None: a tree, as without GSD.
     progress: called with a line of text while an adaptive call calibrates this machine's cost
     curve (the first call for a device and model, a few seconds), after the settings, the
-    prompt and the context length were checked.
+    prompt and the context length were checked, and per chunk of a prompt (its part not
+    cached yet) longer than one chunk (PREFILL_CHUNK tokens) while it is read.
     """
     if mode not in MODES:
         raise SettingError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -211,9 +216,11 @@ def stream(
     ids = tok.prompt_ids(prompt, system=system)
     limit = loaded.context_length
     if len(ids) >= limit:
+        turns = sum(1 for m in prompt if isinstance(m, dict) and m.get("role") != "system") \
+            if isinstance(prompt, list) else 1
         raise ContextLengthError(
             f"the prompt has {len(ids)} tokens but {loaded.name} has a context of {limit}: "
-            "shorten the conversation or start a new chat"
+            + ("shorten the conversation or start a new chat" if turns > 1 else "shorten it")
         )
     ctl = controller(loaded, use_drafter, progress) if adaptive else None  # after the checks: a first call calibrates
     pc = prompt_cache if prompt_cache is not None else PromptCache(model)
@@ -236,8 +243,9 @@ def stream(
     saved = len(pc.ids)
     try:
         t0 = time.perf_counter()
-        prefilled = _prefill(model, pc, ids, stopped)
+        prefilled = _prefill(model, pc, ids, stopped, progress)
         if prefilled is None:
+            stats.prefill_seconds = time.perf_counter() - t0
             yield event([], None, "cancelled")
             return
         logits, h = prefilled

@@ -283,7 +283,10 @@ def test_settings_out_of_range_are_user_errors_found_before_any_calibration(tiny
         assert isinstance(SettingError(msg), ValueError)
     raises(EmptyPromptError, lambda: generate(m, " ", mode="auto"), "empty")
     m.args.max_position_embeddings = 4
-    raises(ContextLengthError, lambda: generate(m, "a longer prompt than four tokens", mode="auto"), "context of 4")
+    raises(ContextLengthError, lambda: generate(m, "a longer prompt than four tokens", mode="auto"), "context of 4",
+           "shorten it")
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "x"}]
+    raises(ContextLengthError, lambda: generate(m, chat, mode="auto"), "shorten the conversation or start a new chat")
     assert Sampler(0.0, 1.0, 2**64 - 1).seed == 2**64 - 1  # the whole unsigned 64-bit range is a seed
 
 

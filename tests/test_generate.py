@@ -52,9 +52,18 @@ def test_long_prompt_prefills_in_chunks(tiny_loaded):
     m = tiny_loaded
     rng = np.random.default_rng(0)
     ids = [int(i) for i in rng.integers(0, 256, PREFILL_CHUNK + 37)]
-    g = generate(m, ids, max_tokens=4)
+    lines = []
+    g = generate(m, ids, max_tokens=4, mode="ar", progress=lines.append)
     assert g.prompt_tokens == ids
     assert g.tokens == greedy_direct(m.model, ids, 4)
+    # a prompt longer than one chunk says how far its reading got; one chunk or less says nothing
+    assert lines == [f"reading the prompt: {i} of {len(ids)} tokens" for i in (0, PREFILL_CHUNK)]
+    lines.clear()
+    generate(m, ids[:PREFILL_CHUNK], max_tokens=1, mode="ar", progress=lines.append)
+    assert lines == []
+    # cancelled between chunks: the time spent reading is reported with it
+    g = generate(m, [1] + ids, max_tokens=4, mode="ar", should_stop=lambda: True)
+    assert g.finish_reason == "cancelled" and g.tokens == [] and g.stats.prefill_seconds > 0
 
 
 def test_stream_events(tiny_loaded):
