@@ -43,6 +43,7 @@ import mlx.core as mx  # noqa: E402
 
 from . import cli  # noqa: E402
 from .distill import read_prompt_files  # noqa: E402
+from .loader import WEIGHT_FORMATS  # noqa: E402
 from .files import write_json  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
@@ -231,13 +232,44 @@ def parse_args(argv=None):
                    help="folder for the resumable work (default: the package cache, train/<model>)")
     p.add_argument("--force", action="store_true",
                    help="install even when the drafter in place drafts more tokens per step")
-    p.add_argument("--weight-format", default="auto", help="auto, stored, float32, float16 or bfloat16")
+    p.add_argument("--weight-format", default="auto", choices=WEIGHT_FORMATS,
+                   help="the format the base model runs in while distilling and evaluating (default: auto, the "
+                        "fastest here)")
     p.add_argument("--batch-size", type=int, default=None,
                    help="prompts answered together (default: 128 on a CPU, 64 on a GPU)")
     args = p.parse_args(argv)
     if args.batch_size is not None and args.batch_size < 1:
         p.error("--batch-size must be at least 1")
     return args
+
+
+def _fitting(loaded, prompts: List[str], source) -> List[str]:
+    """The evaluation prompts that fit the model's context (distillation skips the others too)."""
+    limit = loaded.context_length
+    kept = [p for p in prompts if len(loaded.tokenizer.prompt_ids(p)) < limit - 1]
+    if not kept:
+        from .errors import RedrafterError
+
+        raise RedrafterError(f"none of the evaluation prompts in {source} fits {loaded.name}'s context of {limit} "
+                             "tokens: give shorter ones (--eval-prompts)")
+    if len(kept) < len(prompts):
+        print(f"evaluation: {len(prompts) - len(kept)} of {len(prompts)} prompts are longer than the context of "
+              f"{limit} tokens and left out", file=sys.stderr)
+    return kept
+
+
+def _start_afresh_if_other_data(work: Path, groups: List[List[str]]):
+    """A work folder holds one run's data: replies distilled from other prompts, and a drafter
+    trained on them, would be resumed as if they were this run's (a second run with new
+    --prompts trained 0 steps and installed the old drafter). So they go, and the run says so."""
+    key = hashlib.sha256(json.dumps(groups).encode()).hexdigest()[:16]
+    mark = work / "data_key.txt"
+    stale = [work / name for name in ("prompts.json", "distill", "train", "state.json") if (work / name).exists()]
+    if stale and (not mark.is_file() or mark.read_text().strip() != key):
+        print(f"redrafter-train: {work} holds a run on other prompts: starting afresh there", file=sys.stderr)
+        for path in stale:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    mark.write_text(key + "\n")
 
 
 def run(args) -> Dict:
@@ -252,12 +284,17 @@ def run(args) -> Dict:
     user_prompts = args.prompts is not None
     groups = read_prompt_files(args.prompts) if user_prompts else shipped_groups()
     eval_set = read_prompt_files([args.eval_prompts or EVAL_PROMPTS])[0][: budget.eval_prompts]
+    if len(groups[0]) < 3:
+        raise RedrafterError(f"{len(groups[0])} training prompts: give at least 3 (self-instruct shows the model 3 "
+                             "at a time), and a few hundred for a useful drafter")
     resolved = registry.resolve(args.model)
     work = args.work or registry.cache_dir() / "train" / _safe(resolved.name)
-    work.mkdir(parents=True, exist_ok=True)
-    log = Log(work)
     loaded = load(args.model, weight_format=args.weight_format, use_drafter=False,
                   progress=lambda m: print(m, file=sys.stderr))
+    eval_set = _fitting(loaded, eval_set, args.eval_prompts or EVAL_PROMPTS)
+    work.mkdir(parents=True, exist_ok=True)
+    _start_afresh_if_other_data(work, groups)
+    log = Log(work)
     batch_size = args.batch_size or (128 if mx.default_device().type == mx.cpu else 64)
     print(f"redrafter-train: {resolved.name} on {_platform.device_description()}, budget {args.budget} "
           f"(work in {work})", file=sys.stderr)

@@ -46,6 +46,21 @@ non_negative = integer(0)
 seed = integer(0, SEED_MAX)
 
 
+def number(minimum: float = 0.0, maximum: Optional[float] = None, above: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number >= minimum (> minimum with `above`) and <= maximum."""
+
+    def parse(text: str) -> float:
+        value = _parse(float, text)
+        if value < minimum or (above and value == minimum) or (maximum is not None and value > maximum):
+            low = f"{'above' if above else 'at least'} {minimum:g}"
+            span = low if maximum is None else f"{low} and at most {maximum:g}"
+            raise argparse.ArgumentTypeError(f"must be {span}, not {value:g}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
 def temperature(text: str) -> float:
     """An argparse type: a sampling temperature, a finite number >= 0 (0 = greedy)."""
     value = _parse(float, text)

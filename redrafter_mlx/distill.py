@@ -282,6 +282,9 @@ def self_instruct(loaded, seeds: List[str], n: int, path: Path, batch_size: int 
     Returns all n (or fewer, if the model keeps repeating itself) tasks."""
     from tqdm import tqdm
 
+    if len(seeds) < 3:
+        raise RedrafterError(f"self-instruct shows the model 3 seed tasks at a time and was given {len(seeds)}: "
+                             "give at least 3 prompts")
     path.parent.mkdir(parents=True, exist_ok=True)
     have = [json.loads(l)["instruction"] for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
     seen = set(have) | set(seeds)

@@ -65,6 +65,9 @@ class PositionData:
                 best.append(np.asarray(s.get("greedy", s["reply"]), dtype=np.int32))
             starts.append(np.arange(offset, offset + n - 1))  # positions with at least one target
             offset += n
+        if not hs:
+            raise RedrafterError(f"none of the {len(samples)} replies has 2 tokens or more to learn from: distil "
+                                 "longer replies (distill --max-tokens)")
         self.hidden = np.concatenate(hs).astype(np.float32)  # (N, H)
         self.tokens = np.concatenate([np.concatenate(toks), np.full(depth + 1, -1, np.int32)])  # padded with -1
         self.targets = np.concatenate([np.concatenate(best), np.full(depth + 1, -1, np.int32)]) if best else self.tokens
@@ -238,6 +241,11 @@ def train(
     from tqdm import tqdm
 
     out = Path(out)
+    widths = sorted({int(np.shape(s["hidden"])[-1]) for s in samples})
+    if widths != [base.args.hidden_size]:
+        raise RedrafterError(f"the distilled hidden states have {' or '.join(map(str, widths))} dimensions but this base "
+                             f"model has {base.args.hidden_size}: train with the model the data was distilled from "
+                             "(--model)")
     mx.random.seed(seed)
     args = DrafterArgs(hidden_size=base.args.hidden_size, vocab_size=base.args.vocab_size, exit_dim=exit_dim,
                        num_draft_layers=layers, lm_head="shared", embed_scale=getattr(base.args, "embed_scale", 1.0),
@@ -382,24 +390,28 @@ def evaluate_shapes(loaded, questions: List[dict], shapes, max_tokens: int = 128
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m redrafter_mlx.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None,
-                   help="the base model the head drafts for (registry name, local path or hub id; default: smollm2-135m)")
+                   help="the base model the head drafts for, the one --data was distilled from (registry name, "
+                        "local path or hub id; default: smollm2-135m)")
     p.add_argument("--data", type=Path, nargs="+", help="distillation folder(s) from redrafter_mlx.distill")
     p.add_argument("--out", type=Path, required=True,
                    help="run folder: checkpoints (a stopped run resumes from them), train_log.jsonl, OUT/drafter")
-    p.add_argument("--depth", type=cli.positive, default=4, help="draft tokens predicted per position (beam length - 1)")
+    p.add_argument("--depth", type=cli.positive, default=4,
+                   help="draft tokens predicted per position (beam length - 1; default: 4)")
     p.add_argument("--steps", type=cli.positive, default=1000, help="optimizer steps in all, resumed ones included "
                    "(default: 1000)")
     p.add_argument("--batch", type=cli.positive, default=512, help="positions per step (default: 512)")
-    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate, cosine-decayed (default: 1e-3)")
+    p.add_argument("--lr", type=cli.number(0, above=True), default=1e-3,
+                   help="peak learning rate, cosine-decayed (default: 1e-3)")
     p.add_argument("--warmup", type=cli.non_negative, default=50, help="linear warm-up steps (default: 50)")
-    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default: 0)")
+    p.add_argument("--weight-decay", type=cli.number(0), default=0.0, help="AdamW weight decay (default: 0)")
     p.add_argument("--val-every", type=cli.non_negative, default=0,
-                   help="held-out loss and accuracy every N steps; the most accurate drafter -> OUT/best")
+                   help="held-out loss and accuracy every N steps; the most accurate drafter -> OUT/best "
+                        "(default: 0, none)")
     p.add_argument("--val-fraction", type=cli.probability, default=0.05,
                    help="share of the replies held out for validation (default: 0.05)")
-    p.add_argument("--soft", type=float, default=0.0, metavar="A",
-                   help="weight of the base model's own distribution as target (0: the reply tokens only; "
-                        "1: the distribution only); see loss_fn")
+    p.add_argument("--soft", type=cli.number(0, 1), default=0.0, metavar="A",
+                   help="weight of the base model's own distribution as target, from 0 to 1 (0: the reply tokens "
+                        "only; 1: the distribution only; default: 0); see loss_fn")
     p.add_argument("--greedy-targets", action="store_true",
                    help="predict the base model's greedy token at each position of sampled replies (stored by "
                         "distill --temperature), not the sampled one")
@@ -410,14 +422,15 @@ def main(argv=None):
                    help="draft from the N tokens most frequent in the replies (0 = the whole vocabulary; default: 8192)")
     p.add_argument("--save-every", type=cli.positive, default=200, help="checkpoint every N steps (default: 200)")
     p.add_argument("--reload-every", type=cli.non_negative, default=0,
-                   help="re-read --data every N steps (a distillation run still adding shards)")
-    p.add_argument("--dtype", default="float16", choices=["float16", "float32"], help="saved weights")
+                   help="re-read --data every N steps (a distillation run still adding shards; default: 0, never)")
+    p.add_argument("--dtype", default="float16", choices=["float16", "float32"], help="saved weights (default: float16)")
     p.add_argument("--eval-only", action="store_true", help="skip training: evaluate --eval-drafter")
     p.add_argument("--eval-drafter", type=Path, default=None, help="drafter folder to evaluate (default OUT/drafter)")
-    p.add_argument("--eval-prompts", type=Path, default=None, help="Spec-Bench JSONL to report tokens/step on")
-    p.add_argument("--eval-per-category", type=cli.positive, default=2, help="questions per category")
+    p.add_argument("--eval-prompts", type=Path, default=None,
+                   help="Spec-Bench JSONL (lines with 'turns' and 'category') to report tokens/step on after training")
+    p.add_argument("--eval-per-category", type=cli.positive, default=2, help="questions per category (default: 2)")
     p.add_argument("--eval-max-tokens", type=cli.positive, default=128, help="tokens per evaluated reply (default: 128)")
-    p.add_argument("--beam-shapes", type=parse_shapes, default="4x5", help="W x L list, e.g. 4x5,8x5")
+    p.add_argument("--beam-shapes", type=parse_shapes, default="4x5", help="W x L list, e.g. 4x5,8x5 (default: 4x5)")
     args = p.parse_args(argv)
     if not args.eval_only and args.data is None:
         p.error("--data is required for training")
@@ -428,6 +441,7 @@ def _train(args):
     from .distill import read_shards
     from .loader import load
 
+    questions = eval_prompts(args.eval_prompts, args.eval_per_category) if args.eval_prompts else None  # before hours
     loaded = load(args.model, use_drafter=False)
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.eval_only:
@@ -455,9 +469,8 @@ def _train(args):
             "greedy_targets": args.greedy_targets,
             "replies": len(latest["samples"]), "seconds_this_run": round(time.perf_counter() - t0)}})
         print(f"saved {args.out / 'drafter'}", file=sys.stderr)
-    if args.eval_prompts:
+    if questions is not None:
         loaded.drafter = load_drafter(args.eval_drafter or args.out / "drafter", loaded.model)
-        questions = eval_prompts(args.eval_prompts, args.eval_per_category)
         with open(args.out / "eval.jsonl", "a") as f:
             for row in evaluate_shapes(loaded, questions, args.beam_shapes, args.eval_max_tokens):
                 f.write(json.dumps(row) + "\n")

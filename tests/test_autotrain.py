@@ -90,3 +90,35 @@ def test_shipped_prompts_are_there_and_not_mt_bench():
     evals = autotrain.read_prompt_files([autotrain.EVAL_PROMPTS])[0]
     assert len(evals) == 16 and not set(evals) & {p for g in groups for p in g}
     assert "Apache" in (autotrain.DATA / "README.md").read_text() and "MIT" in (autotrain.DATA / "README.md").read_text()
+
+
+def test_new_prompts_start_afresh_and_long_eval_prompts_are_left_out(tiny_model_dir, tmp_path, tiny_budget, capsys):
+    """A second run in the same work folder on other prompts must not resume the first run's replies
+    and drafter (it had trained 0 steps and installed the old weights); evaluation prompts longer than
+    the model's context are left out instead of failing after training; fewer than 3 prompts is refused."""
+    work = tmp_path / "work"
+
+    def prompts(name, word):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"prompt": f"{word} {i}: say {'ab' * (i % 4 + 1)}"}) + "\n"
+                                for i in range(12)))
+        return path
+
+    evals = tmp_path / "eval.jsonl"
+    evals.write_text(json.dumps({"prompt": "word " * 600}) + "\n" + json.dumps({"prompt": "say hi"}) + "\n")
+    argv = ["--model", str(tiny_model_dir), "--budget", "tiny", "--work", str(work), "--batch-size", "4",
+            "--eval-prompts", str(evals)]
+    autotrain.main(argv + ["--prompts", str(prompts("a", "task"))])
+    err = capsys.readouterr().err
+    assert "1 of 2 prompts are longer than the context" in err and "starting afresh" not in err
+    autotrain.main(argv + ["--prompts", str(prompts("b", "chore")), "--force"])
+    assert "holds a run on other prompts: starting afresh" in capsys.readouterr().err
+    steps = [json.loads(line)["step"] for line in (work / "train" / "train_log.jsonl").read_text().splitlines()
+             if '"loss"' in line]
+    assert steps == list(range(1, 9))  # trained anew, not resumed at step 8
+    manifest = json.loads((tiny_model_dir / "drafter" / "manifest.json").read_text())
+    assert "b.jsonl" in manifest["data"]["prompts"] and manifest["data"]["replies"] == 10
+    two = tmp_path / "two.jsonl"
+    two.write_text(json.dumps({"prompt": "x"}) + "\n" + json.dumps({"prompt": "y"}) + "\n")
+    with pytest.raises(SystemExit, match="give at least 3"):
+        autotrain.main(argv + ["--prompts", str(two)])

@@ -391,3 +391,34 @@ def test_backfill_adds_the_greedy_tokens_an_older_sampled_run_lacks(samples, tmp
     assert all((a["greedy"] == b["greedy"]).mean() > 0.9 for a, b in zip(new, back) if len(a["reply"]))
     assert any((b["greedy"] != b["reply"]).any() for b in back)
     assert backfill_greedy(model, tmp_path) == 0  # done once
+
+
+def test_training_refuses_data_it_cannot_use(patterned, tmp_path, capsys, monkeypatch):
+    """Data distilled from another model (other hidden size), replies too short to learn from, and
+    bad options are refused with one line, the evaluation prompts before any model loads."""
+    from redrafter_mlx import loader
+    from redrafter_mlx import train as train_module
+    from redrafter_mlx.errors import RedrafterError
+
+    model, data = patterned
+    other = [dict(s, hidden=s["hidden"][:, :16]) for s in data]
+    with pytest.raises(RedrafterError, match="16 dimensions but this base model has 32"):
+        train(model, other, tmp_path / "a", steps=1, progress=False)
+    short = [dict(s, reply=s["reply"][:1], hidden=s["hidden"][:1]) for s in data]
+    with pytest.raises(RedrafterError, match="2 tokens or more"):
+        train(model, short, tmp_path / "b", steps=1, progress=False)
+    for flag, value in (("--lr", "nan"), ("--lr", "0"), ("--soft", "5"), ("--weight-decay", "-1")):
+        with pytest.raises(SystemExit):
+            train_module.main(["--out", str(tmp_path / "c"), "--data", str(tmp_path), flag, value])
+        assert f"argument {flag}" in capsys.readouterr().err
+    monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("loaded a model before checking the prompts"))
+    assert train_module.main(["--out", str(tmp_path / "d"), "--data", str(tmp_path),
+                              "--eval-prompts", str(tmp_path / "missing.jsonl")]) == 2
+    assert "missing.jsonl" in capsys.readouterr().err
+
+
+def test_self_instruct_needs_three_seeds(tmp_path):
+    from redrafter_mlx.errors import RedrafterError
+
+    with pytest.raises(RedrafterError, match="at least 3"):
+        self_instruct(None, ["a", "b"], 4, tmp_path / "t.jsonl")
