@@ -209,5 +209,6 @@ def main(argv=None) -> int:
         print(f"error: {type(e).__name__}: {one_line(e)} (nothing was written; CONVERT_DEBUG=1 shows the traceback)",
               file=sys.stderr)
         return 1
-    report.say(f"wrote {target}; try it: python -m redrafter_mlx --model {target} \"Hello!\"")
+    try_it = f"--model {target}" if args.model else f"--model {args.base} --drafter {target}"
+    report.say(f"wrote {target}; try it: python -m redrafter_mlx {try_it} \"Hello!\"")
     return 0

@@ -129,7 +129,8 @@ def convert_drafter(src: Path, dest: Path, base_args=None, dtype: Optional[str] 
         weights = normalize(load_tensors(weights_path))
         args = infer_args(config, weights)
     if base_args is not None:
-        check_compatible(args, base_args, f"the drafter {src}")
+        check_compatible(args, base_args, f"the drafter {src}",
+                         "convert the drafter trained for this model, or leave --drafter out")
     drafter = Drafter(args)
     try:
         drafter.load_weights(list(weights.items()), strict=True)

@@ -195,17 +195,18 @@ def new_drafter(base_args, exit_dim: int = None, num_draft_layers: int = 1, lm_h
     return Drafter(args)
 
 
-def check_compatible(args: DrafterArgs, base_args, where: str = "drafter"):
+def check_compatible(args: DrafterArgs, base_args, where: str = "drafter",
+                     advice: str = "use the drafter trained for this model (or --no-drafter)"):
     if args.base_model_type and args.base_model_type != base_args.model_type:
         raise DrafterMismatchError(
             f"{where} was trained for a {args.base_model_type!r} base model, not this {base_args.model_type!r} one: "
-            "use the drafter trained for this model (or --no-drafter)"
+            + advice
         )
     if args.hidden_size != base_args.hidden_size or args.vocab_size != base_args.vocab_size:
         raise DrafterMismatchError(
             f"{where} was trained for a base model with hidden size {args.hidden_size} and "
             f"vocabulary {args.vocab_size}, but this base model has hidden size {base_args.hidden_size} and "
-            f"vocabulary {base_args.vocab_size}: use the drafter trained for this model (or --no-drafter)"
+            f"vocabulary {base_args.vocab_size}: " + advice
         )
 
 

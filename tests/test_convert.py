@@ -390,6 +390,9 @@ def test_drafter_alone_in_other_formats(tmp_path, capsys, converted, llama, vari
     m = load(str(converted), drafter=str(out), weight_format="float32")
     assert m.drafter.args.num_draft_layers == 1 and "input_proj" not in m.drafter
     drafter_reference_check(m, module, llama)
+    if variant == "pt-0-prefix":  # the closing hint runs the drafter with its base model, not alone
+        assert convert_main(["--drafter", str(src), "--base", str(converted), "--out", str(tmp_path / "again")]) == 0
+        assert f"--model {converted} --drafter {tmp_path / 'again'}" in capsys.readouterr().err
 
 
 # ---- the default GGUF model ---------------------------------------------------------------
@@ -459,7 +462,8 @@ def test_drafter_for_another_base_model(tmp_path, capsys, mlx_ckpt):
     src = write_numpy_drafter(tmp_path / "d", 48, V, exit_dim=96, layers=1)
     out = tmp_path / "out"
     rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--drafter", src, "--out", out)
-    assert_clean_failure(rc, lines, out, "hidden size 48", f"hidden size {H}")
+    assert_clean_failure(rc, lines, out, "hidden size 48", f"hidden size {H}", "leave --drafter out")
+    assert "--no-drafter" not in lines[0]  # a decoding flag convert does not have
 
 
 def test_existing_output_folder_is_refused(tmp_path, capsys, mlx_ckpt):
