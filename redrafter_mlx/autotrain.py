@@ -258,6 +258,22 @@ def _fitting(loaded, prompts: List[str], source) -> List[str]:
     return kept
 
 
+def _check_installable(home: Path):
+    """Refuse at the start, not after an hour of work, a model whose drafter place cannot be written."""
+    import tempfile
+
+    from .errors import RedrafterError
+
+    parent = home.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryDirectory(dir=parent, prefix=".redrafter-check-").cleanup()
+    except OSError as e:
+        raise RedrafterError(f"the drafter would be installed in {home}, but {parent} cannot be written "
+                             f"({e.strerror or e}): copy the model to a folder you can write, or give yourself "
+                             "write access there") from e
+
+
 def _start_afresh_if_other_data(work: Path, groups: List[List[str]]):
     """A work folder holds one run's data: replies distilled from other prompts, and a drafter
     trained on them, would be resumed as if they were this run's (a second run with new
@@ -292,6 +308,7 @@ def run(args) -> Dict:
     loaded = load(args.model, weight_format=args.weight_format, use_drafter=False,
                   progress=lambda m: print(m, file=sys.stderr))
     eval_set = _fitting(loaded, eval_set, args.eval_prompts or EVAL_PROMPTS)
+    _check_installable(resolved.drafter_home)
     work.mkdir(parents=True, exist_ok=True)
     _start_afresh_if_other_data(work, groups)
     log = Log(work)
@@ -408,7 +425,8 @@ def main(argv=None):
     except RedrafterError as e:
         sys.exit(f"redrafter-train: {e}")
     except KeyboardInterrupt:
-        sys.exit("redrafter-train: interrupted; run the same command again to resume")
+        print("redrafter-train: interrupted; run the same command again to resume", file=sys.stderr)
+        sys.exit(130)
     except OSError as e:  # a folder that cannot be written, a full disk: the stages done so far are kept
         from .cli import describe
 

@@ -39,15 +39,17 @@ def test_train_command_resumes_installs_and_keeps_a_better_drafter(tiny_model_di
 
     with monkeypatch.context() as m:  # killed after the first batch of replies
         interrupt_after(m, distill, "write_shard", 1)
-        with pytest.raises(SystemExit, match="interrupted"):
+        with pytest.raises(SystemExit) as stopped:
             autotrain.main(argv)
+    assert stopped.value.code == 130 and "interrupted" in capsys.readouterr().err
     answered = (work / "distill" / "done.txt").read_text().split()
     assert 0 < len(answered) < 10
 
     with monkeypatch.context() as m:  # killed after the third training checkpoint (step 6 of 8)
         interrupt_after(m, train, "save_checkpoint", 3)
-        with pytest.raises(SystemExit, match="interrupted"):
+        with pytest.raises(SystemExit) as stopped:
             autotrain.main(argv)
+    assert stopped.value.code == 130
     assert len((work / "distill" / "done.txt").read_text().split()) == 10  # the rest answered, none twice
     assert json.loads((work / "train" / "checkpoint" / "state.json").read_text())["step"] == 6
 
@@ -122,3 +124,14 @@ def test_new_prompts_start_afresh_and_long_eval_prompts_are_left_out(tiny_model_
     two.write_text(json.dumps({"prompt": "x"}) + "\n" + json.dumps({"prompt": "y"}) + "\n")
     with pytest.raises(SystemExit, match="give at least 3"):
         autotrain.main(argv + ["--prompts", str(two)])
+
+
+def test_a_drafter_place_that_cannot_be_written_is_refused_first(tmp_path):
+    from redrafter_mlx.errors import RedrafterError
+
+    blocked = tmp_path / "model.gguf"
+    blocked.write_text("not a folder")
+    with pytest.raises(RedrafterError, match="cannot be written"):
+        autotrain._check_installable(blocked / "drafter")
+    autotrain._check_installable(tmp_path / "model" / "drafter")  # a folder that can be made is fine
+    assert not list((tmp_path / "model").iterdir())  # and the check leaves nothing behind
