@@ -5,9 +5,12 @@
 """
 
 import argparse
+import os
 import sys
 
 from .engine import Engine, Settings
+
+ENGINE_EXIT_SECONDS = 10.0  # after quitting, how long the engine may take to finish its step
 
 EXAMPLES = """\
 examples:
@@ -160,12 +163,21 @@ def main(argv=None) -> int:
         max_tokens=args.max_tokens,
         system=args.system,
     )
-    app = create_app(Engine(args.model, args.drafter, use_drafter=not args.no_drafter), settings)
-    app.run()
+    engine = Engine(args.model, args.drafter, use_drafter=not args.no_drafter)
+    app = create_app(engine, settings)
+    app.run()  # quitting cancels a running reply and closes the engine (ChatApp.on_unmount)
+    status = 0
     if app.load_error is not None:  # the screen is gone: say it where it stays
         print(f"redrafter-chat: error: {app.load_error}", file=sys.stderr)
-        return 1
-    return 0
+        status = 1
+    if not engine.wait(ENGINE_EXIT_SECONDS):
+        # Still inside MLX (a load, or a step longer than that): finalizing the interpreter around a
+        # thread that runs MLX can abort the process ("terminate called without an active
+        # exception"); leave without tearing the runtime down.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    return status
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ one-line message the UI can show as is.
 
 import queue
 import re
+import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -122,12 +123,17 @@ class EngineThread:
 
     def __init__(self, name: str = "engine"):
         self._jobs: "queue.SimpleQueue[Optional[Callable[[], None]]]" = queue.SimpleQueue()
+        self.closing = threading.Event()  # set by close(): long jobs stop at their next stage
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def _run(self):
         while (job := self._jobs.get()) is not None:
             job()
+        self._finish()
+
+    def _finish(self):
+        """Runs on the thread as it ends (after close())."""
 
     def submit(self, fn, *args) -> Future:
         """Queue fn(*args) on the engine thread; returns its Future."""
@@ -181,7 +187,14 @@ class EngineThread:
             abandoned.set()
 
     def close(self):
+        self.closing.set()
         self._jobs.put(None)
+
+    def wait(self, timeout: float) -> bool:
+        """After close(): wait up to `timeout` seconds for the job in progress (a cancelled reply
+        ends within a step) and the thread to end. True if it has ended."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
 
 
 # ---- the real engine ------------------------------------------------------------------------
@@ -255,6 +268,15 @@ class Engine(EngineThread):
     def new_chat(self):
         self.submit(self._new_chat)
 
+    def _finish(self):
+        # MLX's streams of this thread must be destroyed by the thread itself: left to the
+        # interpreter's exit, they aborted a script that had run a model on a thread in 2 of 16
+        # runs here (7 of 12 with MLX's own BLAS: "terminate called without an active
+        # exception"), and the chat on quitting; mx.clear_streams is MLX's advice
+        # (ml-explore/mlx#3126, #4110).
+        if "mlx.core" in sys.modules:
+            sys.modules["mlx.core"].clear_streams()
+
     def _new_chat(self):
         if self._cache is not None:
             self._cache.reset()
@@ -311,12 +333,15 @@ class Engine(EngineThread):
 
         plain_tps = None
         if self.warm_up:
+            self._stop_if_closing()
             progress("warm-up", "plain decoding (also measures its speed)")
             g = generate(m, "Hello", mode="ar", max_tokens=8)
             plain_tps = g.stats.tokens_per_second or None
             from redrafter_mlx.control import controller
 
+            self._stop_if_closing()
             controller(m, progress=lambda text: progress("warm-up", text))  # measures the cost curve once per device
+            self._stop_if_closing()
             progress("warm-up", "speculative decoding")
             generate(m, "Hello", mode="auto", max_tokens=4)
         self._m, self._cache = m, PromptCache(m.model)
@@ -333,6 +358,10 @@ class Engine(EngineThread):
             beam_shape=m.beam_shape if m.drafter is not None else None,
             tree=m.tree if m.drafter is not None else None,
         )
+
+    def _stop_if_closing(self):
+        if self.closing.is_set():  # the app has quit: the rest of a load is not wanted
+            raise EngineError("the app closed during the load")
 
     def _reply(self, messages: Messages, settings: Settings, should_stop, on_status=None) -> Iterator[Chunk]:
         try:
