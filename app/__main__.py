@@ -170,6 +170,7 @@ def main(argv=None) -> int:
     if app.load_error is not None:  # the screen is gone: say it where it stays
         print(f"redrafter-chat: error: {app.load_error}", file=sys.stderr)
         status = 1
+    engine.close()  # the app closed it too, unless it never mounted
     if not engine.wait(ENGINE_EXIT_SECONDS):
         # Still inside MLX (a load, or a step longer than that): finalizing the interpreter around a
         # thread that runs MLX can abort the process ("terminate called without an active
