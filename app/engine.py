@@ -506,7 +506,7 @@ class FakeEngine(EngineThread):
             raise EngineError(self.fail_load)
         progress("warm-up", "plain decoding")
         self.loaded = True
-        notices = [] if self.drafter else [f"No drafter found for {self.model}: replies use plain decoding."]
+        notices = [] if self.drafter else [f"No drafter found for {self.model}: {NO_DRAFTER}."]
         return EngineInfo(
             model=self.model,
             weight_format="float32",

@@ -294,7 +294,7 @@ def run(args) -> Dict:
     from .drafter import load_drafter
     from .errors import RedrafterError
     from .loader import load
-    from .train import save_copy, train
+    from .train import open_log, save_copy, train
 
     budget = BUDGETS[args.budget]
     user_prompts = args.prompts is not None
@@ -344,8 +344,7 @@ def run(args) -> Dict:
     # 3. train
     depth, vocab = DEPTH, 4096
     log.stage(3, "train", f"{budget.steps} steps on {len(samples)} replies ({n_tokens} tokens)")
-    (work / "train").mkdir(parents=True, exist_ok=True)
-    with open(work / "train" / "train_log.jsonl", "a") as f:
+    with open_log(work / "train") as f:
         drafter = train(loaded.model, samples, work / "train", depth=depth, steps=budget.steps, batch=512, lr=1e-3,
                         warmup=min(50, budget.steps // 5), weight_decay=0.01, draft_vocab=vocab,
                         eos_ids=loaded.tokenizer.eos_token_ids, save_every=min(25, max(budget.steps // 4, 1)), log=f,

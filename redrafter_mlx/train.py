@@ -182,6 +182,22 @@ def save_checkpoint(folder: Path, drafter: Drafter, opt, step: int, rng: np.rand
     write_json(folder / "state.json", meta, indent=None)
 
 
+def open_log(out: Path):
+    """OUT/train_log.jsonl for appending, without the rows of steps after OUT's checkpoint: a
+    stopped run logged them, and the resumed run trains and logs those steps again (a log read
+    as 215 rows for 200 steps)."""
+    path = Path(out) / "train_log.jsonl"
+    if path.is_file():
+        state = Path(out) / "checkpoint" / "state.json"
+        done = json.loads(state.read_text())["step"] if state.is_file() else 0
+        rows = [line for line in path.read_text().splitlines() if line.strip()]
+        kept = [line for line in rows if json.loads(line).get("step", 0) <= done]
+        if len(kept) < len(rows):
+            path.write_text("".join(line + "\n" for line in kept))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "a")
+
+
 def load_checkpoint(folder: Path, drafter: Drafter, opt):
     d = load_drafter(folder / "drafter")
     params = d.parameters()
@@ -457,7 +473,7 @@ def _train(args):
             raise RedrafterError(f"no distillation shards in {' '.join(map(str, args.data))}")
         print(f"{len(samples)} replies, {sum(len(s['reply']) for s in samples)} tokens", file=sys.stderr)
         t0 = time.perf_counter()
-        with open(args.out / "train_log.jsonl", "a") as log:
+        with open_log(args.out) as log:
             drafter = train(loaded.model, samples, args.out, depth=args.depth, steps=args.steps, batch=args.batch,
                             lr=args.lr, warmup=args.warmup, weight_decay=args.weight_decay, exit_dim=args.exit_dim, layers=args.layers,
                             draft_vocab=args.draft_vocab, eos_ids=loaded.tokenizer.eos_token_ids,

@@ -422,3 +422,20 @@ def test_self_instruct_needs_three_seeds(tmp_path):
 
     with pytest.raises(RedrafterError, match="at least 3"):
         self_instruct(None, ["a", "b"], 4, tmp_path / "t.jsonl")
+
+
+def test_a_resumed_log_drops_the_steps_after_the_checkpoint(tmp_path):
+    """A run stopped between checkpoints had logged steps that the resumed run trains and logs again."""
+    from redrafter_mlx.train import open_log
+
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "state.json").write_text(json.dumps({"step": 6}))
+    rows = [{"step": i, "loss": 1.0} for i in range(1, 11)] + [{"note": "no step"}]
+    (tmp_path / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with open_log(tmp_path) as log:
+        log.write(json.dumps({"step": 7, "loss": 0.5}) + "\n")
+    kept = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert [r.get("step") for r in kept] == [1, 2, 3, 4, 5, 6, None, 7]
+    with open_log(tmp_path / "fresh") as log:  # no log, no checkpoint yet
+        log.write("{}\n")
+    assert (tmp_path / "fresh" / "train_log.jsonl").read_text() == "{}\n"
