@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, Optional
 
 from redrafter_mlx.errors import RedrafterError
-from redrafter_mlx.files import staging_folder
+from redrafter_mlx.files import staging_folder, unwritable_ancestor
 
 MANIFEST = "manifest.json"
 
@@ -51,8 +51,8 @@ class OutputFolder:
                 raise ConversionError(f"output {self.target} exists and is not a folder")
             if not force:
                 raise ConversionError(f"output folder {self.target} already exists (use --force to replace it)")
-        above = next((p for p in self.target.parents if p.exists()), None)  # checked before any long work
-        if above is not None and (not above.is_dir() or not os.access(above, os.W_OK)):
+        above = unwritable_ancestor(self.target)  # checked before any long work
+        if above is not None:
             raise ConversionError(f"cannot create the output folder {self.target}: {above} is not a folder you can write")
 
     def protect(self, source: Path):

@@ -42,9 +42,10 @@ from . import _platform  # noqa: F401
 import mlx.core as mx  # noqa: E402
 
 from . import cli  # noqa: E402
-from .distill import read_prompt_files  # noqa: E402
+from .distill import check_seeds, read_prompt_files  # noqa: E402
 from .loader import WEIGHT_FORMATS  # noqa: E402
-from .files import write_json  # noqa: E402
+from .errors import RedrafterError  # noqa: E402
+from .files import unwritable_ancestor, write_json  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 TRAIN_PROMPTS = DATA / "train_prompts.jsonl"
@@ -248,8 +249,6 @@ def _fitting(loaded, prompts: List[str], source) -> List[str]:
     limit = loaded.context_length
     kept = [p for p in prompts if len(loaded.tokenizer.prompt_ids(p)) < limit - 1]
     if not kept:
-        from .errors import RedrafterError
-
         raise RedrafterError(f"none of the evaluation prompts in {source} fits {loaded.name}'s context of {limit} "
                              "tokens: give shorter ones (--eval-prompts)")
     if len(kept) < len(prompts):
@@ -260,18 +259,11 @@ def _fitting(loaded, prompts: List[str], source) -> List[str]:
 
 def _check_installable(home: Path):
     """Refuse at the start, not after an hour of work, a model whose drafter place cannot be written."""
-    import tempfile
-
-    from .errors import RedrafterError
-
-    parent = home.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryDirectory(dir=parent, prefix=".redrafter-check-").cleanup()
-    except OSError as e:
-        raise RedrafterError(f"the drafter would be installed in {home}, but {parent} cannot be written "
-                             f"({e.strerror or e}): copy the model to a folder you can write, or give yourself "
-                             "write access there") from e
+    above = unwritable_ancestor(home)
+    if above is not None:
+        raise RedrafterError(f"the drafter would be installed in {home}, which cannot be written ({above} is not a "
+                             "folder you can write): copy the model to a folder you can write, or give yourself "
+                             "write access there")
 
 
 def _start_afresh_if_other_data(work: Path, groups: List[List[str]]):
@@ -292,7 +284,6 @@ def run(args) -> Dict:
     from . import registry
     from .distill import distill, interleave, read_shards, self_instruct
     from .drafter import load_drafter
-    from .errors import RedrafterError
     from .loader import load
     from .train import open_log, save_copy, train
 
@@ -300,9 +291,7 @@ def run(args) -> Dict:
     user_prompts = args.prompts is not None
     groups = read_prompt_files(args.prompts) if user_prompts else shipped_groups()
     eval_set = read_prompt_files([args.eval_prompts or EVAL_PROMPTS])[0][: budget.eval_prompts]
-    if len(groups[0]) < 3:
-        raise RedrafterError(f"{len(groups[0])} training prompts: give at least 3 (self-instruct shows the model 3 "
-                             "at a time), and a few hundred for a useful drafter")
+    check_seeds(groups[0])  # before the model loads
     resolved = registry.resolve(args.model)
     work = args.work or registry.cache_dir() / "train" / _safe(resolved.name)
     loaded = load(args.model, weight_format=args.weight_format, use_drafter=False,
@@ -416,8 +405,6 @@ def report(m: Dict, out=None):
 
 
 def main(argv=None):
-    from .errors import RedrafterError
-
     args = parse_args(argv)
     try:
         report(run(args))

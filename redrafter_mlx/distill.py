@@ -251,6 +251,14 @@ def distill(loaded, prompts: List[str], out: Path, batch_size: int = 16, max_tok
 
 
 SELF_INSTRUCT = "Come up with a series of diverse tasks:\n{examples}\n{next}."  # continued as plain text
+SEEDS_SHOWN = 3  # seed tasks in each self-instruct prompt
+
+
+def check_seeds(seeds: Sequence[str]):
+    """Self-instruct needs SEEDS_SHOWN seed tasks or more (also checked before any model loads)."""
+    if len(seeds) < SEEDS_SHOWN:
+        raise RedrafterError(f"{len(seeds)} prompts to write new tasks from: give at least {SEEDS_SHOWN} (self-instruct "
+                             f"shows the model {SEEDS_SHOWN} at a time), and a few hundred for a useful drafter")
 
 
 def clean_task(text: str) -> str:
@@ -276,15 +284,13 @@ def _shortened(task: str, limit: int = 160) -> str:
 def self_instruct(loaded, seeds: List[str], n: int, path: Path, batch_size: int = 16, seed: int = 0,
                   progress=True) -> List[str]:
     """Widen the prompt set (self-instruct, Wang et al. 2022): the base model writes new tasks,
-    continuing a numbered list of 3 random seed tasks as plain text (no chat template),
+    continuing a numbered list of SEEDS_SHOWN random seed tasks as plain text (no chat template),
     sampled at temperature 0.7 until the line ends. Tasks are appended to
     `path` as JSONL ({"instruction": ...}); a rerun keeps the ones there and writes the rest.
     Returns all n (or fewer, if the model keeps repeating itself) tasks."""
     from tqdm import tqdm
 
-    if len(seeds) < 3:
-        raise RedrafterError(f"self-instruct shows the model 3 seed tasks at a time and was given {len(seeds)}: "
-                             "give at least 3 prompts")
+    check_seeds(seeds)
     path.parent.mkdir(parents=True, exist_ok=True)
     have = [json.loads(l)["instruction"] for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
     seen = set(have) | set(seeds)
@@ -295,7 +301,7 @@ def self_instruct(loaded, seeds: List[str], n: int, path: Path, batch_size: int 
     tries = 0
     stops = list(tok.eos_token_ids) + [i for i in range(tok.vocab_size) if "\n" in tok.decode([i])]  # end of line
     while len(have) < n and tries < 4 * n:
-        picks = [rng.choice(len(seeds), size=3, replace=False) for _ in range(batch_size)]
+        picks = [rng.choice(len(seeds), size=SEEDS_SHOWN, replace=False) for _ in range(batch_size)]
         prompts = [
             tok.encode(SELF_INSTRUCT.format(
                 examples="\n".join(f"{j + 1}. {_shortened(seeds[i])}" for j, i in enumerate(p)), next=len(p) + 1))

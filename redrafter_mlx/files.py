@@ -26,6 +26,15 @@ def write_json(path: Path, data: Any, indent: Optional[int] = 1) -> Path:
     return path
 
 
+def unwritable_ancestor(target: Path) -> Optional[Path]:
+    """The nearest existing path above `target` when it is not a folder that can be written (so
+    `target` cannot be made), else None: checked before long work whose result would go there."""
+    above = next((p for p in Path(target).parents if p.exists()), None)
+    if above is not None and (not above.is_dir() or not os.access(above, os.W_OK)):
+        return above
+    return None
+
+
 def staging_folder(target: Path, tag: str = "") -> Path:
     """A hidden folder beside `target` to write into and then rename to it, with the permissions a
     folder made by `mkdir` would have (`tempfile.mkdtemp` makes it private to its owner, which the
