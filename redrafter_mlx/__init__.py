@@ -21,7 +21,25 @@ from .errors import (  # noqa: F401
     UnsupportedModelError,
 )
 from .generate import Event, Generation, PromptCache, generate, stream  # noqa: F401
-from .loader import LoadedModel, load  # noqa: F401
 from .stats import RunStats, StepStats  # noqa: F401
 
 __version__ = "0.1.0"
+
+# `load` and `LoadedModel` come from loader.py, which imports mlx-lm and through it transformers
+# (3-4 s on a 2-core CPU): imported on first use, so that `import redrafter_mlx`, and every
+# command line's `--help` and option errors, answer at once.
+_LAZY = {"load": "loader", "LoadedModel": "loader"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -9,7 +9,7 @@ import sys
 
 from . import _platform  # noqa: F401
 from . import cli
-from .loader import WEIGHT_FORMATS
+from .config import WEIGHT_FORMATS
 from .tree_search import DEFAULT_MIN_PROB
 from .tuning import DEFAULT_LOOKUP, DEFAULT_TREE
 

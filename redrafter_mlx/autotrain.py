@@ -43,7 +43,7 @@ import mlx.core as mx  # noqa: E402
 
 from . import cli  # noqa: E402
 from .distill import check_seeds, read_prompt_files  # noqa: E402
-from .loader import WEIGHT_FORMATS  # noqa: E402
+from .config import WEIGHT_FORMATS  # noqa: E402
 from .errors import RedrafterError  # noqa: E402
 from .files import unwritable_ancestor, write_json  # noqa: E402
 

@@ -43,7 +43,7 @@ from . import cli
 from .errors import ContextLengthError, RedrafterError
 from .files import write_json
 from .graph import graph_name, parse_graph
-from .loader import WEIGHT_FORMATS
+from .config import WEIGHT_FORMATS
 from .tree_search import DEFAULT_MIN_PROB
 from .tuning import DEFAULT_LOOKUP, DEFAULT_TREE, drafting, fixed_drafting, save_beam_shape
 

@@ -9,6 +9,11 @@ from typing import Any, Dict, Optional
 
 from .errors import CorruptModelError, UnsupportedModelError
 
+# The weight formats `load` takes (loader.py): here, where every command line can offer them
+# without importing the loader (and mlx-lm, transformers: seconds before `--help` answered).
+FLOAT_FORMATS = ("float32", "float16", "bfloat16")
+WEIGHT_FORMATS = ("auto", "stored", *FLOAT_FORMATS)
+
 
 @dataclass
 class BaseArgs:

@@ -35,7 +35,7 @@ import mlx.core as mx  # noqa: E402
 
 from . import cli  # noqa: E402
 from .errors import RedrafterError  # noqa: E402
-from .loader import WEIGHT_FORMATS  # noqa: E402
+from .config import WEIGHT_FORMATS  # noqa: E402
 
 
 def read_prompts(paths: Sequence[Path]) -> List[str]:

@@ -26,14 +26,13 @@ import mlx.nn as nn
 from . import registry
 from ._platform import device_description, fast_cpu_blas, on_cpu
 from .base_model import TreeModel, check_supported, self_check
-from .config import ModelArgs
+from .config import FLOAT_FORMATS, WEIGHT_FORMATS, ModelArgs
 from .errors import CorruptModelError, ModelNotFoundError, SettingError, UnsupportedModelError, one_line
 from .gguf import read_gguf
 from .tokenizer import Tokenizer
 from .tuning import find_tuned
 
-DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
-WEIGHT_FORMATS = ("auto", "stored", *DTYPES)
+DTYPES = {name: getattr(mx, name) for name in FLOAT_FORMATS}
 
 
 @dataclass

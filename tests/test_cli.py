@@ -73,6 +73,30 @@ def test_a_closed_pipe_ends_quietly():
     assert "Traceback" not in err and "BrokenPipe" not in err, err
 
 
+def test_help_does_not_import_mlx_lm():
+    """`import redrafter_mlx` and every command line's `--help` answer without importing mlx-lm
+    (and through it transformers, torch where installed: 3-4 s on a 2-core CPU before the help
+    showed); `load` is imported on first use and is the loader's own."""
+    import subprocess
+    import sys
+
+    code = ("import importlib, sys\n"
+            "import redrafter_mlx\n"
+            "assert 'mlx_lm' not in sys.modules, 'import redrafter_mlx imported mlx_lm'\n"
+            "for name in ('redrafter_mlx.__main__', 'redrafter_mlx.bench', 'redrafter_mlx.train', "
+            "'redrafter_mlx.distill', 'redrafter_mlx.autotrain', 'convert.cli'):\n"
+            "    try:\n"
+            "        importlib.import_module(name).main(['--help'])\n"
+            "    except SystemExit as e:\n"
+            "        assert e.code == 0, (name, e.code)\n"
+            "    assert 'mlx_lm' not in sys.modules and 'transformers' not in sys.modules, name\n"
+            "from redrafter_mlx import loader\n"
+            "assert redrafter_mlx.load is loader.load and redrafter_mlx.LoadedModel is loader.LoadedModel\n"
+            "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.endswith("ok\n"), out.stderr[-2000:]
+
+
 def test_bench_refuses_bad_options_before_loading(tmp_path, capsys, monkeypatch):
     from redrafter_mlx import loader
 
