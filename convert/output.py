@@ -13,16 +13,14 @@ dtype, the quantization and the versions of the tools that wrote the folder.
 import datetime
 import hashlib
 import json
-import os
 import shutil
 import signal
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Dict, Iterable, Optional
 
 from redrafter_mlx.errors import RedrafterError
-from redrafter_mlx.files import staging_folder, unwritable_ancestor
+from redrafter_mlx.files import replace_folder, staging_folder, unwritable_ancestor
 
 MANIFEST = "manifest.json"
 
@@ -84,13 +82,7 @@ class OutputFolder:
         return False
 
     def _commit(self):
-        if self.target.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.old-", dir=self.target.parent))
-            os.rename(self.target, old / "x")
-            os.rename(self.tmp, self.target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(self.tmp, self.target)
+        replace_folder(self.tmp, self.target)
         self.tmp = None
 
 

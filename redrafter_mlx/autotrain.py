@@ -45,7 +45,7 @@ from . import cli  # noqa: E402
 from .distill import check_seeds, read_prompt_files  # noqa: E402
 from .config import WEIGHT_FORMATS  # noqa: E402
 from .errors import RedrafterError  # noqa: E402
-from .files import unwritable_ancestor, write_json  # noqa: E402
+from .files import replace_folder, staging_folder, unwritable_ancestor, write_json  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 TRAIN_PROMPTS = DATA / "train_prompts.jsonl"
@@ -173,17 +173,15 @@ def install(src: Path, home: Path, manifest: Dict):
     """Copy the drafter folder `src` to `home` with its manifest: written beside, then swapped
     in, so an interruption leaves either the old drafter or the new one, never half of one."""
     home.parent.mkdir(parents=True, exist_ok=True)
-    tmp = home.with_name(f".{home.name}.new")
-    old = home.with_name(f".{home.name}.old")
-    for p in (tmp, old):
-        shutil.rmtree(p, ignore_errors=True)
-    shutil.copytree(src, tmp)
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    (tmp / "README.md").write_text(readme(manifest))
-    if home.exists():
-        home.rename(old)
-    tmp.rename(home)
-    shutil.rmtree(old, ignore_errors=True)
+    tmp = staging_folder(home, "new-")
+    try:
+        shutil.copytree(src, tmp, dirs_exist_ok=True)
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        (tmp / "README.md").write_text(readme(manifest))
+        replace_folder(tmp, home)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def readme(m: Dict) -> str:

@@ -23,7 +23,6 @@ verification always uses the base model's full distribution.
 """
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Union
@@ -33,7 +32,7 @@ import mlx.nn as nn
 
 from .config import DrafterArgs
 from .errors import CorruptModelError, DrafterMismatchError, ModelNotFoundError, one_line
-from .files import staging_folder
+from .files import replace_folder, staging_folder
 
 
 class ResBlock(nn.Module):
@@ -262,14 +261,7 @@ def save_drafter(drafter: Drafter, path: Union[str, Path], extra_config: dict = 
         config.update(extra_config or {})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(drafter.parameters())), metadata={"format": "mlx"})
-        if path.exists():
-            old = path.with_name(path.name + ".old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(path, old)
-            os.rename(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, path)
+        replace_folder(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -3,11 +3,17 @@
 A JSON file the library writes (the cost-model cache, `beam_shape.json`, a bench report, a
 training run's state) goes to a hidden temporary file beside it and is then renamed over it:
 a reader, or a run stopped mid-write, sees the old file or the new one, never half of one.
+A folder (a drafter, a converted model) is written into a staging folder beside its place
+(`staging_folder`) and then put in place by `replace_folder`.
 """
 
+import contextlib
 import json
 import os
+import shutil
+import signal
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Optional
 
@@ -45,3 +51,50 @@ def staging_folder(target: Path, tag: str = "") -> Path:
     os.umask(mask)
     os.chmod(tmp, 0o777 & ~mask)
     return tmp
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Hold Ctrl-C (SIGINT) and SIGTERM until the block ends, then deliver them to the handlers
+    in place before it: a few renames that must all happen or none. Only the main thread
+    receives signals; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    before = {s: signal.getsignal(s) for s in held}
+    for s in held:
+        signal.signal(s, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(caught):
+            signal.raise_signal(s)
+
+
+def replace_folder(new: Path, target: Path) -> Path:
+    """Rename the finished folder `new` (beside `target`, e.g. from `staging_folder`) to `target`,
+    replacing what is there. That takes two renames, the old folder aside and the new one in:
+    Ctrl-C or SIGTERM between them is held until both are done (it left no folder in place
+    before), and a failing second rename puts the old folder back. The old one is then deleted."""
+    new, target = Path(new), Path(target)
+    aside = None
+    try:
+        with signals_held():  # a held Ctrl-C is raised as it ends, so the old folder goes in `finally`
+            if target.exists() or target.is_symlink():
+                aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+                os.rename(target, aside / "old")
+                try:
+                    os.rename(new, target)
+                except BaseException:
+                    os.rename(aside / "old", target)
+                    raise
+            else:
+                os.rename(new, target)
+    finally:
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
+    return target

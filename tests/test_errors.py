@@ -2,6 +2,7 @@
 
 import json
 import struct
+from pathlib import Path
 
 import mlx.core as mx
 import pytest
@@ -348,6 +349,72 @@ def test_written_folders_are_as_readable_as_mkdir_makes_them(tiny_kit, tmp_path)
         os.umask(old)
     assert (tmp_path / "d").stat().st_mode & 0o777 == 0o755
     assert (tmp_path / "converted").stat().st_mode & 0o777 == 0o755
+
+
+def test_ctrl_c_while_a_folder_is_replaced_leaves_the_new_one(tiny_kit, tmp_path, monkeypatch):
+    """Replacing a drafter (save_drafter, redrafter-train's install) or a converted model
+    (`convert --force`) takes two renames: Ctrl-C between them left no folder in place. It is
+    held until both are done, then raised."""
+    import os
+    import signal
+
+    from convert.output import OutputFolder
+    from redrafter_mlx import autotrain
+
+    args = tiny_kit.model(seed=0).args
+    save_drafter(new_drafter(args), tmp_path / "d")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "config.json").write_text('{"new": true}')
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "config.json").write_text('{"new": false}')
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "config.json").write_text('{"new": false}')
+    monkeypatch.setattr(autotrain, "readme", lambda manifest: "a drafter\n")
+    rename = os.rename
+
+    def interrupted_rename(src, dst):  # Ctrl-C right after the old folder went aside
+        rename(src, dst)
+        if Path(src).parent == tmp_path and Path(src).name in writers:
+            signal.raise_signal(signal.SIGINT)
+
+    def force_convert():
+        with OutputFolder(tmp_path / "out", force=True) as tmp:
+            (tmp / "config.json").write_text('{"new": true}')
+
+    writers = {"d": lambda: save_drafter(new_drafter(args), tmp_path / "d", {"new": True}),
+               "home": lambda: autotrain.install(tmp_path / "src", tmp_path / "home", {}),
+               "out": force_convert}
+    for name, write in writers.items():
+        monkeypatch.setattr(os, "rename", interrupted_rename)
+        with pytest.raises(KeyboardInterrupt):
+            write()
+        monkeypatch.setattr(os, "rename", rename)
+        assert json.loads((tmp_path / name / "config.json").read_text())["new"] is True, name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "home", "out", "src"]  # nothing left beside
+    assert load_drafter(tmp_path / "d", tiny_kit.model(seed=0)) is not None
+
+
+def test_a_failed_folder_replacement_puts_the_old_one_back(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from redrafter_mlx.files import replace_folder
+
+    for name, text in (("target", "old"), ("new", "new")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "f").write_text(text)
+    rename = os.rename
+
+    def failing(src, dst):
+        if Path(src).name == "new":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", failing)
+    with pytest.raises(OSError):
+        replace_folder(tmp_path / "new", tmp_path / "target")
+    assert (tmp_path / "target" / "f").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new", "target"]
 
 
 def test_an_unusable_cache_folder(monkeypatch, tmp_path):
