@@ -36,6 +36,7 @@ import mlx.core as mx  # noqa: E402
 from . import cli  # noqa: E402
 from .errors import RedrafterError  # noqa: E402
 from .config import WEIGHT_FORMATS  # noqa: E402
+from .files import signals_held  # noqa: E402
 
 
 def read_prompts(paths: Sequence[Path]) -> List[str]:
@@ -133,18 +134,25 @@ def write_shard(out: Path, index: int, samples: List[dict]):
         if s.get("greedy") is not None and list(s["greedy"]) != list(s["reply"]):  # sampled replies only
             arrays[f"greedy_{j}"] = np.array(s["greedy"], dtype=np.int32)
     arrays["greedy_checked"] = np.array(1)  # greedy tokens are stored wherever they differ from the reply
-    _save_shard(out / f"shard-{index:05d}.npz", arrays)
-    with open(out / "done.txt", "a") as f:
-        for s in samples:
-            f.write(s["key"] + "\n")
+    # The shard and its prompts' keys in done.txt go in together: Ctrl-C between them made a
+    # resumed run answer the batch again (its samples then twice in the data).
+    def record():
+        with open(out / "done.txt", "a") as f:
+            f.writelines(s["key"] + "\n" for s in samples)
+
+    _save_shard(out / f"shard-{index:05d}.npz", arrays, then=record)
 
 
-def _save_shard(path: Path, arrays: dict):
-    """Write a shard atomically: a hidden temp file, then a rename."""
+def _save_shard(path: Path, arrays: dict, then=None):
+    """Write a shard atomically: a hidden temp file, then a rename (and `then()`, with Ctrl-C and
+    SIGTERM held from the rename to its end)."""
     tmp = path.with_name("." + path.name)
     with open(tmp, "wb") as f:
         np.savez(f, **arrays)
-    os.replace(tmp, path)
+    with signals_held():
+        os.replace(tmp, path)
+        if then is not None:
+            then()
 
 
 def _samples_in(files) -> int:

@@ -2,6 +2,7 @@
 
 import io
 import json
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -96,6 +97,29 @@ def test_distill_round_trip_and_resume(samples, tmp_path):
     prompts = [f"question number {i} about {w}" for i, w in enumerate(["cats", "dogs", "rivers", "maths"] * 4)]
     assert distill(TinyLoaded(model), prompts + ["one more"], out, batch_size=5, max_tokens=24, progress=False) == 1
     assert len(sorted(out.glob("shard-*.npz"))) == len(shards) + 1
+
+
+def test_ctrl_c_as_a_shard_is_written_keeps_its_prompts_done(tmp_path, monkeypatch):
+    """A shard and its prompts' keys in done.txt are written together: Ctrl-C right after the
+    shard was renamed into place left its keys out, and a resumed run answered the batch again."""
+    import os
+    import signal
+
+    from redrafter_mlx.distill import write_shard
+
+    replace = os.replace
+
+    def interrupted(src, dst):
+        replace(src, dst)
+        if Path(dst).name.startswith("shard-"):
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    sample = {"key": "k1", "prompt": [1, 2], "reply": [3, 4], "hidden": np.zeros((2, 8), np.float16)}
+    with pytest.raises(KeyboardInterrupt):
+        write_shard(tmp_path, 0, [sample, {**sample, "key": "k2"}])
+    assert (tmp_path / "shard-00000.npz").is_file()
+    assert (tmp_path / "done.txt").read_text().split() == ["k1", "k2"]
 
 
 def test_distill_progress_bar_moves_within_a_batch(tmp_path, monkeypatch):
