@@ -62,9 +62,9 @@ def signals_held():
         yield
         return
     caught = []
-    held = (signal.SIGINT, signal.SIGTERM)
-    before = {s: signal.getsignal(s) for s in held}
-    for s in held:
+    # (a handler installed outside Python reads as None and cannot be put back: left alone)
+    before = {s: h for s in (signal.SIGINT, signal.SIGTERM) if (h := signal.getsignal(s)) is not None}
+    for s in before:
         signal.signal(s, lambda signum, frame: caught.append(signum))
     try:
         yield
@@ -78,23 +78,20 @@ def signals_held():
 def replace_folder(new: Path, target: Path) -> Path:
     """Rename the finished folder `new` (beside `target`, e.g. from `staging_folder`) to `target`,
     replacing what is there. That takes two renames, the old folder aside and the new one in:
-    Ctrl-C or SIGTERM between them is held until both are done (it left no folder in place
-    before), and a failing second rename puts the old folder back. The old one is then deleted."""
+    Ctrl-C or SIGTERM is held until both are done and the old folder is deleted (between the
+    renames it left no folder in place), and a failing second rename puts the old folder back."""
     new, target = Path(new), Path(target)
-    aside = None
-    try:
-        with signals_held():  # a held Ctrl-C is raised as it ends, so the old folder goes in `finally`
-            if target.exists() or target.is_symlink():
-                aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-                os.rename(target, aside / "old")
-                try:
-                    os.rename(new, target)
-                except BaseException:
-                    os.rename(aside / "old", target)
-                    raise
-            else:
-                os.rename(new, target)
-    finally:
-        if aside is not None:
+    with signals_held():
+        if not (target.exists() or target.is_symlink()):
+            os.rename(new, target)
+            return target
+        aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+        os.rename(target, aside / "old")
+        try:
+            os.rename(new, target)
+        except BaseException:
+            os.rename(aside / "old", target)
+            raise
+        finally:
             shutil.rmtree(aside, ignore_errors=True)
     return target
