@@ -17,6 +17,7 @@ The cache always holds exactly `PromptCache.ids`: a step interrupted by an excep
 (KeyboardInterrupt included) is rolled back, so a cancelled reply leaves it whole.
 """
 
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, List, Optional, Sequence, Union
@@ -117,6 +118,15 @@ def _prefill(model, pc: PromptCache, prompt: List[int], stopped: Callable[[], bo
     return model.logits(h), h
 
 
+def _check_types(**settings):
+    """Whole numbers where a count is expected (tree_min_prob: any real number), None meaning the
+    default: 2.5 tokens or "5" failed deep inside decoding, after a first call's calibration."""
+    for name, value in settings.items():
+        kind, what = (numbers.Real, "a number") if name == "tree_min_prob" else (numbers.Integral, "a whole number")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+            raise SettingError(f"{name} must be {what}, not {value!r}")
+
+
 def stream(
     loaded,
     prompt: Union[str, list],
@@ -179,6 +189,8 @@ def stream(
     """
     if mode not in MODES:
         raise SettingError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    _check_types(max_tokens=max_tokens, beam_width=beam_width, beam_length=beam_length, draft_top_k=draft_top_k,
+                 lookup=lookup, tree=tree, graph=graph, tree_min_prob=tree_min_prob)
     drafter = loaded.drafter if use_drafter else None
     adaptive = mode != "ar" and not fixed_drafting(beam_width, beam_length, tree, lookup, tree_min_prob, draft_top_k)
     # The node budget is `budget`: below, `tree` holds each step's packed tree.
@@ -196,7 +208,7 @@ def stream(
         mode = "redrafter"
     if mode == "redrafter" and not getattr(loaded, "tree_ok", True):
         mode, adaptive = "ar", False  # the load-time self-check found tree verification wrong here
-    if mode == "redrafter" and (beam_width < 1 or beam_length < 1):
+    if beam_width < 1 or beam_length < 1:  # in every mode, as every other drafting option is
         raise SettingError(f"beam width and length must be >= 1, not {beam_width} x {beam_length}")
     if max_tokens < 1:
         raise SettingError(f"max_tokens must be >= 1, not {max_tokens}")

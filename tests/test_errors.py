@@ -279,9 +279,13 @@ def test_settings_out_of_range_are_user_errors_found_before_any_calibration(tiny
     m = tiny_loaded
     for kw, words in [({"seed": -1}, ["seed", "-1"]), ({"seed": 2**64}, ["seed"]), ({"seed": 1.5}, ["seed"]),
                       ({"temperature": float("nan")}, ["temperature"]), ({"temperature": -0.5}, ["temperature"]),
-                      ({"top_p": 0.0}, ["top_p"]), ({"max_tokens": 0}, ["max_tokens"])]:
+                      ({"top_p": 0.0}, ["top_p"]), ({"max_tokens": 0}, ["max_tokens"]),
+                      ({"max_tokens": 2.5}, ["max_tokens", "whole number", "2.5"]),
+                      ({"max_tokens": "5"}, ["max_tokens", "'5'"]), ({"beam_width": True}, ["beam_width"]),
+                      ({"tree": 16.0}, ["tree"]), ({"tree_min_prob": "0.2"}, ["tree_min_prob", "a number"])]:
         msg = raises(SettingError, lambda: generate(m, "hi", mode="auto", **kw), *words)
         assert isinstance(SettingError(msg), ValueError)
+    raises(SettingError, lambda: generate(m, "hi", mode="ar", beam_width=0), "beam width")  # as in other modes
     raises(EmptyPromptError, lambda: generate(m, " ", mode="auto"), "empty")
     m.args.max_position_embeddings = 4
     raises(ContextLengthError, lambda: generate(m, "a longer prompt than four tokens", mode="auto"), "context of 4",
