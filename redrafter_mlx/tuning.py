@@ -118,8 +118,12 @@ def drafting(loaded, beam_width: Optional[int] = None, beam_length: Optional[int
     W and L: the tuned shape (`loaded.beam_shape`), else DEFAULT_SHAPE; tree: the budget tuned
     with the shape when the shape is the tuned one too (neither W nor L given), else
     DEFAULT_TREE; lookup and tree_min_prob: the tuned values, else DEFAULT_LOOKUP and
-    tree_search.DEFAULT_MIN_PROB."""
+    tree_search.DEFAULT_MIN_PROB. A tuned L = 1 (plain decoding was fastest here) names no shape
+    to draft with: a call that asks for the drafter (W or a tree given, L not) takes DEFAULT_SHAPE's
+    (it decoded plainly, saying nothing)."""
     shape = getattr(loaded, "beam_shape", None) or DEFAULT_SHAPE
+    if shape[1] == 1 and beam_length is None and (beam_width is not None or (tree or 0) > 0):
+        shape = DEFAULT_SHAPE
     tuned_tree = getattr(loaded, "tree", None) if beam_width is None and beam_length is None else None
     tuned_lookup, tuned_p = getattr(loaded, "lookup", None), getattr(loaded, "tree_min_prob", None)
     return Drafting(

@@ -214,6 +214,12 @@ def test_drafting_defaults_follow_the_tuned_entry(tmp_path):
     # the tuned tree goes with the tuned shape only; lookup and the floor apply to any shape
     assert tuple(drafting(tuned, beam_width=2)) == (2, 6, DEFAULT_TREE, 32, 0.05)
     assert tuple(drafting(tuned, 1, 3, tree=4, lookup=0, tree_min_prob=0.5)) == (1, 3, 4, 0, 0.5)
+    # a tuned "plain decoding was fastest" (L = 1) does not turn an explicit tree or width into plain decoding
+    plain = SimpleNamespace(beam_shape=(1, 1), tree=0, lookup=8, tree_min_prob=0.2)
+    assert tuple(drafting(plain))[:2] == (1, 1) and tuple(drafting(plain, lookup=8))[:2] == (1, 1)
+    assert tuple(drafting(plain, tree=16))[:3] == (*DEFAULT_SHAPE, 16)
+    assert tuple(drafting(plain, beam_width=2))[:2] == (2, DEFAULT_SHAPE[1])
+    assert tuple(drafting(plain, beam_width=2, beam_length=1))[:2] == (2, 1)
     # stored values out of range read as "not stored"; files from before lookup/floor were stored still load
     (tmp_path / FILE).write_text(json.dumps({"dev": {"beam_width": 4, "beam_length": 6, "tree": 16, "lookup": -1,
                                                      "tree_min_prob": 2.0}, "old": {"beam_width": 1, "beam_length": 3}}))
