@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Dict, Optional, Sequence
 
 from . import _platform  # noqa: F401  (OpenBLAS before mlx)
+from . import cli
 from .bench import parse_shapes as parse_ints
 from .errors import RedrafterError
 from .graph import graph_name, parse_graph
@@ -313,7 +314,7 @@ def main(argv=None) -> int:
     p.add_argument("--tree", type=lambda t: parse_ints(t, "--tree", minimum=0), default=[0],
                    help="comma-separated node budgets of a dynamic draft tree, W wide and L - 1 deep "
                         "(0 = the W x L beams; default: 0)")
-    p.add_argument("--tree-min-prob", type=float, default=None,
+    p.add_argument("--tree-min-prob", type=cli.probability, default=None,
                    help="drop tree nodes whose path probability is below this (default: tree_search.DEFAULT_MIN_PROB, 0.2)")
     p.add_argument("--graph", type=parse_graph, default=[(None, True)], metavar="K[,K...]",
                    help="draft a GSD graph (graph.py) with k-gram length K (0: match the token alone) and the "
@@ -340,38 +341,50 @@ def main(argv=None) -> int:
                         "cost model for the model); prints tokens/step, packed/step, parked share and the speedup "
                         "the profile's costs give (--graph applies; the shape options do not)")
     p.add_argument("--no-drafter", action="store_true", help="with --auto: draft from the context copy alone")
-    p.add_argument("--limit", type=int, default=None, help="only the first N questions")
+    p.add_argument("--limit", type=cli.positive, default=None, help="only the first N questions")
     args = p.parse_args(argv)
-    shapes, lookups, trees = args.shapes, args.lookup, args.tree
     graphs = [(k, c and not args.no_context_graph) for k, c in args.graph]
-    if any(k is not None for k, _ in graphs) and not all(trees) and not args.auto:
+    if any(k is not None for k, _ in graphs) and not all(args.tree) and not args.auto:
         p.error("--graph needs --tree N (N > 0): a graph is drafted as a dynamic tree")
     if args.auto and any(args.context_ceiling):
         p.error("--context-ceiling bounds fixed drafting; it does not apply to --auto")
+    if args.no_drafter and not args.auto:
+        p.error("--no-drafter replays the adaptive controller: add --auto PROFILE")
+    return cli.run("replay", lambda: _run(args, graphs))
 
+
+def read_results(path: Path):
+    """The greedy `ar` rows of a redrafter-bench --json file, and the report; a RedrafterError
+    saying what is wrong with any other file."""
+    if not path.exists():
+        raise RedrafterError(f"results file {path} not found")
+    if not path.is_file():
+        raise RedrafterError(f"results file {path} is not a file")
+    try:
+        report = json.loads(path.read_text())
+        rows = [r for r in report["results"] if r["mode"] == "ar"]
+        for i, r in enumerate(rows):
+            for key in ("prompt_tokens", "tokens"):
+                if not isinstance(r.get(key), list):
+                    raise ValueError(f"its ar result {i + 1} has no {key!r} list")
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # (UnicodeDecodeError is a ValueError)
+        raise RedrafterError(f"{path} is not a redrafter-bench --json file: {type(e).__name__}: {e}") from e
+    if not rows:
+        raise RedrafterError(f"{path} has no ar results: run redrafter-bench with --modes ar")
+    if report.get("settings", {}).get("temperature", 0.0) != 0.0:
+        raise RedrafterError(f"{path} holds sampled outputs; replay needs greedy ones")
+    return rows, report
+
+
+def _run(args, graphs) -> int:
     from .loader import load
 
-    try:
-        if not args.results.is_file():
-            raise RedrafterError(f"results file {args.results} not found")
-        try:
-            report = json.loads(args.results.read_text())
-            rows = [r for r in report["results"] if r["mode"] == "ar"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise RedrafterError(f"{args.results} is not a redrafter-bench --json file: {e}") from e
-        if not rows:
-            raise RedrafterError(f"{args.results} has no ar results: run redrafter-bench with --modes ar")
-        if report.get("settings", {}).get("temperature", 0.0) != 0.0:
-            raise RedrafterError(f"{args.results} holds sampled outputs; replay needs greedy ones")
-        if args.no_drafter and not args.auto:
-            raise RedrafterError("--no-drafter replays the adaptive controller: add --auto PROFILE")
-        loaded = load(args.model or report.get("model"), drafter=args.drafter)
-        if loaded.drafter is None and not args.no_drafter:
-            raise RedrafterError(f"no drafter found for {loaded.name}: pass --drafter PATH (or --auto --no-drafter)")
-        profiles = {name: profile_costs(name, loaded) for name in args.auto or []}
-    except RedrafterError as e:
-        print(f"replay: error: {e}", file=sys.stderr)
-        return 2
+    shapes, lookups, trees = args.shapes, args.lookup, args.tree
+    rows, report = read_results(args.results)
+    loaded = load(args.model or report.get("model"), drafter=args.drafter)
+    if loaded.drafter is None and not args.no_drafter:
+        raise RedrafterError(f"no drafter found for {loaded.name}: pass --drafter PATH (or --auto --no-drafter)")
+    profiles = {name: profile_costs(name, loaded) for name in args.auto or []}
     import mlx.core as mx
     from tqdm import tqdm
 
@@ -387,21 +400,33 @@ def main(argv=None) -> int:
         plain = {name: costs.plain for name, costs in profiles.items()}
     else:
         configs = list(product(shapes, lookups, trees, graphs, args.context_ceiling))
-    for r in tqdm(rows, desc="replay", unit="question", file=sys.stderr):
-        hidden = loaded.model.hidden(mx.array(r["prompt_tokens"] + r["tokens"], dtype=mx.int32)[None])[0]
-        ended = r.get("finish_reason") == "eos"
-        for config in configs:
-            if args.auto:
-                k, ctx = config[1]
-                out = replay_auto(loaded, controllers[config], r["prompt_tokens"], r["tokens"], ended, hidden, k, ctx)
-            else:
-                (w, n), c, t, (k, ctx), ceil = config
-                out = replay(loaded, r["prompt_tokens"], r["tokens"], w, n, c, ended, hidden, t, args.tree_min_prob,
-                             k, ctx, not args.no_lookup_growth, ceil, args.ceiling_every)
+    done, status = 0, 0
+    try:
+        for r in tqdm(rows, desc="replay", unit="question", file=sys.stderr):
+            hidden = loaded.model.hidden(mx.array(r["prompt_tokens"] + r["tokens"], dtype=mx.int32)[None])[0]
+            ended = r.get("finish_reason") == "eos"
+            outs = []  # a question counts once every config replayed it
+            for config in configs:
+                if args.auto:
+                    k, ctx = config[1]
+                    out = replay_auto(loaded, controllers[config], r["prompt_tokens"], r["tokens"], ended, hidden, k,
+                                      ctx)
+                else:
+                    (w, n), c, t, (k, ctx), ceil = config
+                    out = replay(loaded, r["prompt_tokens"], r["tokens"], w, n, c, ended, hidden, t,
+                                 args.tree_min_prob, k, ctx, not args.no_lookup_growth, ceil, args.ceiling_every)
+                outs.append((config, out))
             turn = (f"turn {r['turn']}",) if "turn" in r else ()  # redrafter-bench --turns
-            for group in ("", r.get("category", ""), *turn):
-                for name, v in out.items():
-                    totals[(config, group)][name] += v
+            for config, out in outs:
+                for group in ("", r.get("category", ""), *turn):
+                    for name, v in out.items():
+                        totals[(config, group)][name] += v
+            done += 1
+    except KeyboardInterrupt:
+        if not done:
+            raise
+        print(f"\nreplay: cancelled; the figures below cover the first {done} of {len(rows)} questions", file=sys.stderr)
+        status = 130
     groups = {key[1] for key in totals if key[1]}
     categories = sorted(g for g in groups if not g.startswith("turn ")) + sorted(g for g in groups if g.startswith("turn "))
 
@@ -410,7 +435,7 @@ def main(argv=None) -> int:
 
     if args.auto:
         print_auto(configs, totals, categories, per_step, plain, args.no_drafter)
-        return 0
+        return status
 
     def drafting(g, ceil):
         return graph_name(g) + (f"+ceil{ceil}" + ("all" if args.ceiling_every else "") if ceil else "")
@@ -428,7 +453,7 @@ def main(argv=None) -> int:
                                     f"{drafting(config[3], config[4])}",
                      lambda config, tot: f"{per_step(tot, 'produced'):.2f}/{per_step(tot, 'packed'):.1f}/"
                                          f"{per_step(tot, 'drafter_rows'):.1f}", 30)
-    return 0
+    return status
 
 
 if __name__ == "__main__":

@@ -109,7 +109,7 @@ def test_graph_variants_run_side_by_side(model_dir, prompts, tmp_path, capsys):
             bench.parse_args(["--prompts", "x", "--modes", "redrafter", *bad])
 
 
-def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path, capsys):
+def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path, capsys, monkeypatch):
     from redrafter_mlx import replay
 
     out = tmp_path / "r.json"
@@ -143,8 +143,31 @@ def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path
         replay.main([str(out), "--tree", "3", "--graph", "one"])
     assert replay.main([str(tmp_path / "none.json")]) == 2
     assert "not found" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        replay.main([str(out), "--shapes", "4by3"])
+    for bad in (["--shapes", "4by3"], ["--tree-min-prob", "2"], ["--tree-min-prob", "nan"], ["--limit", "0"],
+                ["--limit", "-1"]):
+        with pytest.raises(SystemExit):  # refused while parsing, before the model loads
+            replay.main([str(out), *bad])
+    capsys.readouterr()
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe")
+    (tmp_path / "rows.json").write_text('{"results": [{"mode": "ar", "question_id": 1}]}')
+    for name, said in (("binary.json", "UnicodeDecodeError"), ("rows.json", "has no 'prompt_tokens' list")):
+        assert replay.main([str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert "is not a redrafter-bench --json file" in err and said in err and err.count("\n") == 1, err
+    # Ctrl-C during the second question: the first one's figures are printed, status 130
+    calls = []
+
+    def interrupted(*a, **k):
+        calls.append(1)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    real = replay.replay
+    monkeypatch.setattr(replay, "replay", interrupted)
+    assert replay.main([str(out), "--model", str(model_dir), "--shapes", "2x3"]) == 130
+    captured = capsys.readouterr()
+    assert "first 1 of" in captured.err and any(line.startswith("2x3") for line in captured.out.splitlines())
 
 
 def test_tune_stores_the_default_shape_per_device(model_dir, prompts, capsys):
