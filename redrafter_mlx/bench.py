@@ -252,6 +252,11 @@ def per_turn(results: List[Dict], modes: List[str]) -> Dict[str, Dict[str, Dict]
     return per_category(results, modes, lambda r: f"turn {r.get('turn', 1)}")
 
 
+def _speedup(figures: Dict) -> str:
+    """`1.23x`, or `-` where there is no ar run to compare with."""
+    return f"{figures['speedup']:.2f}x" if "speedup" in figures else "-"
+
+
 def print_categories(cats: Dict[str, Dict[str, Dict]], modes: List[str], out=None, what: str = "category"):
     out = out or sys.stdout
     shown = [m for m in modes if m != "ar"] or modes
@@ -261,7 +266,7 @@ def print_categories(cats: Dict[str, Dict[str, Dict]], modes: List[str], out=Non
         cells = []
         for m in shown:
             v = row.get(m)
-            cells.append(f"{v['tokens_per_step']:>12.2f} {v.get('speedup', 0):>8.2f}x" if v else f"{'-':>22}")
+            cells.append(f"{v['tokens_per_step']:>12.2f} {_speedup(v):>9}" if v else f"{'-':>22}")
         print(f"{cat[:12]:<12} " + " ".join(cells), file=out)
 
 
@@ -293,7 +298,7 @@ def print_table(results: List[Dict], summary: Dict, modes: List[str], out=None):
             extra += f"  identical_to_ar {s['identical_to_ar']}"
         print(
             f"{mode:<16} tok/s {s['tokens_per_second']:7.2f}  tokens/step {s['tokens_per_step']:5.2f}  "
-            f"speedup {s.get('speedup', 0):5.2f}x  peak {s['peak_memory_mb']:.0f} MB{extra}",
+            f"speedup {_speedup(s):>6}  peak {s['peak_memory_mb']:.0f} MB{extra}",
             file=out,
         )
 
@@ -427,7 +432,7 @@ def parse_args(argv=None):
     p.add_argument("--json", type=cli.writable_file, default=None, metavar="FILE", help="write all results here (rewritten after each question, so a run stopped by "
                    "Ctrl-C, SIGTERM or a time limit keeps the questions it finished; \"complete\" says whether all ran)")
     args = p.parse_args(argv)
-    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    args.modes = list(dict.fromkeys(m.strip() for m in args.modes.split(",") if m.strip()))  # each once
     if args.tune:
         args.grid = True
         args.modes = list(dict.fromkeys(["ar", "redrafter", *args.modes]))
@@ -441,8 +446,14 @@ def parse_args(argv=None):
                                              args.tree_min_prob)
     if args.graph and args.tune:
         p.error("--tune stores a tree shape: run it without --graph")
-    if args.graph and args.fixed and "redrafter" in args.modes and args.tree is not None and 0 in args.tree:
+    graphs = args.graph and any(k is not None for k, _ in args.graph)
+    shaped = args.grid or args.beam_width is not None or args.beam_length is not None  # the tree then defaults to 0
+    if graphs and args.fixed and "redrafter" in args.modes and (
+            0 in (args.tree or []) or (args.tree is None and shaped)):
         p.error("--graph drafts a dynamic tree: give --tree N with N > 0")
+    if args.plot and not (args.fixed and "redrafter" in args.modes):
+        p.error("--plot draws fixed drafting shapes against each other: add --grid (or --beam-width, --beam-length, "
+                "--tree) and --modes ...,redrafter")
     if args.no_drafter and args.fixed and "redrafter" in args.modes:
         p.error("fixed drafting (--beam-width, --beam-length, --grid, --lookup, --tree, --tree-min-prob, --tune) "
                 "needs the drafter: drop --no-drafter, or those options to run the adaptive controller")

@@ -104,9 +104,24 @@ def test_graph_variants_run_side_by_side(model_dir, prompts, tmp_path, capsys):
     assert (s["redrafter+gsd0"]["graph"], s["redrafter+gsd0"]["context_graph"]) == (0, False)
     assert "grafted_tokens_per_step" in s["redrafter+graph1"] and "graph" not in s["redrafter+tree"]
     assert "accepted through grafts" in text
-    for bad in (["--graph", "x"], ["--graph", "-1"], ["--graph", "1", "--tune"], ["--graph", "1", "--tree", "0"]):
-        with pytest.raises(SystemExit):
+    for bad in (["--graph", "x"], ["--graph", "-1"], ["--graph", "1", "--tune"], ["--graph", "1", "--tree", "0"],
+                ["--graph", "1", "--beam-width", "2"], ["--graph", "none,1", "--grid"]):
+        with pytest.raises(SystemExit):  # refused while parsing: a graph needs a dynamic tree
             bench.parse_args(["--prompts", "x", "--modes", "redrafter", *bad])
+    assert bench.parse_args(["--prompts", "x", "--modes", "redrafter", "--graph", "none", "--beam-width", "2"])
+
+
+def test_bench_options_refused_before_loading_and_a_run_without_ar(model_dir, prompts, capsys):
+    """--plot draws fixed shapes: without them it failed after the whole run; --modes ar,ar ran ar
+    twice; without ar the speedup read 0.00x."""
+    for bad in (["--modes", "ar,auto"], ["--modes", "ar,redrafter"], ["--modes", "ar", "--grid"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--prompts", "x", "--plot", "p.png", *bad])
+    assert "--plot draws fixed drafting shapes" in capsys.readouterr().err
+    assert bench.parse_args(["--prompts", "x", "--modes", "ar,auto,ar"]).modes == ["ar", "auto"]
+    rc, text, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 1, "--max-tokens", 4,
+                      "--modes", "auto")
+    assert rc == 0 and "speedup      -" in text and "0.00x" not in text
 
 
 def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path, capsys, monkeypatch):
