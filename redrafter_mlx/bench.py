@@ -72,6 +72,10 @@ def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
             break
     if not out:
         raise RedrafterError(f"prompt file {path} holds no questions")
+    short = sum(len(q["turns"]) < turns for q in out)
+    if short:
+        print(f"note: {short} of {len(out)} questions have fewer than {turns} turns; they run the turns they have",
+              file=sys.stderr)
     return out
 
 
@@ -451,6 +455,8 @@ def parse_args(argv=None):
     if graphs and args.fixed and "redrafter" in args.modes and (
             0 in (args.tree or []) or (args.tree is None and shaped)):
         p.error("--graph drafts a dynamic tree: give --tree N with N > 0")
+    if graphs and not {"auto", "redrafter"} & set(args.modes):
+        p.error("--graph applies to --modes auto and redrafter")
     if args.plot and not (args.fixed and "redrafter" in args.modes):
         p.error("--plot draws fixed drafting shapes against each other: add --grid (or --beam-width, --beam-length, "
                 "--tree) and --modes ...,redrafter")

@@ -119,6 +119,11 @@ def test_bench_options_refused_before_loading_and_a_run_without_ar(model_dir, pr
             bench.parse_args(["--prompts", "x", "--plot", "p.png", *bad])
     assert "--plot draws fixed drafting shapes" in capsys.readouterr().err
     assert bench.parse_args(["--prompts", "x", "--modes", "ar,auto,ar"]).modes == ["ar", "auto"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--prompts", "x", "--modes", "ar", "--graph", "1"])
+    assert "--graph applies to" in capsys.readouterr().err
+    assert len(bench.read_prompts(prompts, turns=2)) >= 1
+    assert "have fewer than 2 turns" in capsys.readouterr().err
     rc, text, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 1, "--max-tokens", 4,
                       "--modes", "auto")
     assert rc == 0 and "speedup      -" in text and "0.00x" not in text
