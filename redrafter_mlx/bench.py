@@ -50,6 +50,9 @@ from .tuning import DEFAULT_LOOKUP, DEFAULT_TREE, drafting, fixed_drafting, save
 MODES = ("ar", "auto", "redrafter", "mlx-lm")
 
 
+TUNE_MIN_TOKENS = 256  # plain-decoding tokens below which --tune says its stored shape is a rough guess
+
+
 def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
     """The questions, each with its first `turns` turns ("turns"; fewer where it has fewer) and
     the first as "prompt"."""
@@ -613,6 +616,11 @@ def _bench(args) -> int:
             "tokens_per_step": best["tokens_per_step"], "prompts": str(args.prompts), "questions": len(prompts),
             "max_tokens": args.max_tokens, "fastest_shape": [best["beam_width"], best["beam_length"]],
             "plain_is_faster": plain})
+        measured = sum(r["new_tokens"] for r in results if r["mode"] == "ar")
+        if measured < TUNE_MIN_TOKENS:
+            print(f"note: the tune measured {measured} tokens of plain decoding, too few to tell shapes apart "
+                  f"reliably (fewer than {TUNE_MIN_TOKENS}; the default tune measures 6 questions of up to 256 "
+                  "tokens): the stored shape is a rough guess", file=sys.stderr)
         if plain:
             print(f"plain decoding beat every beam shape on this device (best W={best['beam_width']} "
                   f"L={best['beam_length']}: {best.get('speedup', 0):.2f}x over ar); W=1 L=1 (plain decoding) "

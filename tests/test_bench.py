@@ -192,10 +192,11 @@ def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path
 
 def test_tune_stores_the_default_shape_per_device(model_dir, prompts, capsys):
     assert load(str(model_dir)).beam_shape is None
-    rc, text, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 8, "--tune",
-                      "--widths", "1,2", "--lengths", "2,3", "--tree", "0,3", "--tree-min-prob", "0.01,0.5",
-                      "--lookup", "0,4")
+    rc, text, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 8, "--tune",
+                        "--widths", "1,2", "--lengths", "2,3", "--tree", "0,3", "--tree-min-prob", "0.01,0.5",
+                        "--lookup", "0,4")
     assert rc == 0 and "stored in" in text
+    assert "too few to tell shapes apart" in err  # 3 questions x 8 tokens
     stored = json.loads((model_dir / FILE).read_text())
     assert len(stored) == 1
     entry = next(iter(stored.values()))
