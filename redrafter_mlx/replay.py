@@ -29,6 +29,7 @@ from typing import Dict, Optional, Sequence
 
 from . import _platform  # noqa: F401  (OpenBLAS before mlx)
 from . import cli
+from .config import WEIGHT_FORMATS
 from .bench import parse_shapes as parse_ints
 from .errors import RedrafterError
 from .graph import graph_name, parse_graph
@@ -381,7 +382,10 @@ def _run(args, graphs) -> int:
 
     shapes, lookups, trees = args.shapes, args.lookup, args.tree
     rows, report = read_results(args.results)
-    loaded = load(args.model or report.get("model"), drafter=args.drafter)
+    # the weights the outputs were decoded with (a bench run with --weight-format stored: 4-bit)
+    fmt = report.get("settings", {}).get("weight_format", "auto")
+    loaded = load(args.model or report.get("model"), drafter=args.drafter,
+                  weight_format=fmt if fmt in WEIGHT_FORMATS else "auto")
     if loaded.drafter is None and not args.no_drafter:
         raise RedrafterError(f"no drafter found for {loaded.name}: pass --drafter PATH (or --auto --no-drafter)")
     profiles = {name: profile_costs(name, loaded) for name in args.auto or []}

@@ -9,6 +9,7 @@ import pytest
 
 from redrafter_mlx import bench, generate, load
 from redrafter_mlx.drafter import new_drafter, save_drafter
+from redrafter_mlx.errors import RedrafterError
 from redrafter_mlx.tree_search import DEFAULT_MIN_PROB
 from redrafter_mlx.tuning import DEFAULT_LOOKUP, DEFAULT_SHAPE, DEFAULT_TREE, FILE, drafting, read_beam_shape, read_tuned
 
@@ -174,6 +175,21 @@ def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path
         assert replay.main([str(tmp_path / name)]) == 2
         err = capsys.readouterr().err
         assert "is not a redrafter-bench --json file" in err and said in err and err.count("\n") == 1, err
+    # the outputs' weight format is the one replayed (a --weight-format stored run: its 4-bit weights)
+    from redrafter_mlx import loader
+
+    stored = tmp_path / "stored.json"
+    stored.write_text(json.dumps({**json.loads(out.read_text()), "settings": {"weight_format": "stored"}}))
+    formats, real_load = [], loader.load
+
+    def load_stub(*a, **k):
+        formats.append(k.get("weight_format"))
+        raise RedrafterError("stopped after the load's arguments")
+
+    monkeypatch.setattr(loader, "load", load_stub)
+    assert replay.main([str(stored), "--model", str(model_dir)]) == 2 and formats == ["stored"]
+    monkeypatch.setattr(loader, "load", real_load)
+    capsys.readouterr()
     # Ctrl-C during the second question: the first one's figures are printed, status 130
     calls = []
 
