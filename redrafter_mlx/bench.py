@@ -475,7 +475,6 @@ def main(argv=None):
 
 
 def _bench(args) -> int:
-    from .generate import generate
     from .loader import load
 
     try:
