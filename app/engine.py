@@ -445,6 +445,8 @@ class FakeEngine(EngineThread):
         that only ends by being cancelled; 0: before its first token).
     step_delay: real seconds to sleep per chunk (for trying the UI by hand).
     load_delay: real seconds the load takes.
+    load_gate: a threading.Event the load waits for after that (a test's "while it loads", which a
+        delay only gave while the machine typed faster than the delay ran out).
     beam_shape: the tuned (W, L) the load reports; tree: the tuned dynamic-tree budget.
     prefill_status: lines each reply reports through on_status before its first chunk (as a
         long prompt's reading does).
@@ -461,13 +463,14 @@ class FakeEngine(EngineThread):
         hold_after: Optional[int] = None,
         step_delay: float = 0.0,
         load_delay: float = 0.0,
+        load_gate: Optional[threading.Event] = None,
         beam_shape: Optional[Tuple[int, int]] = None,
         tree: Optional[int] = None,
         prefill_status: Tuple[str, ...] = (),
     ):
         super().__init__(name="fake-engine")
         self.prefill_status = prefill_status
-        self.load_delay = load_delay
+        self.load_delay, self.load_gate = load_delay, load_gate
         self.beam_shape, self.tree = beam_shape, tree
         self.replies = list(replies)
         self.model, self.drafter, self.fail_load = model, drafter, fail_load
@@ -500,6 +503,8 @@ class FakeEngine(EngineThread):
 
     def _load(self, progress: Progress) -> EngineInfo:
         time.sleep(self.load_delay)
+        if self.load_gate is not None and not self.load_gate.wait(60):
+            raise EngineError("the load gate was never opened")
         progress("fetch", f"{self.model}.gguf (cached)")
         progress("load", f"loading {self.model}.gguf")
         if self.fail_load:

@@ -7,6 +7,7 @@ screens; and one short reply from the real default model (its weights must be ca
 fetchable: set REDRAFTER_CACHE).
 """
 
+import threading
 import time
 
 import pytest
@@ -311,13 +312,15 @@ async def test_missing_drafter_means_plain_decoding_with_a_notice():
 
 
 async def test_a_message_sent_while_loading_is_kept_and_sent_once_ready():
-    engine = FakeEngine(["Ready now."], load_delay=0.6)
+    gate = threading.Event()  # the load ends when the test says so
+    engine = FakeEngine(["Ready now."], load_gate=gate)
     app = create_app(engine)
     async with app.run_test(size=SIZE) as pilot:
         await ask(pilot, "An early question")
         assert not app.ready and app.query_one(PromptInput).value == ""
         await pilot.pause()
         assert any("sent as soon as it is ready" in str(n.render()) for n in app.query(Notice))
+        gate.set()
         await ready(pilot)
         await wait_for(pilot, lambda: engine.calls)
         await finished(pilot)
@@ -327,9 +330,11 @@ async def test_a_message_sent_while_loading_is_kept_and_sent_once_ready():
 
 
 async def test_a_message_queued_during_a_failed_load_is_given_back():
-    app = create_app(FakeEngine(fail_load="no such model", load_delay=0.4))
+    gate = threading.Event()
+    app = create_app(FakeEngine(fail_load="no such model", load_gate=gate))
     async with app.run_test(size=SIZE) as pilot:
         await ask(pilot, "An early question")
+        gate.set()
         await wait_for(pilot, lambda: app.status == "load failed")
         await pilot.pause()
         assert app.query_one(PromptInput).value == "An early question" and app.messages == []
@@ -404,12 +409,14 @@ async def test_an_empty_message_is_refused_with_a_word():
 
 
 async def test_a_second_message_while_loading_stays_in_the_box():
-    engine = FakeEngine(["Ready now."], load_delay=0.6)
+    gate = threading.Event()
+    engine = FakeEngine(["Ready now."], load_gate=gate)
     app = create_app(engine)
     async with app.run_test(size=SIZE) as pilot:
         await ask(pilot, "first question")
         await ask(pilot, "second question")
         assert app.query_one(PromptInput).value == "second question"  # not silently dropped
+        gate.set()
         await ready(pilot)
         await wait_for(pilot, lambda: engine.calls)
         await finished(pilot)
