@@ -615,7 +615,7 @@ def _bench(args) -> int:
             "tokens_per_step": best["tokens_per_step"], "prompts": str(args.prompts), "questions": len(prompts),
             "max_tokens": args.max_tokens, "fastest_shape": [best["beam_width"], best["beam_length"]],
             "plain_is_faster": plain})
-        measured = sum(r["new_tokens"] for r in results if r["mode"] == "ar")
+        measured = summary["ar"]["new_tokens"]
         if measured < TUNE_MIN_TOKENS:
             print(f"note: the tune measured {measured} tokens of plain decoding, too few to tell shapes apart "
                   f"reliably (fewer than {TUNE_MIN_TOKENS}; the default tune measures 6 questions of up to 256 "
