@@ -25,6 +25,10 @@ class Sampler:
     seed: Optional[int] = None
 
     def __post_init__(self):
+        for name in ("temperature", "top_p"):  # "0.7" or None failed with a bare TypeError below
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise SettingError(f"{name} must be a number, not {value!r}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise SettingError(f"temperature must be a number >= 0 (0 = greedy), not {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:

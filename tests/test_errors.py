@@ -282,7 +282,9 @@ def test_settings_out_of_range_are_user_errors_found_before_any_calibration(tiny
                       ({"top_p": 0.0}, ["top_p"]), ({"max_tokens": 0}, ["max_tokens"]),
                       ({"max_tokens": 2.5}, ["max_tokens", "whole number", "2.5"]),
                       ({"max_tokens": "5"}, ["max_tokens", "'5'"]), ({"beam_width": True}, ["beam_width"]),
-                      ({"tree": 16.0}, ["tree"]), ({"tree_min_prob": "0.2"}, ["tree_min_prob", "a number"])]:
+                      ({"tree": 16.0}, ["tree"]), ({"tree_min_prob": "0.2"}, ["tree_min_prob", "a number"]),
+                      ({"temperature": "0.7"}, ["temperature", "a number", "'0.7'"]),
+                      ({"top_p": None}, ["top_p", "a number", "None"])]:
         msg = raises(SettingError, lambda: generate(m, "hi", mode="auto", **kw), *words)
         assert isinstance(SettingError(msg), ValueError)
     raises(SettingError, lambda: generate(m, "hi", mode="ar", beam_width=0), "beam width")  # as in other modes
