@@ -37,7 +37,9 @@ from .tuning import drafting, fixed_drafting
 from .control import controller
 from .costs import heal_cached
 
-PREFILL_CHUNK = 512
+PREFILL_CHUNK = 512  # tokens a prompt is read in at most ...
+PREFILL_MIN_CHUNK = 64  # ... and at least, where chunks are slow:
+PREFILL_SECONDS = 2.0  # a chunk should take about this long at most, since a cancel waits for it
 MODES = ("auto", "ar", "redrafter")
 
 
@@ -101,19 +103,33 @@ def _prefill(model, pc: PromptCache, prompt: List[int], stopped: Callable[[], bo
     """Run the uncached part of the prompt. Returns (logits (V,), hidden (H,)) of its last token,
     or None when `stopped()` turns true between chunks (the chunks done stay cached: a valid
     prefix that the next prompt can reuse). `progress` hears of each chunk of a prompt longer
-    than one."""
+    than one. A chunk that took longer than PREFILL_SECONDS makes the next ones smaller (halved
+    until they would fit it, down to PREFILL_MIN_CHUNK; they grow back where fast), so a cancel
+    is seen within a few seconds: on the 2-core CPU a 512-token chunk of the default model took
+    3 s at the start of a prompt and 8-15 s after 1,500 tokens (attention's exp over the cached
+    keys), while 128-token chunks read a long prompt as fast."""
     start = pc.reuse(prompt)
     todo = prompt[start:]
-    for i in range(0, len(todo), PREFILL_CHUNK):
+    i, size = 0, PREFILL_CHUNK
+    while i < len(todo):
         if i and stopped():
             return None
         if progress is not None and len(todo) > PREFILL_CHUNK:
             progress(f"reading the prompt: {i} of {len(todo)} tokens")
-        chunk = mx.array(todo[i : i + PREFILL_CHUNK], dtype=mx.int32)[None]
-        h = model.hidden(chunk, pc.cache)
+        part = todo[i : i + size]
+        began = time.perf_counter()
+        h = model.hidden(mx.array(part, dtype=mx.int32)[None], pc.cache)
         mx.eval(h)  # keep prefill memory bounded chunk by chunk
-        pc.ids.extend(todo[i : i + PREFILL_CHUNK])
+        took = time.perf_counter() - began
+        pc.ids.extend(part)
         pc.cache.drop_old()  # windowed layers keep about their window, not the whole prompt
+        i += len(part)
+        if took > PREFILL_SECONDS:  # to the power of two that would have taken about PREFILL_SECONDS
+            least, rate = min(PREFILL_MIN_CHUNK, size), took / len(part)
+            while size > least and size * rate > PREFILL_SECONDS:
+                size = max(least, size // 2)
+        elif took < PREFILL_SECONDS / 4 and len(part) == size:
+            size = min(PREFILL_CHUNK, 2 * size)
     h = h[0, -1]
     return model.logits(h), h
 

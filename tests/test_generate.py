@@ -231,6 +231,36 @@ def test_should_stop_cancels_and_keeps_the_cache_consistent(tiny_loaded):
     assert_cache_holds(m.model, pc)
 
 
+def test_slow_prefill_chunks_shrink_and_fast_ones_grow_back(tiny_loaded, monkeypatch):
+    # A cancel waits for the chunk being read: chunks slower than PREFILL_SECONDS get smaller.
+    import sys
+    import types
+
+    gen = sys.modules["redrafter_mlx.generate"]
+    m = tiny_loaded
+    rng = np.random.default_rng(1)
+    ids = [int(i) for i in rng.integers(0, 256, 90)]
+    monkeypatch.setattr(gen, "PREFILL_CHUNK", 16)
+    monkeypatch.setattr(gen, "PREFILL_MIN_CHUNK", 4)
+    now = [0.0]
+    monkeypatch.setattr(gen, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    real_hidden = m.model.hidden
+    per_token = iter([0.6] + [0.3] * 3 + [0.01] * 100)  # seconds per token, chunk by chunk (PREFILL_SECONDS 2)
+
+    def hidden(tokens, cache=None, *a, **k):
+        now[0] += next(per_token) * tokens.shape[1]
+        return real_hidden(tokens, cache, *a, **k)
+
+    monkeypatch.setattr(m.model, "hidden", hidden)
+    lines = []
+    g = generate(m, ids, max_tokens=3, mode="ar", progress=lines.append)
+    starts = [int(line.split()[3]) for line in lines]
+    # 16 tokens at 0.6 s: 9.6 s -> 2 s fits 2 tokens, but 4 is the least; 4 x 0.3 s is 1.2 s: kept;
+    # then 0.04 s chunks double back to 16
+    assert starts == [0, 16, 20, 24, 28, 32, 40, 56, 72, 88]
+    assert g.tokens == greedy_direct(m.model, ids, 3)
+
+
 def test_cancel_during_a_long_prefill(tiny_loaded, monkeypatch):
     import sys
 
