@@ -14,6 +14,7 @@ from .errors import (  # noqa: F401
     CorruptModelError,
     DrafterMismatchError,
     EmptyPromptError,
+    InvalidPromptError,
     ModelNotFoundError,
     NetworkError,
     RedrafterError,

@@ -2,6 +2,7 @@
 
     python -m redrafter_mlx "Explain speculative decoding in one paragraph."
     python -m redrafter_mlx --model smollm2-135m --mode ar --max-tokens 64 "Hi"
+    git diff | python -m redrafter_mlx --system "Review this change." -
 """
 
 import argparse
@@ -18,9 +19,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m redrafter_mlx",
         description="Generate one chat reply with ReDrafter speculative decoding (or plain decoding) and print its stats.",
+        epilog='example: git diff | python -m redrafter_mlx --system "Review this change." -',
     )
     cli.add_version(p)
-    p.add_argument("prompt", help="the user message (wrapped in the model's chat template)")
+    p.add_argument("prompt", help="the user message (wrapped in the model's chat template); - reads it from standard "
+                   "input")
     p.add_argument("--model", default=None, help="registry name, local path or hub id (default: smollm2-135m)")
     p.add_argument("--drafter", default=None, help="drafter folder overriding the one found beside the model")
     p.add_argument("--mode", default="auto", choices=["auto", "ar", "redrafter"],
@@ -65,6 +68,13 @@ def main(argv=None) -> int:
                    help="auto = the fastest for this device (default); stored = as in the file (e.g. 4-bit); or "
                    "float32, float16, bfloat16")
     args = p.parse_args(argv)
+    if args.prompt == "-":
+        try:
+            args.prompt = sys.stdin.read()
+        except UnicodeDecodeError as e:
+            p.error(f"standard input is not text in {e.encoding}: {e.reason} at byte {e.start}")
+        except (OSError, AttributeError):  # closed, or no standard input at all (pythonw)
+            p.error("- reads the prompt from standard input, which could not be read")
     if not args.prompt.strip():
         p.error("the prompt is empty")
     if args.mode == "redrafter" and args.no_drafter:

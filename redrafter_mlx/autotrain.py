@@ -196,7 +196,7 @@ def readme(m: Dict) -> str:
         f"{m['data']['prompts']}.",
         f"- Training: {m['training']['steps']} steps of 512 positions, depth {m['training']['depth']}, draft vocabulary "
         f"{m['training']['draft_vocab']}.",
-        f"- Time: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in m["seconds"].items()) + ".",
+        "- Time: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in m["seconds"].items()) + ".",
     ]
     if acc:
         lines.append(f"- Held-out agreement with the base model per depth (step {acc['step']}): "

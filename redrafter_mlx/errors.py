@@ -35,6 +35,11 @@ class EmptyPromptError(RedrafterError):
     """Nothing to generate from."""
 
 
+class InvalidPromptError(RedrafterError, ValueError):
+    """A prompt that is not text, a list of messages or a list of token ids the model has: a
+    token id out of range crashed the process inside MLX. Also a ValueError."""
+
+
 class NetworkError(RedrafterError):
     """A download was needed and the network (PyPI or the Hugging Face hub) is not reachable."""
 

@@ -241,7 +241,7 @@ def stream(
                           "no drafting option at all (adaptive drafting)")
     model, tok = loaded.model, loaded.tokenizer
     sampler = Sampler(temperature, top_p, seed)
-    ids = tok.prompt_ids(prompt, system=system)
+    ids = tok.prompt_ids(prompt, system=system, vocab=model.args.vocab_size)
     limit = loaded.context_length
     if len(ids) >= limit:
         turns = sum(1 for m in prompt if isinstance(m, dict) and m.get("role") != "system") \
@@ -463,5 +463,6 @@ def generate(loaded, prompt, **kwargs) -> Generation:
         tokens.extend(last.tokens)
         if last.step is not None:
             steps.append(last.step)
-    prompt_ids = loaded.tokenizer.prompt_ids(prompt, system=kwargs.get("system"))
+    prompt_ids = loaded.tokenizer.prompt_ids(prompt, system=kwargs.get("system"),
+                                             vocab=loaded.model.args.vocab_size)
     return Generation("".join(text), tokens, prompt_ids, last.stats, last.finish_reason, len(steps), steps)

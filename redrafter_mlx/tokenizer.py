@@ -10,13 +10,14 @@ Two sources, one class:
 multi-byte character (the windowed-decode scheme used by TGI and vLLM).
 """
 
+import numbers
 import os
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no "PyTorch was not found" banner
 
-from .errors import CorruptModelError, EmptyPromptError, UnsupportedModelError, one_line  # noqa: E402
+from .errors import CorruptModelError, EmptyPromptError, InvalidPromptError, UnsupportedModelError, one_line  # noqa: E402
 
 # Pre-tokenizer per GGUF `tokenizer.ggml.pre`, as llama.cpp defines them.
 # "digits" = split every digit on its own before the GPT-2 byte-level regex.
@@ -80,6 +81,18 @@ def _gguf_tokenizer_object(meta: Dict[str, Any]):
     tok.add_special_tokens([t for t in special if t.special])
     tok.add_tokens([t for t in special if not t.special])
     return tok, tokens
+
+
+def _check_text(text, what: str):
+    """Text the tokenizer can take: a str with no lone surrogates (what Python makes of bytes that are
+    not UTF-8 in a command-line argument or standard input; the tokenizer failed on them with a TypeError)."""
+    if not isinstance(text, str):
+        raise InvalidPromptError(f"{what} is not text but {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidPromptError(f"{what} is not valid text: {e.reason} at character {e.start} (bytes that are not "
+                                 "UTF-8?)") from None
 
 
 class Tokenizer:
@@ -161,19 +174,38 @@ class Tokenizer:
         text = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
         return self.hf.encode(text, add_special_tokens=False)
 
-    def prompt_ids(self, prompt: Union[str, Messages, Sequence[int]], system: Optional[str] = None) -> List[int]:
-        """Token ids for a prompt: a user message (str), a message list, or ids as they are."""
+    def prompt_ids(self, prompt: Union[str, Messages, Sequence[int]], system: Optional[str] = None,
+                   vocab: Optional[int] = None) -> List[int]:
+        """Token ids for a prompt: a user message (str), a message list, or ids as they are, each a
+        whole number below `vocab` (default: this tokenizer's size)."""
+        if system is not None:
+            _check_text(system, "the system prompt")
         if isinstance(prompt, str):
+            _check_text(prompt, "the prompt")
             if not prompt.strip():
                 raise EmptyPromptError("the prompt is empty")
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
             ids = self.apply_chat_template(messages)
+        elif not isinstance(prompt, Sequence) and not hasattr(prompt, "tolist"):
+            raise InvalidPromptError("a prompt is text, a list of messages ({'role': ..., 'content': ...}) or a list of "
+                                     f"token ids, not {type(prompt).__name__}")
         elif len(prompt) and isinstance(prompt[0], dict):
-            if not any(str(m.get("content", "")).strip() for m in prompt):
+            for i, m in enumerate(prompt):
+                if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                    raise InvalidPromptError(f"message {i} of the conversation is not {{'role': str, 'content': str}}: "
+                                             f"{m!r:.80}")
+                _check_text(m["content"], f"message {i} of the conversation")
+            if not any(m["content"].strip() for m in prompt):
                 raise EmptyPromptError("the conversation has no text")
             ids = self.apply_chat_template(list(prompt))
         else:
-            ids = [int(i) for i in prompt]
+            ids = prompt.tolist() if hasattr(prompt, "tolist") else list(prompt)
+            size = self.vocab_size if vocab is None else vocab
+            bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)
+                        or not 0 <= t < size), None)
+            if bad is not None:
+                raise InvalidPromptError(f"token ids are whole numbers from 0 to {size - 1}, not {bad!r}")
+            ids = [int(t) for t in ids]
         if not ids:
             raise EmptyPromptError("the prompt is empty")
         return ids

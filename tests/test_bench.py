@@ -1,6 +1,7 @@
 """redrafter-bench: the JSON schema, beam-shape grid, per-category table, plot, and --tune
 storing a per-device default shape that load() / stream() then use. Tiny random models only."""
 
+import io
 import json
 import os
 import signal
@@ -332,7 +333,14 @@ def test_cli_reports_settings_out_of_range(model_dir, capsys, monkeypatch):
         with pytest.raises(SystemExit):
             cli(["--model", str(model_dir), *argv])
         assert said in capsys.readouterr().err
+    monkeypatch.setattr("sys.stdin", io.StringIO(" \n"))  # - reads the prompt from standard input
+    with pytest.raises(SystemExit):
+        cli(["--model", str(model_dir), "-"])
+    assert "the prompt is empty" in capsys.readouterr().err
     monkeypatch.setattr(loader, "load", real_load)
+    monkeypatch.setattr("sys.stdin", io.StringIO("hello"))
+    assert cli(["--model", str(model_dir), "--max-tokens", "4", "--mode", "ar", "-"]) == 0
+    assert "(%d tokens)" % len(loader.load(str(model_dir)).tokenizer.prompt_ids("hello")) in capsys.readouterr().err
     assert cli(["--model", str(model_dir), "--max-tokens", "4", "--tree", "3", "--tree-min-prob", "0.5", "hello"]) == 0
     assert "tree=3" in capsys.readouterr().err
     # A setting only the library can check (a graph over fixed beams) is still one line, status 2.

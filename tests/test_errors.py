@@ -5,6 +5,7 @@ import struct
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 from redrafter_mlx import generate, load, registry
@@ -263,6 +264,33 @@ def test_empty_prompt(tiny_loaded):
 
 
 # ---- settings ------------------------------------------------------------------------------
+
+def test_a_prompt_that_is_not_text_messages_or_token_ids_says_which(tiny_loaded, monkeypatch):
+    """A token id past the vocabulary crashed the process inside MLX (a segmentation fault); a float
+    id was truncated, a negative one read another row, a lone surrogate (bytes that are not UTF-8, as
+    Python decodes them from argv or stdin) failed in the tokenizer with a TypeError."""
+    import importlib
+
+    from redrafter_mlx.errors import InvalidPromptError
+
+    def no_calibration(*a, **k):
+        raise AssertionError("the controller was built before the prompt was checked")
+
+    monkeypatch.setattr(importlib.import_module("redrafter_mlx.generate"), "controller", no_calibration)
+    m = tiny_loaded
+    vocab = m.model.args.vocab_size
+    for prompt, words in [([1, vocab], ["token ids", f"0 to {vocab - 1}", str(vocab)]), ([-3, 5], ["-3"]),
+                          ([1.5, 2], ["1.5"]), ([True], ["True"]), (["a"], ["'a'"]), (None, ["not NoneType"]),
+                          (5, ["list of token ids", "not int"]),
+                          ([{"role": "user"}], ["message 0", "'content': str"]),
+                          ([{"role": "user", "content": "hi"}, "x"], ["message 1"]),
+                          ("a\udcff", ["the prompt", "not valid text", "UTF-8"])]:
+        msg = raises(InvalidPromptError, lambda: generate(m, prompt, mode="auto"), *words)
+        assert isinstance(InvalidPromptError(msg), ValueError)
+    raises(InvalidPromptError, lambda: generate(m, "hi", system="\udcff", mode="ar"), "the system prompt")
+    ids = [3, vocab - 1, 7]
+    assert generate(m, np.array(ids), max_tokens=3, mode="ar").tokens == generate(m, ids, max_tokens=3, mode="ar").tokens
+
 
 def test_settings_out_of_range_are_user_errors_found_before_any_calibration(tiny_loaded, monkeypatch):
     """A bad setting is a SettingError (a RedrafterError and a ValueError), raised before the adaptive
