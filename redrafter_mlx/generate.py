@@ -26,7 +26,7 @@ import mlx.core as mx
 import numpy as np
 
 from .beam_search import beam_search
-from .errors import ContextLengthError, RedrafterError, SettingError
+from .errors import ContextLengthError, InvalidPromptError, RedrafterError, SettingError
 from .graph import graft_counts, root_copy, search as graph_search
 from .lookup import MAX_GROWTH, ContextIndex, CopyLength, add_beam
 from .sampling import Sampler
@@ -51,6 +51,12 @@ class PromptCache:
     def __init__(self, model):
         self.cache = model.make_cache()
         self.ids: List[int] = []
+
+    def belongs_to(self, model) -> bool:
+        """Whether this cache was made by `model`: it holds that model's keys and values, and its
+        layers read that model's tree state for their masks (another model's, even one loaded from
+        the same files, would verify trees with the wrong mask)."""
+        return len(self.cache) > 0 and all(c.tree is getattr(model, "state", None) for c in self.cache)
 
     def reuse(self, prompt: Sequence[int]) -> int:
         """Trim to the longest prefix shared with `prompt`, keeping at least one prompt token
@@ -240,8 +246,15 @@ def stream(
         raise SettingError("graph drafting needs a dynamic tree: pass tree=N (--tree N) with N > 0 draft nodes, or "
                           "no drafting option at all (adaptive drafting)")
     model, tok = loaded.model, loaded.tokenizer
+    if prompt_cache is not None and not prompt_cache.belongs_to(model):
+        # another model's keys and tree state: a traceback where shapes differ, a wrong reply where they match
+        raise SettingError(f"prompt_cache was made for another model, not {loaded.name}: use "
+                           "PromptCache(loaded.model) with the model it is for")
     sampler = Sampler(temperature, top_p, seed)
-    ids = tok.prompt_ids(prompt, system=system, vocab=model.args.vocab_size)
+    ids = tok.prompt_ids(prompt, system=system)
+    vocab = model.args.vocab_size
+    if max(ids) >= vocab:  # an id past the embedding table crashed the process inside MLX
+        raise InvalidPromptError(f"token ids are whole numbers from 0 to {vocab - 1} for {loaded.name}, not {max(ids)}")
     limit = loaded.context_length
     if len(ids) >= limit:
         turns = sum(1 for m in prompt if isinstance(m, dict) and m.get("role") != "system") \
@@ -463,6 +476,5 @@ def generate(loaded, prompt, **kwargs) -> Generation:
         tokens.extend(last.tokens)
         if last.step is not None:
             steps.append(last.step)
-    prompt_ids = loaded.tokenizer.prompt_ids(prompt, system=kwargs.get("system"),
-                                             vocab=loaded.model.args.vocab_size)
+    prompt_ids = loaded.tokenizer.prompt_ids(prompt, system=kwargs.get("system"))
     return Generation("".join(text), tokens, prompt_ids, last.stats, last.finish_reason, len(steps), steps)

@@ -174,10 +174,9 @@ class Tokenizer:
         text = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
         return self.hf.encode(text, add_special_tokens=False)
 
-    def prompt_ids(self, prompt: Union[str, Messages, Sequence[int]], system: Optional[str] = None,
-                   vocab: Optional[int] = None) -> List[int]:
-        """Token ids for a prompt: a user message (str), a message list, or ids as they are, each a
-        whole number below `vocab` (default: this tokenizer's size)."""
+    def prompt_ids(self, prompt: Union[str, Messages, Sequence[int]], system: Optional[str] = None) -> List[int]:
+        """Token ids for a prompt: a user message (str), a message list, or ids as they are (whole
+        numbers >= 0; `generate.stream` checks them against the model's vocabulary)."""
         if system is not None:
             _check_text(system, "the system prompt")
         if isinstance(prompt, str):
@@ -200,11 +199,9 @@ class Tokenizer:
             ids = self.apply_chat_template(list(prompt))
         else:
             ids = prompt.tolist() if hasattr(prompt, "tolist") else list(prompt)
-            size = self.vocab_size if vocab is None else vocab
-            bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)
-                        or not 0 <= t < size), None)
+            bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0), None)
             if bad is not None:
-                raise InvalidPromptError(f"token ids are whole numbers from 0 to {size - 1}, not {bad!r}")
+                raise InvalidPromptError(f"token ids are whole numbers from 0 to the vocabulary's size - 1, not {bad!r}")
             ids = [int(t) for t in ids]
         if not ids:
             raise EmptyPromptError("the prompt is empty")

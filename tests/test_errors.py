@@ -265,13 +265,13 @@ def test_empty_prompt(tiny_loaded):
 
 # ---- settings ------------------------------------------------------------------------------
 
-def test_a_prompt_that_is_not_text_messages_or_token_ids_says_which(tiny_loaded, monkeypatch):
+def test_a_prompt_that_is_not_text_messages_or_token_ids_says_which(tiny_loaded, tiny_model_dir, monkeypatch):
     """A token id past the vocabulary crashed the process inside MLX (a segmentation fault); a float
     id was truncated, a negative one read another row, a lone surrogate (bytes that are not UTF-8, as
     Python decodes them from argv or stdin) failed in the tokenizer with a TypeError."""
     import importlib
 
-    from redrafter_mlx.errors import InvalidPromptError
+    from redrafter_mlx.errors import InvalidPromptError, SettingError
 
     def no_calibration(*a, **k):
         raise AssertionError("the controller was built before the prompt was checked")
@@ -279,7 +279,7 @@ def test_a_prompt_that_is_not_text_messages_or_token_ids_says_which(tiny_loaded,
     monkeypatch.setattr(importlib.import_module("redrafter_mlx.generate"), "controller", no_calibration)
     m = tiny_loaded
     vocab = m.model.args.vocab_size
-    for prompt, words in [([1, vocab], ["token ids", f"0 to {vocab - 1}", str(vocab)]), ([-3, 5], ["-3"]),
+    for prompt, words in [([1, vocab], ["token ids", f"0 to {vocab - 1}", str(vocab)]), ([-3, 5], ["-3", "size - 1"]),
                           ([1.5, 2], ["1.5"]), ([True], ["True"]), (["a"], ["'a'"]), (None, ["not NoneType"]),
                           (5, ["list of token ids", "not int"]),
                           ([{"role": "user"}], ["message 0", "'content': str"]),
@@ -288,6 +288,12 @@ def test_a_prompt_that_is_not_text_messages_or_token_ids_says_which(tiny_loaded,
         msg = raises(InvalidPromptError, lambda: generate(m, prompt, mode="auto"), *words)
         assert isinstance(InvalidPromptError(msg), ValueError)
     raises(InvalidPromptError, lambda: generate(m, "hi", system="\udcff", mode="ar"), "the system prompt")
+    # a prompt cache holds one model's keys: another model's (even one loaded from the same files) is refused
+    from redrafter_mlx import PromptCache, load
+
+    other = load(str(tiny_model_dir), use_drafter=False)
+    raises(SettingError, lambda: generate(m, "hi", mode="auto", prompt_cache=PromptCache(other.model)),
+           "prompt_cache", "another model")
     ids = [3, vocab - 1, 7]
     assert generate(m, np.array(ids), max_tokens=3, mode="ar").tokens == generate(m, ids, max_tokens=3, mode="ar").tokens
 
