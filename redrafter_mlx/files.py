@@ -4,14 +4,20 @@ A JSON file the library writes (the cost-model cache, `beam_shape.json`, a bench
 training run's state) goes to a hidden temporary file beside it and is then renamed over it:
 a reader, or a run stopped mid-write, sees the old file or the new one, never half of one.
 A folder (a drafter, a converted model) is written into a staging folder beside its place
-(`staging_folder`) and then put in place by `replace_folder`.
+(`staging_folder`) and then put in place by `replace_folder`. Those hidden folders carry the host
+and process that made them, so what a process killed beyond Python's reach (SIGKILL, the OOM
+killer, a power cut) left beside a folder is cleared the next time it is written or looked for
+(`tidy`): a half-written staging folder is deleted, and an old folder set aside by
+`replace_folder` goes back in place if nothing replaced it.
 """
 
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 from pathlib import Path
@@ -41,12 +47,58 @@ def unwritable_ancestor(target: Path) -> Optional[Path]:
     return None
 
 
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9]", "", socket.gethostname())[:40] or "host"
+
+
+def _owner() -> str:
+    """The part of a hidden folder's name that says which process made it: @HOST-PID-."""
+    return f"@{_host()}-{os.getpid()}-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def tidy(target: Path) -> None:
+    """Clear what a killed process left beside `target`: its hidden staging folders
+    (`staging_folder`) and old folders set aside (`replace_folder`), made on this host by a
+    process that is gone. An old folder set aside goes back to `target` when nothing is there
+    (the process died between `replace_folder`'s two renames); else it is deleted. A folder
+    that cannot be read or removed is left as it is."""
+    target = Path(target)
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.(?P<tag>[^@/]*)@(?P<host>[A-Za-z0-9]+)-(?P<pid>\d+)-")
+    host = _host()
+    try:
+        entries = list(target.parent.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        m = pattern.match(entry.name)
+        if not m or m["host"] != host or int(m["pid"]) == os.getpid() or _alive(int(m["pid"])):
+            continue
+        try:
+            if m["tag"] == "old-" and (entry / "old").is_dir() and not (target.exists() or target.is_symlink()):
+                os.rename(entry / "old", target)
+            shutil.rmtree(entry)
+        except OSError:
+            pass
+
+
 def staging_folder(target: Path, tag: str = "") -> Path:
     """A hidden folder beside `target` to write into and then rename to it, with the permissions a
     folder made by `mkdir` would have (`tempfile.mkdtemp` makes it private to its owner, which the
-    renamed result would keep: a model or drafter no one else could read)."""
+    renamed result would keep: a model or drafter no one else could read). What a killed process
+    left beside `target` is cleared first (`tidy`)."""
     target = Path(target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.{tag}", dir=target.parent))
+    tidy(target)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.{tag}{_owner()}", dir=target.parent))
     mask = os.umask(0)
     os.umask(mask)
     os.chmod(tmp, 0o777 & ~mask)
@@ -85,7 +137,7 @@ def replace_folder(new: Path, target: Path) -> Path:
         if not (target.exists() or target.is_symlink()):
             os.rename(new, target)
             return target
-        aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+        aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-{_owner()}", dir=target.parent))
         os.rename(target, aside / "old")
         try:
             os.rename(new, target)

@@ -28,6 +28,7 @@ from ._platform import device_description, fast_cpu_blas, on_cpu
 from .base_model import TreeModel, check_supported, self_check
 from .config import FLOAT_FORMATS, WEIGHT_FORMATS, ModelArgs
 from .errors import CorruptModelError, ModelNotFoundError, SettingError, UnsupportedModelError, one_line
+from .files import tidy
 from .gguf import read_gguf
 from .tokenizer import Tokenizer
 from .tuning import find_tuned
@@ -331,6 +332,7 @@ def find_drafter(resolved: "registry.ResolvedModel") -> Optional[Path]:
     if shipped:
         candidates.append(shipped)
     for c in candidates:
+        tidy(c)  # a drafter set aside by a process killed while replacing it goes back first
         if (c / "config.json").is_file():
             return c
     return None

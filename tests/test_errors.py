@@ -457,6 +457,55 @@ def test_a_failed_folder_replacement_puts_the_old_one_back(tmp_path, monkeypatch
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new", "target"]
 
 
+def test_what_a_killed_process_left_beside_a_folder_is_cleared_and_the_old_folder_put_back(tmp_path):
+    """SIGKILL (the OOM killer, a power cut) cannot be held: a process killed between
+    replace_folder's two renames left the old folder in a hidden .NAME.old-* and none in place, one
+    killed while writing left a half-written staging folder. The next write, or look for the
+    drafter, clears them."""
+    import subprocess
+    import sys
+    import textwrap
+    from types import SimpleNamespace
+
+    from redrafter_mlx.files import staging_folder
+    from redrafter_mlx.loader import find_drafter
+
+    target = tmp_path / "drafter"
+    target.mkdir()
+    (target / "config.json").write_text("old")
+    killed = textwrap.dedent(f"""
+        import os, signal, sys
+        from pathlib import Path
+        sys.path.insert(0, {str(Path(__file__).parents[1])!r})
+        from redrafter_mlx import files
+        target = Path({str(target)!r})
+        partial = files.staging_folder(target.with_name("other"), "partial-")  # a write cut short
+        (partial / "model.safetensors").write_text("half")
+        new = files.staging_folder(target)
+        (new / "config.json").write_text("new")
+        rename = os.rename
+        def dies(src, dst):
+            if Path(src) == new:
+                os.kill(os.getpid(), signal.SIGKILL)
+            rename(src, dst)
+        os.rename = dies
+        files.replace_folder(new, target)
+    """)
+    assert subprocess.run([sys.executable, "-c", killed]).returncode == -9
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert "drafter" not in left and len(left) == 3  # the old one aside, the new staging, the partial write
+    dead = next(tmp_path.glob(".other.partial-@*"))
+    live = staging_folder(tmp_path / "other", "partial-")  # this process's own: kept
+    elsewhere = tmp_path / ".other.partial-@elsewhere-1-x"  # another host's: kept
+    elsewhere.mkdir()
+
+    resolved = SimpleNamespace(drafter_home=target, hub_folder=None, entry={})  # where find_drafter looks
+    assert find_drafter(resolved) == target and (target / "config.json").read_text() == "old"
+    assert not list(tmp_path.glob(".drafter.*"))  # the dead process's aside went back, its new staging is gone
+    new = staging_folder(tmp_path / "other", "partial-")
+    assert sorted(tmp_path.glob(".other.*")) == sorted([elsewhere, live, new]) and not dead.exists()
+
+
 def test_an_unusable_cache_folder(monkeypatch, tmp_path):
     (tmp_path / "file").write_text("x")
     monkeypatch.setenv("REDRAFTER_CACHE", str(tmp_path / "file" / "cache"))
