@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from .errors import CorruptModelError, ModelNotFoundError, NetworkError, RedrafterError
+from .files import tidy
 
 
 @dataclass
@@ -181,6 +182,8 @@ def resolve(name: Optional[str] = None, progress=None) -> ResolvedModel:
             return ResolvedModel(name, fetch_hub(entry["repo"], progress), entry)
         raise ModelNotFoundError(f"registry entry {name!r} has an unknown source {entry['source']!r}")
     path = Path(name).expanduser()
+    if not path.exists() and path.name:
+        tidy(path)  # a folder `convert --force` set aside and was killed before putting the new one in goes back
     if path.exists():
         if path.is_file() and path.suffix != ".gguf":
             raise ModelNotFoundError(f"{path} is a file but not a .gguf model; pass a .gguf file or a model folder")

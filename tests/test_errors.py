@@ -467,6 +467,7 @@ def test_what_a_killed_process_left_beside_a_folder_is_cleared_and_the_old_folde
     import textwrap
     from types import SimpleNamespace
 
+    from redrafter_mlx import files
     from redrafter_mlx.files import staging_folder
     from redrafter_mlx.loader import find_drafter
 
@@ -504,6 +505,12 @@ def test_what_a_killed_process_left_beside_a_folder_is_cleared_and_the_old_folde
     assert not list(tmp_path.glob(".drafter.*"))  # the dead process's aside went back, its new staging is gone
     new = staging_folder(tmp_path / "other", "partial-")
     assert sorted(tmp_path.glob(".other.*")) == sorted([elsewhere, live, new]) and not dead.exists()
+    # a model folder convert --force set aside, by a process now gone: loading it by its path puts it back
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    aside = tmp_path / f".model.old-{files._owner().split('-')[0]}-{int(gone.stdout)}-abc"
+    (aside / "old").mkdir(parents=True)
+    (aside / "old" / "config.json").write_text("{}")
+    assert registry.resolve(str(tmp_path / "model")).path == (tmp_path / "model").resolve() and not aside.exists()
 
 
 def test_an_unusable_cache_folder(monkeypatch, tmp_path):
