@@ -49,7 +49,11 @@ class Sampler:
 
     def logprobs(self, logits: mx.array) -> mx.array:
         """Log-probabilities of the distribution a token is drawn from, (..., V)."""
-        logits = logits.astype(mx.float32) / self.temperature
+        # The top logit is 0 before scaling, so a tiny temperature sends the rest to -inf, not every
+        # logit to +-inf (below ~1e-38, logits / T overflowed and gave NaN: token 0 every time); a
+        # temperature float32 rounds to 0 is taken as 1e-30, which is as good as greedy with ties drawn.
+        logits = logits.astype(mx.float32)
+        logits = (logits - mx.max(logits, axis=-1, keepdims=True)) / max(self.temperature, 1e-30)
         if self.top_p < 1.0:
             logits = apply_top_p(logits, self.top_p)
         return logits - mx.logsumexp(logits, axis=-1, keepdims=True)

@@ -107,6 +107,15 @@ def test_tiny_top_p_is_greedy(tiny_loaded):
         assert generate(m, PROMPT, max_tokens=15, temperature=1.0, top_p=1e-6, seed=seed).tokens == greedy
 
 
+def test_a_tiny_temperature_is_greedy(tiny_loaded):
+    """logits / T overflowed below T ~ 1e-38 and gave NaN: token 0 every time (an empty reply)."""
+    m = tiny_loaded
+    greedy = generate(m, PROMPT, max_tokens=12).tokens
+    for t in (1e-45, 1e-320, 1e-30):
+        assert generate(m, PROMPT, max_tokens=12, temperature=t, seed=3).tokens == greedy
+        assert generate(m, PROMPT, max_tokens=12, temperature=t, top_p=0.5, seed=3, mode="auto").tokens == greedy
+
+
 def test_apply_top_p_keeps_the_nucleus():
     probs = np.array([[0.05, 0.3, 0.5, 0.15], [0.5, 0.3, 0.15, 0.05]])
     logits = mx.array(np.log(probs).astype(np.float32))
