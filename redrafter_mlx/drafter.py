@@ -239,8 +239,12 @@ def load_drafter(path: Union[str, Path], base=None) -> Drafter:
     drafter = Drafter(args)
     try:
         drafter.load_weights(list(weights.items()), strict=True)
-        if args.draft_vocab_size and int(drafter.draft_vocab.max()) >= args.vocab_size:
-            raise ValueError("draft_vocab holds ids outside the vocabulary")
+        if args.draft_vocab_size:
+            ids = drafter.draft_vocab
+            if not mx.issubdtype(ids.dtype, mx.integer):
+                raise ValueError(f"draft_vocab holds {ids.dtype} values, not token ids")
+            if int(ids.min()) < 0 or int(ids.max()) >= args.vocab_size:  # a negative one crashed the process
+                raise ValueError(f"draft_vocab holds ids outside the vocabulary (0 to {args.vocab_size - 1})")
     except ValueError as e:
         raise CorruptModelError(f"drafter weights in {weights_path} do not fit its config: {one_line(e)}") from e
     dtype = _activation_dtype(base) if base is not None else mx.float32

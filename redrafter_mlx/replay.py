@@ -363,11 +363,16 @@ def read_results(path: Path):
         raise RedrafterError(f"results file {path} is not a file")
     try:
         report = json.loads(path.read_text())
+        if not isinstance(report.get("settings", {}), dict):
+            raise ValueError("its settings are not an object")
         rows = [r for r in report["results"] if r["mode"] == "ar"]
         for i, r in enumerate(rows):
             for key in ("prompt_tokens", "tokens"):
                 if not isinstance(r.get(key), list):
                     raise ValueError(f"its ar result {i + 1} has no {key!r} list")
+                if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in r[key]):
+                    raise ValueError(f"its ar result {i + 1} has {key!r} that are not token ids")
+            r["category"] = str(r.get("category", "") or "")
     except (ValueError, KeyError, TypeError, AttributeError) as e:  # (UnicodeDecodeError is a ValueError)
         raise RedrafterError(f"{path} is not a redrafter-bench --json file: {type(e).__name__}: {e}") from e
     if not rows:
@@ -388,6 +393,11 @@ def _run(args, graphs) -> int:
                   weight_format=fmt if fmt in WEIGHT_FORMATS else "auto")
     if loaded.drafter is None and not args.no_drafter:
         raise RedrafterError(f"no drafter found for {loaded.name}: pass --drafter PATH (or --auto --no-drafter)")
+    vocab = loaded.model.args.vocab_size
+    if any(t >= vocab for r in rows for key in ("prompt_tokens", "tokens") for t in r[key]):
+        # an id past the embedding table crashed the process inside MLX; ids within it gave figures of nothing
+        raise RedrafterError(f"{args.results} holds token ids past {loaded.name}'s vocabulary ({vocab}): it is another "
+                             "model's run; pass that model with --model")
     profiles = {name: profile_costs(name, loaded) for name in args.auto or []}
     import mlx.core as mx
     from tqdm import tqdm

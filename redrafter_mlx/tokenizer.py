@@ -185,6 +185,8 @@ class Tokenizer:
                 raise EmptyPromptError("the prompt is empty")
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
             ids = self.apply_chat_template(messages)
+        elif isinstance(prompt, (bytes, bytearray)):  # a Sequence of ints, which read as token ids
+            raise InvalidPromptError("a prompt is text, not bytes: decode it first (e.g. .decode('utf-8'))")
         elif not isinstance(prompt, Sequence) and not hasattr(prompt, "tolist"):
             raise InvalidPromptError("a prompt is text, a list of messages ({'role': ..., 'content': ...}) or a list of "
                                      f"token ids, not {type(prompt).__name__}")

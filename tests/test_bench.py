@@ -172,10 +172,19 @@ def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path
     capsys.readouterr()
     (tmp_path / "binary.json").write_bytes(b"\xff\xfe")
     (tmp_path / "rows.json").write_text('{"results": [{"mode": "ar", "question_id": 1}]}')
-    for name, said in (("binary.json", "UnicodeDecodeError"), ("rows.json", "has no 'prompt_tokens' list")):
+    (tmp_path / "ids.json").write_text('{"results": [{"mode": "ar", "prompt_tokens": [1], "tokens": ["a"]}]}')
+    (tmp_path / "settings.json").write_text('{"settings": [], "results": []}')
+    for name, said in (("binary.json", "UnicodeDecodeError"), ("rows.json", "has no 'prompt_tokens' list"),
+                       ("ids.json", "'tokens' that are not token ids"), ("settings.json", "settings are not an object")):
         assert replay.main([str(tmp_path / name)]) == 2
         err = capsys.readouterr().err
         assert "is not a redrafter-bench --json file" in err and said in err and err.count("\n") == 1, err
+    # another model's run: ids past this model's vocabulary crashed the process inside MLX
+    report = json.loads(out.read_text())
+    next(r for r in report["results"] if r["mode"] == "ar")["tokens"][0] = 100_000_000
+    (tmp_path / "other.json").write_text(json.dumps(report))
+    assert replay.main([str(tmp_path / "other.json"), "--model", str(model_dir), "--shapes", "2x3"]) == 2
+    assert "token ids past" in capsys.readouterr().err
     # the outputs' weight format is the one replayed (a --weight-format stored run: its 4-bit weights)
     from redrafter_mlx import loader
 

@@ -284,7 +284,8 @@ def test_a_prompt_that_is_not_text_messages_or_token_ids_says_which(tiny_loaded,
                           (5, ["list of token ids", "not int"]),
                           ([{"role": "user"}], ["message 0", "'content': str"]),
                           ([{"role": "user", "content": "hi"}, "x"], ["message 1"]),
-                          ("a\udcff", ["the prompt", "not valid text", "UTF-8"])]:
+                          ("a\udcff", ["the prompt", "not valid text", "UTF-8"]),
+                          (b"hi", ["not bytes", "decode"])]:
         msg = raises(InvalidPromptError, lambda: generate(m, prompt, mode="auto"), *words)
         assert isinstance(InvalidPromptError(msg), ValueError)
     raises(InvalidPromptError, lambda: generate(m, "hi", system="\udcff", mode="ar"), "the system prompt")
@@ -368,6 +369,12 @@ def test_drafter_config_of_the_wrong_shape(tiny_kit, tmp_path):
     (tmp_path / "d" / "config.json").write_text(json.dumps({**cfg, "num_draft_layers": 2}))  # a layer it lacks
     msg = raises(CorruptModelError, lambda: load_drafter(tmp_path / "d", base), "do not fit")
     assert "lm_head" in msg  # the missing parameters are named, not cut off
+    # a draft vocabulary with a negative id crashed the process at the first draft; a float one failed there
+    (tmp_path / "d" / "config.json").write_text(json.dumps({**cfg, "draft_vocab_size": 4}))
+    weights = mx.load(str(tmp_path / "d" / "model.safetensors"))
+    for ids, words in (([-100000000, 1, 2, 3], ["outside the vocabulary"]), ([0.0, 1.0, 2.0, 3.0], ["float32"])):
+        mx.save_safetensors(str(tmp_path / "d" / "model.safetensors"), {**weights, "draft_vocab": mx.array(ids)})
+        raises(CorruptModelError, lambda: load_drafter(tmp_path / "d", base), "draft_vocab", *words)
     wrong = Drafter(DrafterArgs(hidden_size=48, vocab_size=base.args.vocab_size))
     msg = raises(DrafterMismatchError, lambda: check_compatible(wrong.args, base.args), "--no-drafter")
     assert "no-speculative" not in msg
