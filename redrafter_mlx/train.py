@@ -262,6 +262,10 @@ def train(
         raise RedrafterError(f"the distilled hidden states have {' or '.join(map(str, widths))} dimensions but this base "
                              f"model has {base.args.hidden_size}: train with the model the data was distilled from "
                              "(--model)")
+    top = max((int(np.max(s[k])) for s in samples for k in ("reply", "greedy") if k in s and np.size(s[k])), default=-1)
+    if top >= base.args.vocab_size:  # same width, another vocabulary: an IndexError, or a crash inside MLX
+        raise RedrafterError(f"the distilled replies hold token id {top} but this base model's vocabulary has "
+                             f"{base.args.vocab_size}: train with the model the data was distilled from (--model)")
     mx.random.seed(seed)
     args = DrafterArgs(hidden_size=base.args.hidden_size, vocab_size=base.args.vocab_size, exit_dim=exit_dim,
                        num_draft_layers=layers, lm_head="shared", embed_scale=getattr(base.args, "embed_scale", 1.0),

@@ -428,6 +428,10 @@ def test_training_refuses_data_it_cannot_use(patterned, tmp_path, capsys, monkey
     other = [dict(s, hidden=s["hidden"][:, :16]) for s in data]
     with pytest.raises(RedrafterError, match="16 dimensions but this base model has 32"):
         train(model, other, tmp_path / "a", steps=1, progress=False)
+    # the same width but another vocabulary (Llama-3-8B and Mistral-7B are both 4096 wide): an IndexError, or a crash
+    bigger = [dict(s, reply=np.where(np.arange(len(s["reply"])) == 1, 100_000, s["reply"])) for s in data]
+    with pytest.raises(RedrafterError, match="token id 100000 but this base model's vocabulary"):
+        train(model, bigger, tmp_path / "v", steps=1, progress=False)
     short = [dict(s, reply=s["reply"][:1], hidden=s["hidden"][:1]) for s in data]
     with pytest.raises(RedrafterError, match="2 tokens or more"):
         train(model, short, tmp_path / "b", steps=1, progress=False)
