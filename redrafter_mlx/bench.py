@@ -58,8 +58,12 @@ def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
     the first as "prompt"."""
     if not path.is_file():
         raise RedrafterError(f"prompt file {path} not found")
-    out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    out, seen = [], {}
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # (a byte-order mark, as some editors write, is not JSON)
+    except (OSError, UnicodeDecodeError) as e:
+        raise RedrafterError(f"cannot read prompt file {path}: {e}") from e
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -67,10 +71,18 @@ def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
             asked = row["turns"][:turns]
             if not isinstance(asked, list) or not asked or not all(isinstance(t, str) and t.strip() for t in asked):
                 raise TypeError("'turns' must be a list of non-empty questions")
+            qid, category = row.get("question_id", n), row.get("category", "")
+            if isinstance(qid, bool) or not isinstance(qid, (int, str)):
+                raise TypeError(f"'question_id' must be a number or a string, not {qid!r}")
+            if not isinstance(category, str):
+                raise TypeError(f"'category' must be a string, not {category!r}")
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise RedrafterError(f"{path}:{n} is not a Spec-Bench line with 'turns': {e}") from e
-        out.append({"question_id": row.get("question_id", n), "category": row.get("category", ""),
-                    "prompt": asked[0], "turns": asked})
+        if qid in seen:  # results are matched to ar's by question: a second one read as not identical to ar
+            raise RedrafterError(f"{path}:{n} has question_id {qid!r}, as line {seen[qid]} does (a line without one "
+                                 "takes its line number): give each question its own")
+        seen[qid] = n
+        out.append({"question_id": qid, "category": category, "prompt": asked[0], "turns": asked})
         if limit and len(out) >= limit:
             break
     if not out:

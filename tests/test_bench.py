@@ -131,6 +131,26 @@ def test_bench_options_refused_before_loading_and_a_run_without_ar(model_dir, pr
     assert rc == 0 and "speedup      -" in text and "0.00x" not in text
 
 
+def test_prompt_files_that_would_have_failed_after_the_run(tmp_path):
+    """Two questions with one id read as not identical to ar (results are matched by question); a
+    category that is not a string failed in the tables after the whole run; a byte-order mark."""
+    from redrafter_mlx.errors import RedrafterError
+
+    path = tmp_path / "q.jsonl"
+    for lines, said in (([{"question_id": 7, "turns": ["a"]}, {"question_id": 7, "turns": ["b"]}], "as line 1 does"),
+                        ([{"turns": ["a"]}, {"question_id": 1, "turns": ["b"]}], "takes its line number"),
+                        ([{"category": None, "turns": ["a"]}], "'category' must be a string"),
+                        ([{"question_id": [1], "turns": ["a"]}], "'question_id' must be")):
+        path.write_text("\n".join(json.dumps(x) for x in lines))
+        with pytest.raises(RedrafterError, match=said):
+            bench.read_prompts(path)
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"question_id": 3, "turns": ["hi"]}).encode())
+    assert bench.read_prompts(path)[0]["question_id"] == 3
+    path.write_bytes(b"\xff\xfe")
+    with pytest.raises(RedrafterError, match="cannot read"):
+        bench.read_prompts(path)
+
+
 def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path, capsys, monkeypatch):
     from redrafter_mlx import replay
 
