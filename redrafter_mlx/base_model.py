@@ -21,6 +21,7 @@ position-dependent terms outside rope are refused by name (`check_supported`).
 `model(tokens, cache, positions, mask) -> (logits (B, T, V), hidden (B, T, hidden_size))`.
 """
 
+import threading
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import mlx.core as mx
@@ -71,6 +72,9 @@ class TreeState:
         self.five_d = False
         self.key_bucket = 0  # > 0: caches return keys padded to a multiple of this (shape buckets)
         self._host: Optional[np.ndarray] = None
+        # One step of one generation at a time per model (generate.stream): two threads' trees
+        # through this shared state broke verification (a rope error, or a reply unlike plain decoding).
+        self.lock = threading.RLock()
 
     @property
     def active(self) -> bool:

@@ -17,7 +17,9 @@ The cache always holds exactly `PromptCache.ids`: a step interrupted by an excep
 (KeyboardInterrupt included) is rolled back, so a cancelled reply leaves it whole.
 """
 
+import functools
 import numbers
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, List, Optional, Sequence, Union
@@ -51,6 +53,7 @@ class PromptCache:
     def __init__(self, model):
         self.cache = model.make_cache()
         self.ids: List[int] = []
+        self.user = None  # the stream using it (set by stream(): another's turn ends that one)
 
     def belongs_to(self, model) -> bool:
         """Whether this cache was made by `model`: it holds that model's keys and values, and its
@@ -149,6 +152,44 @@ def _check_types(**settings):
             raise SettingError(f"{name} must be {what}, not {value!r}")
 
 
+_SHARED_LOCK = threading.RLock()  # for models without a TreeState (the tests' stand-ins)
+
+
+def _one_step_at_a_time(fn):
+    """`stream` computes each event holding its model's lock, so threads sharing a loaded model
+    take turns step by step (their trees share the model's tree state: two at once broke
+    verification), and refuses to go on after its prompt cache served another call (that call
+    rewound the cache under it: the reply went on from the other's history)."""
+
+    @functools.wraps(fn)
+    def wrapper(loaded, prompt, *args, **kwargs):
+        state = getattr(loaded.model, "state", None)
+        lock = getattr(state, "lock", None) or _SHARED_LOCK
+        pc, me, started = kwargs.get("prompt_cache"), object(), False
+        inner = fn(loaded, prompt, *args, **kwargs)
+        try:
+            while True:
+                with lock:
+                    if pc is not None:
+                        if started and getattr(pc, "user", me) is not me:
+                            raise SettingError("the prompt_cache of this stream was used by another call before it "
+                                               "ended: give each conversation its own PromptCache, and finish (or "
+                                               "close) one stream before the next starts on the same cache")
+                        pc.user = me
+                    started = True
+                    try:
+                        ev = next(inner)
+                    except StopIteration:
+                        return
+                yield ev
+        finally:
+            with lock:
+                inner.close()
+
+    return wrapper
+
+
+@_one_step_at_a_time
 def stream(
     loaded,
     prompt: Union[str, list],

@@ -395,6 +395,69 @@ def test_cancel_keeps_prompt_cache_consistent():
     assert pc.cache.offset == len(pc.ids)
 
 
+def test_a_prompt_cache_used_by_another_call_ends_the_stream_that_had_it():
+    """A stream paused while another call used its cache went on from that call's history."""
+    from redrafter_mlx.errors import SettingError
+
+    m = tiny_loaded()
+    pc = PromptCache(m.model)
+    first = stream(m, PROMPT, mode="redrafter", max_tokens=40, prompt_cache=pc)
+    for _ in range(3):
+        next(first)
+    other = PROMPT[:3] + [8, 8]
+    assert generate(m, other, mode="redrafter", max_tokens=10, prompt_cache=pc).tokens == \
+        generate(m, other, mode="ar", max_tokens=10).tokens
+    with pytest.raises(SettingError, match="used by another call"):
+        next(first)
+    assert pc.cache.offset == len(pc.ids)  # the cache stays whole for the next call
+    assert generate(m, PROMPT, mode="redrafter", max_tokens=40, prompt_cache=pc).tokens == \
+        generate(m, PROMPT, mode="ar", max_tokens=40).tokens
+    # two streams on their own caches, interleaved, are both plain decoding's reply
+    a, b = (stream(m, p, mode="redrafter", max_tokens=30, prompt_cache=PromptCache(m.model)) for p in (PROMPT, other))
+    got = {0: [], 1: []}
+    for pair in zip(a, b):
+        for i, ev in enumerate(pair):
+            got[i] += ev.tokens
+    assert got[0] == generate(m, PROMPT, mode="ar", max_tokens=30).tokens[: len(got[0])]
+    assert got[1] == generate(m, other, mode="ar", max_tokens=30).tokens[: len(got[1])]
+
+
+def test_threads_sharing_a_model_take_turns(monkeypatch):
+    """Two threads decoding trees on one model at once broke verification (a rope error, or a reply
+    unlike plain decoding): each step now holds the model's lock."""
+    import threading
+    import time
+
+    from redrafter_mlx import base_model
+
+    rope = base_model._TreeRoPE.__call__
+
+    def slow_rope(self, *a, **k):  # a forward as long as a real model's, so the threads overlap in it
+        time.sleep(0.002)
+        return rope(self, *a, **k)
+
+    monkeypatch.setattr(base_model._TreeRoPE, "__call__", slow_rope)
+    m = tiny_loaded(vocab=40)
+    prompts = [PROMPT, [4, 4, 9, 1, 30, 2]]
+    want = [generate(m, p, mode="ar", max_tokens=60).tokens for p in prompts]
+    kw = [dict(beam_width=3, beam_length=4), dict(tree=6, beam_length=5, lookup=3)]
+    for _ in range(3):
+        got = {}
+
+        def work(i):
+            try:
+                got[i] = generate(m, prompts[i], mode="redrafter", max_tokens=60, **kw[i]).tokens
+            except Exception as e:  # noqa: BLE001 (reported below)
+                got[i] = repr(e)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert [got[0], got[1]] == want
+
+
 def test_interrupted_step_rolls_back(monkeypatch):
     m = tiny_loaded()
     pc = PromptCache(m.model)
