@@ -75,11 +75,126 @@ def _rename(name: str) -> str:
     return f"{target}.{suffix}" if suffix else target
 
 
+# GGUF metadata value types: fixed sizes in bytes (8: string, 9: array, read apart)
+_VALUE_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+# ggml tensor types MLX reads: (bytes, elements) per block
+_TENSOR_BLOCKS = {0: (4, 1), 1: (2, 1), 2: (18, 32), 3: (20, 32), 8: (34, 32), 30: (2, 1)}
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+
+
+def check_layout(path) -> None:
+    """Walk a GGUF file's header (counts, strings, metadata values, tensor infos) and check each
+    piece lies inside the file, every tensor has 1 to 4 dimensions and, for the types MLX reads,
+    its data fits after its offset. MLX's reader trusts them: a damaged header crashed the process
+    (a segmentation fault, or an assertion's abort) instead of raising. Raises CorruptModelError."""
+    import mmap
+    import struct
+
+    path = Path(path)
+    with open(path, "rb") as f:
+        size = path.stat().st_size
+        if size < 24:
+            raise CorruptModelError(f"{path} is not a GGUF file: {size} bytes")
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            _walk(buf, size, path, struct)
+        finally:
+            buf.close()
+
+
+def _walk(buf, size: int, path: Path, struct) -> None:
+    pos = 0
+
+    def bad(what: str):
+        raise CorruptModelError(f"{path} is damaged (not a GGUF file MLX can read safely): {what} at byte {pos}")
+
+    def take(fmt: str):
+        nonlocal pos
+        n = struct.calcsize(fmt)
+        if pos + n > size:
+            bad("the file ends inside its header")
+        out = struct.unpack_from(fmt, buf, pos)
+        pos += n
+        return out[0] if len(out) == 1 else out
+
+    def skip_string():
+        nonlocal pos
+        n = take("<Q")
+        if n > size - pos:
+            bad(f"a string of {n} bytes")
+        pos += n
+
+    def skip_value(kind: int, depth: int = 0):
+        nonlocal pos
+        if kind in _VALUE_SIZES:
+            if pos + _VALUE_SIZES[kind] > size:
+                bad("the file ends inside its metadata")
+            pos += _VALUE_SIZES[kind]
+        elif kind == 8:
+            skip_string()
+        elif kind == 9 and depth < 4:
+            inner, count = take("<I"), take("<Q")
+            if inner in _VALUE_SIZES:
+                if count * _VALUE_SIZES[inner] > size - pos:
+                    bad(f"an array of {count} values")
+                pos += count * _VALUE_SIZES[inner]
+            else:
+                if count > (size - pos) // 8:
+                    bad(f"an array of {count} values")
+                for _ in range(count):
+                    skip_value(inner, depth + 1)
+        else:
+            bad(f"a metadata value of unknown type {kind}")
+
+    if bytes(buf[:4]) != b"GGUF":
+        bad("no GGUF magic")
+    pos = 4
+    version = take("<I")
+    if version not in (2, 3):
+        bad(f"GGUF version {version} (2 and 3 are read)")
+    n_tensors, n_values = take("<Q"), take("<Q")
+    if n_tensors > size // 24 or n_values > size // 13:  # the smallest tensor info and key-value pair
+        bad(f"{n_tensors} tensors and {n_values} metadata values in {size} bytes")
+    alignment = 32
+    for _ in range(n_values):
+        start = pos
+        skip_string()
+        key = bytes(buf[start + 8 : pos])
+        kind = take("<I")
+        if key == b"general.alignment" and kind == 4:
+            alignment = take("<I")
+            if alignment == 0 or alignment & (alignment - 1):
+                bad(f"an alignment of {alignment}")
+        else:
+            skip_value(kind)
+    infos = []
+    for _ in range(n_tensors):
+        skip_string()
+        n_dims = take("<I")
+        if not 1 <= n_dims <= _MAX_DIMS:
+            bad(f"a tensor of {n_dims} dimensions")
+        dims = [take("<Q") for _ in range(n_dims)]
+        kind, offset = take("<I"), take("<Q")
+        infos.append((dims, kind, offset))
+    data = pos + (-pos) % alignment
+    for dims, kind, offset in infos:
+        count = 1
+        for d in dims:
+            count *= d
+        block = _TENSOR_BLOCKS.get(kind)
+        need = count // block[1] * block[0] if block else 0
+        if count > 2**48 or (block and count % block[1]):
+            bad(f"a tensor of shape {dims}, not whole blocks of its type {kind}")
+        if data + offset + need > size:
+            bad(f"a tensor of shape {dims} and type {kind} at data offset {offset}, past the end of the file")
+
+
 def read_gguf(path) -> Tuple[Dict[str, Any], Dict[str, mx.array], Dict[str, Any]]:
     """Return (config dict in config.json form, weights with HF names, raw metadata)."""
     path = Path(path)
     if not path.is_file():
         raise ModelNotFoundError(f"GGUF file not found: {path}")
+    check_layout(path)
     try:
         tensors, meta = mx.load(str(path), return_metadata=True)
     except Exception as e:  # MLX raises ValueError/RuntimeError with its own text

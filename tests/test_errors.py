@@ -166,6 +166,32 @@ def test_corrupt_gguf(tiny_kit, tmp_path, damage):
     raises(CorruptModelError, lambda: load(str(tmp_path / "bad.gguf")), "bad.gguf")
 
 
+def test_a_damaged_gguf_header_is_an_error_not_a_crash(tiny_kit, tmp_path):
+    """MLX's GGUF reader trusts the header's counts and sizes: these damages crashed the process (a
+    segmentation fault, or an assertion's abort), in a child here so a crash fails the test."""
+    import subprocess
+    import sys
+
+    good = tiny_kit.write_gguf(tmp_path / "good.gguf", tiny_kit.model(seed=0)).read_bytes()
+    at = good.find(b"token_embd.weight") + len(b"token_embd.weight")  # then its dimension count (u32)
+    damages = {"value-count": (23, b"\x9d"), "tensor-count": (15, b"\x01"), "no-dims": (at, b"\x00"),
+               "nine-dims": (at, b"\x09"), "huge-dim": (at + 11, b"\x7f")}
+    for name, (where, byte) in damages.items():
+        bad = bytearray(good)
+        bad[where : where + 1] = byte
+        (tmp_path / f"{name}.gguf").write_bytes(bytes(bad))
+    script = ("import sys; import redrafter_mlx; from redrafter_mlx import load\n"
+              "from redrafter_mlx.errors import CorruptModelError\n"
+              "for p in sys.argv[1:]:\n"
+              "    try: load(p)\n"
+              "    except CorruptModelError as e: print(e)\n")
+    out = subprocess.run([sys.executable, "-c", script, *(str(tmp_path / f"{n}.gguf") for n in damages)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert len(lines) == len(damages) and all("is damaged" in line for line in lines), lines
+
+
 def test_gguf_without_hyper_parameters(tiny_kit, tmp_path):
     path = tiny_kit.write_gguf(tmp_path / "m.gguf", tiny_kit.model(seed=0), drop_meta=["llama.block_count"])
     raises(CorruptModelError, lambda: load(str(path)), "m.gguf", "lacks num_hidden_layers")
