@@ -343,6 +343,8 @@ def test_settings_out_of_range_are_user_errors_found_before_any_calibration(tiny
                       ({"top_p": 0.0}, ["top_p"]), ({"max_tokens": 0}, ["max_tokens"]),
                       ({"max_tokens": 2.5}, ["max_tokens", "whole number", "2.5"]),
                       ({"max_tokens": "5"}, ["max_tokens", "'5'"]), ({"beam_width": True}, ["beam_width"]),
+                      ({"beam_width": 10**6, "beam_length": 3}, ["1024 tokens", "1000000 x 3"]),
+                      ({"tree": 5000}, ["tree 5000"]), ({"lookup": 2000}, ["lookup 2000"]),
                       ({"tree": 16.0}, ["tree"]), ({"tree_min_prob": "0.2"}, ["tree_min_prob", "a number"]),
                       ({"temperature": "0.7"}, ["temperature", "a number", "'0.7'"]),
                       ({"top_p": None}, ["top_p", "a number", "None"])]:
