@@ -171,7 +171,12 @@ class Tokenizer:
         if not self.has_chat_template:
             # A model without a template: plain concatenation of the contents.
             return self.encode("\n".join(m["content"] for m in messages))
-        text = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+        from jinja2 import TemplateError
+
+        try:
+            text = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+        except TemplateError as e:  # e.g. Mistral's template raises on a system message or two user turns in a row
+            raise InvalidPromptError(f"the model's chat template refused this conversation: {one_line(e)}") from e
         return self.hf.encode(text, add_special_tokens=False)
 
     def prompt_ids(self, prompt: Union[str, Messages, Sequence[int]], system: Optional[str] = None) -> List[int]:

@@ -139,6 +139,29 @@ def test_model_without_chat_template(tiny_kit, tmp_path):
     assert tok.decode(tok.prompt_ids(msgs)) == "hi\nthere"
 
 
+def test_a_chat_template_that_refuses_a_conversation_says_so(tiny_kit, tmp_path, capsys):
+    """Mistral v0.1's template raises on a system message (a jinja2 TemplateError and traceback)."""
+    import json
+
+    from redrafter_mlx.__main__ import main as cli
+    from redrafter_mlx.errors import InvalidPromptError
+
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
+    refuses = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+               "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+               "{% endif %}{{ m['content'] }}{% endfor %}")
+    cfg = path / "tokenizer_config.json"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "chat_template": refuses}))
+    (path / "chat_template.jinja").unlink(missing_ok=True)
+    m = load(str(path), use_drafter=False)
+    with pytest.raises(InvalidPromptError, match="chat template refused this conversation: Conversation roles"):
+        generate(m, "hi", system="Be brief.")
+    assert generate(m, "hi", max_tokens=2, mode="ar").tokens  # a conversation it takes
+    assert cli(["--model", str(path), "--system", "Be brief.", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "chat template refused" in err and "Traceback" not in err
+
+
 # ---- empty prompts -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("prompt", ["", "   \n\t", [], [{"role": "user", "content": "  "}],
