@@ -216,10 +216,12 @@ def load_drafter(path: Union[str, Path], base=None) -> Drafter:
     if not cfg_path.is_file():
         raise ModelNotFoundError(f"no drafter at {path}: expected {cfg_path}")
     try:
-        config = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise CorruptModelError(f"{cfg_path} is not valid JSON: {e}") from e
+        config = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except ValueError as e:  # not JSON, or not UTF-8 (a UnicodeDecodeError)
+        raise CorruptModelError(f"{cfg_path} is not valid JSON: {one_line(e)}") from e
     try:
+        if not isinstance(config, dict):
+            raise TypeError(f"expected a JSON object, found {type(config).__name__}")
         args = DrafterArgs.from_dict(config)
     except TypeError as e:
         raise CorruptModelError(f"{cfg_path} is not a drafter config: {e}") from e

@@ -14,6 +14,7 @@ are kept.
 """
 
 import json
+import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from . import registry
 from ._platform import device_description, fast_cpu_blas, on_cpu
 from .base_model import TreeModel, check_supported, self_check
 from .config import FLOAT_FORMATS, WEIGHT_FORMATS, ModelArgs
-from .errors import CorruptModelError, ModelNotFoundError, SettingError, UnsupportedModelError, one_line
+from .errors import CorruptModelError, ModelNotFoundError, RedrafterError, SettingError, UnsupportedModelError, one_line
 from .files import tidy
 from .gguf import read_gguf
 from .tokenizer import Tokenizer
@@ -204,9 +205,9 @@ def new_model(config: Dict[str, Any], seed: int = 0) -> TreeModel:
 def _json_object(path: Path, what: str) -> Dict[str, Any]:
     """A JSON file that must hold an object; a CorruptModelError that names it otherwise."""
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise CorruptModelError(f"{path} is not valid JSON: {e}") from e
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # not JSON, or not UTF-8 (a UnicodeDecodeError)
+        raise CorruptModelError(f"{path} is not valid JSON: {one_line(e)}") from e
     if not isinstance(data, dict):
         raise CorruptModelError(f"{path} is not a {what}: expected a JSON object, found {type(data).__name__}")
     return data
@@ -279,16 +280,26 @@ def load(
     progress: called with short status lines (fetch, load) for UIs.
     """
     t0 = time.perf_counter()
+    if name is not None and not isinstance(name, (str, os.PathLike)):
+        raise SettingError(f"a model is a registry name, a path or a hub id, not {type(name).__name__}")
     _resolve_format(weight_format)  # a bad format fails before any work
-    resolved = registry.resolve(name, progress)
+    resolved = registry.resolve(os.fspath(name) if name is not None else None, progress)
     if progress:
         progress(f"loading {resolved.path.name}")
-    if resolved.kind == "gguf":
-        config, weights, meta = read_gguf(resolved.path)
-        tokenizer = Tokenizer.from_gguf_metadata(meta)
-        model, description = build_model(config, weights, weight_format)
-    else:
-        config, model, description, tokenizer = _load_folder(resolved.path, weight_format)
+    try:
+        if resolved.kind == "gguf":
+            config, weights, meta = read_gguf(resolved.path)
+            tokenizer = Tokenizer.from_gguf_metadata(meta)
+            model, description = build_model(config, weights, weight_format)
+        else:
+            config, model, description, tokenizer = _load_folder(resolved.path, weight_format)
+    except RedrafterError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError, ZeroDivisionError, AttributeError) as e:
+        # a value the files' checks let through that mlx-lm or the tokenizer cannot use (0 attention
+        # heads, a rope_theta in quotes, an eos id "x", a GGUF token table shorter than its types)
+        raise CorruptModelError(f"cannot build {resolved.path.name} from its files: {type(e).__name__}: "
+                                f"{one_line(e)} (a damaged or hand-edited config or tokenizer?)") from e
     loaded = LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -298,7 +309,11 @@ def load(
         weight_format=description,
         info={"source_quantization": config.get("quantization"), "load_seconds": 0.0},
     )
-    loaded.tree_ok, loaded.info["self_check_error"] = self_check(model)
+    try:
+        loaded.tree_ok, loaded.info["self_check_error"] = self_check(model)
+    except (ValueError, TypeError) as e:  # the first forward: e.g. a rope_theta given as a string
+        raise CorruptModelError(f"{resolved.path.name} loads but cannot run: {type(e).__name__}: {one_line(e)} "
+                                "(a damaged or hand-edited config?)") from e
     if not loaded.tree_ok:
         message = (f"speculation off for {resolved.name}: a draft tree verified on it disagrees with plain "
                    f"decoding (relative logit error {loaded.info['self_check_error']:.2g}); decoding plainly")

@@ -567,6 +567,13 @@ def test_a_damaged_cost_cache_is_measured_again(tiny_loaded):
     c = costs.cost_model(tiny_loaded)
     assert c.source == "measured"
     assert costs.read_cached(tiny_loaded) is not None
+    # a zero time divided by zero at the first auto run
+    path = tiny_loaded.path / costs.FILE
+    data = json.loads(path.read_text())
+    entry = data[costs.cache_key(tiny_loaded)]
+    for damage in ({"plain": 0}, {"seconds": [0.0] * len(entry["seconds"])}, {"plain": float("nan")}):
+        path.write_text(json.dumps({**data, costs.cache_key(tiny_loaded): {**entry, **damage}}))
+        assert costs.read_cached(tiny_loaded) is None
 
 
 def test_a_curve_measured_under_load_is_measured_again_once(tiny_loaded, monkeypatch):

@@ -1,6 +1,7 @@
 """Every user-facing error path raises its RedrafterError subclass with a clear one-line message."""
 
 import json
+import shutil
 import struct
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from redrafter_mlx.errors import (
     ModelNotFoundError,
     NetworkError,
     RedrafterError,
+    SettingError,
     UnsupportedModelError,
 )
 from redrafter_mlx.loader import build_model
@@ -190,6 +192,27 @@ def test_a_damaged_gguf_header_is_an_error_not_a_crash(tiny_kit, tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     assert len(lines) == len(damages) and all("is damaged" in line for line in lines), lines
+
+
+def test_model_files_with_values_mlx_lm_cannot_use(tiny_kit, tmp_path):
+    """Values the files' checks let through failed in mlx-lm or the tokenizer with a traceback."""
+    base = tiny_kit.write_folder(tmp_path / "base", tiny_kit.model(seed=0))
+    cfg = json.loads((base / "config.json").read_text())
+    for name, files, words in (("heads", {"config.json": json.dumps({**cfg, "num_attention_heads": 0})},
+                                ["ZeroDivisionError"]),
+                               ("rope", {"config.json": json.dumps({**cfg, "rope_theta": "10000"})},
+                                ["cannot run", "rope"]),
+                               ("eos", {"generation_config.json": '{"eos_token_id": "x"}'}, ["'x'"]),
+                               ("bytes", {"config.json": b'{"model_type": "llama", \xff}'}, ["not valid JSON",
+                                                                                            "utf-8"])):
+        folder = tmp_path / name
+        shutil.copytree(base, folder)
+        for file, text in files.items():
+            (folder / file).write_bytes(text if isinstance(text, bytes) else text.encode())
+        raises(CorruptModelError, lambda: load(str(folder)), *words)
+    raises(SettingError, lambda: load(5), "not int")
+    bad = tiny_kit.write_gguf(tmp_path / "notokens.gguf", tiny_kit.model(seed=0), drop_meta=["tokenizer.ggml.tokens"])
+    raises(CorruptModelError, lambda: load(str(bad)), "tokenizer.ggml.tokens")
 
 
 def test_gguf_without_hyper_parameters(tiny_kit, tmp_path):
@@ -397,6 +420,9 @@ def test_drafter_config_of_the_wrong_shape(tiny_kit, tmp_path):
     (tmp_path / "d" / "config.json").write_text(json.dumps({**cfg, "num_draft_layers": 2}))  # a layer it lacks
     msg = raises(CorruptModelError, lambda: load_drafter(tmp_path / "d", base), "do not fit")
     assert "lm_head" in msg  # the missing parameters are named, not cut off
+    for text, words in ((b'{"hidden_size": \xff}', ["not valid JSON", "utf-8"]), (b'"abc"', ["found str"])):
+        (tmp_path / "d" / "config.json").write_bytes(text)
+        raises(CorruptModelError, lambda: load_drafter(tmp_path / "d", base), *words)
     # a draft vocabulary with a negative id crashed the process at the first draft; a float one failed there
     (tmp_path / "d" / "config.json").write_text(json.dumps({**cfg, "draft_vocab_size": 4}))
     weights = mx.load(str(tmp_path / "d" / "model.safetensors"))
