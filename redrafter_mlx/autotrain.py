@@ -264,15 +264,17 @@ def _check_installable(home: Path):
                              "write access there")
 
 
-def _start_afresh_if_other_data(work: Path, groups: List[List[str]]):
-    """A work folder holds one run's data: replies distilled from other prompts, and a drafter
-    trained on them, would be resumed as if they were this run's (a second run with new
-    --prompts trained 0 steps and installed the old drafter). So they go, and the run says so."""
-    key = hashlib.sha256(json.dumps(groups).encode()).hexdigest()[:16]
+def _start_afresh_if_other_data(work: Path, groups: List[List[str]], model: str = ""):
+    """A work folder holds one run's data: replies distilled from other prompts or by another model
+    (`model`: a digest of its weight files), and a drafter trained on them, would be resumed as if
+    they were this run's (a second run with new --prompts, or `--model ./m` from another folder,
+    trained 0 steps and installed the old drafter). So they go, and the run says so."""
+    key = hashlib.sha256(json.dumps([groups, model] if model else groups).encode()).hexdigest()[:16]
     mark = work / "data_key.txt"
     stale = [work / name for name in ("prompts.json", "distill", "train", "state.json") if (work / name).exists()]
     if stale and (not mark.is_file() or mark.read_text().strip() != key):
-        print(f"redrafter-train: {work} holds a run on other prompts: starting afresh there", file=sys.stderr)
+        print(f"redrafter-train: {work} holds a run on other prompts or another model: starting afresh there",
+              file=sys.stderr)
         for path in stale:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
     mark.write_text(key + "\n")
@@ -297,7 +299,9 @@ def run(args) -> Dict:
     eval_set = _fitting(loaded, eval_set, args.eval_prompts or EVAL_PROMPTS)
     _check_installable(resolved.drafter_home)
     work.mkdir(parents=True, exist_ok=True)
-    _start_afresh_if_other_data(work, groups)
+    from .costs import model_files_digest
+
+    _start_afresh_if_other_data(work, groups, model_files_digest(resolved.path))
     log = Log(work)
     batch_size = args.batch_size or (128 if mx.default_device().type == mx.cpu else 64)
     print(f"redrafter-train: {resolved.name} on {_platform.device_description()}, budget {args.budget} "

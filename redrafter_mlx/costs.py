@@ -382,15 +382,21 @@ def time_drafter(drafter, model, width: int = 4, depth: int = 4) -> float:
 
 # ---- the on-disk cache ---------------------------------------------------------------------------
 
-def cache_key(loaded) -> str:
-    """Device, model file (path, size, modification time), weight format and MLX version."""
-    path = Path(loaded.path)
+def model_files_digest(path) -> str:
+    """A digest of a model's weight files (path, size, modification time): another model, or the
+    same folder with other weights, gets another one."""
+    path = Path(path)
     try:
         files = [path] if path.is_file() else sorted(path.glob("*.safetensors"))
         ident = ";".join(f"{f.resolve()}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in files)
     except OSError:
         ident = str(path)
-    digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+def cache_key(loaded) -> str:
+    """Device, model file (path, size, modification time), weight format and MLX version."""
+    digest = model_files_digest(loaded.path)
     return f"{device_description()} | {loaded.weight_format} | mlx {mx.__version__} | {digest}"
 
 

@@ -94,7 +94,8 @@ def test_shipped_prompts_are_there_and_not_mt_bench():
     assert "Apache" in (autotrain.DATA / "README.md").read_text() and "MIT" in (autotrain.DATA / "README.md").read_text()
 
 
-def test_new_prompts_start_afresh_and_long_eval_prompts_are_left_out(tiny_model_dir, tmp_path, tiny_budget, capsys):
+def test_new_prompts_start_afresh_and_long_eval_prompts_are_left_out(tiny_model_dir, tmp_path, tiny_budget, capsys,
+                                                                     tiny_kit):
     """A second run in the same work folder on other prompts must not resume the first run's replies
     and drafter (it had trained 0 steps and installed the old weights); evaluation prompts longer than
     the model's context are left out instead of failing after training; fewer than 3 prompts is refused."""
@@ -114,12 +115,19 @@ def test_new_prompts_start_afresh_and_long_eval_prompts_are_left_out(tiny_model_
     err = capsys.readouterr().err
     assert "1 of 2 prompts are longer than the context" in err and "starting afresh" not in err
     autotrain.main(argv + ["--prompts", str(prompts("b", "chore")), "--force"])
-    assert "holds a run on other prompts: starting afresh" in capsys.readouterr().err
+    assert "holds a run on other prompts or another model: starting afresh" in capsys.readouterr().err
     steps = [json.loads(line)["step"] for line in (work / "train" / "train_log.jsonl").read_text().splitlines()
              if '"loss"' in line]
     assert steps == list(range(1, 9))  # trained anew, not resumed at step 8
     manifest = json.loads((tiny_model_dir / "drafter" / "manifest.json").read_text())
     assert "b.jsonl" in manifest["data"]["prompts"] and manifest["data"]["replies"] == 10
+    # the same prompts and work folder, another model: its replies, not the first model's
+    other = tiny_kit.write_folder(tmp_path / "other-model", tiny_kit.model(seed=2))
+    other_argv = [str(other) if a == str(tiny_model_dir) else a for a in argv]
+    autotrain.main(other_argv + ["--prompts", str(prompts("b", "chore"))])
+    assert "another model: starting afresh" in capsys.readouterr().err
+    assert (other / "drafter" / "model.safetensors").read_bytes() != \
+        (tiny_model_dir / "drafter" / "model.safetensors").read_bytes()
     two = tmp_path / "two.jsonl"
     two.write_text(json.dumps({"prompt": "x"}) + "\n" + json.dumps({"prompt": "y"}) + "\n")
     with pytest.raises(SystemExit, match="give at least 3"):
