@@ -46,14 +46,21 @@ def read_prompts(paths: Sequence[Path]) -> List[str]:
     for path in paths:
         if "mt_bench" in Path(path).name:
             raise ValueError(f"{path}: MT-Bench is evaluation data and must not be used for training")
-        for line in Path(path).read_text().splitlines():
+        for n, line in enumerate(Path(path).read_text(encoding="utf-8-sig").splitlines(), 1):
             if not line.strip():
                 continue
-            row = json.loads(line)
-            text = row.get("instruction") or row.get("question") or row.get("prompt") or ""
-            extra = row.get("input") or ((row.get("instances") or [{}])[0].get("input") if row.get("instances") else "")
-            if extra:
-                text = f"{text}\n\n{extra}"
+            try:
+                row = json.loads(line)
+                text = row.get("instruction") or row.get("question") or row.get("prompt") or ""
+                instances = row.get("instances")
+                extra = row.get("input") or (instances[0].get("input") if instances else "")
+                text = f"{text}\n\n{extra}" if extra else text
+                if not isinstance(text, str):
+                    raise TypeError(f"a prompt is text, not {type(text).__name__}")
+            except (AttributeError, KeyError, IndexError, TypeError) as e:
+                raise ValueError(f"line {n} is not an alpaca, self-instruct or GSM8K row: {type(e).__name__}: {e}") from e
+            # a lone surrogate ("\ud800" in scraped JSON) is not text the tokenizer or a hash can take
+            text = text.encode("utf-8", "replace").decode("utf-8")
             if text.strip():
                 out.append(text.strip())
     return out

@@ -224,6 +224,23 @@ def test_mt_bench_is_refused(tmp_path):
     assert interleave([["a", "b", "c"], ["x"]]) == ["a", "x", "b", "c"]
 
 
+def test_prompt_rows_of_the_wrong_shape_and_lone_surrogates(tmp_path):
+    """A lone surrogate (JSON "\\ud800", common in scraped data) failed in distill's hash or the
+    tokenizer; instances that are not a list failed with a KeyError."""
+    from redrafter_mlx.distill import read_prompt_files
+    from redrafter_mlx.errors import RedrafterError
+
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"instruction": "Say hi \\ud800"}\n{"instruction": "Add", "instances": [{"input": "1 2"}]}\n')
+    assert read_prompts([f]) == ["Say hi ?", "Add\n\n1 2"]
+    f.write_text('{"instruction": "ok"}\n{"instruction": "x", "instances": {"a": 1}}\n')
+    with pytest.raises(RedrafterError, match="line 2 is not an alpaca, self-instruct or GSM8K row"):
+        read_prompt_files([f])
+    f.write_text('{"question": 5}\n')
+    with pytest.raises(RedrafterError, match="a prompt is text, not int"):
+        read_prompt_files([f])
+
+
 @pytest.fixture(scope="module")
 def patterned():
     """Replies with a learnable rule (next = 5 * current + 3 mod 40) and random hidden states."""
