@@ -170,12 +170,21 @@ def read_shards(out: Path) -> Iterator[dict]:
     """Samples back from disk: dicts with prompt, reply (int32), hidden (float16, (n, H)) and
     greedy (int32, the base model's argmax at each reply position; the reply itself when it
     was decoded greedily or the shard predates this field)."""
+    import zipfile
+
     for shard in sorted(Path(out).glob("shard-*.npz")):
-        with np.load(shard) as z:
-            for j in range(_samples_in(z.files)):
-                reply = z[f"reply_{j}"]
-                greedy = z[f"greedy_{j}"] if f"greedy_{j}" in z.files else reply
-                yield {"prompt": z[f"prompt_{j}"], "reply": reply, "hidden": z[f"hidden_{j}"], "greedy": greedy}
+        try:
+            with np.load(shard) as z:
+                samples = []
+                for j in range(_samples_in(z.files)):
+                    reply = z[f"reply_{j}"]
+                    greedy = z[f"greedy_{j}"] if f"greedy_{j}" in z.files else reply
+                    samples.append({"prompt": z[f"prompt_{j}"], "reply": reply, "hidden": z[f"hidden_{j}"],
+                                    "greedy": greedy})
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:  # shards are written whole
+            raise RedrafterError(f"{shard} is damaged ({type(e).__name__}: {e}): delete it (its replies are then "
+                                 "left out) or distil into a fresh folder") from e
+        yield from samples
 
 
 def backfill_greedy(model, out: Path, chunk: int = 2048) -> int:

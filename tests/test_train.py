@@ -224,6 +224,17 @@ def test_mt_bench_is_refused(tmp_path):
     assert interleave([["a", "b", "c"], ["x"]]) == ["a", "x", "b", "c"]
 
 
+def test_a_damaged_shard_is_named(tmp_path):
+    from redrafter_mlx.errors import RedrafterError
+
+    np.savez(tmp_path / "shard-00000.npz", prompt_0=np.arange(3), reply_0=np.arange(4), hidden_0=np.zeros((4, 8)))
+    assert len(list(read_shards(tmp_path))) == 1
+    data = (tmp_path / "shard-00000.npz").read_bytes()
+    (tmp_path / "shard-00001.npz").write_bytes(data[: len(data) // 2])  # a disk that filled up, a copy cut short
+    with pytest.raises(RedrafterError, match="shard-00001.npz is damaged"):
+        list(read_shards(tmp_path))
+
+
 def test_prompt_rows_of_the_wrong_shape_and_lone_surrogates(tmp_path):
     """A lone surrogate (JSON "\\ud800", common in scraped data) failed in distill's hash or the
     tokenizer; instances that are not a list failed with a KeyError."""
