@@ -62,13 +62,16 @@ class ModelArgs(BaseArgs):
         model_type = str(get("model_type"))
         try:
             hidden = int(get("hidden_size"))
+            context = int(get("max_position_embeddings", 4096) or 4096)  # 0 or null: not given
+            if context < 2:
+                raise ValueError(f"max_position_embeddings {context} (a context of fewer than 2 tokens)")
             return cls(model_type=model_type, hidden_size=hidden, vocab_size=int(get("vocab_size")),
                        num_hidden_layers=int(get("num_hidden_layers")),
-                       max_position_embeddings=int(get("max_position_embeddings", 4096) or 4096),
+                       max_position_embeddings=context,
                        tie_word_embeddings=bool(get("tie_word_embeddings", True)),
                        embed_scale=hidden**0.5 if model_type in SCALED_EMBEDDINGS else 1.0)
-        except (TypeError, ValueError) as e:
-            raise CorruptModelError(f"config.json holds a size that is not a number: {e}") from e
+        except (TypeError, ValueError, OverflowError) as e:
+            raise CorruptModelError(f"config.json holds a size that is not a usable number: {e}") from e
 
 
 @dataclass

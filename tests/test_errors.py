@@ -211,6 +211,10 @@ def test_model_files_with_values_mlx_lm_cannot_use(tiny_kit, tmp_path):
             (folder / file).write_bytes(text if isinstance(text, bytes) else text.encode())
         raises(CorruptModelError, lambda: load(str(folder)), *words)
     raises(SettingError, lambda: load(5), "not int")
+    folder = tmp_path / "context"
+    shutil.copytree(base, folder)
+    (folder / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": -5}))
+    raises(CorruptModelError, lambda: load(str(folder)), "max_position_embeddings -5")
     bad = tiny_kit.write_gguf(tmp_path / "notokens.gguf", tiny_kit.model(seed=0), drop_meta=["tokenizer.ggml.tokens"])
     raises(CorruptModelError, lambda: load(str(bad)), "tokenizer.ggml.tokens")
 
