@@ -23,6 +23,7 @@ verification always uses the base model's full distribution.
 """
 
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Union
@@ -229,6 +230,9 @@ def load_drafter(path: Union[str, Path], base=None) -> Drafter:
         value = getattr(args, key, 0)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise CorruptModelError(f"{cfg_path}: {key} must be a whole number, not {value!r}")
+    scale = args.embed_scale
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise CorruptModelError(f"{cfg_path}: embed_scale must be a finite number, not {scale!r}")
     if base is not None:
         check_compatible(args, base.args, f"the drafter at {path}")
     weights_path = path / "model.safetensors"
