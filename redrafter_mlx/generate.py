@@ -54,7 +54,7 @@ class PromptCache:
     def __init__(self, model):
         self.cache = model.make_cache()
         self.ids: List[int] = []
-        self.user = None  # the stream using it (set by stream(): another's turn ends that one)
+        self.user = None  # the stream using it (set by stream(): another call's use ends that one)
 
     def belongs_to(self, model) -> bool:
         """Whether this cache was made by `model`: it holds that model's keys and values, and its
@@ -159,25 +159,15 @@ _SHARED_LOCK = threading.RLock()  # for models without a TreeState (the tests' s
 def _one_step_at_a_time(fn):
     """`stream` computes each event holding its model's lock, so threads sharing a loaded model
     take turns step by step (their trees share the model's tree state: two at once broke
-    verification), and refuses to go on after its prompt cache served another call (that call
-    rewound the cache under it: the reply went on from the other's history)."""
+    verification)."""
 
     @functools.wraps(fn)
     def wrapper(loaded, prompt, *args, **kwargs):
-        state = getattr(loaded.model, "state", None)
-        lock = getattr(state, "lock", None) or _SHARED_LOCK
-        pc, me, started = kwargs.get("prompt_cache"), object(), False
+        lock = getattr(getattr(loaded.model, "state", None), "lock", None) or _SHARED_LOCK
         inner = fn(loaded, prompt, *args, **kwargs)
         try:
             while True:
                 with lock:
-                    if pc is not None:
-                        if started and getattr(pc, "user", me) is not me:
-                            raise SettingError("the prompt_cache of this stream was used by another call before it "
-                                               "ended: give each conversation its own PromptCache, and finish (or "
-                                               "close) one stream before the next starts on the same cache")
-                        pc.user = me
-                    started = True
                     try:
                         ev = next(inner)
                     except StopIteration:
@@ -313,6 +303,7 @@ def stream(
         )
     ctl = controller(loaded, use_drafter, progress) if adaptive else None  # after the checks: a first call calibrates
     pc = prompt_cache if prompt_cache is not None else PromptCache(model)
+    owner = pc.user = object()  # another call on this cache takes it: this stream then stops (below)
     detok = tok.detokenizer()
     stats = RunStats(mode="auto" if ctl is not None else mode, prompt_tokens=len(ids), adaptive=ctl is not None)
     if mode == "redrafter" and ctl is None:
@@ -342,7 +333,8 @@ def stream(
         first = token.item()
         stats.prefill_seconds = time.perf_counter() - t0
     except BaseException:
-        pc.truncate(min(saved, len(pc.ids)))
+        if pc.user is owner:  # (closed at the "cancelled" event after another call took the cache: leave it)
+            pc.truncate(min(saved, len(pc.ids)))
         raise
     if first in eos:
         yield event([], None, "eos")
@@ -361,6 +353,10 @@ def stream(
     copy_length = CopyLength(lookup)  # fixed drafting's copy length: grows while copies are accepted whole
     try:
         while True:
+            if pc.user is not owner:  # another call used the cache while this stream was paused
+                raise SettingError("the prompt_cache of this stream was used by another call before it ended: give "
+                                   "each conversation its own PromptCache, and finish (or close) one stream before "
+                                   "the next starts on the same cache")
             if stopped():
                 yield event([], None, "cancelled")
                 return
@@ -511,7 +507,8 @@ def stream(
             if reason:
                 return
     finally:
-        pc.cache.trim_to(len(pc.ids))  # drop a pipelined token nobody will read
+        if pc.user is owner:  # (else the cache is another stream's now, with its own pipelined token)
+            pc.cache.trim_to(len(pc.ids))  # drop a pipelined token nobody will read
         if ctl is not None:
             heal_cached(loaded, ctl.costs)  # a cached curve far slower than this run: measure it again next time
 

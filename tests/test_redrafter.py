@@ -410,6 +410,16 @@ def test_a_prompt_cache_used_by_another_call_ends_the_stream_that_had_it():
     with pytest.raises(SettingError, match="used by another call"):
         next(first)
     assert pc.cache.offset == len(pc.ids)  # the cache stays whole for the next call
+    # an abandoned stream closed while another one holds the cache between steps leaves that one's cache alone
+    ar_ref = generate(m, other, mode="ar", max_tokens=12).tokens
+    old = stream(m, PROMPT, mode="ar", max_tokens=40, prompt_cache=pc)
+    for _ in range(3):  # inside its decoding loop
+        next(old)
+    new = stream(m, other, mode="ar", max_tokens=12, prompt_cache=pc)
+    got = [t for _ in range(4) for t in next(new).tokens]  # pipelined: a queued token sits in the cache ahead of pc.ids
+    old.close()
+    got += [t for ev in new for t in ev.tokens]
+    assert got == ar_ref and pc.cache.offset == len(pc.ids)
     assert generate(m, PROMPT, mode="redrafter", max_tokens=40, prompt_cache=pc).tokens == \
         generate(m, PROMPT, mode="ar", max_tokens=40).tokens
     # two streams on their own caches, interleaved, are both plain decoding's reply
