@@ -422,8 +422,8 @@ def read_cached(loaded) -> Optional[CostModel]:
             entry = json.loads(path.read_text()).get(key)
             if not entry:
                 continue
-            numbers = [float(x) for x in entry["seconds"]] + [float(entry["plain"])]
-            if not numbers or not all(math.isfinite(x) and x > 0 for x in numbers):
+            times = [float(x) for x in entry["seconds"]] + [float(entry["plain"])]
+            if not all(math.isfinite(x) and x > 0 for x in times):
                 continue  # a zero or negative time: damaged (it divided by zero in ratio())
             costs = CostModel(entry["sizes"], entry["seconds"], source=f"cached ({path})",
                               shape_buckets=bool(entry.get("shape_buckets", False)),

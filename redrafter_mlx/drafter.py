@@ -33,7 +33,7 @@ import mlx.nn as nn
 
 from .config import DrafterArgs
 from .errors import CorruptModelError, DrafterMismatchError, ModelNotFoundError, one_line
-from .files import replace_folder, staging_folder
+from .files import read_json_object, replace_folder, staging_folder
 
 
 class ResBlock(nn.Module):
@@ -216,13 +216,8 @@ def load_drafter(path: Union[str, Path], base=None) -> Drafter:
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
         raise ModelNotFoundError(f"no drafter at {path}: expected {cfg_path}")
+    config = read_json_object(cfg_path, "drafter config")
     try:
-        config = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except ValueError as e:  # not JSON, or not UTF-8 (a UnicodeDecodeError)
-        raise CorruptModelError(f"{cfg_path} is not valid JSON: {one_line(e)}") from e
-    try:
-        if not isinstance(config, dict):
-            raise TypeError(f"expected a JSON object, found {type(config).__name__}")
         args = DrafterArgs.from_dict(config)
     except TypeError as e:
         raise CorruptModelError(f"{cfg_path} is not a drafter config: {e}") from e

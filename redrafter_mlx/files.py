@@ -21,7 +21,9 @@ import socket
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Dict, Optional
+
+from .errors import CorruptModelError, one_line
 
 
 def write_json(path: Path, data: Any, indent: Optional[int] = 1) -> Path:
@@ -36,6 +38,18 @@ def write_json(path: Path, data: Any, indent: Optional[int] = 1) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def read_json_object(path: Path, what: str) -> Dict[str, Any]:
+    """A JSON file that must hold an object (a model's or drafter's config); a CorruptModelError
+    that names it otherwise, bytes that are not UTF-8 included."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except ValueError as e:  # not JSON, or not UTF-8 (a UnicodeDecodeError)
+        raise CorruptModelError(f"{path} is not valid JSON: {one_line(e)}") from e
+    if not isinstance(data, dict):
+        raise CorruptModelError(f"{path} is not a {what}: expected a JSON object, found {type(data).__name__}")
+    return data
 
 
 def unwritable_ancestor(target: Path) -> Optional[Path]:

@@ -290,9 +290,9 @@ def stream(
                            "PromptCache(loaded.model) with the model it is for")
     sampler = Sampler(temperature, top_p, seed)
     ids = tok.prompt_ids(prompt, system=system)
-    vocab = model.args.vocab_size
-    if max(ids) >= vocab:  # an id past the embedding table crashed the process inside MLX
-        raise InvalidPromptError(f"token ids are whole numbers from 0 to {vocab - 1} for {loaded.name}, not {max(ids)}")
+    vocab, top = model.args.vocab_size, max(ids)
+    if top >= vocab:  # an id past the embedding table crashed the process inside MLX
+        raise InvalidPromptError(f"token ids are whole numbers from 0 to {vocab - 1} for {loaded.name}, not {top}")
     limit = loaded.context_length
     if len(ids) >= limit:
         turns = sum(1 for m in prompt if isinstance(m, dict) and m.get("role") != "system") \

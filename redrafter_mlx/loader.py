@@ -13,7 +13,6 @@ stored (faster than float32 on the reference BLAS). On a GPU the stored (e.g. 4-
 are kept.
 """
 
-import json
 import os
 import time
 import warnings
@@ -29,7 +28,7 @@ from ._platform import device_description, fast_cpu_blas, on_cpu
 from .base_model import TreeModel, check_supported, self_check
 from .config import FLOAT_FORMATS, WEIGHT_FORMATS, ModelArgs
 from .errors import CorruptModelError, ModelNotFoundError, RedrafterError, SettingError, UnsupportedModelError, one_line
-from .files import tidy
+from .files import read_json_object, tidy
 from .gguf import read_gguf
 from .tokenizer import Tokenizer
 from .tuning import find_tuned
@@ -202,26 +201,15 @@ def new_model(config: Dict[str, Any], seed: int = 0) -> TreeModel:
     return TreeModel(model, config)
 
 
-def _json_object(path: Path, what: str) -> Dict[str, Any]:
-    """A JSON file that must hold an object; a CorruptModelError that names it otherwise."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:  # not JSON, or not UTF-8 (a UnicodeDecodeError)
-        raise CorruptModelError(f"{path} is not valid JSON: {one_line(e)}") from e
-    if not isinstance(data, dict):
-        raise CorruptModelError(f"{path} is not a {what}: expected a JSON object, found {type(data).__name__}")
-    return data
-
-
 def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeModel, str, Tokenizer]:
     """A Hugging Face / mlx-community folder, built by mlx-lm's own loading (config, sanitize,
     quantization), after checks that give one-line errors."""
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
         raise ModelNotFoundError(f"{path} has no config.json: not a model folder")
-    config = _json_object(cfg_path, "model config")
+    config = read_json_object(cfg_path, "model config")
     gen = path / "generation_config.json"  # optional; mlx-lm reads it too
-    generation = _json_object(gen, "generation config") if gen.is_file() else {}
+    generation = read_json_object(gen, "generation config") if gen.is_file() else {}
     files = sorted(path.glob("*.safetensors"))
     if not files:
         hint = " (a PyTorch checkpoint: convert it with `python -m convert`)" if list(path.glob("*.bin")) else ""
