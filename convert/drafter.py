@@ -22,7 +22,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from redrafter_mlx.config import DrafterArgs
-from redrafter_mlx.drafter import Drafter, check_compatible, save_drafter
+from redrafter_mlx.drafter import Drafter, check_args, check_compatible, check_draft_vocab, save_drafter
 from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError
 
 from .checkpoint import DRAFTER_FILES, load_tensors, read_json
@@ -128,12 +128,14 @@ def convert_drafter(src: Path, dest: Path, base_args=None, dtype: Optional[str] 
     else:
         weights = normalize(load_tensors(weights_path))
         args = infer_args(config, weights)
+    check_args(args, config_path)
     if base_args is not None:
         check_compatible(args, base_args, f"the drafter {src}",
                          "convert the drafter trained for this model, or leave --drafter out")
     drafter = Drafter(args)
     try:
         drafter.load_weights(list(weights.items()), strict=True)
+        check_draft_vocab(drafter)
     except ValueError as e:
         raise CorruptModelError(f"drafter tensors do not fit its config: {' '.join(str(e).split())}") from e
     if dtype:

@@ -13,6 +13,8 @@ from .errors import CorruptModelError, UnsupportedModelError
 # without importing the loader (and mlx-lm, transformers: seconds before `--help` answered).
 FLOAT_FORMATS = ("float32", "float16", "bfloat16")
 WEIGHT_FORMATS = ("auto", "stored", *FLOAT_FORMATS)
+# Positions are int32 in MLX; larger contexts than any model has are a damaged config.
+MAX_CONTEXT = 2**31 - 1
 
 
 @dataclass
@@ -63,8 +65,9 @@ class ModelArgs(BaseArgs):
         try:
             hidden = int(get("hidden_size"))
             context = int(get("max_position_embeddings", 4096) or 4096)  # 0 or null: not given
-            if context < 2:
-                raise ValueError(f"max_position_embeddings {context} (a context of fewer than 2 tokens)")
+            if not 2 <= context <= MAX_CONTEXT:  # 1e30 was taken as is and failed later, in the tokenizer
+                raise ValueError(f"max_position_embeddings {context} (a context of fewer than 2 tokens or "
+                                 f"more than {MAX_CONTEXT})")
             return cls(model_type=model_type, hidden_size=hidden, vocab_size=int(get("vocab_size")),
                        num_hidden_layers=int(get("num_hidden_layers")),
                        max_position_embeddings=context,

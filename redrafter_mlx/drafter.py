@@ -210,6 +210,29 @@ def check_compatible(args: DrafterArgs, base_args, where: str = "drafter",
         )
 
 
+def check_args(args: DrafterArgs, where) -> None:
+    """Refuse a drafter config whose sizes or embedding scale no drafter can have."""
+    for key in ("hidden_size", "vocab_size", "exit_dim", "num_draft_layers", "draft_vocab_size"):
+        value = getattr(args, key, 0)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise CorruptModelError(f"{where}: {key} must be a whole number, not {value!r}")
+    scale = args.embed_scale
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise CorruptModelError(f"{where}: embed_scale must be a finite number, not {scale!r}")
+
+
+def check_draft_vocab(drafter: Drafter) -> None:
+    """ValueError unless the loaded draft vocabulary holds token ids of the base vocabulary
+    (a negative one crashed the process at the first draft)."""
+    if not drafter.args.draft_vocab_size:
+        return
+    ids = drafter.draft_vocab
+    if not mx.issubdtype(ids.dtype, mx.integer):
+        raise ValueError(f"draft_vocab holds {ids.dtype} values, not token ids")
+    if int(ids.min()) < 0 or int(ids.max()) >= drafter.args.vocab_size:
+        raise ValueError(f"draft_vocab holds ids outside the vocabulary (0 to {drafter.args.vocab_size - 1})")
+
+
 def load_drafter(path: Union[str, Path], base=None) -> Drafter:
     """Load a drafter folder; when `base` is given, refuse one that does not fit it."""
     path = Path(path)
@@ -221,13 +244,7 @@ def load_drafter(path: Union[str, Path], base=None) -> Drafter:
         args = DrafterArgs.from_dict(config)
     except TypeError as e:
         raise CorruptModelError(f"{cfg_path} is not a drafter config: {e}") from e
-    for key in ("hidden_size", "vocab_size", "exit_dim", "num_draft_layers", "draft_vocab_size"):
-        value = getattr(args, key, 0)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            raise CorruptModelError(f"{cfg_path}: {key} must be a whole number, not {value!r}")
-    scale = args.embed_scale
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        raise CorruptModelError(f"{cfg_path}: embed_scale must be a finite number, not {scale!r}")
+    check_args(args, cfg_path)
     if base is not None:
         check_compatible(args, base.args, f"the drafter at {path}")
     weights_path = path / "model.safetensors"
@@ -240,12 +257,7 @@ def load_drafter(path: Union[str, Path], base=None) -> Drafter:
     drafter = Drafter(args)
     try:
         drafter.load_weights(list(weights.items()), strict=True)
-        if args.draft_vocab_size:
-            ids = drafter.draft_vocab
-            if not mx.issubdtype(ids.dtype, mx.integer):
-                raise ValueError(f"draft_vocab holds {ids.dtype} values, not token ids")
-            if int(ids.min()) < 0 or int(ids.max()) >= args.vocab_size:  # a negative one crashed the process
-                raise ValueError(f"draft_vocab holds ids outside the vocabulary (0 to {args.vocab_size - 1})")
+        check_draft_vocab(drafter)
     except ValueError as e:
         raise CorruptModelError(f"drafter weights in {weights_path} do not fit its config: {one_line(e)}") from e
     dtype = _activation_dtype(base) if base is not None else mx.float32

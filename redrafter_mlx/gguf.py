@@ -177,6 +177,7 @@ def _walk(buf, size: int, path: Path, struct) -> None:
         kind, offset = take("<I"), take("<Q")
         infos.append((dims, kind, offset))
     data = pos + (-pos) % alignment
+    spans = []
     for dims, kind, offset in infos:
         count = 1
         for d in dims:
@@ -187,6 +188,18 @@ def _walk(buf, size: int, path: Path, struct) -> None:
             bad(f"a tensor of shape {dims}, not whole blocks of its type {kind}")
         if data + offset + need > size:
             bad(f"a tensor of shape {dims} and type {kind} at data offset {offset}, past the end of the file")
+        if offset % alignment:
+            bad(f"a tensor at data offset {offset}, not a multiple of the alignment {alignment}")
+        spans.append((offset, need, block is not None))
+    # Writers lay tensors out one after another, each padded to the alignment. A tensor whose type
+    # or offset was changed reads another's bytes, or leaves bytes no tensor uses: MLX loaded such
+    # a file as garbage weights without a word (GGUF has no checksum).
+    spans.sort()
+    for (offset, need, known), (after, _, known_after) in zip(spans, spans[1:]):
+        if known and known_after and not 0 <= after - (offset + need) < alignment:
+            what = "overlaps the next" if after < offset + need else "leaves unused bytes before the next"
+            bad(f"the tensor data at offset {offset} ({need} bytes) {what} at {after} (a tensor's type or offset "
+                "changed?)")
 
 
 def read_gguf(path) -> Tuple[Dict[str, Any], Dict[str, mx.array], Dict[str, Any]]:

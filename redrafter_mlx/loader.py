@@ -245,10 +245,14 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
         mx.eval(model.parameters())
     except (ValueError, RuntimeError) as e:
         raise CorruptModelError(f"cannot read the weights in {path.name}: {one_line(e)}") from e
-    ids = generation.get("eos_token_id")
-    eos = ids if isinstance(ids, list) else [ids] if ids is not None else []
-    ids = config.get("eos_token_id")
-    eos += ids if isinstance(ids, list) else [ids] if ids is not None else []
+    eos = []
+    for where, source in (("generation_config.json", generation), ("config.json", config)):
+        ids = source.get("eos_token_id")
+        ids = ids if isinstance(ids, list) else [ids] if ids is not None else []
+        bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or i < 0]
+        if bad:  # 2.5 became token 2
+            raise CorruptModelError(f"{where} in {path.name}: eos_token_id holds {bad[0]!r}, not a token id")
+        eos += ids
     return config, TreeModel(model, config), description, Tokenizer.from_folder(path, eos)
 
 

@@ -126,7 +126,10 @@ class Tokenizer:
             unk_token=token_of("tokenizer.ggml.unknown_token_id"),
             pad_token=token_of("tokenizer.ggml.padding_token_id"),
         )
-        hf.chat_template = meta.get("tokenizer.chat_template")
+        template = meta.get("tokenizer.chat_template")
+        if template is not None and not isinstance(template, str):  # an array failed at the first prompt
+            raise CorruptModelError(f"the GGUF's tokenizer.chat_template is not text but {type(template).__name__}")
+        hf.chat_template = template
         eos = {hf.convert_tokens_to_ids(t) for t in (token_of("tokenizer.ggml.eos_token_id"), token_of("tokenizer.ggml.eot_token_id")) if t}
         add_bos = meta.get("tokenizer.ggml.add_bos_token")
         add_bos = bool(add_bos.item() if hasattr(add_bos, "item") else add_bos) if add_bos is not None else False

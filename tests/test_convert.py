@@ -333,6 +333,23 @@ def test_safetensors_without_torch(tmp_path, capsys, mlx_ckpt):
                        atol=1e-5).item()
 
 
+def test_drafter_that_cannot_run_is_refused(tmp_path, capsys, mlx_ckpt):
+    """A drafter whose draft vocabulary holds a negative id (it crashed the process at the first
+    draft) or whose embedding scale is not finite: convert refuses it as loading does, and writes
+    nothing (it used to write the folder)."""
+    src, src_model = mlx_ckpt
+    drafter = new_drafter(src_model.args, lm_head="shared", seed=4)
+    drafter.set_draft_vocab([3, -5, 7])
+    save_drafter(drafter, tmp_path / "negative")
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", src, "--drafter", tmp_path / "negative", "--out", out)
+    assert_clean_failure(rc, lines, out, "draft_vocab", "outside the vocabulary")
+    drafter.set_draft_vocab(None)
+    save_drafter(drafter, tmp_path / "nan", {"embed_scale": float("nan")})
+    rc, lines = run_convert(capsys, "--model", src, "--drafter", tmp_path / "nan", "--out", out)
+    assert_clean_failure(rc, lines, out, "embed_scale")
+
+
 def test_interrupted_conversion_leaves_nothing(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         with OutputFolder(tmp_path / "out") as tmp:

@@ -168,6 +168,23 @@ def test_corrupt_gguf(tiny_kit, tmp_path, damage):
     raises(CorruptModelError, lambda: load(str(tmp_path / "bad.gguf")), "bad.gguf")
 
 
+def test_a_gguf_tensor_whose_type_or_offset_changed(tiny_kit, tmp_path):
+    """A changed tensor type or data offset reads another tensor's bytes: such files loaded as
+    garbage weights without an error (GGUF has no checksum); the tensors' layout now tells."""
+    good = tiny_kit.write_gguf(tmp_path / "good.gguf", tiny_kit.model(seed=0)).read_bytes()
+    at = good.find(b"blk.0.attn_q.weight") + len(b"blk.0.attn_q.weight")  # u32 dims, 2 x u64, u32 type, u64 offset
+    assert struct.unpack_from("<I", good, at) == (2,) and struct.unpack_from("<I", good, at + 20) == (0,)  # float32
+    offset = struct.unpack_from("<Q", good, at + 24)[0]
+    assert offset >= 32  # another tensor lies before it
+    for name, where, value, words in (("f16", at + 20, struct.pack("<I", 1), ["unused bytes"]),
+                                      ("moved", at + 24, struct.pack("<Q", offset - 32), ["overlaps"]),
+                                      ("unaligned", at + 24, struct.pack("<Q", offset + 4), ["alignment"])):
+        bad = bytearray(good)
+        bad[where : where + len(value)] = value
+        (tmp_path / f"{name}.gguf").write_bytes(bytes(bad))
+        raises(CorruptModelError, lambda: load(str(tmp_path / f"{name}.gguf")), f"{name}.gguf", "damaged", *words)
+
+
 def test_a_damaged_gguf_header_is_an_error_not_a_crash(tiny_kit, tmp_path):
     """MLX's GGUF reader trusts the header's counts and sizes: these damages crashed the process (a
     segmentation fault, or an assertion's abort), in a child here so a crash fails the test."""
@@ -203,6 +220,14 @@ def test_model_files_with_values_mlx_lm_cannot_use(tiny_kit, tmp_path):
                                ("rope", {"config.json": json.dumps({**cfg, "rope_theta": "10000"})},
                                 ["cannot run", "rope"]),
                                ("eos", {"generation_config.json": '{"eos_token_id": "x"}'}, ["'x'"]),
+                               # read as token 2 before
+                               ("eos-float", {"generation_config.json": '{"eos_token_id": [0, 2.5]}'},
+                                ["generation_config.json", "2.5", "not a token id"]),
+                               ("eos-negative", {"config.json": json.dumps({**cfg, "eos_token_id": -1})},
+                                ["config.json", "-1"]),
+                               # taken as is, it failed later with a message about the tokenizer
+                               ("huge-context", {"config.json": json.dumps({**cfg, "max_position_embeddings": 1e30})},
+                                ["max_position_embeddings", "more than 2147483647"]),
                                ("bytes", {"config.json": b'{"model_type": "llama", \xff}'}, ["not valid JSON",
                                                                                             "utf-8"])):
         folder = tmp_path / name
@@ -217,6 +242,10 @@ def test_model_files_with_values_mlx_lm_cannot_use(tiny_kit, tmp_path):
     raises(CorruptModelError, lambda: load(str(folder)), "max_position_embeddings -5")
     bad = tiny_kit.write_gguf(tmp_path / "notokens.gguf", tiny_kit.model(seed=0), drop_meta=["tokenizer.ggml.tokens"])
     raises(CorruptModelError, lambda: load(str(bad)), "tokenizer.ggml.tokens")
+    # a chat template stored as an array failed at the first prompt with a TypeError
+    bad = tiny_kit.write_gguf(tmp_path / "template.gguf", tiny_kit.model(seed=0),
+                              meta_extra={"tokenizer.chat_template": ["{{ messages }}", "x"]})
+    raises(CorruptModelError, lambda: load(str(bad)), "chat_template is not text")
 
 
 def test_gguf_without_hyper_parameters(tiny_kit, tmp_path):
