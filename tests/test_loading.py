@@ -165,6 +165,23 @@ def quantized_folder(tiny_kit, tmp_path, **quant):
     return model, path
 
 
+def test_dequantized_in_float32(tiny_kit, tmp_path):
+    """Float16 scales and biases (as mlx-community and GGUF store them), loaded as float32: each
+    weight is scale * q + bias in float32, as llama.cpp computes it; dequantizing in float16 (as
+    before) rounded each weight once more (~2e-4 of the largest)."""
+    model = tiny_kit.model(seed=3, hidden_size=64, intermediate_size=128)
+    path = tiny_kit.write_folder(tmp_path / "q", model, quantize=(4, 32), dtype=mx.float16)
+    stored = mx.load(str(path / "model.safetensors"))
+    w, scales, biases = (np.array(stored[f"model.layers.0.mlp.up_proj.{k}"]) for k in ("weight", "scales", "biases"))
+    assert scales.dtype == np.float16
+    q = (w[..., None] >> (4 * np.arange(8, dtype=np.uint32))) & 0xF  # eight 4-bit values a word, low bits first
+    q = q.reshape(w.shape[0], -1, 32).astype(np.float64)
+    want = (q * scales[..., None].astype(np.float64) + biases[..., None].astype(np.float64)).reshape(w.shape[0], -1)
+    got = np.array(load(str(path), weight_format="float32").model.layers[0].mlp.up_proj.weight)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max()
+
+
 def test_mlx_community_4bit_folder(tiny_kit, tmp_path):
     model, path = quantized_folder(tiny_kit, tmp_path, bits=4, group_size=32)
     cfg = json.loads((path / "config.json").read_text())
