@@ -30,7 +30,7 @@ from .config import FLOAT_FORMATS, WEIGHT_FORMATS, ModelArgs
 from .errors import CorruptModelError, ModelNotFoundError, RedrafterError, SettingError, UnsupportedModelError, one_line
 from .files import read_json_object, tidy
 from .gguf import read_gguf
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, is_token_id
 from .tuning import find_tuned
 
 DTYPES = {name: getattr(mx, name) for name in FLOAT_FORMATS}
@@ -257,7 +257,7 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
     for where, source in (("generation_config.json", generation), ("config.json", config)):
         ids = source.get("eos_token_id")
         ids = ids if isinstance(ids, list) else [ids] if ids is not None else []
-        bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or i < 0]
+        bad = [i for i in ids if not is_token_id(i)]
         if bad:  # 2.5 became token 2
             raise CorruptModelError(f"{where} in {path.name}: eos_token_id holds {bad[0]!r}, not a token id")
         eos += ids

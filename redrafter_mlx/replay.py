@@ -33,6 +33,7 @@ from .config import WEIGHT_FORMATS
 from .bench import parse_shapes as parse_ints
 from .errors import RedrafterError
 from .graph import graph_name, parse_graph
+from .tokenizer import is_token_id
 from .tuning import parse_shapes
 
 
@@ -370,7 +371,7 @@ def read_results(path: Path):
             for key in ("prompt_tokens", "tokens"):
                 if not isinstance(r.get(key), list):
                     raise ValueError(f"its ar result {i + 1} has no {key!r} list")
-                if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in r[key]):
+                if not all(is_token_id(t) for t in r[key]):
                     raise ValueError(f"its ar result {i + 1} has {key!r} that are not token ids")
             r["category"] = str(r.get("category", "") or "")
     except (ValueError, KeyError, TypeError, AttributeError) as e:  # (UnicodeDecodeError is a ValueError)

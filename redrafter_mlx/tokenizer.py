@@ -19,6 +19,13 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no "PyTorch was not 
 
 from .errors import CorruptModelError, EmptyPromptError, InvalidPromptError, UnsupportedModelError, one_line  # noqa: E402
 
+
+def is_token_id(value) -> bool:
+    """A whole number >= 0 (bools, floats such as 2.5 and negative numbers are not): what a
+    prompt, a results file or a config may hold where a token id belongs."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0
+
+
 # Pre-tokenizer per GGUF `tokenizer.ggml.pre`, as llama.cpp defines them.
 # "digits" = split every digit on its own before the GPT-2 byte-level regex.
 _LLAMA3_REGEX = (
@@ -209,7 +216,7 @@ class Tokenizer:
             ids = self.apply_chat_template(list(prompt))
         else:
             ids = prompt.tolist() if hasattr(prompt, "tolist") else list(prompt)
-            bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0), None)
+            bad = next((t for t in ids if not is_token_id(t)), None)
             if bad is not None:
                 raise InvalidPromptError(f"token ids are whole numbers from 0 to the vocabulary's size - 1, not {bad!r}")
             ids = [int(t) for t in ids]
