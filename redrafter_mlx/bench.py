@@ -405,11 +405,13 @@ def parse_args(argv=None):
                    help="longest reply per turn in tokens (default: 256)")
     p.add_argument("--modes", default="ar", help=f"comma-separated, from {', '.join(MODES)} (default: ar); "
                    "auto = the adaptive controller, which sizes each step's draft to this machine's measured cost "
-                   "(and decodes plainly where drafting does not pay); redrafter = the same when no drafting option "
-                   "below is given, else fixed drafting with those options; mlx-lm = mlx-lm's own generate_step "
+                   "(and decodes plainly where drafting does not pay); redrafter = the same, with the drafter "
+                   "required, when no drafting option below is given, else fixed drafting with those options; "
+                   "mlx-lm = mlx-lm's own generate_step "
                    "on the same model, as a reference for plain decoding")
     p.add_argument("--no-drafter", action="store_true",
-                   help="leave the model's drafter out: auto drafts from the context alone (prompt lookup)")
+                   help="leave the model's drafter out: auto drafts from the context alone (prompt lookup); "
+                   "not with --modes redrafter, which needs the drafter")
     p.add_argument("--beam-width", type=cli.positive, default=None, metavar="W",
                    help="beams drafted per step (default: the tuned shape for this model and device, else 4)")
     p.add_argument("--beam-length", type=cli.positive, default=None, metavar="L",
@@ -475,9 +477,11 @@ def parse_args(argv=None):
     if args.plot and not (args.fixed and "redrafter" in args.modes):
         p.error("--plot draws fixed drafting shapes against each other: add --grid (or --beam-width, --beam-length, "
                 "--tree) and --modes ...,redrafter")
-    if args.no_drafter and args.fixed and "redrafter" in args.modes:
-        p.error("fixed drafting (--beam-width, --beam-length, --grid, --lookup, --tree, --tree-min-prob, --tune) "
-                "needs the drafter: drop --no-drafter, or those options to run the adaptive controller")
+    if args.no_drafter and args.tune:
+        p.error("--tune measures drafting shapes, which need the drafter: drop --no-drafter")
+    if args.no_drafter and "redrafter" in args.modes:  # as the API and python -m redrafter_mlx refuse it
+        p.error("--modes redrafter needs the drafter: drop --no-drafter, or use --modes auto, which drafts from the "
+                "context alone without one")
     return args
 
 
@@ -494,9 +498,10 @@ def _bench(args) -> int:
         progress = lambda s: print(s, file=sys.stderr)  # noqa: E731
         loaded = load(args.model, drafter=args.drafter, weight_format=args.weight_format,
                       use_drafter=not args.no_drafter and args.modes != ["ar"], progress=progress)
-        if args.fixed and "redrafter" in args.modes and loaded.drafter is None:
-            raise RedrafterError(f"fixed drafting needs a drafter and none was found for {loaded.name}: pass --drafter "
-                                 "PATH, or give no drafting option to run the adaptive controller")
+        if "redrafter" in args.modes and loaded.drafter is None:
+            what = "--tune" if args.tune else "--modes redrafter"
+            raise RedrafterError(f"{what} needs a drafter and none was found for {loaded.name}: pass --drafter PATH"
+                                 + ("" if args.tune else ", or use --modes auto, which drafts from the context alone"))
     except RedrafterError as e:
         print(f"redrafter-bench: error: {e}", file=sys.stderr)
         return 2

@@ -131,6 +131,29 @@ def test_bench_options_refused_before_loading_and_a_run_without_ar(model_dir, pr
     assert rc == 0 and "speedup      -" in text and "0.00x" not in text
 
 
+def test_redrafter_mode_needs_the_drafter_as_in_the_api(model_dir, prompts, capsys):
+    """`--modes redrafter --no-drafter` ran the adaptive controller from the context alone, and so
+    did --modes redrafter for a model without a drafter, where generate(mode="redrafter") and
+    python -m redrafter_mlx --mode redrafter refuse both: now refused too (auto is the way)."""
+    import shutil
+
+    for extra in ([], ["--tree", "4"], ["--modes", "ar,auto,redrafter"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--prompts", "x", "--modes", "redrafter", "--no-drafter", *extra])
+        assert "--modes redrafter needs the drafter" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--prompts", "x", "--tune", "--no-drafter"])
+    assert "--tune measures drafting shapes, which need the drafter" in capsys.readouterr().err
+    assert bench.parse_args(["--prompts", "x", "--modes", "ar,auto", "--no-drafter"]).no_drafter
+    shutil.rmtree(model_dir / "drafter")
+    rc, _, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 1, "--max-tokens", 4,
+                     "--modes", "ar,redrafter")
+    assert rc == 2 and "--modes redrafter needs a drafter and none was found" in err and "--modes auto" in err
+    rc, text, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 1, "--max-tokens", 4,
+                      "--modes", "ar,auto")
+    assert rc == 0 and "auto" in text
+
+
 def test_prompt_files_that_would_have_failed_after_the_run(tmp_path):
     """Two questions with one id read as not identical to ar (results are matched by question); a
     category that is not a string failed in the tables after the whole run; a byte-order mark."""
