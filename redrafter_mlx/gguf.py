@@ -12,7 +12,7 @@ model read from GGUF runs with `rope_traditional=True`.
 
 import re
 from pathlib import Path
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import mlx.core as mx
 
@@ -105,8 +105,9 @@ def check_layout(path) -> None:
 def _walk(buf, size: int, path: Path, struct) -> None:
     pos = 0
 
-    def bad(what: str):
-        raise CorruptModelError(f"{path} is damaged (not a GGUF file MLX can read safely): {what} at byte {pos}")
+    def bad(what: str, at: Optional[int] = None):
+        at = pos if at is None else at  # a header field: where the walk stands; a tensor's data: where it lies
+        raise CorruptModelError(f"{path} is damaged (not a GGUF file MLX can read safely): {what} at byte {at}")
 
     def take(fmt: str):
         nonlocal pos
@@ -117,12 +118,13 @@ def _walk(buf, size: int, path: Path, struct) -> None:
         pos += n
         return out[0] if len(out) == 1 else out
 
-    def skip_string():
+    def skip_string() -> bytes:
         nonlocal pos
         n = take("<Q")
         if n > size - pos:
             bad(f"a string of {n} bytes")
         pos += n
+        return bytes(buf[pos - n : pos])
 
     def skip_value(kind: int, depth: int = 0):
         nonlocal pos
@@ -157,9 +159,7 @@ def _walk(buf, size: int, path: Path, struct) -> None:
         bad(f"{n_tensors} tensors and {n_values} metadata values in {size} bytes")
     alignment = 32
     for _ in range(n_values):
-        start = pos
-        skip_string()
-        key = bytes(buf[start + 8 : pos])
+        key = skip_string()
         kind = take("<I")
         if key == b"general.alignment" and kind == 4:
             alignment = take("<I")
@@ -169,37 +169,38 @@ def _walk(buf, size: int, path: Path, struct) -> None:
             skip_value(kind)
     infos = []
     for _ in range(n_tensors):
-        skip_string()
+        name = skip_string()[:80].decode("utf-8", "replace")
         n_dims = take("<I")
         if not 1 <= n_dims <= _MAX_DIMS:
             bad(f"a tensor of {n_dims} dimensions")
         dims = [take("<Q") for _ in range(n_dims)]
         kind, offset = take("<I"), take("<Q")
-        infos.append((dims, kind, offset))
+        infos.append((name, dims, kind, offset))
     data = pos + (-pos) % alignment
     spans = []
-    for dims, kind, offset in infos:
+    for name, dims, kind, offset in infos:
         count = 1
         for d in dims:
             count *= d
         block = _TENSOR_BLOCKS.get(kind)
         need = count // block[1] * block[0] if block else 0
         if count > 2**48 or (block and count % block[1]):
-            bad(f"a tensor of shape {dims}, not whole blocks of its type {kind}")
+            bad(f"tensor {name!r} of shape {dims}, not whole blocks of its type {kind}", data + min(offset, size))
         if data + offset + need > size:
-            bad(f"a tensor of shape {dims} and type {kind} at data offset {offset}, past the end of the file")
+            bad(f"tensor {name!r} of shape {dims} and type {kind} at data offset {offset}, past the end of the file",
+                data + min(offset, size))
         if offset % alignment:
-            bad(f"a tensor at data offset {offset}, not a multiple of the alignment {alignment}")
-        spans.append((offset, need, block is not None))
+            bad(f"tensor {name!r} at data offset {offset}, not a multiple of the alignment {alignment}", data + offset)
+        spans.append((offset, need, block is not None, name))
     # Writers lay tensors out one after another, each padded to the alignment. A tensor whose type
     # or offset was changed reads another's bytes, or leaves bytes no tensor uses: MLX loaded such
     # a file as garbage weights without a word (GGUF has no checksum).
     spans.sort()
-    for (offset, need, known), (after, _, known_after) in zip(spans, spans[1:]):
+    for (offset, need, known, name), (after, _, known_after, name_after) in zip(spans, spans[1:]):
         if known and known_after and not 0 <= after - (offset + need) < alignment:
-            what = "overlaps the next" if after < offset + need else "leaves unused bytes before the next"
-            bad(f"the tensor data at offset {offset} ({need} bytes) {what} at {after} (a tensor's type or offset "
-                "changed?)")
+            what = "overlaps" if after < offset + need else "leaves unused bytes before"
+            bad(f"tensor {name!r} (data offset {offset}, {need} bytes) {what} tensor {name_after!r} at data offset "
+                f"{after} (a tensor's type or offset changed?)", data + offset)
 
 
 def read_gguf(path) -> Tuple[Dict[str, Any], Dict[str, mx.array], Dict[str, Any]]:

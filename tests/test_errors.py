@@ -176,9 +176,15 @@ def test_a_gguf_tensor_whose_type_or_offset_changed(tiny_kit, tmp_path):
     assert struct.unpack_from("<I", good, at) == (2,) and struct.unpack_from("<I", good, at + 20) == (0,)  # float32
     offset = struct.unpack_from("<Q", good, at + 24)[0]
     assert offset >= 32  # another tensor lies before it
-    for name, where, value, words in (("f16", at + 20, struct.pack("<I", 1), ["unused bytes"]),
-                                      ("moved", at + 24, struct.pack("<Q", offset - 32), ["overlaps"]),
-                                      ("unaligned", at + 24, struct.pack("<Q", offset + 4), ["alignment"])):
+    q = mx.load(str(tmp_path / "good.gguf"))["blk.0.attn_q.weight"]
+    place = good.find(np.array(q).tobytes())  # where the tensor's data lies in the file
+    assert place > at and good.find(np.array(q).tobytes(), place + 1) == -1
+    # The message names the tensor and the byte where its data lies (it gave the tensor table's end)
+    for name, where, value, words in (
+            ("f16", at + 20, struct.pack("<I", 1), ["'blk.0.attn_q.weight'", "unused bytes", f"at byte {place}"]),
+            ("moved", at + 24, struct.pack("<Q", offset - 32), ["overlaps tensor 'blk.0.attn_q.weight'"]),
+            ("unaligned", at + 24, struct.pack("<Q", offset + 4), ["'blk.0.attn_q.weight'", "alignment",
+                                                                   f"at byte {place + 4}"])):
         bad = bytearray(good)
         bad[where : where + len(value)] = value
         (tmp_path / f"{name}.gguf").write_bytes(bytes(bad))
