@@ -407,8 +407,7 @@ def parse_args(argv=None):
                    "auto = the adaptive controller, which sizes each step's draft to this machine's measured cost "
                    "(and decodes plainly where drafting does not pay); redrafter = the same, with the drafter "
                    "required, when no drafting option below is given, else fixed drafting with those options; "
-                   "mlx-lm = mlx-lm's own generate_step "
-                   "on the same model, as a reference for plain decoding")
+                   "mlx-lm = mlx-lm's own generate_step on the same model, as a reference for plain decoding")
     p.add_argument("--no-drafter", action="store_true",
                    help="leave the model's drafter out: auto drafts from the context alone (prompt lookup); "
                    "not with --modes redrafter, which needs the drafter")

@@ -185,10 +185,10 @@ def _walk(buf, size: int, path: Path, struct) -> None:
         block = _TENSOR_BLOCKS.get(kind)
         need = count // block[1] * block[0] if block else 0
         if count > 2**48 or (block and count % block[1]):
-            bad(f"tensor {name!r} of shape {dims}, not whole blocks of its type {kind}", data + min(offset, size))
+            bad(f"tensor {name!r} of shape {dims}, not whole blocks of its type {kind}", min(data + offset, size))
         if data + offset + need > size:
             bad(f"tensor {name!r} of shape {dims} and type {kind} at data offset {offset}, past the end of the file",
-                data + min(offset, size))
+                min(data + offset, size))
         if offset % alignment:
             bad(f"tensor {name!r} at data offset {offset}, not a multiple of the alignment {alignment}", data + offset)
         spans.append((offset, need, block is not None, name))
