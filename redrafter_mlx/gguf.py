@@ -118,13 +118,17 @@ def _walk(buf, size: int, path: Path, struct) -> None:
         pos += n
         return out[0] if len(out) == 1 else out
 
-    def skip_string() -> bytes:
+    def skip_string():
         nonlocal pos
         n = take("<Q")
         if n > size - pos:
             bad(f"a string of {n} bytes")
         pos += n
-        return bytes(buf[pos - n : pos])
+
+    def read_string(limit: int) -> bytes:  # a key or a tensor's name (the vocabulary's strings are only skipped)
+        start = pos
+        skip_string()
+        return bytes(buf[start + 8 : min(pos, start + 8 + limit)])
 
     def skip_value(kind: int, depth: int = 0):
         nonlocal pos
@@ -159,7 +163,7 @@ def _walk(buf, size: int, path: Path, struct) -> None:
         bad(f"{n_tensors} tensors and {n_values} metadata values in {size} bytes")
     alignment = 32
     for _ in range(n_values):
-        key = skip_string()
+        key = read_string(len(b"general.alignment") + 1)
         kind = take("<I")
         if key == b"general.alignment" and kind == 4:
             alignment = take("<I")
@@ -169,7 +173,7 @@ def _walk(buf, size: int, path: Path, struct) -> None:
             skip_value(kind)
     infos = []
     for _ in range(n_tensors):
-        name = skip_string()[:80].decode("utf-8", "replace")
+        name = read_string(80).decode("utf-8", "replace")
         n_dims = take("<I")
         if not 1 <= n_dims <= _MAX_DIMS:
             bad(f"a tensor of {n_dims} dimensions")
