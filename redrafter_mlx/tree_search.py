@@ -34,7 +34,7 @@ import numpy as np
 
 from .graph import ALIAS_GRAFT, Merger, graft
 
-DEFAULT_MIN_PROB = 0.2  # best of 0.1 / 0.2 on the 2-core CPU (README); cheaper verification (GPU) favours lower
+DEFAULT_MIN_PROB = 0.2  # best of 0.1 / 0.2 on the 2-core CPU (docs/RESULTS.md); cheaper verification (GPU) favours lower
 
 
 class Candidates(NamedTuple):
