@@ -18,7 +18,7 @@ from redrafter_mlx import _platform  # noqa: E402,F401  (OpenBLAS before mlx)
 from redrafter_mlx.cli import add_version, describe  # noqa: E402
 from redrafter_mlx.errors import RedrafterError, one_line  # noqa: E402
 
-from .output import OutputFolder  # noqa: E402
+from .output import CancelledAfterWriting, OutputFolder  # noqa: E402
 
 EXAMPLES = """\
 examples:
@@ -156,6 +156,7 @@ def run(args, report: Reporter) -> Path:
         base_args = base.args
     else:
         base_args, base_path = _base_args_of(args.base)
+        output.protect(base_path)
         report.say(f"drafter for: {base_path}")
     if args.drafter:
         drafter_src = resolve(args.drafter, "drafter", drafter=True)
@@ -194,9 +195,13 @@ def main(argv=None) -> int:
     except RedrafterError as e:
         print(f"error: {one_line(e, limit=2000)}", file=sys.stderr)  # our own message, whole
         return 2
-    except KeyboardInterrupt:
+    except CancelledAfterWriting as e:
+        print(f"error: {e.signal_name} came as the output was renamed into place; {e.target} is whole",
+              file=sys.stderr)
+        return 143 if e.signal_name == "SIGTERM" else 130
+    except KeyboardInterrupt as e:
         print("error: cancelled; nothing was written", file=sys.stderr)
-        return 130
+        return 143 if e.args == ("terminated",) else 130  # 128 + the signal's number, as a shell reports it
     except MemoryError:
         print("error: out of memory; nothing was written", file=sys.stderr)
         return 1

@@ -13,11 +13,12 @@ dtype, the quantization and the versions of the tools that wrote the folder.
 import datetime
 import hashlib
 import json
+import os
 import shutil
 import signal
 import threading
 from pathlib import Path
-from typing import Any, Dict, Iterable, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
 from redrafter_mlx.errors import RedrafterError
 from redrafter_mlx.files import replace_folder, staging_folder, unwritable_ancestor
@@ -27,6 +28,15 @@ MANIFEST = "manifest.json"
 
 class ConversionError(RedrafterError):
     """A conversion that cannot go on (bad arguments, an existing output, ...)."""
+
+
+class CancelledAfterWriting(Exception):
+    """Ctrl-C or SIGTERM came while the finished folder was renamed into place: it was held until
+    the renames were done, so the output is whole."""
+
+    def __init__(self, target: Path, signal_name: str):
+        super().__init__(f"{signal_name} after {target} was written")
+        self.target, self.signal_name = target, signal_name
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -41,14 +51,19 @@ class OutputFolder:
     """Context manager: `with OutputFolder(target, force) as tmp: write into tmp`."""
 
     def __init__(self, target, force: bool = False):
-        self.target = Path(target).expanduser()
+        # absolute, so "." or ".." name a folder that can be renamed (and the staging folder a name)
+        self.target = Path(os.path.abspath(Path(target).expanduser()))
         self.tmp: Optional[Path] = None
+        self.made: List[Path] = []  # the folders above the target this run created (removed on failure)
         self._sigterm_installed = False
         if self.target.exists() or self.target.is_symlink():
             if not self.target.is_dir():
                 raise ConversionError(f"output {self.target} exists and is not a folder")
             if not force:
                 raise ConversionError(f"output folder {self.target} already exists (use --force to replace it)")
+            if _inside(Path.cwd(), self.target):
+                raise ConversionError(f"--force would delete the folder you are in ({self.target}): "
+                                      "choose another output folder")
         above = unwritable_ancestor(self.target)  # checked before any long work
         if above is not None:
             raise ConversionError(f"cannot create the output folder {self.target}: {above} is not a folder you can write")
@@ -60,7 +75,9 @@ class OutputFolder:
 
     def __enter__(self) -> Path:
         try:
+            missing = [a for a in self.target.parents if not a.exists()]
             self.target.parent.mkdir(parents=True, exist_ok=True)
+            self.made = missing  # deepest first
             self.tmp = staging_folder(self.target, "partial-")
         except OSError as e:  # the constructor checked the folder above; what is left: /proc, a full disk, a race
             raise ConversionError(f"cannot create the output folder {self.target}: {e.strerror or e}") from e
@@ -77,12 +94,24 @@ class OutputFolder:
         finally:
             if self.tmp is not None and self.tmp.exists():
                 shutil.rmtree(self.tmp, ignore_errors=True)
+                for folder in self.made:  # what mkdir made above the target, if nothing else is in it
+                    try:
+                        folder.rmdir()
+                    except OSError:
+                        break
             if self._sigterm_installed:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
         return False
 
     def _commit(self):
-        replace_folder(self.tmp, self.target)
+        try:
+            replace_folder(self.tmp, self.target)
+        except KeyboardInterrupt as e:  # a signal held through the renames, delivered after them
+            if self.tmp.exists():
+                raise
+            self.tmp = None
+            name = "SIGTERM" if e.args == ("terminated",) else "Ctrl-C"
+            raise CancelledAfterWriting(self.target, name) from e
         self.tmp = None
 
 

@@ -54,7 +54,17 @@ def read_chat_template(spec: Optional[str]) -> Optional[str]:
         raise ConversionError(
             f"--chat-template {spec!r} is neither a built-in template ({', '.join(BUILTIN_TEMPLATES)}) nor a file"
         )
-    return path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConversionError(f"--chat-template {spec}: not UTF-8 text (byte {e.start})") from None
+    import jinja2
+
+    try:  # as transformers compiles it (with loop controls), so a broken template fails here, not in every chat
+        jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(text)
+    except jinja2.TemplateSyntaxError as e:
+        raise ConversionError(f"--chat-template {spec}: not a valid Jinja template (line {e.lineno}: {e.message})") from None
+    return text
 
 
 def _save(hf, dest: Path, chat_template: Optional[str]):

@@ -152,12 +152,13 @@ def replace_folder(new: Path, target: Path) -> Path:
             os.rename(new, target)
             return target
         aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-{_owner()}", dir=target.parent))
-        os.rename(target, aside / "old")
         try:
-            os.rename(new, target)
-        except BaseException:
-            os.rename(aside / "old", target)
-            raise
+            os.rename(target, aside / "old")
+            try:
+                os.rename(new, target)
+            except BaseException:
+                os.rename(aside / "old", target)
+                raise
         finally:
             shutil.rmtree(aside, ignore_errors=True)
     return target

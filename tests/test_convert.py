@@ -585,3 +585,79 @@ def test_an_output_that_cannot_be_made_is_refused_before_any_work(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConversionError, match="is not a folder you can write"):
         OutputFolder(tmp_path / "file" / "out")
+
+
+def test_force_never_deletes_the_model_a_drafter_is_checked_against(tmp_path, capsys, mlx_ckpt):
+    """`--drafter D --base X --out X --force` (or the folder above X) would have replaced the base
+    model with the drafter alone: it is refused as `--model X --out X --force` is."""
+    model = tmp_path / "model"
+    assert run_convert(capsys, "--model", mlx_ckpt[0], "--out", model)[0] == 0
+    before = sorted(p.name for p in model.iterdir())
+    drafter = write_numpy_drafter(tmp_path / "d", H, V, exit_dim=2 * H, layers=1)
+    for out in (model, tmp_path):
+        rc, lines = run_convert(capsys, "--drafter", drafter, "--base", model, "--out", out, "--force")
+        assert rc != 0 and len(lines) == 1 and "--force would delete the input" in lines[0], lines
+        assert sorted(p.name for p in model.iterdir()) == before
+    assert run_convert(capsys, "--drafter", drafter, "--base", model, "--out", tmp_path / "d2")[0] == 0
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_a_signal_as_the_output_is_renamed_in_says_it_is_whole(tmp_path, capsys, monkeypatch, mlx_ckpt, force):
+    """Ctrl-C during the final renames is held until they are done: the output is whole, and the
+    message says so (it said "nothing was written")."""
+    import os
+    import signal
+
+    from redrafter_mlx import files
+
+    out = tmp_path / "model"
+    if force:
+        out.mkdir()
+        (out / "old.txt").write_text("old")
+    rename = os.rename
+
+    def rename_and_press_ctrl_c(a, b):
+        if Path(b) == out:
+            signal.raise_signal(signal.SIGINT)
+        return rename(a, b)
+
+    monkeypatch.setattr(files.os, "rename", rename_and_press_ctrl_c)
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--out", out, *(["--force"] if force else []))
+    assert rc == 130 and len(lines) == 1 and f"{out} is whole" in lines[0], lines
+    assert (out / "manifest.json").is_file() and not (out / "old.txt").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+    monkeypatch.undo()
+    assert load(str(out)).model.args.hidden_size == H
+
+
+def test_a_broken_chat_template_is_refused_before_any_work(tmp_path, capsys, mlx_ckpt):
+    """It was written into the model, and then every chat with it failed."""
+    out = tmp_path / "out"
+    (tmp_path / "bad.jinja").write_text("{% for m in messages %}{{ m['content'] }}\n{% if %}")
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--chat-template", tmp_path / "bad.jinja", "--out", out)
+    assert_clean_failure(rc, lines, out, "not a valid Jinja template", "line 2")
+    (tmp_path / "latin1.jinja").write_bytes("{{ 'café' }}".encode("latin-1"))
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--chat-template", tmp_path / "latin1.jinja",
+                            "--out", out)
+    assert_clean_failure(rc, lines, out, "not UTF-8")
+    assert "UnicodeDecodeError" not in lines[0]
+
+
+def test_a_failed_conversion_leaves_no_folders_it_made(tmp_path, capsys, mlx_ckpt):
+    src = write_numpy_drafter(tmp_path / "d", 48, V, exit_dim=96, layers=1)  # for another model
+    (tmp_path / "kept").mkdir()
+    out = tmp_path / "kept" / "new" / "deeper" / "model"
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--drafter", src, "--out", out)
+    assert rc != 0 and "hidden size 48" in lines[0]
+    assert [p.name for p in (tmp_path / "kept").iterdir()] == []
+
+
+def test_force_never_replaces_the_folder_you_are_in(tmp_path, capsys, monkeypatch, mlx_ckpt):
+    """`--out . --force` failed halfway (a folder cannot be renamed through ".") and left a hidden
+    folder behind."""
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--out", ".", "--force")
+    assert rc != 0 and len(lines) == 1 and "the folder you are in" in lines[0], lines
+    assert list(here.iterdir()) == [] and [p.name for p in tmp_path.iterdir()] == ["here"]
