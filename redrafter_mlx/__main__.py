@@ -32,7 +32,8 @@ def main(argv=None) -> int:
                    "(any of the drafting options below fixes the drafting instead); redrafter = needs a drafter; "
                    "ar = plain decoding")
     p.add_argument("--no-drafter", action="store_true",
-                   help="leave the model's drafter out (auto then drafts from the context alone)")
+                   help="leave the model's drafter out (auto then drafts from the context alone: adaptively, or only "
+                   "the copy of --lookup N when that is given)")
     p.add_argument("--max-tokens", type=cli.positive, default=256, metavar="N",
                    help="longest reply in tokens (default: 256; it also stops at the end of its turn and at the "
                    "model's context length)")

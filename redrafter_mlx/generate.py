@@ -215,7 +215,8 @@ def stream(
     measured cost curve, and parks (plain decoding) where drafting does not pay; "auto" without
     a drafter (or with use_drafter=False) drafts from the context alone where that pays.
     With any drafting setting given, drafting is fixed (mode "auto": redrafter when the model
-    has a drafter and the beam length is not 1). beam_width/beam_length: W beams of L
+    has a drafter and the beam length is not 1; without a drafter, or with use_drafter=False,
+    only the copy of a `lookup` > 0 given, else plain decoding). beam_width/beam_length: W beams of L
     tokens, L counting the base model's own (so L=1 drafts nothing; mode "auto" then
     decodes plainly, mode "redrafter" still adds the lookup beam); None takes
     the shape tuned for this device (`redrafter-bench --tune`, `loaded.beam_shape`; W=1 L=1
@@ -247,6 +248,7 @@ def stream(
                  lookup=lookup, tree=tree, graph=graph, tree_min_prob=tree_min_prob)
     drafter = loaded.drafter if use_drafter else None
     adaptive = mode != "ar" and not fixed_drafting(beam_width, beam_length, tree, lookup, tree_min_prob, draft_top_k)
+    lookup_given = lookup is not None  # (`drafting` below fills in the default)
     # The node budget is `budget`: below, `tree` holds each step's packed tree.
     beam_width, beam_length, budget, lookup, tree_min_prob = drafting(
         loaded, beam_width, beam_length, tree, lookup, tree_min_prob)
@@ -256,7 +258,10 @@ def stream(
                                  "mode 'auto' or 'ar'")
         raise RedrafterError("mode 'redrafter' with no drafter: use_drafter=False (--no-drafter) left the model's "
                              "drafter out; drop it, or use mode 'auto' or 'ar'")
-    if mode == "auto" and not adaptive:  # L=1 (e.g. tuned: plain decoding was fastest here) drafts nothing
+    if mode == "auto" and not adaptive and drafter is None and lookup_given and lookup > 0 and graph is None:
+        # fixed drafting from the context alone: the copy, and no drafter beams (L=1 calls no drafter)
+        mode, beam_width, beam_length, budget = "redrafter", 1, 1, 0
+    elif mode == "auto" and not adaptive:  # L=1 (e.g. tuned: plain decoding was fastest here) drafts nothing
         mode = "redrafter" if drafter is not None and beam_length != 1 else "ar"
     elif mode == "auto":
         mode = "redrafter"

@@ -754,3 +754,18 @@ def test_a_burst_of_load_while_parked_does_not_stay_in_the_plain_estimate():
     for _ in range(3):
         c.observe_verify(8, 0.17)  # load gone: 8 tokens verified at the calibrated speed
     assert c.plain == pytest.approx(1.25 * c.verify(1)) and c.plain < 0.13
+
+
+def test_a_fixed_lookup_without_a_drafter_drafts_the_copy():
+    """`lookup=N` with no drafter (or use_drafter=False) in mode auto decoded plainly, saying
+    nothing, while the bench's auto drafted from the context: now it drafts the copy alone."""
+    m = tiny_loaded()
+    ar = generate(m, PROMPT, mode="ar", max_tokens=120)
+    for kw in ({"use_drafter": False}, {}):
+        if not kw:
+            m.drafter = None
+        out = generate(m, PROMPT, mode="auto", max_tokens=120, lookup=8, **kw)
+        assert out.tokens == ar.tokens
+        assert out.stats.mode == "redrafter" and (out.stats.beam_width, out.stats.beam_length) == (1, 1)
+        assert out.stats.looked_up_tokens > 0 and out.stats.accepted_tokens == out.stats.looked_up_tokens
+    assert generate(m, PROMPT, mode="auto", max_tokens=20, beam_width=4).stats.mode == "ar"  # nothing to draft with
