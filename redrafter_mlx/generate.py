@@ -52,6 +52,9 @@ class PromptCache:
     A new prompt reuses the longest common prefix of ids and only prefills the rest."""
 
     def __init__(self, model):
+        if not callable(getattr(model, "make_cache", None)):  # e.g. the LoadedModel that load() returns
+            raise SettingError(f"PromptCache takes the base model, PromptCache(loaded.model), not "
+                               f"{type(model).__name__}")
         self.cache = model.make_cache()
         self.ids: List[int] = []
         self.user = None  # the stream using it (set by stream(): another call's use ends that one)
@@ -275,6 +278,8 @@ def stream(
     if max(beam_width * (beam_length - 1), budget, lookup) > MAX_DRAFT_TOKENS:
         raise SettingError(f"drafts are limited to {MAX_DRAFT_TOKENS} tokens a step, not beams of {beam_width} x "
                            f"{beam_length}, tree {budget}, lookup {lookup}")
+    if max_tokens is None:
+        raise SettingError("max_tokens must be a whole number >= 1, not None")
     if max_tokens < 1:
         raise SettingError(f"max_tokens must be >= 1, not {max_tokens}")
     if lookup < 0:
@@ -289,6 +294,8 @@ def stream(
         raise SettingError("graph drafting needs a dynamic tree: pass tree=N (--tree N) with N > 0 draft nodes, or "
                           "no drafting option at all (adaptive drafting)")
     model, tok = loaded.model, loaded.tokenizer
+    if prompt_cache is not None and not isinstance(prompt_cache, PromptCache):
+        raise SettingError(f"prompt_cache must be a PromptCache(loaded.model), not {type(prompt_cache).__name__}")
     if prompt_cache is not None and not prompt_cache.belongs_to(model):
         # another model's keys and tree state: a traceback where shapes differ, a wrong reply where they match
         raise SettingError(f"prompt_cache was made for another model, not {loaded.name}: use "

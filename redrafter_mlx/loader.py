@@ -282,6 +282,10 @@ def load(
     t0 = time.perf_counter()
     if name is not None and not isinstance(name, (str, os.PathLike)):
         raise SettingError(f"a model is a registry name, a path or a hub id, not {type(name).__name__}")
+    if isinstance(name, str) and not name.strip():  # "" loaded the default model, saying nothing
+        raise SettingError("the model name is empty: give a registry name, a path or a hub id (None: the default)")
+    if drafter is not None and not isinstance(drafter, (str, os.PathLike)):
+        raise SettingError(f"a drafter is a folder's path, not {type(drafter).__name__}")
     _resolve_format(weight_format)  # a bad format fails before any work
     resolved = registry.resolve(os.fspath(name) if name is not None else None, progress)
     if progress:

@@ -383,6 +383,12 @@ def test_a_prompt_that_is_not_text_messages_or_token_ids_says_which(tiny_loaded,
     other = load(str(tiny_model_dir), use_drafter=False)
     raises(SettingError, lambda: generate(m, "hi", mode="auto", prompt_cache=PromptCache(other.model)),
            "prompt_cache", "another model")
+    # the natural slips (an AttributeError each before): the LoadedModel for its model, a list for a cache
+    raises(SettingError, lambda: PromptCache(other), "PromptCache(loaded.model)", "LoadedModel")
+    raises(SettingError, lambda: PromptCache(None), "PromptCache(loaded.model)")
+    raises(SettingError, lambda: generate(m, "hi", mode="auto", prompt_cache=[]), "prompt_cache", "list")
+    raises(SettingError, lambda: load(str(tiny_model_dir), drafter=5), "drafter", "int")
+    raises(SettingError, lambda: load(""), "empty")
     ids = [3, vocab - 1, 7]
     assert generate(m, np.array(ids), max_tokens=3, mode="ar").tokens == generate(m, ids, max_tokens=3, mode="ar").tokens
 
@@ -404,7 +410,8 @@ def test_settings_out_of_range_are_user_errors_found_before_any_calibration(tiny
                       ({"temperature": float("nan")}, ["temperature"]), ({"temperature": -0.5}, ["temperature"]),
                       ({"top_p": 0.0}, ["top_p"]), ({"max_tokens": 0}, ["max_tokens"]),
                       ({"max_tokens": 2.5}, ["max_tokens", "whole number", "2.5"]),
-                      ({"max_tokens": "5"}, ["max_tokens", "'5'"]), ({"beam_width": True}, ["beam_width"]),
+                      ({"max_tokens": "5"}, ["max_tokens", "'5'"]), ({"max_tokens": None}, ["max_tokens", "None"]),
+                      ({"beam_width": True}, ["beam_width"]),
                       ({"beam_width": 10**6, "beam_length": 3}, ["1024 tokens", "1000000 x 3"]),
                       ({"tree": 5000}, ["tree 5000"]), ({"lookup": 2000}, ["lookup 2000"]),
                       ({"tree": 16.0}, ["tree"]), ({"tree_min_prob": "0.2"}, ["tree_min_prob", "a number"]),
