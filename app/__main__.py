@@ -131,6 +131,22 @@ def configure_parser() -> argparse.ArgumentParser:
     return p
 
 
+MAX_DRAFT_TOKENS = 1024  # redrafter_mlx.generate.MAX_DRAFT_TOKENS (a test checks they agree)
+
+
+def draft_size_error(args):
+    """What the library would refuse of the drafting options, said while parsing: the chat opened,
+    and then every reply failed. (redrafter_mlx.cli.draft_size_error's rule: importing the library
+    takes seconds during which the terminal would stay blank.)"""
+    w, length = args.beam_width, args.beam_length
+    if w is not None and length is not None and w * (length - 1) > MAX_DRAFT_TOKENS:
+        return f"-W {w} x -L {length} drafts {w * (length - 1)} tokens a step; at most {MAX_DRAFT_TOKENS}"
+    for flag, value in (("--beam-width", w), ("--beam-length", length), ("--tree", args.tree), ("--lookup", args.lookup)):
+        if value is not None and value > MAX_DRAFT_TOKENS + (flag == "--beam-length"):
+            return f"{flag} {value}: drafts are limited to {MAX_DRAFT_TOKENS} tokens a step"
+    return None
+
+
 def fixed_drafting(args) -> bool:
     """Any drafting option fixes the drafting; without one the adaptive controller sizes each step.
     The rule of redrafter_mlx.tuning.fixed_drafting (tests check they agree), written here because
@@ -142,6 +158,9 @@ def main(argv=None) -> int:
     parser = configure_parser()
     args = parser.parse_args(argv)
     fixed = fixed_drafting(args)
+    too_big = draft_size_error(args)
+    if too_big:
+        parser.error(too_big)
     if args.graph is not None and fixed and not args.tree:
         parser.error("--graph with fixed drafting (-W, -L, --lookup, --tree-min-prob) needs --tree N (N > 0 nodes); "
                      "without any of those options drafting is adaptive and takes --graph as it is")

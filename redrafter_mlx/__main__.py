@@ -78,6 +78,9 @@ def main(argv=None) -> int:
             p.error("- reads the prompt from standard input, which could not be read")
     if not args.prompt.strip():
         p.error("the prompt is empty")
+    too_big = cli.draft_size_error(args.beam_width, args.beam_length, args.tree, args.lookup)
+    if too_big:
+        p.error(too_big)
     if args.mode == "redrafter" and args.no_drafter:
         p.error("--mode redrafter needs the drafter: drop --no-drafter, or use --mode auto (the context alone) or ar")
     return cli.run("python -m redrafter_mlx", lambda: _reply(args))

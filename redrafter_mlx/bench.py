@@ -57,7 +57,8 @@ def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
     """The questions, each with its first `turns` turns ("turns"; fewer where it has fewer) and
     the first as "prompt"."""
     if not path.is_file():
-        raise RedrafterError(f"prompt file {path} not found")
+        raise RedrafterError(f"prompt file {path} is a folder: give a JSONL file" if path.is_dir()
+                             else f"prompt file {path} not found")
     out, seen = [], {}
     try:
         text = path.read_text(encoding="utf-8-sig")  # (a byte-order mark, as some editors write, is not JSON)
@@ -476,6 +477,11 @@ def parse_args(argv=None):
     if args.plot and not (args.fixed and "redrafter" in args.modes):
         p.error("--plot draws fixed drafting shapes against each other: add --grid (or --beam-width, --beam-length, "
                 "--tree) and --modes ...,redrafter")
+    for w in ([args.beam_width] if args.beam_width is not None else args.widths if args.grid else [None]):
+        for length in ([args.beam_length] if args.beam_length is not None else args.lengths if args.grid else [None]):
+            too_big = cli.draft_size_error(w, length, max(args.tree or [0]) or None, max(args.lookup or [0]) or None)
+            if too_big:
+                p.error(too_big)
     if args.no_drafter and args.tune:
         p.error("--tune measures drafting shapes, which need the drafter: drop --no-drafter")
     if args.no_drafter and "redrafter" in args.modes:  # as the API and python -m redrafter_mlx refuse it

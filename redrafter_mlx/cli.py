@@ -61,6 +61,23 @@ def number(minimum: float = 0.0, maximum: Optional[float] = None, above: bool = 
     return parse
 
 
+MAX_DRAFT_TOKENS = 1024  # generate.MAX_DRAFT_TOKENS (a test checks they agree; this module stays light)
+
+
+def draft_size_error(beam_width: Optional[int], beam_length: Optional[int], tree: Optional[int],
+                     lookup: Optional[int]) -> Optional[str]:
+    """What generate would refuse of the drafting options given (None: not given), said while parsing:
+    it was said after the model had loaded (seconds here, minutes for a large model)."""
+    if beam_width is not None and beam_length is not None and beam_width * (beam_length - 1) > MAX_DRAFT_TOKENS:
+        return f"-W {beam_width} x -L {beam_length} drafts {beam_width * (beam_length - 1)} tokens a step; at most " \
+               f"{MAX_DRAFT_TOKENS}"
+    for flag, value in (("--beam-width", beam_width), ("--beam-length", beam_length), ("--tree", tree),
+                        ("--lookup", lookup)):
+        if value is not None and value > MAX_DRAFT_TOKENS + (flag == "--beam-length"):
+            return f"{flag} {value}: drafts are limited to {MAX_DRAFT_TOKENS} tokens a step"
+    return None
+
+
 def temperature(text: str) -> float:
     """An argparse type: a sampling temperature, a finite number >= 0 (0 = greedy)."""
     value = _parse(float, text)

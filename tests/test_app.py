@@ -608,3 +608,24 @@ def test_the_engine_thread_frees_its_mlx_streams_when_closed(monkeypatch):
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                               cwd=str(__import__("pathlib").Path(__file__).parent.parent))
         assert proc.returncode == 0, proc.stderr
+
+
+def test_drafts_too_big_are_refused_while_parsing(capsys):
+    """-W 100 -L 16, --tree 5000 and --lookup 5000 opened the chat, then every reply failed with
+    the library's limit: now they are refused at once, by the library's own rule."""
+    from app.__main__ import MAX_DRAFT_TOKENS, draft_size_error, main
+    from redrafter_mlx import cli
+    from redrafter_mlx.generate import MAX_DRAFT_TOKENS as LIMIT
+
+    assert MAX_DRAFT_TOKENS == cli.MAX_DRAFT_TOKENS == LIMIT
+    p = configure_parser()
+    for argv, words in ((["-W", "100", "-L", "16"], ["-W 100 x -L 16", "1500"]), (["--tree", "5000"], ["--tree 5000"]),
+                        (["--lookup", "5000"], ["--lookup 5000"]), (["-W", "2000"], ["--beam-width 2000"])):
+        a = p.parse_args(argv)
+        assert draft_size_error(a) == cli.draft_size_error(a.beam_width, a.beam_length, a.tree, a.lookup)
+        with pytest.raises(SystemExit):
+            main(argv)
+        err = capsys.readouterr().err
+        assert all(w in err for w in words), err
+    for argv in (["-W", "64", "-L", "17"], ["--tree", "1024", "--lookup", "1024"], ["-L", "1025"]):
+        assert draft_size_error(p.parse_args(argv)) is None

@@ -107,7 +107,10 @@ def test_bench_refuses_bad_options_before_loading(tmp_path, capsys, monkeypatch)
                        (["--temperature", "-1"], "argument --temperature: must be >= 0"),
                        (["--beam-width", "0"], "argument --beam-width: must be at least 1"),
                        (["--json", str(tmp_path / "nowhere" / "r.json")], "argument --json: folder"),
-                       (["--plot", str(tmp_path)], "argument --plot:")):
+                       (["--plot", str(tmp_path)], "argument --plot:"),
+                       (["--modes", "redrafter", "--tree", "16,5000"], "--tree 5000: drafts are limited to 1024"),
+                       (["--grid", "--modes", "redrafter", "--widths", "1,300", "--lengths", "4,5"],
+                        "-W 300 x -L 5 drafts 1200")):
         with pytest.raises(SystemExit):
             bench.main(["--prompts", str(prompts), *argv])
         assert said in capsys.readouterr().err
@@ -115,6 +118,22 @@ def test_bench_refuses_bad_options_before_loading(tmp_path, capsys, monkeypatch)
     empty.write_text("\n")
     assert bench.main(["--prompts", str(empty)]) == 2
     assert "holds no questions" in capsys.readouterr().err
+    assert bench.main(["--prompts", str(tmp_path)]) == 2
+    assert "is a folder: give a JSONL file" in capsys.readouterr().err  # it said "not found"
+
+
+def test_main_cli_refuses_drafts_too_big_before_loading(capsys, monkeypatch):
+    """They were refused after the model had loaded (seconds here, minutes for a large model)."""
+    from redrafter_mlx import __main__ as main_cli
+    from redrafter_mlx import loader
+
+    monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("loaded a model for a bad option"))
+    for argv, said in ((["--beam-width", "100000", "--beam-length", "10"], "-W 100000 x -L 10 drafts 900000"),
+                       (["--tree", "5000"], "--tree 5000: drafts are limited to 1024 tokens a step"),
+                       (["--lookup", "2000"], "--lookup 2000")):
+        with pytest.raises(SystemExit):
+            main_cli.main([*argv, "hi"])
+        assert said in capsys.readouterr().err
 
 
 def test_main_cli_refuses_a_prompt_over_the_context_before_calibrating(tiny_kit, tmp_path, capsys, monkeypatch):
