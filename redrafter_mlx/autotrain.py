@@ -227,7 +227,7 @@ def parse_args(argv=None):
                         "instead of the shipped seed tasks and GSM8K questions; never MT-Bench")
     p.add_argument("--eval-prompts", type=Path, default=None, metavar="FILE.jsonl",
                    help="held-out prompts for the evaluation (default: the shipped held-out set)")
-    p.add_argument("--work", type=Path, default=None,
+    p.add_argument("--work", type=cli.work_folder, default=None,
                    help="folder for the resumable work (default: the package cache, train/<model>)")
     p.add_argument("--force", action="store_true",
                    help="install even when the drafter in place drafts more tokens per step")

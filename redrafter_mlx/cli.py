@@ -110,6 +110,24 @@ def writable_file(text: str):
     return path
 
 
+def work_folder(text: str):
+    """An argparse type: a folder for a long run's work, made now if it is missing, so a path that
+    cannot be one is refused before any model loads (it was said after the load, with advice to
+    run the command again)."""
+    from pathlib import Path
+
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot make the folder {path}: {e.strerror or e}") from None
+    if not os.access(path, os.W_OK):
+        raise argparse.ArgumentTypeError(f"folder {path} cannot be written")
+    return path
+
+
 def describe(error: OSError) -> str:
     """An OS error as one line: what failed and on which path."""
     what = error.strerror or str(error) or type(error).__name__

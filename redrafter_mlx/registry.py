@@ -48,7 +48,7 @@ class ResolvedModel:
     @property
     def drafter_home(self) -> Path:
         """Where a drafter trained for this model is installed and looked for first: beside a
-        GGUF file (<file>.drafter/), in a model folder (<folder>/drafter/), and for a hub
+        GGUF file (<name>.drafter/ for <name>.gguf), in a model folder (<folder>/drafter/), and for a hub
         snapshot in this package's cache (the hub cache's snapshots are replaced on update)."""
         if self.kind == "gguf":
             return self.path.with_suffix(".drafter")

@@ -143,3 +143,17 @@ def test_a_drafter_place_that_cannot_be_written_is_refused_first(tmp_path):
         autotrain._check_installable(blocked / "drafter")
     autotrain._check_installable(tmp_path / "model" / "drafter")  # a folder that can be made is fine
     assert not (tmp_path / "model").exists()  # and the check makes nothing
+
+
+def test_a_work_folder_that_cannot_be_one_is_refused_before_loading(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """It was refused after the model had loaded, with "run the same command again to resume"."""
+    from redrafter_mlx import loader
+
+    monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("loaded the model for a bad --work"))
+    (tmp_path / "file").write_text("x")
+    for work, said in ((tmp_path / "file", "is a file, not a folder"),
+                       (tmp_path / "file" / "below", "cannot make the folder")):
+        with pytest.raises(SystemExit):
+            autotrain.main(["--model", str(tiny_model_dir), "--work", str(work)])
+        err = capsys.readouterr().err
+        assert "argument --work" in err and said in err and "again" not in err, err
