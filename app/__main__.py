@@ -28,7 +28,7 @@ in the app:
   Enter send · Up/Down prompt history · Esc or Ctrl+C cancel the reply (the streamed part stays)
   Ctrl+N new chat · Ctrl+Y copy the last reply · Ctrl+T speculative decoding on/off
   F5/F6 beam width -/+ · F7/F8 beam length -/+ (a fixed beam) · /auto adaptive again
-  /help lists the /commands · Ctrl+Q quits
+  F2 stats panel on/off · Ctrl+P all commands · /help lists the /commands · Ctrl+Q quits
 """
 
 

@@ -184,9 +184,9 @@ class ChatApp(App):
             self._note("A fixed beam needs a drafter and this model has none: drafting stays adaptive, from the "
                        "conversation alone where that pays.", "warning")
         if info.drafter is not None:
-            state = "on" if self.settings.speculative else "off"
             how = "adaptive" if self.settings.adaptive else "fixed beam"
-            self._note(f"Speculative decoding (ReDrafter) is {state}, {how}: Ctrl+T toggles it, F5-F8 fix a beam, "
+            state = f"on, {how}" if self.settings.speculative else f"off (plain decoding; {how} when on)"
+            self._note(f"Speculative decoding (ReDrafter) is {state}: Ctrl+T toggles it, F5-F8 fix a beam, "
                        "/auto returns to adaptive. /help lists keys and commands.")
         else:
             self._note("/help lists keys and commands.")
@@ -214,7 +214,7 @@ class ChatApp(App):
     async def on_input_submitted(self, event: PromptInput.Submitted):
         prompt = self.query_one(PromptInput)
         typed = event.value.strip()
-        if not typed:
+        if not PromptInput.message(typed).strip():  # a pasted run of blank lines shows as "⏎", not as space
             prompt.value = ""
             self.notify("The message is empty: type something first.", severity="warning")
             return
@@ -434,7 +434,7 @@ class ChatApp(App):
             elif name == "spec" and args in ([], ["on"], ["off"]):
                 self.action_toggle_speculative(None if not args else args[0] == "on")
             elif name == "beam" and len(args) in (1, 2):
-                w, l = args if len(args) == 2 else args[0].lower().split("x")
+                w, l = args if len(args) == 2 else args[0].replace("×", "x").split("x")  # "2×5" as the panel writes it
                 self.set_beam(int(w), int(l))
             elif name == "width" and len(args) == 1:
                 self.set_beam(int(args[0]), self.settings.beam_length)

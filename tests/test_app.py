@@ -265,6 +265,8 @@ async def test_toggle_speculative_and_change_the_beam_live():
         assert "acceptance   —" in panel(app)
         await pilot.press("ctrl+t", "f6", "f6", "f7")
         assert "beam         6 × 3 (width × length)" in panel(app)
+        await ask(pilot, "/beam 3×4")  # as the panel writes it
+        assert (app.settings.beam_width, app.settings.beam_length) == (3, 4)
         await ask(pilot, "/beam 2x5")
         assert (app.settings.beam_width, app.settings.beam_length) == (2, 5)
         await ask(pilot, "Fast please.")
@@ -475,6 +477,13 @@ async def test_a_pasted_text_keeps_its_line_breaks():
         box.post_message(events.Paste("one line"))
         await pilot.pause()
         assert box.value == "one line"  # Input's own paste
+        box.value = ""
+        box.post_message(events.Paste(" \n \n "))  # blank lines show as "⏎": still an empty message
+        await pilot.pause()
+        calls = len(engine.calls)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert len(engine.calls) == calls and len(app.query(UserMessage)) == 1
 
 
 async def test_a_fixed_beam_without_a_drafter_says_it_stays_adaptive():
@@ -629,3 +638,12 @@ def test_drafts_too_big_are_refused_while_parsing(capsys):
         assert all(w in err for w in words), err
     for argv in (["-W", "64", "-L", "17"], ["--tree", "1024", "--lookup", "1024"], ["-L", "1025"]):
         assert draft_size_error(p.parse_args(argv)) is None
+
+
+async def test_the_opening_notice_says_plain_decoding_when_speculation_starts_off():
+    """With --no-speculative it read "is off, adaptive"."""
+    app = create_app(FakeEngine(["x"]), Settings(speculative=False))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        said = " ".join(str(n.render()) for n in app.query(Notice))
+        assert "is off (plain decoding; adaptive when on)" in said and "off, adaptive" not in said
