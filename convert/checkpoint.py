@@ -55,8 +55,9 @@ def resolve(source: str, what: str, drafter: bool = False) -> Path:
     except Exception as e:
         kind = type(e).__name__
         if "RepositoryNotFound" in kind or "404" in str(e):
-            raise ModelNotFoundError(f"no {what} {source!r} on the Hugging Face hub") from e
-        raise NetworkError(f"could not fetch {source!r} from the Hugging Face hub ({kind}): {_first_line(e)}") from e
+            raise ModelNotFoundError(f"no {what} {source!r} on the Hugging Face hub, nor a local path") from e
+        raise NetworkError(f"{what} {source!r} is not a local path, and it could not be fetched from the Hugging Face "
+                           f"hub ({kind}): {_first_line(e)}") from e
     return folder
 
 

@@ -30,7 +30,7 @@ class ConversionError(RedrafterError):
     """A conversion that cannot go on (bad arguments, an existing output, ...)."""
 
 
-class CancelledAfterWriting(Exception):
+class CancelledAfterWriting(KeyboardInterrupt):
     """Ctrl-C or SIGTERM came while the finished folder was renamed into place: it was held until
     the renames were done, so the output is whole."""
 

@@ -192,7 +192,10 @@ def resolve(name: Optional[str] = None, progress=None) -> ResolvedModel:
         raise ModelNotFoundError(f"GGUF file not found: {path}")
     parts = name.split("/")
     if len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~")):
-        return ResolvedModel(name, fetch_hub(name, progress))
+        try:
+            return ResolvedModel(name, fetch_hub(name, progress))
+        except (ModelNotFoundError, NetworkError) as e:  # "models/mine" mistyped is tried as a hub id: say both
+            raise type(e)(f"{e} (nor is {name!r} a local path)") from e
     raise ModelNotFoundError(
         f"unknown model {name!r}: not a known name ({', '.join(sorted(models))}), "
         "an existing .gguf file or folder, or a Hugging Face hub id (org/name)"

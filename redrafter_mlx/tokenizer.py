@@ -205,6 +205,9 @@ class Tokenizer:
         elif not isinstance(prompt, Sequence) and not hasattr(prompt, "tolist"):
             raise InvalidPromptError("a prompt is text, a list of messages ({'role': ..., 'content': ...}) or a list of "
                                      f"token ids, not {type(prompt).__name__}")
+        elif len(prompt) and isinstance(prompt[0], str):
+            raise InvalidPromptError("a prompt list holds messages ({'role': ..., 'content': ...}) or token ids, not "
+                                     "strings: pass the text as one string, or each turn as a message")
         elif len(prompt) and isinstance(prompt[0], dict):
             for i, m in enumerate(prompt):
                 if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):

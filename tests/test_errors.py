@@ -315,7 +315,7 @@ def test_hub_id_without_network(monkeypatch, tmp_path):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read at import time
     repo = "no-such-org-7f3a/no-such-model-7f3a"
     msg = raises((NetworkError, ModelNotFoundError), lambda: load(repo), repo)
-    assert "hub" in msg.lower()
+    assert "hub" in msg.lower() and "nor is" in msg and "a local path" in msg  # a mistyped "models/mine" reads as one
 
 
 def test_default_model_download_without_network(monkeypatch, tmp_path):
@@ -368,7 +368,8 @@ def test_a_prompt_that_is_not_text_messages_or_token_ids_says_which(tiny_loaded,
     m = tiny_loaded
     vocab = m.model.args.vocab_size
     for prompt, words in [([1, vocab], ["token ids", f"0 to {vocab - 1}", str(vocab)]), ([-3, 5], ["-3", "size - 1"]),
-                          ([1.5, 2], ["1.5"]), ([True], ["True"]), (["a"], ["'a'"]), (None, ["not NoneType"]),
+                          ([1.5, 2], ["1.5"]), ([True], ["True"]), (["hi", "there"], ["not strings", "one string"]),
+                          (None, ["not NoneType"]),
                           (5, ["list of token ids", "not int"]),
                           ([{"role": "user"}], ["message 0", "'content': str"]),
                           ([{"role": "user", "content": "hi"}, "x"], ["message 1"]),
