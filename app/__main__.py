@@ -158,6 +158,10 @@ def main(argv=None) -> int:
     parser = configure_parser()
     args = parser.parse_args(argv)
     fixed = fixed_drafting(args)
+    if args.drafter is not None and args.no_drafter:
+        parser.error("--drafter PATH and --no-drafter ask for opposite things: give one")
+    if args.no_context_graph and args.graph is None:
+        parser.error("--no-context-graph applies to graph drafting: add --graph K, or drop it")
     too_big = draft_size_error(args)
     if too_big:
         parser.error(too_big)

@@ -482,6 +482,10 @@ def parse_args(argv=None):
             too_big = cli.draft_size_error(w, length, max(args.tree or [0]) or None, max(args.lookup or [0]) or None)
             if too_big:
                 p.error(too_big)
+    if args.drafter is not None and args.no_drafter:
+        p.error("--drafter PATH and --no-drafter ask for opposite things: give one")
+    if args.grid and "redrafter" not in args.modes:
+        p.error("--grid runs fixed drafting shapes, in --modes ...,redrafter: add that mode")
     if args.no_drafter and args.tune:
         p.error("--tune measures drafting shapes, which need the drafter: drop --no-drafter")
     if args.no_drafter and "redrafter" in args.modes:  # as the API and python -m redrafter_mlx refuse it

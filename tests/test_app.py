@@ -629,7 +629,9 @@ def test_drafts_too_big_are_refused_while_parsing(capsys):
     assert MAX_DRAFT_TOKENS == cli.MAX_DRAFT_TOKENS == LIMIT
     p = configure_parser()
     for argv, words in ((["-W", "100", "-L", "16"], ["-W 100 x -L 16", "1500"]), (["--tree", "5000"], ["--tree 5000"]),
-                        (["--lookup", "5000"], ["--lookup 5000"]), (["-W", "2000"], ["--beam-width 2000"])):
+                        (["--lookup", "5000"], ["--lookup 5000"]), (["-W", "2000"], ["--beam-width 2000"]),
+                        (["--drafter", "d", "--no-drafter"], ["opposite things"]),  # and options it ignored
+                        (["--no-context-graph"], ["applies to graph drafting"])):
         a = p.parse_args(argv)
         assert draft_size_error(a) == cli.draft_size_error(a.beam_width, a.beam_length, a.tree, a.lookup)
         with pytest.raises(SystemExit):

@@ -109,6 +109,8 @@ def test_bench_refuses_bad_options_before_loading(tmp_path, capsys, monkeypatch)
                        (["--json", str(tmp_path / "nowhere" / "r.json")], "argument --json: folder"),
                        (["--plot", str(tmp_path)], "argument --plot:"),
                        (["--modes", "redrafter", "--tree", "16,5000"], "--tree 5000: drafts are limited to 1024"),
+                       (["--drafter", "d", "--no-drafter"], "--drafter PATH and --no-drafter"),
+                       (["--grid"], "--grid runs fixed drafting shapes"),
                        (["--grid", "--modes", "redrafter", "--widths", "1,300", "--lengths", "4,5"],
                         "-W 300 x -L 5 drafts 1200")):
         with pytest.raises(SystemExit):
@@ -122,7 +124,7 @@ def test_bench_refuses_bad_options_before_loading(tmp_path, capsys, monkeypatch)
     assert "is a folder: give a JSONL file" in capsys.readouterr().err  # it said "not found"
 
 
-def test_main_cli_refuses_drafts_too_big_before_loading(capsys, monkeypatch):
+def test_main_cli_refuses_drafts_too_big_and_contradictions_before_loading(capsys, monkeypatch):
     """They were refused after the model had loaded (seconds here, minutes for a large model)."""
     from redrafter_mlx import __main__ as main_cli
     from redrafter_mlx import loader
@@ -130,7 +132,9 @@ def test_main_cli_refuses_drafts_too_big_before_loading(capsys, monkeypatch):
     monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("loaded a model for a bad option"))
     for argv, said in ((["--beam-width", "100000", "--beam-length", "10"], "-W 100000 x -L 10 drafts 900000"),
                        (["--tree", "5000"], "--tree 5000: drafts are limited to 1024 tokens a step"),
-                       (["--lookup", "2000"], "--lookup 2000")):
+                       (["--lookup", "2000"], "--lookup 2000"),
+                       (["--drafter", "d", "--no-drafter"], "--drafter PATH and --no-drafter"),
+                       (["--no-context-graph"], "--no-context-graph applies to graph drafting")):
         with pytest.raises(SystemExit):
             main_cli.main([*argv, "hi"])
         assert said in capsys.readouterr().err
