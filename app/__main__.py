@@ -7,6 +7,8 @@
 import argparse
 import os
 import sys
+from pathlib import Path
+from typing import Optional
 
 from .engine import Engine, Settings
 
@@ -147,6 +149,20 @@ def draft_size_error(args):
     return None
 
 
+def missing_path(args) -> Optional[str]:
+    """A --model or --drafter that names a local path that is not there, said before the chat opens
+    (the screen opened, and the error waited for Ctrl+Q). redrafter_mlx.cli.missing_drafter's rule
+    for the drafter; a model is a path when it ends in .gguf or starts with /, . or ~ (else it may
+    be a registry name or a hub id)."""
+    model = args.model
+    if model and model.strip() and (model.endswith(".gguf") or model.startswith(("/", ".", "~"))) \
+            and not Path(model).expanduser().exists():
+        return f"--model {model}: no such file or folder"
+    if args.drafter is not None and not (Path(args.drafter).expanduser() / "config.json").is_file():
+        return f"--drafter {args.drafter}: no drafter there (a folder with config.json and the weights)"
+    return None
+
+
 def fixed_drafting(args) -> bool:
     """Any drafting option fixes the drafting; without one the adaptive controller sizes each step.
     The rule of redrafter_mlx.tuning.fixed_drafting (tests check they agree), written here because
@@ -162,6 +178,9 @@ def main(argv=None) -> int:
         parser.error("--drafter PATH and --no-drafter ask for opposite things: give one")
     if args.no_context_graph and args.graph is None:
         parser.error("--no-context-graph applies to graph drafting: add --graph K, or drop it")
+    missing = missing_path(args)
+    if missing:
+        parser.error(missing)
     too_big = draft_size_error(args)
     if too_big:
         parser.error(too_big)

@@ -80,6 +80,8 @@ def main(argv=None) -> int:
         p.error("the prompt is empty")
     if args.drafter is not None and args.no_drafter:
         p.error("--drafter PATH and --no-drafter ask for opposite things: give one")
+    if cli.missing_drafter(args.drafter):
+        p.error(cli.missing_drafter(args.drafter))
     if args.no_context_graph and args.graph is None:
         p.error("--no-context-graph applies to graph drafting: add --graph K, or drop it")
     too_big = cli.draft_size_error(args.beam_width, args.beam_length, args.tree, args.lookup)

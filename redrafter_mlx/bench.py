@@ -484,6 +484,8 @@ def parse_args(argv=None):
                 p.error(too_big)
     if args.drafter is not None and args.no_drafter:
         p.error("--drafter PATH and --no-drafter ask for opposite things: give one")
+    if cli.missing_drafter(args.drafter):
+        p.error(cli.missing_drafter(args.drafter))
     if args.grid and "redrafter" not in args.modes:
         p.error("--grid runs fixed drafting shapes, in --modes ...,redrafter: add that mode")
     if args.no_drafter and args.tune:

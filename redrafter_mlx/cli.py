@@ -78,6 +78,15 @@ def draft_size_error(beam_width: Optional[int], beam_length: Optional[int], tree
     return None
 
 
+def missing_drafter(path: Optional[str]) -> Optional[str]:
+    """A --drafter that names no drafter folder, said while parsing (it was said after the model loaded)."""
+    from pathlib import Path
+
+    if path is not None and not (Path(path).expanduser() / "config.json").is_file():
+        return f"--drafter {path}: no drafter there (a folder with config.json and the weights)"
+    return None
+
+
 def temperature(text: str) -> float:
     """An argparse type: a sampling temperature, a finite number >= 0 (0 = greedy)."""
     value = _parse(float, text)

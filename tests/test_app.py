@@ -642,6 +642,20 @@ def test_drafts_too_big_are_refused_while_parsing(capsys):
         assert draft_size_error(p.parse_args(argv)) is None
 
 
+def test_a_missing_model_path_or_drafter_is_refused_before_the_chat_opens(monkeypatch, capsys, tmp_path):
+    """The screen opened, and the error waited for Ctrl+Q (with no terminal, forever)."""
+    import app.app as app_module
+    from app.__main__ import main
+
+    monkeypatch.setattr(app_module, "create_app", lambda *a: pytest.fail("the chat opened"))
+    for argv, said in ((["--model", str(tmp_path / "none.gguf")], "none.gguf: no such file or folder"),
+                       (["--model", "./models/mine"], "--model ./models/mine: no such file or folder"),
+                       (["--drafter", str(tmp_path)], "no drafter there")):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert said in capsys.readouterr().err
+
+
 async def test_the_opening_notice_says_plain_decoding_when_speculation_starts_off():
     """With --no-speculative it read "is off, adaptive"."""
     app = create_app(FakeEngine(["x"]), Settings(speculative=False))

@@ -134,7 +134,8 @@ def test_main_cli_refuses_drafts_too_big_and_contradictions_before_loading(capsy
                        (["--tree", "5000"], "--tree 5000: drafts are limited to 1024 tokens a step"),
                        (["--lookup", "2000"], "--lookup 2000"),
                        (["--drafter", "d", "--no-drafter"], "--drafter PATH and --no-drafter"),
-                       (["--no-context-graph"], "--no-context-graph applies to graph drafting")):
+                       (["--no-context-graph"], "--no-context-graph applies to graph drafting"),
+                       (["--drafter", "no-such-folder"], "--drafter no-such-folder: no drafter there")):
         with pytest.raises(SystemExit):
             main_cli.main([*argv, "hi"])
         assert said in capsys.readouterr().err
