@@ -223,10 +223,10 @@ def parse_args(argv=None):
                                                  "(default: the registry default)")
     p.add_argument("--budget", choices=sorted(BUDGETS), default="quick", help=BUDGET_HELP)
     p.add_argument("--prompts", type=Path, nargs="+", default=None, metavar="FILE.jsonl",
-                   help="your own training prompts (JSONL lines with 'prompt', 'instruction' or 'question'), "
+                   help="your own training prompts (JSONL lines with 'prompt', 'instruction', 'question' or 'turns'), "
                         "instead of the shipped seed tasks and GSM8K questions; never MT-Bench")
     p.add_argument("--eval-prompts", type=Path, default=None, metavar="FILE.jsonl",
-                   help="held-out prompts for the evaluation (default: the shipped held-out set)")
+                   help="held-out prompts for the evaluation, in the same format (default: the shipped held-out set)")
     p.add_argument("--work", type=cli.work_folder, default=None,
                    help="folder for the resumable work (default: the package cache, train/<model>)")
     p.add_argument("--force", action="store_true",
@@ -411,14 +411,14 @@ def main(argv=None):
     try:
         report(run(args))
     except RedrafterError as e:
-        sys.exit(f"redrafter-train: {e}")
+        sys.exit(f"redrafter-train: error: {e}")  # as the other command lines say a user error
     except KeyboardInterrupt:
         print("redrafter-train: interrupted; run the same command again to resume", file=sys.stderr)
         sys.exit(130)
     except OSError as e:  # a folder that cannot be written, a full disk: the stages done so far are kept
         from .cli import describe
 
-        sys.exit(f"redrafter-train: {describe(e)}; run the same command again to resume")
+        sys.exit(f"redrafter-train: error: {describe(e)}; run the same command again to resume")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,9 @@ from .files import signals_held  # noqa: E402
 
 def read_prompts(paths: Sequence[Path]) -> List[str]:
     """User messages from alpaca ({instruction, input}), self-instruct seeds ({instruction,
-    instances}) and GSM8K ({question}) JSONL files, in file order."""
+    instances}), GSM8K ({question}), {prompt} and Spec-Bench ({turns}: the first) JSONL files, in
+    file order. A row with none of those keys is an error that names its line (such rows were
+    skipped, saying nothing); a row whose prompt is blank is skipped."""
     out = []
     for path in paths:
         if "mt_bench" in Path(path).name:
@@ -51,14 +53,22 @@ def read_prompts(paths: Sequence[Path]) -> List[str]:
                 continue
             try:
                 row = json.loads(line)
-                text = row.get("instruction") or row.get("question") or row.get("prompt") or ""
+                if not isinstance(row, dict):
+                    raise TypeError(f"a row is a JSON object, not a {type(row).__name__}")
+                keys = ("instruction", "question", "prompt", "turns")
+                if not any(k in row for k in keys):
+                    raise KeyError(f"none of {', '.join(keys)} (it has {', '.join(map(str, row)) or 'no keys'})")
+                turns = row.get("turns")
+                text = row.get("instruction") or row.get("question") or row.get("prompt") or (
+                    turns[0] if isinstance(turns, list) and turns else "")
                 instances = row.get("instances")
                 extra = row.get("input") or (instances[0].get("input") if instances else "")
                 text = f"{text}\n\n{extra}" if extra else text
                 if not isinstance(text, str):
                     raise TypeError(f"a prompt is text, not {type(text).__name__}")
             except (AttributeError, KeyError, IndexError, TypeError) as e:
-                raise ValueError(f"line {n} is not an alpaca, self-instruct or GSM8K row: {type(e).__name__}: {e}") from e
+                why = e.args[0] if isinstance(e, KeyError) and e.args else e
+                raise ValueError(f"line {n} is not an alpaca, self-instruct, GSM8K or Spec-Bench row: {why}") from e
             # a lone surrogate ("\ud800" in scraped JSON) is not text the tokenizer or a hash can take
             text = text.encode("utf-8", "replace").decode("utf-8")
             if text.strip():
@@ -420,7 +430,8 @@ def read_prompt_files(paths: List[Path]) -> List[List[str]]:
         except (ValueError, AttributeError) as e:  # json.JSONDecodeError is a ValueError
             raise RedrafterError(f"{path}: {str(e).splitlines()[0]}") from e
         if not prompts:
-            raise RedrafterError(f"{path} holds no prompts (JSONL lines with 'prompt', 'instruction' or 'question')")
+            raise RedrafterError(f"{path} holds no prompts (JSONL lines with 'prompt', 'instruction', 'question' or "
+                                 "'turns')")
         groups.append(prompts)
     return groups
 

@@ -245,8 +245,18 @@ def test_prompt_rows_of_the_wrong_shape_and_lone_surrogates(tmp_path):
     f.write_text('{"instruction": "Say hi \\ud800"}\n{"instruction": "Add", "instances": [{"input": "1 2"}]}\n')
     assert read_prompts([f]) == ["Say hi ?", "Add\n\n1 2"]
     f.write_text('{"instruction": "ok"}\n{"instruction": "x", "instances": {"a": 1}}\n')
-    with pytest.raises(RedrafterError, match="line 2 is not an alpaca, self-instruct or GSM8K row"):
+    with pytest.raises(RedrafterError, match="line 2 is not an alpaca, self-instruct, GSM8K or Spec-Bench row"):
         read_prompt_files([f])
+    # rows with none of the keys were skipped, saying nothing; a list row leaked an AttributeError
+    f.write_text('{"instruction": "ok"}\n{"text": "lost"}\n')
+    with pytest.raises(RedrafterError, match="line 2 .*none of instruction, question, prompt, turns .it has text"):
+        read_prompt_files([f])
+    f.write_text('{"instruction": "ok"}\n["a list"]\n')
+    with pytest.raises(RedrafterError, match="line 2 .*a row is a JSON object, not a list") as e:
+        read_prompt_files([f])
+    assert "AttributeError" not in str(e.value)
+    f.write_text('{"question_id": 1, "turns": ["First turn", "second"]}\n{"instruction": ""}\n')  # Spec-Bench
+    assert read_prompts([f]) == ["First turn"]
     f.write_text('{"question": 5}\n')
     with pytest.raises(RedrafterError, match="a prompt is text, not int"):
         read_prompt_files([f])
