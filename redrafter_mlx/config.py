@@ -68,6 +68,7 @@ class ModelArgs(BaseArgs):
             if not 2 <= context <= MAX_CONTEXT:  # 1e30 was taken as is and failed later, in the tokenizer
                 raise ValueError(f"max_position_embeddings {context} (a context of fewer than 2 tokens or "
                                  f"more than {MAX_CONTEXT})")
+            check_head_counts(config)
             return cls(model_type=model_type, hidden_size=hidden, vocab_size=int(get("vocab_size")),
                        num_hidden_layers=int(get("num_hidden_layers")),
                        max_position_embeddings=context,
@@ -75,6 +76,16 @@ class ModelArgs(BaseArgs):
                        embed_scale=hidden**0.5 if model_type in SCALED_EMBEDDINGS else 1.0)
         except (TypeError, ValueError, OverflowError) as e:
             raise CorruptModelError(f"config.json holds a size that is not a usable number: {e}") from e
+
+
+def check_head_counts(config: Dict[str, Any]):
+    """0 attention heads failed later: in mlx-lm with a ZeroDivisionError, in the converter as the
+    tokenizer's fault. A ValueError that names the key (int() raises one for a value not a number)."""
+    text = config.get("text_config") or {}
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        value = config.get(key, text.get(key))
+        if value is not None and int(value) < 1:
+            raise ValueError(f"{key} {value}")
 
 
 @dataclass

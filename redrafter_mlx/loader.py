@@ -26,7 +26,7 @@ import mlx.nn as nn
 from . import registry
 from ._platform import device_description, fast_cpu_blas, on_cpu
 from .base_model import TreeModel, check_supported, self_check
-from .config import FLOAT_FORMATS, WEIGHT_FORMATS, ModelArgs
+from .config import FLOAT_FORMATS, WEIGHT_FORMATS, ModelArgs, check_head_counts
 from .errors import CorruptModelError, ModelNotFoundError, RedrafterError, SettingError, UnsupportedModelError, one_line
 from .files import read_json_object, tidy
 from .gguf import read_gguf
@@ -97,6 +97,10 @@ def model_classes(config: Dict[str, Any]):
     if not model_type:
         raise UnsupportedModelError("config.json has no model_type: not a model mlx-lm can build")
     check_supported(str(model_type))
+    try:
+        check_head_counts(config)
+    except (TypeError, ValueError) as e:
+        raise CorruptModelError(f"config.json holds a size that is not a usable number: {e}") from e
     try:
         return _get_classes(config)
     except ValueError as e:

@@ -461,6 +461,18 @@ def test_missing_config(tmp_path, capsys, mlx_ckpt):
     assert_clean_failure(rc, lines, out, "config.json")
 
 
+def test_zero_attention_heads_is_the_config_s_fault(tmp_path, capsys, mlx_ckpt):
+    """It read "cannot load the tokenizer ...: integer modulo by zero"."""
+    src = tmp_path / "src"
+    shutil.copytree(mlx_ckpt[0], src)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "num_attention_heads": 0}))
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", src, "--out", out)
+    assert_clean_failure(rc, lines, out, "config.json", "num_attention_heads 0")
+    assert "tokenizer" not in lines[0]
+
+
 def test_truncated_safetensors(tmp_path, mlx_ckpt):
     """Through the real command line: exit code, one line, no traceback, no output."""
     src = tmp_path / "src"
