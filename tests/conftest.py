@@ -244,6 +244,18 @@ class TinyKit:
         return Path(path)
 
 
+@pytest.fixture
+def ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt for the test, as in a terminal: a shell starts a background job
+    (`bash .ci/run &`) with SIGINT ignored, and a signal the code holds and then delivers again is
+    then lost, so the tests that press Ctrl-C failed there."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture(scope="session")
 def tiny_kit():
     return TinyKit()

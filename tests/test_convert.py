@@ -614,7 +614,8 @@ def test_force_never_deletes_the_model_a_drafter_is_checked_against(tmp_path, ca
 
 
 @pytest.mark.parametrize("force", [False, True])
-def test_a_signal_as_the_output_is_renamed_in_says_it_is_whole(tmp_path, capsys, monkeypatch, mlx_ckpt, force):
+def test_a_signal_as_the_output_is_renamed_in_says_it_is_whole(tmp_path, capsys, monkeypatch, mlx_ckpt, force,
+                                                              ctrl_c_raises):
     """Ctrl-C during the final renames is held until they are done: the output is whole, and the
     message says so (it said "nothing was written")."""
     import os

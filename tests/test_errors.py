@@ -500,7 +500,7 @@ def test_written_folders_are_as_readable_as_mkdir_makes_them(tiny_kit, tmp_path)
     assert (tmp_path / "converted").stat().st_mode & 0o777 == 0o755
 
 
-def test_ctrl_c_while_a_folder_is_replaced_leaves_the_new_one(tiny_kit, tmp_path, monkeypatch):
+def test_ctrl_c_while_a_folder_is_replaced_leaves_the_new_one(tiny_kit, tmp_path, monkeypatch, ctrl_c_raises):
     """Replacing a drafter (save_drafter, redrafter-train's install) or a converted model
     (`convert --force`) takes two renames: Ctrl-C between them left no folder in place. It is
     held until both are done, then raised."""

@@ -99,7 +99,7 @@ def test_distill_round_trip_and_resume(samples, tmp_path):
     assert len(sorted(out.glob("shard-*.npz"))) == len(shards) + 1
 
 
-def test_ctrl_c_as_a_shard_is_written_keeps_its_prompts_done(tmp_path, monkeypatch):
+def test_ctrl_c_as_a_shard_is_written_keeps_its_prompts_done(tmp_path, monkeypatch, ctrl_c_raises):
     """A shard and its prompts' keys in done.txt are written together: Ctrl-C right after the
     shard was renamed into place left its keys out, and a resumed run answered the batch again."""
     import os
