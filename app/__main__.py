@@ -151,7 +151,7 @@ def draft_size_error(args):
 
 def missing_path(args) -> Optional[str]:
     """A --model or --drafter that names a local path that is not there, said before the chat opens
-    (the screen opened, and the error waited for Ctrl+Q). redrafter_mlx.cli.missing_drafter's rule
+    (the screen opened, and the error waited for Ctrl+Q). redrafter_mlx.cli.drafter_error's rule
     for the drafter; a model is a path when it ends in .gguf or starts with /, . or ~ (else it may
     be a registry name or a hub id)."""
     model = args.model

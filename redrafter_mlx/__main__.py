@@ -78,10 +78,9 @@ def main(argv=None) -> int:
             p.error("- reads the prompt from standard input, which could not be read")
     if not args.prompt.strip():
         p.error("the prompt is empty")
-    if args.drafter is not None and args.no_drafter:
-        p.error("--drafter PATH and --no-drafter ask for opposite things: give one")
-    if cli.missing_drafter(args.drafter):
-        p.error(cli.missing_drafter(args.drafter))
+    bad_drafter = cli.drafter_error(args.drafter, args.no_drafter)
+    if bad_drafter:
+        p.error(bad_drafter)
     if args.no_context_graph and args.graph is None:
         p.error("--no-context-graph applies to graph drafting: add --graph K, or drop it")
     too_big = cli.draft_size_error(args.beam_width, args.beam_length, args.tree, args.lookup)

@@ -482,10 +482,9 @@ def parse_args(argv=None):
             too_big = cli.draft_size_error(w, length, max(args.tree or [0]) or None, max(args.lookup or [0]) or None)
             if too_big:
                 p.error(too_big)
-    if args.drafter is not None and args.no_drafter:
-        p.error("--drafter PATH and --no-drafter ask for opposite things: give one")
-    if cli.missing_drafter(args.drafter):
-        p.error(cli.missing_drafter(args.drafter))
+    bad_drafter = cli.drafter_error(args.drafter, args.no_drafter)
+    if bad_drafter:
+        p.error(bad_drafter)
     if args.grid and "redrafter" not in args.modes:
         p.error("--grid runs fixed drafting shapes, in --modes ...,redrafter: add that mode")
     if args.no_drafter and args.tune:

@@ -78,10 +78,13 @@ def draft_size_error(beam_width: Optional[int], beam_length: Optional[int], tree
     return None
 
 
-def missing_drafter(path: Optional[str]) -> Optional[str]:
-    """A --drafter that names no drafter folder, said while parsing (it was said after the model loaded)."""
+def drafter_error(path: Optional[str], no_drafter: bool) -> Optional[str]:
+    """What is wrong with --drafter PATH (and --no-drafter), said while parsing: the two together
+    were ignored, and a folder with no drafter was said after the model loaded."""
     from pathlib import Path
 
+    if path is not None and no_drafter:
+        return "--drafter PATH and --no-drafter ask for opposite things: give one"
     if path is not None and not (Path(path).expanduser() / "config.json").is_file():
         return f"--drafter {path}: no drafter there (a folder with config.json and the weights)"
     return None

@@ -80,12 +80,16 @@ class ModelArgs(BaseArgs):
 
 def check_head_counts(config: Dict[str, Any]):
     """0 attention heads failed later: in mlx-lm with a ZeroDivisionError, in the converter as the
-    tokenizer's fault. A ValueError that names the key (int() raises one for a value not a number)."""
+    tokenizer's fault. A CorruptModelError that names the key."""
     text = config.get("text_config") or {}
     for key in ("num_attention_heads", "num_key_value_heads"):
         value = config.get(key, text.get(key))
-        if value is not None and int(value) < 1:
-            raise ValueError(f"{key} {value}")
+        try:
+            usable = value is None or int(value) >= 1
+        except (TypeError, ValueError, OverflowError):
+            usable = False
+        if not usable:
+            raise CorruptModelError(f"config.json holds a size that is not a usable number: {key} {value}")
 
 
 @dataclass

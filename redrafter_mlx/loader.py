@@ -97,10 +97,7 @@ def model_classes(config: Dict[str, Any]):
     if not model_type:
         raise UnsupportedModelError("config.json has no model_type: not a model mlx-lm can build")
     check_supported(str(model_type))
-    try:
-        check_head_counts(config)
-    except (TypeError, ValueError) as e:
-        raise CorruptModelError(f"config.json holds a size that is not a usable number: {e}") from e
+    check_head_counts(config)
     try:
         return _get_classes(config)
     except ValueError as e:
