@@ -17,7 +17,9 @@ The cache always holds exactly `PromptCache.ids`: a step interrupted by an excep
 (KeyboardInterrupt included) is rolled back, so a cancelled reply leaves it whole.
 """
 
+import difflib
 import functools
+import inspect
 import numbers
 import threading
 import time
@@ -156,6 +158,17 @@ def _check_types(**settings):
             raise SettingError(f"{name} must be {what}, not {value!r}")
 
 
+def _check_names(caller: str, kwargs) -> None:
+    """An unknown setting names the function the user called and the setting meant, if one is
+    close (`generate(m, p, max_token=9)` said "stream() got an unexpected keyword argument")."""
+    known = [name for name in inspect.signature(stream).parameters if name not in ("loaded", "prompt")]
+    for name in kwargs:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}{hint}")
+
+
 _SHARED_LOCK = threading.RLock()  # for models without a TreeState (the tests' stand-ins)
 
 
@@ -166,6 +179,7 @@ def _one_step_at_a_time(fn):
 
     @functools.wraps(fn)
     def wrapper(loaded, prompt, *args, **kwargs):
+        _check_names(fn.__name__, kwargs)
         lock = getattr(getattr(loaded.model, "state", None), "lock", None) or _SHARED_LOCK
         inner = fn(loaded, prompt, *args, **kwargs)
         try:
@@ -527,6 +541,7 @@ def stream(
 
 def generate(loaded, prompt, **kwargs) -> Generation:
     """Run `stream` to the end; returns text, token ids, prompt ids and stats."""
+    _check_names("generate", kwargs)
     text, tokens, steps, last = [], [], [], None
     for last in stream(loaded, prompt, **kwargs):
         text.append(last.text)

@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from redrafter_mlx import generate, load, registry
+from redrafter_mlx import generate, load, registry, stream
 from redrafter_mlx.config import DrafterArgs
 from redrafter_mlx.drafter import Drafter, check_compatible, load_drafter, new_drafter, save_drafter
 from redrafter_mlx.errors import (
@@ -390,6 +390,11 @@ def test_a_prompt_that_is_not_text_messages_or_token_ids_says_which(tiny_loaded,
     raises(SettingError, lambda: generate(m, "hi", mode="auto", prompt_cache=[]), "prompt_cache", "list")
     raises(SettingError, lambda: load(str(tiny_model_dir), drafter=5), "drafter", "int")
     raises(SettingError, lambda: load(""), "empty")
+    # an unknown setting names the function called (generate said "stream() got ...") and the one meant
+    with pytest.raises(TypeError, match=r"^generate\(\) got an unexpected keyword argument 'max_token' \(did you mean 'max_tokens'\?\)$"):
+        generate(m, "hi", max_token=3)
+    with pytest.raises(TypeError, match=r"^stream\(\) got an unexpected keyword argument 'colour'$"):
+        next(stream(m, "hi", colour=1))
     ids = [3, vocab - 1, 7]
     assert generate(m, np.array(ids), max_tokens=3, mode="ar").tokens == generate(m, ids, max_tokens=3, mode="ar").tokens
 
