@@ -64,7 +64,7 @@ def main(argv=None) -> int:
                         "get what followed there (the context graph); K = 0 matches on the token alone. Fixed "
                         "drafting needs --tree N")
     p.add_argument("--no-context-graph", action="store_true", help="with --graph: GSD alone, without the context graph")
-    p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--system", default=None, help="system prompt (blank or left out: the chat template's default, if it has one)")
     p.add_argument("--weight-format", default="auto", choices=WEIGHT_FORMATS,
                    help="auto = the fastest for this device (default); stored = as in the file (e.g. 4-bit); or "
                    "float32, float16, bfloat16")
@@ -109,7 +109,8 @@ def _reply(args) -> int:
         print(last.text, end="", flush=True)
     print()
     s = last.stats
-    line = (f"[{s.mode}: {s.new_tokens} tokens, {s.tokens_per_second:.1f} tok/s, {s.tokens_per_step:.2f} tokens/step, "
+    label = "redrafter, adaptive" if s.mode == "auto" and args.mode == "redrafter" else s.mode  # what ran
+    line = (f"[{label}: {s.new_tokens} tokens, {s.tokens_per_second:.1f} tok/s, {s.tokens_per_step:.2f} tokens/step, "
             f"prefill {s.prefill_seconds:.2f}s ({s.prompt_tokens} tokens), stop: {last.finish_reason}")
     if s.mode == "redrafter":
         line += f", acceptance {s.acceptance_rate:.2f}, W={s.beam_width} L={s.beam_length}"

@@ -198,7 +198,9 @@ class Tokenizer:
             _check_text(prompt, "the prompt")
             if not prompt.strip():
                 raise EmptyPromptError("the prompt is empty")
-            messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+            # a blank system prompt is no system prompt ("" kept the template's default, "  " replaced it)
+            messages = ([{"role": "system", "content": system}] if system and system.strip() else []) + [
+                {"role": "user", "content": prompt}]
             ids = self.apply_chat_template(messages)
         elif isinstance(prompt, (bytes, bytearray)):  # a Sequence of ints, which read as token ids
             raise InvalidPromptError("a prompt is text, not bytes: decode it first (e.g. .decode('utf-8'))")

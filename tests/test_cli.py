@@ -166,3 +166,18 @@ def test_main_cli_refuses_a_prompt_over_the_context_before_calibrating(tiny_kit,
     assert main(["--model", str(tiny_kit.write_folder(tmp_path / "long", tiny_kit.model(seed=0))),
                  "--max-tokens", "4", "hi"]) == 0
     assert "[measuring this machine]" in capsys.readouterr().err
+
+
+def test_main_cli_labels_an_adaptive_redrafter_run_as_such(tiny_kit, tmp_path, capsys):
+    """`--mode redrafter` with no drafting option runs the adaptive controller: its stats line said
+    `[auto: ...`, the mode the user did not ask for."""
+    from redrafter_mlx.__main__ import main
+    from redrafter_mlx.drafter import new_drafter, save_drafter
+
+    model = tiny_kit.model(seed=0)
+    path = tiny_kit.write_folder(tmp_path / "m", model)
+    save_drafter(new_drafter(model.args, lm_head="shared", seed=1), path / "drafter")
+    assert main(["--model", str(path), "--mode", "redrafter", "--max-tokens", "4", "hi"]) == 0
+    assert "\n[redrafter, adaptive: 4 tokens" in capsys.readouterr().err
+    assert main(["--model", str(path), "--mode", "redrafter", "--beam-width", "2", "--beam-length", "3", "--max-tokens", "4", "hi"]) == 0
+    assert "\n[redrafter: 4 tokens" in capsys.readouterr().err

@@ -97,6 +97,9 @@ def test_chat_template_multi_turn(tiny_kit, tiny_loaded):
     # A str prompt is one user message; system= puts a system message first.
     assert tok.decode(tok.prompt_ids("hi 🙂")) == "<|im_start|>user\nhi 🙂<|im_end|>\n<|im_start|>assistant\n"
     assert tok.prompt_ids("again?", system="be brief") == tok.prompt_ids(msgs[:1] + msgs[3:])
+    # A blank system prompt is no system prompt, as an empty one is ("  " put a blank system message first).
+    for blank in ("", "  ", "\n"):
+        assert tok.prompt_ids("again?", system=blank) == tok.prompt_ids("again?")
     # Token ids pass through as they are.
     assert tok.prompt_ids([5, 6, 7]) == [5, 6, 7]
     assert tok.apply_chat_template(msgs, add_generation_prompt=False) == tok.hf.encode(
