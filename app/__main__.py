@@ -170,6 +170,12 @@ def fixed_drafting(args) -> bool:
     return any(v is not None for v in (args.beam_width, args.beam_length, args.lookup, args.tree, args.tree_min_prob))
 
 
+def has_terminal() -> bool:
+    """The chat draws on a terminal and reads keys from one: with input or output redirected it drew
+    escape codes into the file and waited forever, spinning a core."""
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
+
 def main(argv=None) -> int:
     parser = configure_parser()
     args = parser.parse_args(argv)
@@ -187,6 +193,9 @@ def main(argv=None) -> int:
     if args.graph is not None and fixed and not args.tree:
         parser.error("--graph with fixed drafting (-W, -L, --lookup, --tree-min-prob) needs --tree N (N > 0 nodes); "
                      "without any of those options drafting is adaptive and takes --graph as it is")
+    if not has_terminal():
+        parser.error("the chat needs a terminal, and its input or output is redirected; for a reply in a script: "
+                     "python -m redrafter_mlx PROMPT (or - to read the prompt from standard input)")
     from .app import create_app
 
     settings = Settings(

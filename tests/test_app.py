@@ -7,6 +7,7 @@ screens; and one short reply from the real default model (its weights must be ca
 fetchable: set REDRAFTER_CACHE).
 """
 
+import sys
 import threading
 import time
 
@@ -540,8 +541,21 @@ def test_command_line_refusals_and_the_drafting_rule(monkeypatch, capsys):
             pass
 
     monkeypatch.setattr(app_module, "create_app", lambda engine, settings: Failed())
+    monkeypatch.setattr("app.__main__.has_terminal", lambda: True)
     assert main(["--model", "nope"]) == 1
     assert capsys.readouterr().err == "redrafter-chat: error: unknown model 'nope': not a known name\n"
+
+
+def test_the_chat_without_a_terminal_says_so_and_exits():
+    """`redrafter-chat < /dev/null` (or `| cat`) drew escape codes into the pipe and waited forever,
+    spinning a core: it needs a terminal, and says so in one line before loading anything."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "app", "--model", "nope"], stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.splitlines()[-1].startswith("redrafter-chat: error: the chat needs a terminal")
+    assert "python -m redrafter_mlx PROMPT" in out.stderr
 
 
 # ---- snapshots (regenerate with: pytest tests/test_app.py --snapshot-update) -----------------
