@@ -408,7 +408,8 @@ def parse_args(argv=None):
                    "auto = the adaptive controller, which sizes each step's draft to this machine's measured cost "
                    "(and decodes plainly where drafting does not pay); redrafter = the same, with the drafter "
                    "required, when no drafting option below is given, else fixed drafting with those options; "
-                   "mlx-lm = mlx-lm's own generate_step on the same model, as a reference for plain decoding")
+                   "mlx-lm = mlx-lm's own generate_step on the same model, as a reference for plain decoding. The "
+                   "drafting options below shape the redrafter column only (auto stays adaptive), so they need it")
     p.add_argument("--no-drafter", action="store_true",
                    help="leave the model's drafter out: auto drafts from the context alone (prompt lookup); "
                    "not with --modes redrafter, which needs the drafter")
@@ -487,6 +488,11 @@ def parse_args(argv=None):
         p.error(bad_drafter)
     if args.grid and "redrafter" not in args.modes:
         p.error("--grid runs fixed drafting shapes, in --modes ...,redrafter: add that mode")
+    if args.fixed and not args.grid and "redrafter" not in args.modes:  # they were ignored, saying nothing
+        p.error("the drafting options (--beam-width, --beam-length, --lookup, --tree, --tree-min-prob) shape --modes "
+                "redrafter, and --modes " + ",".join(args.modes) + " has no redrafter column ('auto' is adaptive): "
+                + ("drop them (without the drafter, 'auto' drafts the context's copy as it pays)" if args.no_drafter
+                   else "add redrafter to --modes, or drop them"))
     if args.no_drafter and args.tune:
         p.error("--tune measures drafting shapes, which need the drafter: drop --no-drafter")
     if args.no_drafter and "redrafter" in args.modes:  # as the API and python -m redrafter_mlx refuse it

@@ -111,6 +111,9 @@ def test_bench_refuses_bad_options_before_loading(tmp_path, capsys, monkeypatch)
                        (["--modes", "redrafter", "--tree", "16,5000"], "--tree 5000: drafts are limited to 1024"),
                        (["--drafter", "d", "--no-drafter"], "--drafter PATH and --no-drafter"),
                        (["--grid"], "--grid runs fixed drafting shapes"),
+                       (["--modes", "ar,auto", "--lookup", "8"], "has no redrafter column ('auto' is adaptive): add"),
+                       (["--no-drafter", "--modes", "auto", "--lookup", "8"], "drop them (without the drafter"),
+                       (["--beam-width", "2"], "--modes ar has no redrafter column"),
                        (["--grid", "--modes", "redrafter", "--widths", "1,300", "--lengths", "4,5"],
                         "-W 300 x -L 5 drafts 1200")):
         with pytest.raises(SystemExit):
