@@ -142,7 +142,7 @@ def draft_size_error(args):
     takes seconds during which the terminal would stay blank.)"""
     w, length = args.beam_width, args.beam_length
     if w is not None and length is not None and w * (length - 1) > MAX_DRAFT_TOKENS:
-        return f"-W {w} x -L {length} drafts {w * (length - 1)} tokens a step; at most {MAX_DRAFT_TOKENS}"
+        return f"beams of {w} x {length} tokens draft {w * (length - 1)} tokens a step; at most {MAX_DRAFT_TOKENS}"
     for flag, value in (("--beam-width", w), ("--beam-length", length), ("--tree", args.tree), ("--lookup", args.lookup)):
         if value is not None and value > MAX_DRAFT_TOKENS + (flag == "--beam-length"):
             return f"{flag} {value}: drafts are limited to {MAX_DRAFT_TOKENS} tokens a step"

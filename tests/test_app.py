@@ -642,7 +642,7 @@ def test_drafts_too_big_are_refused_while_parsing(capsys):
 
     assert MAX_DRAFT_TOKENS == cli.MAX_DRAFT_TOKENS == LIMIT
     p = configure_parser()
-    for argv, words in ((["-W", "100", "-L", "16"], ["-W 100 x -L 16", "1500"]), (["--tree", "5000"], ["--tree 5000"]),
+    for argv, words in ((["-W", "100", "-L", "16"], ["beams of 100 x 16 tokens draft 1500"]), (["--tree", "5000"], ["--tree 5000"]),
                         (["--lookup", "5000"], ["--lookup 5000"]), (["-W", "2000"], ["--beam-width 2000"]),
                         (["--drafter", "d", "--no-drafter"], ["opposite things"]),  # and options it ignored
                         (["--no-context-graph"], ["applies to graph drafting"])):
