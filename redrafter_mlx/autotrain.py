@@ -264,16 +264,20 @@ def _check_installable(home: Path):
                              "write access there")
 
 
-def _start_afresh_if_other_data(work: Path, groups: List[List[str]], model: str = ""):
+def _start_afresh_if_other_data(work: Path, groups: List[List[str]], model: str = "", settings: str = ""):
     """A work folder holds one run's data: replies distilled from other prompts or by another model
     (`model`: a digest of its weight files), and a drafter trained on them, would be resumed as if
     they were this run's (a second run with new --prompts, or `--model ./m` from another folder,
-    trained 0 steps and installed the old drafter). So they go, and the run says so."""
-    key = hashlib.sha256(json.dumps([groups, model] if model else groups).encode()).hexdigest()[:16]
+    trained 0 steps and installed the old drafter). So they go, and the run says so. So do a run's
+    under other `settings` (--budget, --weight-format): a second run with --budget standard kept the
+    quick run's 128-token replies and resumed its training, while its manifest said standard."""
+    key = hashlib.sha256(json.dumps([groups, model, settings] if settings else [groups, model] if model else groups)
+                         .encode()).hexdigest()[:16]
     mark = work / "data_key.txt"
     stale = [work / name for name in ("prompts.json", "distill", "train", "state.json") if (work / name).exists()]
     if stale and (not mark.is_file() or mark.read_text().strip() != key):
-        print(f"redrafter-train: {work} holds a run on other prompts or another model: starting afresh there",
+        print(f"redrafter-train: {work} holds a run on other prompts, another model or other settings (--budget, "
+              "--weight-format): starting afresh there",
               file=sys.stderr)
         for path in stale:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
@@ -291,7 +295,10 @@ def run(args) -> Dict:
     user_prompts = args.prompts is not None
     groups = read_prompt_files(args.prompts) if user_prompts else shipped_groups()
     eval_set = read_prompt_files([args.eval_prompts or EVAL_PROMPTS])[0][: budget.eval_prompts]
-    check_seeds(groups[0])  # before the model loads
+    # self-instruct's seeds: every prompt the user gave (the first file's alone were, so the order of the
+    # files decided whether a run was refused), else the shipped seed tasks
+    seeds = [p for g in groups for p in g] if user_prompts else groups[0]
+    check_seeds(seeds)  # before the model loads
     resolved = registry.resolve(args.model)
     work = args.work or registry.cache_dir() / "train" / _safe(resolved.name)
     loaded = load(args.model, weight_format=args.weight_format, use_drafter=False,
@@ -301,7 +308,7 @@ def run(args) -> Dict:
     work.mkdir(parents=True, exist_ok=True)
     from .costs import model_files_digest
 
-    _start_afresh_if_other_data(work, groups, model_files_digest(resolved.path))
+    _start_afresh_if_other_data(work, groups, model_files_digest(resolved.path), f"{args.budget} {args.weight_format}")
     log = Log(work)
     batch_size = args.batch_size or (128 if mx.default_device().type == mx.cpu else 64)
     print(f"redrafter-train: {resolved.name} on {_platform.device_description()}, budget {args.budget} "
@@ -309,7 +316,6 @@ def run(args) -> Dict:
 
     # 1. self-instruct: new tasks from the seeds (the shipped seed tasks, or the user's prompts). The
     # prompt list is fixed once made, so a resumed run answers the same prompts.
-    seeds = groups[0]
     chosen = work / "prompts.json"
     key = hashlib.sha256(json.dumps([groups, asdict(budget)]).encode()).hexdigest()[:16]
     kept = json.loads(chosen.read_text()) if chosen.is_file() else {}
@@ -402,7 +408,8 @@ def report(m: Dict, out=None):
     if m["installed"]:
         print(f"installed {m['installed']} (redrafter-chat --model {m['model']} and load() use it)", file=out)
     else:
-        print(f"not installed: the drafter in place drafts more tokens per step; the new one is at {m['kept_at']} "
+        tie = ev[shape + " (in place)"]["tokens_per_step"] == ev[shape + " (new)"]["tokens_per_step"]
+        print(f"not installed: the drafter in place drafts {'as many' if tie else 'more'} tokens per step; the new one is at {m['kept_at']} "
               "(--force installs it)", file=out)
 
 

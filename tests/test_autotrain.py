@@ -70,7 +70,7 @@ def test_train_command_resumes_installs_and_keeps_a_better_drafter(tiny_model_di
     # Run again: the drafter in place is as good (the same), so it stays unless --force.
     stamp = (home / "manifest.json").stat().st_mtime_ns
     autotrain.main(argv)
-    assert "not installed" in capsys.readouterr().out
+    assert "not installed: the drafter in place drafts as many tokens per step" in capsys.readouterr().out
     assert (home / "manifest.json").stat().st_mtime_ns == stamp
     autotrain.main(argv + ["--force"])
     assert "installed" in capsys.readouterr().out and (home / "manifest.json").stat().st_mtime_ns != stamp
@@ -95,7 +95,7 @@ def test_shipped_prompts_are_there_and_not_mt_bench():
 
 
 def test_new_prompts_start_afresh_and_long_eval_prompts_are_left_out(tiny_model_dir, tmp_path, tiny_budget, capsys,
-                                                                     tiny_kit):
+                                                                     tiny_kit, monkeypatch):
     """A second run in the same work folder on other prompts must not resume the first run's replies
     and drafter (it had trained 0 steps and installed the old weights); evaluation prompts longer than
     the model's context are left out instead of failing after training; fewer than 3 prompts is refused."""
@@ -115,7 +115,7 @@ def test_new_prompts_start_afresh_and_long_eval_prompts_are_left_out(tiny_model_
     err = capsys.readouterr().err
     assert "1 of 2 prompts are longer than the context" in err and "starting afresh" not in err
     autotrain.main(argv + ["--prompts", str(prompts("b", "chore")), "--force"])
-    assert "holds a run on other prompts or another model: starting afresh" in capsys.readouterr().err
+    assert "holds a run on other prompts, another model or other settings" in capsys.readouterr().err
     steps = [json.loads(line)["step"] for line in (work / "train" / "train_log.jsonl").read_text().splitlines()
              if '"loss"' in line]
     assert steps == list(range(1, 9))  # trained anew, not resumed at step 8
@@ -125,13 +125,32 @@ def test_new_prompts_start_afresh_and_long_eval_prompts_are_left_out(tiny_model_
     other = tiny_kit.write_folder(tmp_path / "other-model", tiny_kit.model(seed=2))
     other_argv = [str(other) if a == str(tiny_model_dir) else a for a in argv]
     autotrain.main(other_argv + ["--prompts", str(prompts("b", "chore"))])
-    assert "another model: starting afresh" in capsys.readouterr().err
+    assert "another model or other settings (--budget, --weight-format): starting afresh" in capsys.readouterr().err
     assert (other / "drafter" / "model.safetensors").read_bytes() != \
         (tiny_model_dir / "drafter" / "model.safetensors").read_bytes()
+    # the same prompts, model and work folder, another weight format (or budget): not the first run's replies
+    autotrain.main(other_argv + ["--prompts", str(prompts("b", "chore")), "--weight-format", "float16", "--force"])
+    assert "starting afresh" in capsys.readouterr().err
+    steps = [json.loads(line)["step"] for line in (work / "train" / "train_log.jsonl").read_text().splitlines()
+             if '"loss"' in line]
+    assert steps == list(range(1, 9))  # trained anew, not resumed at step 8
     two = tmp_path / "two.jsonl"
     two.write_text(json.dumps({"prompt": "x"}) + "\n" + json.dumps({"prompt": "y"}) + "\n")
     with pytest.raises(SystemExit, match="give at least 3"):
         autotrain.main(argv + ["--prompts", str(two)])
+
+    # every file given seeds self-instruct: two prompts first and twelve after were refused (the first file's alone)
+    class Checked(Exception):
+        pass
+
+    def resolve(*a, **k):
+        raise Checked
+
+    from redrafter_mlx import registry
+
+    monkeypatch.setattr(registry, "resolve", resolve)  # the seeds passed: stop before the model loads
+    with pytest.raises(Checked):
+        autotrain.main(argv + ["--prompts", str(two), str(prompts("a", "task"))])
 
 
 def test_a_drafter_place_that_cannot_be_written_is_refused_first(tmp_path):

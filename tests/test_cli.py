@@ -115,7 +115,7 @@ def test_bench_refuses_bad_options_before_loading(tmp_path, capsys, monkeypatch)
                        (["--no-drafter", "--modes", "auto", "--lookup", "8"], "drop them (without the drafter"),
                        (["--beam-width", "2"], "--modes ar has no redrafter column"),
                        (["--grid", "--modes", "redrafter", "--widths", "1,300", "--lengths", "4,5"],
-                        "-W 300 x -L 5 drafts 1200")):
+                        "beams of 300 x 5 tokens draft 1200")):
         with pytest.raises(SystemExit):
             bench.main(["--prompts", str(prompts), *argv])
         assert said in capsys.readouterr().err
@@ -133,7 +133,7 @@ def test_main_cli_refuses_drafts_too_big_and_contradictions_before_loading(capsy
     from redrafter_mlx import loader
 
     monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("loaded a model for a bad option"))
-    for argv, said in ((["--beam-width", "100000", "--beam-length", "10"], "-W 100000 x -L 10 drafts 900000"),
+    for argv, said in ((["--beam-width", "100000", "--beam-length", "10"], "beams of 100000 x 10 tokens draft 900000"),
                        (["--tree", "5000"], "--tree 5000: drafts are limited to 1024 tokens a step"),
                        (["--lookup", "2000"], "--lookup 2000"),
                        (["--drafter", "d", "--no-drafter"], "--drafter PATH and --no-drafter"),
