@@ -352,6 +352,20 @@ def main(argv=None) -> int:
         p.error("--context-ceiling bounds fixed drafting; it does not apply to --auto")
     if args.no_drafter and not args.auto:
         p.error("--no-drafter replays the adaptive controller: add --auto PROFILE")
+    # options that were ignored, saying nothing (and drafts no decoding would run: --shapes 99999x99999 ran on)
+    if args.auto is not None and not args.auto:
+        p.error(f"--auto takes one or more profiles: {', '.join(PROFILES)} or cached")
+    if args.ceiling_every and not any(args.context_ceiling):
+        p.error("--ceiling-every applies to --context-ceiling N: add it, or drop --ceiling-every")
+    if args.no_context_graph and all(k is None for k, _ in args.graph):
+        p.error("--no-context-graph applies to graph drafting: add --graph K, or drop it")
+    if args.tree_min_prob is not None and not any(args.tree) and not args.auto:
+        p.error("--tree-min-prob is a dynamic tree's floor: add --tree N (N > 0), or drop it")
+    if not args.auto:
+        for w, length in args.shapes:
+            too_big = cli.draft_size_error(w, length, max(args.tree) or None, max(args.lookup) or None)
+            if too_big:
+                p.error(too_big)
     return cli.run("replay", lambda: _run(args, graphs))
 
 
@@ -369,8 +383,8 @@ def read_results(path: Path):
         rows = [r for r in report["results"] if r["mode"] == "ar"]
         for i, r in enumerate(rows):
             for key in ("prompt_tokens", "tokens"):
-                if not isinstance(r.get(key), list):
-                    raise ValueError(f"its ar result {i + 1} has no {key!r} list")
+                if not isinstance(r.get(key), list) or not r[key]:  # an empty one ended in a traceback from MLX
+                    raise ValueError(f"its ar result {i + 1} has no {key!r} list, or an empty one")
                 if not all(is_token_id(t) for t in r[key]):
                     raise ValueError(f"its ar result {i + 1} has {key!r} that are not token ids")
             r["category"] = str(r.get("category", "") or "")

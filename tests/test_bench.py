@@ -213,12 +213,25 @@ def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path
         with pytest.raises(SystemExit):  # refused while parsing, before the model loads
             replay.main([str(out), *bad])
     capsys.readouterr()
+    # drafts no decoding would run (--shapes 99999x99999 ran on) and options that were ignored, saying nothing
+    for bad, said in ((["--shapes", "99999x99999"], "beams of 99999 x 99999 tokens draft"),
+                      (["--shapes", "2x3", "--lookup", "100000"], "--lookup 100000: drafts are limited to 1024"),
+                      (["--shapes", "2x3", "--tree", "5000"], "--tree 5000: drafts are limited"),
+                      (["--auto", ","], "--auto takes one or more profiles"),
+                      (["--ceiling-every"], "--ceiling-every applies to --context-ceiling"),
+                      (["--no-context-graph"], "--no-context-graph applies to graph drafting"),
+                      (["--tree-min-prob", "0.1"], "--tree-min-prob is a dynamic tree's floor")):
+        with pytest.raises(SystemExit):
+            replay.main([str(out), *bad])
+        assert said in capsys.readouterr().err
     (tmp_path / "binary.json").write_bytes(b"\xff\xfe")
     (tmp_path / "rows.json").write_text('{"results": [{"mode": "ar", "question_id": 1}]}')
     (tmp_path / "ids.json").write_text('{"results": [{"mode": "ar", "prompt_tokens": [1], "tokens": ["a"]}]}')
     (tmp_path / "settings.json").write_text('{"settings": [], "results": []}')
+    (tmp_path / "empty.json").write_text('{"results": [{"mode": "ar", "prompt_tokens": [], "tokens": []}]}')
     for name, said in (("binary.json", "UnicodeDecodeError"), ("rows.json", "has no 'prompt_tokens' list"),
-                       ("ids.json", "'tokens' that are not token ids"), ("settings.json", "settings are not an object")):
+                       ("ids.json", "'tokens' that are not token ids"), ("settings.json", "settings are not an object"),
+                       ("empty.json", "has no 'prompt_tokens' list, or an empty one")):
         assert replay.main([str(tmp_path / name)]) == 2
         err = capsys.readouterr().err
         assert "is not a redrafter-bench --json file" in err and said in err and err.count("\n") == 1, err
