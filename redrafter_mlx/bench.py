@@ -78,7 +78,8 @@ def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
             if not isinstance(category, str):
                 raise TypeError(f"'category' must be a string, not {category!r}")
         except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise RedrafterError(f"{path}:{n} is not a Spec-Bench line with 'turns': {e}") from e
+            why = "it has none" if isinstance(e, KeyError) else e  # a KeyError's text is the key alone
+            raise RedrafterError(f"{path}:{n} is not a Spec-Bench line with 'turns': {why}") from e
         if qid in seen:  # results are matched to ar's by question: a second one read as not identical to ar
             raise RedrafterError(f"{path}:{n} has question_id {qid!r}, as line {seen[qid]} does (a line without one "
                                  "takes its line number): give each question its own")

@@ -47,7 +47,9 @@ def read_prompts(paths: Sequence[Path]) -> List[str]:
     out = []
     for path in paths:
         if "mt_bench" in Path(path).name:
-            raise ValueError(f"{path}: MT-Bench is evaluation data and must not be used for training")
+            # (read_prompt_files names the file: it was named twice, and "for training" of --eval-prompts)
+            raise ValueError("MT-Bench is the benchmark: it must not train a drafter, nor choose which one is "
+                             "installed (measure the result on it with redrafter-bench)")
         for n, line in enumerate(Path(path).read_text(encoding="utf-8-sig").splitlines(), 1):
             if not line.strip():
                 continue
@@ -62,6 +64,8 @@ def read_prompts(paths: Sequence[Path]) -> List[str]:
                 text = row.get("instruction") or row.get("question") or row.get("prompt") or (
                     turns[0] if isinstance(turns, list) and turns else "")
                 instances = row.get("instances")
+                if instances and not (isinstance(instances, list) and isinstance(instances[0], dict)):
+                    raise TypeError("'instances' is a list of {input, output} objects")  # it said "row: 0"
                 extra = row.get("input") or (instances[0].get("input") if instances else "")
                 text = f"{text}\n\n{extra}" if extra else text
                 if not isinstance(text, str):

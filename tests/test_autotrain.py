@@ -2,6 +2,7 @@
 resumed, installed where load() finds it, and not overwriting a drafter as good without --force."""
 
 import json
+import re
 
 import pytest
 
@@ -82,6 +83,8 @@ def test_train_command_refuses_mt_bench_and_missing_prompt_files(tiny_model_dir,
     bench.write_text(json.dumps({"prompt": "x"}) + "\n")
     with pytest.raises(SystemExit, match="MT-Bench"):
         autotrain.main(["--model", str(tiny_model_dir), "--prompts", str(bench), "--work", str(tmp_path / "w")])
+    with pytest.raises(SystemExit, match=f"error: {re.escape(str(bench))}: MT-Bench is the benchmark: .* nor choose which one is installed"):
+        autotrain.main(["--model", str(tiny_model_dir), "--eval-prompts", str(bench)])
     with pytest.raises(SystemExit, match="no prompt file"):
         autotrain.main(["--model", str(tiny_model_dir), "--prompts", str(tmp_path / "none.jsonl")])
 

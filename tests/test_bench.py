@@ -163,7 +163,8 @@ def test_prompt_files_that_would_have_failed_after_the_run(tmp_path):
     for lines, said in (([{"question_id": 7, "turns": ["a"]}, {"question_id": 7, "turns": ["b"]}], "as line 1 does"),
                         ([{"turns": ["a"]}, {"question_id": 1, "turns": ["b"]}], "takes its line number"),
                         ([{"category": None, "turns": ["a"]}], "'category' must be a string"),
-                        ([{"question_id": [1], "turns": ["a"]}], "'question_id' must be")):
+                        ([{"question_id": [1], "turns": ["a"]}], "'question_id' must be"),
+                        ([{"question": "a"}], "not a Spec-Bench line with 'turns': it has none$")):
         path.write_text("\n".join(json.dumps(x) for x in lines))
         with pytest.raises(RedrafterError, match=said):
             bench.read_prompts(path)

@@ -219,7 +219,7 @@ def test_self_instruct_writes_new_tasks_and_resumes(tmp_path):
 def test_mt_bench_is_refused(tmp_path):
     f = tmp_path / "mt_bench.jsonl"
     f.write_text(json.dumps({"turns": ["x"]}) + "\n")
-    with pytest.raises(ValueError, match="evaluation"):
+    with pytest.raises(ValueError, match="MT-Bench is the benchmark"):
         read_prompts([f])
     assert interleave([["a", "b", "c"], ["x"]]) == ["a", "x", "b", "c"]
 
@@ -245,7 +245,8 @@ def test_prompt_rows_of_the_wrong_shape_and_lone_surrogates(tmp_path):
     f.write_text('{"instruction": "Say hi \\ud800"}\n{"instruction": "Add", "instances": [{"input": "1 2"}]}\n')
     assert read_prompts([f]) == ["Say hi ?", "Add\n\n1 2"]
     f.write_text('{"instruction": "ok"}\n{"instruction": "x", "instances": {"a": 1}}\n')
-    with pytest.raises(RedrafterError, match="line 2 is not an alpaca, self-instruct, GSM8K or Spec-Bench row"):
+    with pytest.raises(RedrafterError, match="line 2 is not an alpaca, self-instruct, GSM8K or Spec-Bench row: "
+                       "'instances' is a list of .input, output. objects$"):  # it ended in "row: 0"
         read_prompt_files([f])
     # rows with none of the keys were skipped, saying nothing; a list row leaked an AttributeError
     f.write_text('{"instruction": "ok"}\n{"text": "lost"}\n')
