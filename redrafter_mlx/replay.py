@@ -404,8 +404,13 @@ def _run(args, graphs) -> int:
     rows, report = read_results(args.results)
     # the weights the outputs were decoded with (a bench run with --weight-format stored: 4-bit)
     fmt = report.get("settings", {}).get("weight_format", "auto")
-    loaded = load(args.model or report.get("model"), drafter=args.drafter,
-                  weight_format=fmt if fmt in WEIGHT_FORMATS else "auto")
+    named = report.get("model")
+    if not args.model and not (isinstance(named, str) and named.strip()):  # it loaded the default model, saying nothing
+        raise RedrafterError(f"{args.results} names no model: pass --model, the one its outputs came from")
+    loaded = load(args.model or named, drafter=args.drafter, weight_format=fmt if fmt in WEIGHT_FORMATS else "auto")
+    if named and loaded.name != named:  # replayed silently; only ids past the vocabulary were caught
+        print(f"replay: note: {args.results} was decoded by {named}, and {loaded.name} replays it: its figures are "
+              "that model's only if the two are the same", file=sys.stderr)
     if loaded.drafter is None and not args.no_drafter:
         raise RedrafterError(f"no drafter found for {loaded.name}: pass --drafter PATH (or --auto --no-drafter)")
     vocab = loaded.model.args.vocab_size

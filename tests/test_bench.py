@@ -242,6 +242,15 @@ def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path
     (tmp_path / "other.json").write_text(json.dumps(report))
     assert replay.main([str(tmp_path / "other.json"), "--model", str(model_dir), "--shapes", "2x3"]) == 2
     assert "token ids past" in capsys.readouterr().err
+    # a file that names no model loaded the default one; one naming another model was replayed saying nothing
+    report = json.loads(out.read_text())
+    named = report.pop("model")
+    (tmp_path / "nomodel.json").write_text(json.dumps(report))
+    assert replay.main([str(tmp_path / "nomodel.json"), "--shapes", "2x3"]) == 2
+    assert "names no model: pass --model" in capsys.readouterr().err
+    (tmp_path / "renamed.json").write_text(json.dumps({**report, "model": named + "-other"}))
+    assert replay.main([str(tmp_path / "renamed.json"), "--model", str(model_dir), "--shapes", "2x3", "--limit", "1"]) == 0
+    assert f"was decoded by {named}-other, and {named} replays it" in capsys.readouterr().err
     # the outputs' weight format is the one replayed (a --weight-format stored run: its 4-bit weights)
     from redrafter_mlx import loader
 
