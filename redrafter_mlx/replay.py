@@ -309,11 +309,11 @@ def main(argv=None) -> int:
     p.add_argument("results", type=Path, help="a redrafter-bench --json file with ar results (greedy)")
     p.add_argument("--model", default=None, help="the model the results came from (default: the one they name)")
     p.add_argument("--drafter", default=None, help="drafter folder (default: the one found beside the model)")
-    p.add_argument("--shapes", type=parse_shapes, default="1x3,4x3",
+    p.add_argument("--shapes", type=parse_shapes, default=None,
                    help="comma-separated WxL beam shapes (default: 1x3,4x3)")
-    p.add_argument("--lookup", type=lambda t: parse_ints(t, "--lookup", minimum=0), default=[0],
+    p.add_argument("--lookup", type=lambda t: parse_ints(t, "--lookup", minimum=0), default=None,
                    help="comma-separated context-lookup lengths (default: 0)")
-    p.add_argument("--tree", type=lambda t: parse_ints(t, "--tree", minimum=0), default=[0],
+    p.add_argument("--tree", type=lambda t: parse_ints(t, "--tree", minimum=0), default=None,
                    help="comma-separated node budgets of a dynamic draft tree, W wide and L - 1 deep "
                         "(0 = the W x L beams; default: 0)")
     p.add_argument("--tree-min-prob", type=cli.probability, default=None,
@@ -341,10 +341,18 @@ def main(argv=None) -> int:
                    help="replay the adaptive controller (mode auto) instead of fixed shapes, on a fixed cost "
                         f"profile: {', '.join(PROFILES)} (measured; see replay.PROFILES) or cached (this machine's "
                         "cost model for the model); prints tokens/step, packed/step, parked share and the speedup "
-                        "the profile's costs give (--graph applies; the shape options do not)")
+                        "the profile's costs give (--graph applies; --shapes, --lookup, --tree and --tree-min-prob are refused)")
     p.add_argument("--no-drafter", action="store_true", help="with --auto: draft from the context copy alone")
     p.add_argument("--limit", type=cli.positive, default=None, help="only the first N questions")
     args = p.parse_args(argv)
+    shaped = [flag for flag, value in (("--shapes", args.shapes), ("--lookup", args.lookup), ("--tree", args.tree),
+                                       ("--tree-min-prob", args.tree_min_prob)) if value is not None]
+    if args.auto and shaped:  # the controller sizes its own drafts: they were ignored, saying nothing
+        p.error(f"{', '.join(shaped)} shape fixed drafting; --auto replays the adaptive controller, which sizes "
+                "its own drafts: drop one or the other")
+    args.shapes = args.shapes or parse_shapes("1x3,4x3")
+    args.lookup = args.lookup if args.lookup is not None else [0]
+    args.tree = args.tree if args.tree is not None else [0]
     graphs = [(k, c and not args.no_context_graph) for k, c in args.graph]
     if any(k is not None for k, _ in graphs) and not all(args.tree) and not args.auto:
         p.error("--graph needs --tree N (N > 0): a graph is drafted as a dynamic tree")
