@@ -125,7 +125,8 @@ def configure_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=_top_p, default=1.0, metavar="P", help="nucleus sampling mass (default: 1)")
     p.add_argument("--max-tokens", type=_positive, default=256, metavar="N",
                    help="longest reply in tokens (default: 256)")
-    p.add_argument("--system", default=None, metavar="TEXT", help="system prompt (blank or left out: the chat template's default, if it has one)")
+    p.add_argument("--system", default=None, metavar="TEXT",
+                   help="system prompt (blank or left out: the chat template's default, if it has one)")
     p.add_argument("--no-drafter", action="store_true",
                    help="leave the model's drafter out: speculation drafts from the context alone (prompt lookup)")
     p.add_argument("--no-speculative", action="store_true",

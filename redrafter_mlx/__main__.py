@@ -64,7 +64,8 @@ def main(argv=None) -> int:
                         "get what followed there (the context graph); K = 0 matches on the token alone. Fixed "
                         "drafting needs --tree N")
     p.add_argument("--no-context-graph", action="store_true", help="with --graph: GSD alone, without the context graph")
-    p.add_argument("--system", default=None, help="system prompt (blank or left out: the chat template's default, if it has one)")
+    p.add_argument("--system", default=None,
+                   help="system prompt (blank or left out: the chat template's default, if it has one)")
     p.add_argument("--weight-format", default="auto", choices=WEIGHT_FORMATS,
                    help="auto = the fastest for this device (default); stored = as in the file (e.g. 4-bit); or "
                    "float32, float16, bfloat16")

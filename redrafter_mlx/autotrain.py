@@ -409,7 +409,8 @@ def report(m: Dict, out=None):
         print(f"installed {m['installed']} (redrafter-chat --model {m['model']} and load() use it)", file=out)
     else:
         tie = ev[shape + " (in place)"]["tokens_per_step"] == ev[shape + " (new)"]["tokens_per_step"]
-        print(f"not installed: the drafter in place drafts {'as many' if tie else 'more'} tokens per step; the new one is at {m['kept_at']} "
+        print(f"not installed: the drafter in place drafts {'as many' if tie else 'more'} tokens per step; "
+              f"the new one is at {m['kept_at']} "
               "(--force installs it)", file=out)
 
 

@@ -69,8 +69,8 @@ def draft_size_error(beam_width: Optional[int], beam_length: Optional[int], tree
     """What generate would refuse of the drafting options given (None: not given), said while parsing:
     it was said after the model had loaded (seconds here, minutes for a large model)."""
     if beam_width is not None and beam_length is not None and beam_width * (beam_length - 1) > MAX_DRAFT_TOKENS:
-        return f"beams of {beam_width} x {beam_length} tokens draft {beam_width * (beam_length - 1)} tokens a step; at most " \
-               f"{MAX_DRAFT_TOKENS}"
+        return f"beams of {beam_width} x {beam_length} tokens draft {beam_width * (beam_length - 1)} tokens a step; " \
+               f"at most {MAX_DRAFT_TOKENS}"
     for flag, value in (("--beam-width", beam_width), ("--beam-length", beam_length), ("--tree", tree),
                         ("--lookup", lookup)):
         if value is not None and value > MAX_DRAFT_TOKENS + (flag == "--beam-length"):

@@ -341,7 +341,8 @@ def main(argv=None) -> int:
                    help="replay the adaptive controller (mode auto) instead of fixed shapes, on a fixed cost "
                         f"profile: {', '.join(PROFILES)} (measured; see replay.PROFILES) or cached (this machine's "
                         "cost model for the model); prints tokens/step, packed/step, parked share and the speedup "
-                        "the profile's costs give (--graph applies; --shapes, --lookup, --tree and --tree-min-prob are refused)")
+                        "the profile's costs give (--graph applies; --shapes, --lookup, --tree and --tree-min-prob "
+                        "are refused)")
     p.add_argument("--no-drafter", action="store_true", help="with --auto: draft from the context copy alone")
     p.add_argument("--limit", type=cli.positive, default=None, help="only the first N questions")
     args = p.parse_args(argv)
