@@ -264,15 +264,14 @@ def _check_installable(home: Path):
                              "write access there")
 
 
-def _start_afresh_if_other_data(work: Path, groups: List[List[str]], model: str = "", settings: str = ""):
+def _start_afresh_if_other_data(work: Path, groups: List[List[str]], model: str, settings: str):
     """A work folder holds one run's data: replies distilled from other prompts or by another model
     (`model`: a digest of its weight files), and a drafter trained on them, would be resumed as if
     they were this run's (a second run with new --prompts, or `--model ./m` from another folder,
     trained 0 steps and installed the old drafter). So they go, and the run says so. So do a run's
     under other `settings` (--budget, --weight-format): a second run with --budget standard kept the
     quick run's 128-token replies and resumed its training, while its manifest said standard."""
-    key = hashlib.sha256(json.dumps([groups, model, settings] if settings else [groups, model] if model else groups)
-                         .encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([groups, model, settings]).encode()).hexdigest()[:16]
     mark = work / "data_key.txt"
     stale = [work / name for name in ("prompts.json", "distill", "train", "state.json") if (work / name).exists()]
     if stale and (not mark.is_file() or mark.read_text().strip() != key):

@@ -161,10 +161,9 @@ def _check_types(**settings):
 def _check_names(caller: str, kwargs) -> None:
     """An unknown setting names the function the user called and the setting meant, if one is
     close (`generate(m, p, max_token=9)` said "stream() got an unexpected keyword argument")."""
-    known = [name for name in inspect.signature(stream).parameters if name not in ("loaded", "prompt")]
     for name in kwargs:
-        if name not in known:
-            close = difflib.get_close_matches(name, known, n=1)
+        if name not in _SETTINGS:
+            close = difflib.get_close_matches(name, _SETTINGS, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}{hint}")
 
@@ -537,6 +536,9 @@ def stream(
             pc.cache.trim_to(len(pc.ids))  # drop a pipelined token nobody will read
         if ctl is not None:
             heal_cached(loaded, ctl.costs)  # a cached curve far slower than this run: measure it again next time
+
+
+_SETTINGS = [name for name in inspect.signature(stream).parameters if name not in ("loaded", "prompt")]  # for _check_names
 
 
 def generate(loaded, prompt, **kwargs) -> Generation:
