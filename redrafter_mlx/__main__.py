@@ -82,8 +82,9 @@ def main(argv=None) -> int:
     bad_drafter = cli.drafter_error(args.drafter, args.no_drafter)
     if bad_drafter:
         p.error(bad_drafter)
-    if args.no_context_graph and args.graph is None:
-        p.error("--no-context-graph applies to graph drafting: add --graph K, or drop it")
+    bad_graph = cli.context_graph_error(args.no_context_graph, args.graph is not None)
+    if bad_graph:
+        p.error(bad_graph)
     too_big = cli.draft_size_error(args.beam_width, args.beam_length, args.tree, args.lookup)
     if too_big:
         p.error(too_big)

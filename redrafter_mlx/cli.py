@@ -78,6 +78,13 @@ def draft_size_error(beam_width: Optional[int], beam_length: Optional[int], tree
     return None
 
 
+def context_graph_error(no_context_graph: bool, graph_given: bool) -> Optional[str]:
+    """--no-context-graph without graph drafting, ignored saying nothing (the chat mirrors it)."""
+    if no_context_graph and not graph_given:
+        return "--no-context-graph applies to graph drafting: add --graph K, or drop it"
+    return None
+
+
 def drafter_error(path: Optional[str], no_drafter: bool) -> Optional[str]:
     """What is wrong with --drafter PATH (and --no-drafter), said while parsing: the two together
     were ignored, and a folder with no drafter was said after the model loaded."""

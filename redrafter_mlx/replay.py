@@ -366,8 +366,9 @@ def main(argv=None) -> int:
         p.error(f"--auto takes one or more profiles: {', '.join(PROFILES)} or cached")
     if args.ceiling_every and not any(args.context_ceiling):
         p.error("--ceiling-every applies to --context-ceiling N: add it, or drop --ceiling-every")
-    if args.no_context_graph and all(k is None for k, _ in args.graph):
-        p.error("--no-context-graph applies to graph drafting: add --graph K, or drop it")
+    bad_graph = cli.context_graph_error(args.no_context_graph, any(k is not None for k, _ in args.graph))
+    if bad_graph:
+        p.error(bad_graph)
     if args.tree_min_prob is not None and not any(args.tree) and not args.auto:
         p.error("--tree-min-prob is a dynamic tree's floor: add --tree N (N > 0), or drop it")
     if not args.auto:
