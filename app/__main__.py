@@ -122,7 +122,7 @@ def configure_parser() -> argparse.ArgumentParser:
                    "followed there (0: match on the token alone; fixed drafting needs --tree N)")
     p.add_argument("--no-context-graph", action="store_true", help="with --graph: GSD alone, without the context graph")
     p.add_argument("--temperature", type=_temperature, default=0.0, metavar="T", help="0 = greedy (default: 0)")
-    p.add_argument("--top-p", type=_top_p, default=1.0, metavar="P", help="nucleus sampling mass (default: 1)")
+    p.add_argument("--top-p", type=_top_p, default=1.0, metavar="P", help="nucleus sampling mass, with --temperature above 0 (default: 1)")
     p.add_argument("--max-tokens", type=_positive, default=256, metavar="N",
                    help="longest reply in tokens (default: 256)")
     p.add_argument("--system", default=None, metavar="TEXT",
@@ -185,6 +185,9 @@ def main(argv=None) -> int:
         parser.error("--drafter PATH and --no-drafter ask for opposite things: give one")
     if args.no_context_graph and args.graph is None:
         parser.error("--no-context-graph applies to graph drafting: add --graph K, or drop it")
+    if args.temperature == 0.0 and args.top_p != 1.0:  # redrafter_mlx.cli.sampling_error's rule, without --seed
+        parser.error("--top-p applies to sampling, and --temperature 0 decodes greedily: add --temperature T above 0, "
+                     "or drop it")
     missing = missing_path(args)
     if missing:
         parser.error(missing)

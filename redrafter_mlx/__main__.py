@@ -43,7 +43,8 @@ def main(argv=None) -> int:
     p.add_argument("--top-p", type=cli.probability, default=1.0, metavar="P",
                    help="sample from the smallest set of tokens holding this much probability, in (0, 1] (default: 1)")
     p.add_argument("--seed", type=cli.seed, default=None,
-                   help="random seed for sampling, 0 to 2**64 - 1 (default: a fresh one each run)")
+                   help="random seed for sampling (with --temperature above 0), 0 to 2**64 - 1 (default: a fresh one "
+                   "each run)")
     p.add_argument("--beam-width", type=cli.positive, default=None, metavar="W",
                    help="beams drafted per step (default: the shape `redrafter-bench --tune` stored, else 4)")
     p.add_argument("--beam-length", type=cli.positive, default=None, metavar="L",
@@ -82,6 +83,9 @@ def main(argv=None) -> int:
     bad_drafter = cli.drafter_error(args.drafter, args.no_drafter)
     if bad_drafter:
         p.error(bad_drafter)
+    greedy = cli.sampling_error(args.temperature, args.top_p, args.seed)
+    if greedy:
+        p.error(greedy)
     bad_graph = cli.context_graph_error(args.no_context_graph, args.graph is not None)
     if bad_graph:
         p.error(bad_graph)

@@ -448,7 +448,7 @@ def parse_args(argv=None):
                    "it does; above 0, sampled")
     p.add_argument("--top-p", type=cli.probability, default=1.0, metavar="P",
                    help="nucleus sampling mass, in (0, 1] (default: 1)")
-    p.add_argument("--seed", type=cli.seed, default=0, help="sampling seed (default: 0)")
+    p.add_argument("--seed", type=cli.seed, default=None, help="sampling seed, with --temperature above 0 (default: 0)")
     p.add_argument("--weight-format", default="auto", choices=WEIGHT_FORMATS,
                    help="auto = the fastest for this device (default); stored = as in the file (e.g. 4-bit); or "
                    "float32, float16, bfloat16")
@@ -456,6 +456,13 @@ def parse_args(argv=None):
                    "Ctrl-C, SIGTERM or a time limit keeps the questions it finished; \"complete\" says whether all ran)")
     args = p.parse_args(argv)
     args.modes = list(dict.fromkeys(m.strip() for m in args.modes.split(",") if m.strip()))  # each once
+    if args.tune and args.temperature > 0:  # it was set to 0, saying nothing
+        p.error("--tune measures greedy decoding (the fastest lossless shape): drop --temperature")
+    greedy = cli.sampling_error(args.temperature, args.top_p, args.seed)
+    if greedy:
+        p.error(greedy)
+    if args.seed is None:
+        args.seed = 0
     if args.tune:
         args.grid = True
         args.modes = list(dict.fromkeys(["ar", "redrafter", *args.modes]))

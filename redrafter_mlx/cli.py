@@ -85,6 +85,16 @@ def context_graph_error(no_context_graph: bool, graph_given: bool) -> Optional[s
     return None
 
 
+def sampling_error(temperature: float, top_p: float, seed: Optional[int] = None) -> Optional[str]:
+    """--top-p or --seed with greedy decoding (--temperature 0), where they change nothing and were
+    ignored, saying nothing (the chat mirrors it for --top-p)."""
+    given = [flag for flag, on in (("--top-p", top_p != 1.0), ("--seed", seed is not None)) if on]
+    if temperature == 0.0 and given:
+        return (f"{' and '.join(given)} {'apply' if len(given) > 1 else 'applies'} to sampling, and --temperature 0 "
+                "decodes greedily: add --temperature T above 0, or drop " + ("them" if len(given) > 1 else "it"))
+    return None
+
+
 def drafter_error(path: Optional[str], no_drafter: bool) -> Optional[str]:
     """What is wrong with --drafter PATH (and --no-drafter), said while parsing: the two together
     were ignored, and a folder with no drafter was said after the model loaded."""

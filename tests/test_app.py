@@ -526,6 +526,9 @@ def test_command_line_refusals_and_the_drafting_rule(monkeypatch, capsys):
         with pytest.raises(SystemExit):
             main(argv)
         assert "--graph with fixed drafting" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # ignored, saying nothing: greedy decoding has no nucleus
+        main(["--top-p", "0.9"])
+    assert "--top-p applies to sampling, and --temperature 0 decodes greedily" in capsys.readouterr().err
     p = configure_parser()
     flags = (("--beam-width", "2"), ("--beam-length", "3"), ("--lookup", "0"), ("--tree", "8"),
              ("--tree-min-prob", "0.1"))

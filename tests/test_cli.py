@@ -115,7 +115,10 @@ def test_bench_refuses_bad_options_before_loading(tmp_path, capsys, monkeypatch)
                        (["--no-drafter", "--modes", "auto", "--lookup", "8"], "drop them (without the drafter"),
                        (["--beam-width", "2"], "--modes ar has no redrafter column"),
                        (["--grid", "--modes", "redrafter", "--widths", "1,300", "--lengths", "4,5"],
-                        "beams of 300 x 5 tokens draft 1200")):
+                        "beams of 300 x 5 tokens draft 1200"),
+                       (["--top-p", "0.9"], "--top-p applies to sampling, and --temperature 0 decodes greedily"),
+                       (["--seed", "3"], "--seed applies to sampling"),
+                       (["--tune", "--temperature", "0.7"], "--tune measures greedy decoding")):
         with pytest.raises(SystemExit):
             bench.main(["--prompts", str(prompts), *argv])
         assert said in capsys.readouterr().err
@@ -138,7 +141,10 @@ def test_main_cli_refuses_drafts_too_big_and_contradictions_before_loading(capsy
                        (["--lookup", "2000"], "--lookup 2000"),
                        (["--drafter", "d", "--no-drafter"], "--drafter PATH and --no-drafter"),
                        (["--no-context-graph"], "--no-context-graph applies to graph drafting"),
-                       (["--drafter", "no-such-folder"], "--drafter no-such-folder: no drafter there")):
+                       (["--drafter", "no-such-folder"], "--drafter no-such-folder: no drafter there"),
+                       (["--top-p", "0.9", "--seed", "1"], "--top-p and --seed apply to sampling, and --temperature 0 "
+                                                            "decodes greedily: add --temperature T above 0, or drop them"),
+                       (["--temperature", "0", "--seed", "0"], "--seed applies to sampling")):
         with pytest.raises(SystemExit):
             main_cli.main([*argv, "hi"])
         assert said in capsys.readouterr().err
