@@ -86,8 +86,16 @@ def _versions() -> str:  # as redrafter_mlx.cli.versions, from the packages' met
     return f"redrafter-mlx {of('redrafter-mlx')} (mlx {of('mlx')}, mlx-lm {of('mlx-lm')}, textual {of('textual')})"
 
 
+class _Parser(argparse.ArgumentParser):
+    """One-line errors, as redrafter_mlx.cli.Parser gives the other tools (not imported: importing
+    the library takes seconds during which the terminal would stay blank)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (options: {self.prog} --help)\n")
+
+
 def configure_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="redrafter-chat",
         description="Chat with a local LLM in the terminal, with ReDrafter speculative decoding on MLX "
         "and live decoding stats (tok/s, tokens/step, acceptance, speedup).",

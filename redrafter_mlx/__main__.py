@@ -5,7 +5,6 @@
     git diff | python -m redrafter_mlx --system "Review this change." -
 """
 
-import argparse
 import sys
 
 from . import _platform  # noqa: F401
@@ -16,7 +15,7 @@ from .tuning import DEFAULT_LOOKUP, DEFAULT_TREE
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
+    p = cli.Parser(
         prog="python -m redrafter_mlx",
         description="Generate one chat reply with ReDrafter speculative decoding (or plain decoding) and print its stats.",
         epilog='example: git diff | python -m redrafter_mlx --system "Review this change." -',

@@ -26,7 +26,6 @@ self-instruct seed tasks (Apache-2.0) and GSM8K train questions (MIT); see
 redrafter_mlx/data/README.md. `--prompts` uses your own instead.
 """
 
-import argparse
 import hashlib
 import json
 import re
@@ -210,7 +209,7 @@ def readme(m: Dict) -> str:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
+    p = cli.Parser(
         prog="redrafter-train",
         description="Train a drafter for a model and install it where redrafter-chat, redrafter-bench and load() "
                     "find it: self-instruct, distillation of the model's own replies, training, evaluation on "

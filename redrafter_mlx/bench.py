@@ -387,7 +387,7 @@ def parse_probs(text: str, what: str) -> List[float]:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
+    p = cli.Parser(
         prog="redrafter-bench",
         description="Measure plain (ar) and ReDrafter decoding speed on Spec-Bench-format prompts.",
         epilog="example: redrafter-bench --model smollm2-135m --prompts ../shared/data/mt_bench.jsonl "

@@ -17,6 +17,14 @@ from .errors import RedrafterError
 from .sampling import SEED_MAX
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: argparse printed its whole usage block (10-20 lines for these
+    tools) before the line that says what is wrong."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (options: {self.prog} --help)\n")
+
+
 def _parse(kind, text: str):
     try:
         value = kind(text)

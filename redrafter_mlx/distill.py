@@ -18,7 +18,6 @@ prompt keys already answered, so an interrupted run resumes where it stopped.
 MT-Bench is evaluation data: files named mt_bench* are refused.
 """
 
-import argparse
 import hashlib
 import json
 import os
@@ -366,7 +365,7 @@ def self_instruct(loaded, seeds: List[str], n: int, path: Path, batch_size: int 
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m redrafter_mlx.distill", description=__doc__.split("\n\n")[0])
+    p = cli.Parser(prog="python -m redrafter_mlx.distill", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="registry name, local path or hub id (default: smollm2-135m)")
     p.add_argument("--data", nargs="+", type=Path, help="prompt JSONL files (never MT-Bench)")
     p.add_argument("--out", type=Path, required=True,

@@ -19,7 +19,6 @@ reads the `ar` rows of a `redrafter-bench --json` file (prompt ids and output id
 furthest along the output from any node of the accepted path (`context_ceiling`).
 """
 
-import argparse
 import json
 import sys
 from collections import defaultdict
@@ -304,7 +303,7 @@ def print_auto(configs, totals, categories, per_step, plain: Dict[str, float], n
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m redrafter_mlx.replay", description=__doc__.split("\n\n")[0],
+    p = cli.Parser(prog="python -m redrafter_mlx.replay", description=__doc__.split("\n\n")[0],
                                 epilog="example: python -m redrafter_mlx.replay bench.json --shapes 1x3,4x3 --lookup 0,8")
     p.add_argument("results", type=Path, help="a redrafter-bench --json file with ar results (greedy)")
     p.add_argument("--model", default=None, help="the model the results came from (default: the one they name)")

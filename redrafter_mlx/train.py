@@ -17,7 +17,6 @@ loss and per-depth top-1 accuracy; at the end the drafter is saved to --out/draf
 with --eval-prompts, real ReDrafter decoding reports tokens/step.
 """
 
-import argparse
 import json
 import math
 import sys
@@ -408,7 +407,7 @@ def evaluate_shapes(loaded, questions: List[dict], shapes, max_tokens: int = 128
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m redrafter_mlx.train", description=__doc__.split("\n\n")[0])
+    p = cli.Parser(prog="python -m redrafter_mlx.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None,
                    help="the base model the head drafts for, the one --data was distilled from (registry name, "
                         "local path or hub id; default: smollm2-135m)")

@@ -190,3 +190,20 @@ def test_main_cli_labels_an_adaptive_redrafter_run_as_such(tiny_kit, tmp_path, c
     assert "\n[redrafter, adaptive: 4 tokens" in capsys.readouterr().err
     assert main(["--model", str(path), "--mode", "redrafter", "--beam-width", "2", "--beam-length", "3", "--max-tokens", "4", "hi"]) == 0
     assert "\n[redrafter: 4 tokens" in capsys.readouterr().err
+
+
+def test_every_tool_says_a_bad_option_in_one_line(capsys):
+    """argparse printed its usage block (10-20 lines) before the line that says what is wrong."""
+    import importlib
+
+    for module, prog in (("redrafter_mlx.__main__", "python -m redrafter_mlx"), ("redrafter_mlx.bench", "redrafter-bench"),
+                         ("redrafter_mlx.replay", "python -m redrafter_mlx.replay"),
+                         ("redrafter_mlx.autotrain", "redrafter-train"), ("redrafter_mlx.distill", "python -m redrafter_mlx.distill"),
+                         ("redrafter_mlx.train", "python -m redrafter_mlx.train"), ("convert.cli", "python -m convert"),
+                         ("app.__main__", "redrafter-chat")):
+        with pytest.raises(SystemExit) as exit_:
+            importlib.import_module(module).main(["--no-such-option"])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1, (module, err)
+        assert err.startswith(f"{prog}: error: ") and err.rstrip().endswith(f"(options: {prog} --help)"), (module, err)
