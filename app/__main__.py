@@ -130,7 +130,8 @@ def configure_parser() -> argparse.ArgumentParser:
                    "followed there (0: match on the token alone; fixed drafting needs --tree N)")
     p.add_argument("--no-context-graph", action="store_true", help="with --graph: GSD alone, without the context graph")
     p.add_argument("--temperature", type=_temperature, default=0.0, metavar="T", help="0 = greedy (default: 0)")
-    p.add_argument("--top-p", type=_top_p, default=1.0, metavar="P", help="nucleus sampling mass, with --temperature above 0 (default: 1)")
+    p.add_argument("--top-p", type=_top_p, default=1.0, metavar="P",
+                   help="nucleus sampling mass, with --temperature above 0 (default: 1)")
     p.add_argument("--max-tokens", type=_positive, default=256, metavar="N",
                    help="longest reply in tokens (default: 256)")
     p.add_argument("--system", default=None, metavar="TEXT",

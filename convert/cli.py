@@ -15,8 +15,7 @@ from typing import Any, Dict, Optional
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from redrafter_mlx import _platform  # noqa: E402,F401  (OpenBLAS before mlx)
-from redrafter_mlx import cli  # noqa: E402
-from redrafter_mlx.cli import add_version, describe  # noqa: E402
+from redrafter_mlx.cli import Parser, add_version, describe  # noqa: E402
 from redrafter_mlx.errors import RedrafterError, one_line  # noqa: E402
 
 from .output import CancelledAfterWriting, OutputFolder  # noqa: E402
@@ -47,7 +46,7 @@ no code from a checkpoint is ever run.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = cli.Parser(
+    p = Parser(
         prog="python -m convert",
         description="Convert a model of a supported family (Hugging Face checkpoint or llama GGUF) and Apple's ReDrafter "
         "draft head into one MLX model folder for redrafter_mlx (and mlx-lm).",
