@@ -520,7 +520,7 @@ def test_command_line_refusals_and_the_drafting_rule(monkeypatch, capsys):
 
     import app.app as app_module
     from app.__main__ import fixed_drafting, main
-    from redrafter_mlx import tuning
+    from redrafter_mlx import cli, tuning
 
     for argv in (["--graph", "1", "-W", "2"], ["--graph", "0", "--tree", "0"]):
         with pytest.raises(SystemExit):
@@ -528,7 +528,9 @@ def test_command_line_refusals_and_the_drafting_rule(monkeypatch, capsys):
         assert "--graph with fixed drafting" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # ignored, saying nothing: greedy decoding has no nucleus
         main(["--top-p", "0.9"])
-    assert "--top-p applies to sampling, and --temperature 0 decodes greedily" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--top-p applies to sampling, and --temperature 0 decodes greedily" in err
+    assert cli.sampling_error(0.0, 0.9) in err  # the chat's mirror says what the other tools say
     p = configure_parser()
     flags = (("--beam-width", "2"), ("--beam-length", "3"), ("--lookup", "0"), ("--tree", "8"),
              ("--tree-min-prob", "0.1"))
