@@ -113,6 +113,36 @@ def test_graph_variants_run_side_by_side(model_dir, prompts, tmp_path, capsys):
     assert bench.parse_args(["--prompts", "x", "--modes", "redrafter", "--graph", "none", "--beam-width", "2"])
 
 
+def test_each_adaptive_column_learns_on_its_own_controller(model_dir, prompts, tmp_path, capsys, monkeypatch):
+    """One controller shared by the auto columns made a column's figures depend on what ran beside it."""
+    from redrafter_mlx.control import controller
+
+    real, seen = bench.run_one, []
+
+    def recording(m, prompt, mode, args, shape=None, graph=(None, True)):
+        ctl = controller(m, True)  # the controller generate() uses for this call
+        steps = ctl.costs.plain_seen + ctl.costs._verified
+        r = real(m, prompt, mode, args, shape, graph)
+        seen.append((m, mode, graph[0], ctl, ctl.costs.plain_seen + ctl.costs._verified > steps))
+        return r
+
+    monkeypatch.setattr(bench, "run_one", recording)
+    out = tmp_path / "a.json"
+    rc, _, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 2, "--max-tokens", 10,
+                   "--modes", "ar,auto", "--graph", "none,1", "--json", out)
+    assert rc == 0
+    assert all(v["identical_to_ar"] for k, v in json.loads(out.read_text())["summary"].items() if k != "ar")
+    auto = [(g, ctl, moved) for _, mode, g, ctl, moved in seen if mode == "auto"]
+    assert len(auto) == 2 * (1 + 2)  # two columns: the warm-up and two questions each
+    assert all(moved for _, _, moved in auto)  # each call decoded on the controller recorded for it
+    tree = {id(ctl) for g, ctl, _ in auto if g is None}
+    graph = {id(ctl) for g, ctl, _ in auto if g == 1}
+    assert len(tree) == len(graph) == 1 and tree != graph  # one per column, kept across its questions
+    ctl_tree, ctl_graph = (next(ctl for g, ctl, _ in auto if g == k) for k in (None, 1))
+    assert ctl_tree.costs is not ctl_graph.costs
+    assert controller(seen[0][0], True) not in (ctl_tree, ctl_graph)  # the model's own controller is back
+
+
 def test_bench_options_refused_before_loading_and_a_run_without_ar(model_dir, prompts, capsys):
     """--plot draws fixed shapes: without them it failed after the whole run; --modes ar,ar ran ar
     twice; without ar the speedup read 0.00x."""
