@@ -426,7 +426,8 @@ def parse_args(argv=None):
                    "(and decodes plainly where drafting does not pay); redrafter = the same, with the drafter "
                    "required, when no drafting option below is given, else fixed drafting with those options; "
                    "mlx-lm = mlx-lm's own generate_step on the same model, as a reference for plain decoding. The "
-                   "drafting options below shape the redrafter column only (auto stays adaptive), so they need it")
+                   "drafting options below shape the redrafter column only (auto stays adaptive), so they need it. Each "
+                   "adaptive column learns on a controller of its own, from the same measured cost curve")
     p.add_argument("--no-drafter", action="store_true",
                    help="leave the model's drafter out: auto drafts from the context alone (prompt lookup); "
                    "not with --modes redrafter, which needs the drafter")
