@@ -197,7 +197,7 @@ def run_one(loaded, prompt: str, mode: str, args, shape=None, graph=(None, True)
     }
 
 
-def own_controllers(loaded, first, names: List[str]) -> Dict[str, Dict]:
+def own_controllers(loaded, first, names: List[str], use_drafter: bool) -> Dict[str, Dict]:
     """A controller of its own for each adaptive column (`loaded.controllers` as each runs), on a
     copy of the first one's cost model: what a controller learns (acceptance, the machine's
     measured costs, parking) steers its next steps, and one controller shared by the columns made
@@ -205,11 +205,11 @@ def own_controllers(loaded, first, names: List[str]) -> Dict[str, Dict]:
     2.04 tokens/step beside `auto+graph1` and 2.26 alone)."""
     from copy import deepcopy
 
-    from .control import Controller
+    from .control import Controller, controller_key
 
     if first is None:
         return {}
-    key = id(loaded.drafter if first.has_drafter else None)
+    key = controller_key(loaded, use_drafter)
     return {name: {key: Controller(deepcopy(first.costs), first.has_drafter)} for name in names}
 
 
@@ -584,7 +584,7 @@ def _bench(args) -> int:
                             + (f"+lookup{c}" if len(args.lookup) > 1 else ""))
                     variants += [(name + suffix(g), mode, (w, n, c, t, p), g) for g in graphs]
     names = [v[0] for v in variants]
-    own = own_controllers(loaded, first, [name for name, mode, _, _ in variants if mode == "auto"])
+    own = own_controllers(loaded, first, [name for name, mode, _, _ in variants if mode == "auto"], not args.no_drafter)
     shared = loaded.controllers
     shape_text = (f"grid W in {args.widths} x L in {args.lengths}" if args.grid else f"W={args.beam_width} L={args.beam_length}"
                   if args.fixed else "adaptive drafting" + (" without the drafter" if args.no_drafter else ""))

@@ -494,16 +494,21 @@ class Controller:
                 "parked_for": max(self.parked, 0)}
 
 
+def controller_key(loaded, use_drafter: bool = True) -> int:
+    """The key of `loaded.controllers` for `loaded` with its drafter (or none)."""
+    return id(loaded.drafter if use_drafter else None)
+
+
 def controller(loaded, use_drafter: bool = True, progress=None) -> Controller:
     """The controller of `loaded` with its drafter (or none: use_drafter False), made once and
     kept on `loaded.controllers`; the first one calibrates the cost model when this device,
     model, weight format and MLX version were never seen (costs.cost_model)."""
     drafter = loaded.drafter if use_drafter else None
     kept = loaded.controllers
-    ctl = kept.get(id(drafter))
+    ctl = kept.get(controller_key(loaded, use_drafter))
     if ctl is None:
         costs = next(iter(kept.values())).costs if kept else None
         if costs is None or (drafter is not None and costs.draft_level is None):
             costs = cost_model(loaded, progress)
-        ctl = kept[id(drafter)] = Controller(costs, drafter is not None)
+        ctl = kept[controller_key(loaded, use_drafter)] = Controller(costs, drafter is not None)
     return ctl
