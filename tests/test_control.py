@@ -737,6 +737,27 @@ def test_the_curve_comes_back_after_a_burst_of_load():
     assert c.verify(2) == pytest.approx(0.11, rel=0.2)
 
 
+def test_sizes_no_longer_verified_keep_their_cost_while_the_load_moves():
+    """Verification times with a little noise and a few stalls, sizes 2-20 for 1,000 steps, then
+    sizes 2-4 only (the controller's trees shrink). Every verification moved both the load and
+    the verified size's correction, with different filters, and nothing held the split between
+    them: the load rose step after step, the verified sizes' corrections fell to match, and 16
+    tokens, no longer verified, came to be modeled at 10-18x their true cost."""
+    rng = np.random.default_rng(0)
+    c = CostModel([1, 2, 4, 8, 16, 32, 64], [0.076, 0.084, 0.103, 0.113, 0.128, 0.18, 0.30], plain=0.06)
+
+    def true(n):
+        return 0.076 + 0.0045 * (n - 1)
+
+    for step in range(4000):
+        n = int(rng.choice([2, 4, 6, 8, 12, 16, 20])) if step < 1000 else int(rng.choice([2, 2, 2, 3, 4]))
+        stall = rng.uniform(2, 8) if rng.random() < 0.03 else 1.0
+        c.observe_verify(n, true(n) * rng.lognormal(0, 0.15) * stall)
+    for n in (2, 4, 16, 32):
+        assert 0.67 < c.verify(n) / true(n) < 1.5, n
+    assert 0.5 < c.load < 2.0
+
+
 def test_a_burst_of_load_while_parked_does_not_stay_in_the_plain_estimate():
     """Plain steps measured under load (another process) inflate the plain estimate; the next
     verification, at normal speed, caps it at 1.25x what verifying one token costs, or trees
