@@ -591,12 +591,15 @@ def _bench(args) -> int:
     print(f"model {loaded.name} ({loaded.weight_format}) on {loaded.device}; drafter {loaded.drafter_path}; "
           f"{len(prompts)} prompts, modes {','.join(args.modes)}, {shape_text}", file=sys.stderr)
     twin = mlx_lm_twin(loaded) if "mlx-lm" in args.modes else None
-    for name, mode, shape, graph in variants:  # warm-up: first calls pay for kernel set-up
-        loaded.controllers = own.get(name, shared)
-        if mode == "mlx-lm":
-            run_mlx_lm(loaded, twin, "Hello", argparse.Namespace(**{**vars(args), "max_tokens": 8}))
-        else:
-            run_one(loaded, "Hello", mode, argparse.Namespace(**{**vars(args), "max_tokens": 8}), shape, graph)
+    try:
+        for name, mode, shape, graph in variants:  # warm-up: first calls pay for kernel set-up
+            loaded.controllers = own.get(name, shared)
+            if mode == "mlx-lm":
+                run_mlx_lm(loaded, twin, "Hello", argparse.Namespace(**{**vars(args), "max_tokens": 8}))
+            else:
+                run_one(loaded, "Hello", mode, argparse.Namespace(**{**vars(args), "max_tokens": 8}), shape, graph)
+    finally:
+        loaded.controllers = shared  # a failed warm-up leaves the model with its own controllers
     results = []
     done = 0  # questions every variant has run on; only those are reported
     stop = Stop()

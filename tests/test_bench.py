@@ -143,6 +143,21 @@ def test_each_adaptive_column_learns_on_its_own_controller(model_dir, prompts, t
     assert controller(seen[0][0], True) not in (ctl_tree, ctl_graph)  # the model's own controller is back
 
 
+def test_a_failed_warm_up_gives_the_model_its_own_controllers_back(model_dir, prompts, capsys, monkeypatch):
+    """The warm-up swapped in a column's controllers outside the try that restores the model's own."""
+    seen = []
+
+    def failing(m, prompt, mode, args, shape=None, graph=(None, True)):
+        seen.append((m, m.controllers))
+        raise RuntimeError("warm-up failed")
+
+    monkeypatch.setattr(bench, "run_one", failing)
+    with pytest.raises(RuntimeError, match="warm-up failed"):
+        run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 1, "--max-tokens", 4, "--modes", "auto")
+    (m, during), = seen
+    assert m.controllers is not during  # the column's own, swapped in for the call, is not left behind
+
+
 def test_bench_options_refused_before_loading_and_a_run_without_ar(model_dir, prompts, capsys):
     """--plot draws fixed shapes: without them it failed after the whole run; --modes ar,ar ran ar
     twice; without ar the speedup read 0.00x."""
