@@ -504,11 +504,11 @@ def controller(loaded, use_drafter: bool = True, progress=None) -> Controller:
     kept on `loaded.controllers`; the first one calibrates the cost model when this device,
     model, weight format and MLX version were never seen (costs.cost_model)."""
     drafter = loaded.drafter if use_drafter else None
-    kept = loaded.controllers
-    ctl = kept.get(controller_key(loaded, use_drafter))
+    kept, key = loaded.controllers, controller_key(loaded, use_drafter)
+    ctl = kept.get(key)
     if ctl is None:
         costs = next(iter(kept.values())).costs if kept else None
         if costs is None or (drafter is not None and costs.draft_level is None):
             costs = cost_model(loaded, progress)
-        ctl = kept[controller_key(loaded, use_drafter)] = Controller(costs, drafter is not None)
+        ctl = kept[key] = Controller(costs, drafter is not None)
     return ctl

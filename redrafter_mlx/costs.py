@@ -203,9 +203,9 @@ class CostModel:
         match. Sizes no longer verified inherited the load: in a simulation of 4,000 steps (sizes
         2-20, then 2-4; 3% stalls) 16 tokens came to be modeled at 1,637 ms against 144 true, and
         on the 80 MT-Bench questions every adaptive column ended modeling 16 tokens at 7.8-10.7x
-        one against a calibrated 2.1x, which kept its trees small (anchored: 2.2x, 1.38x -> 1.56x). Moved by a bucket's share of
-        the recent weight, a size verified lately keeps its figure exactly; a stale one follows
-        the load."""
+        one against a calibrated 2.1x, which kept its trees small (anchored: 2.2x, and `auto`
+        1.38x -> 1.56x). Moved by a bucket's share of the recent weight, a size verified lately
+        keeps its figure exactly; a stale one follows the load."""
         w = self._recent
         total = w.sum()
         if total <= 0.0:
