@@ -47,6 +47,16 @@ def _inside(path: Path, folder: Path) -> bool:
         return False
 
 
+def _replaceable(folder: Path) -> bool:
+    """May `--force` delete `folder`: empty, or a model or drafter folder (what this converter, mlx-lm or a
+    training run writes: config.json or the manifest at the top) that is not a repository's root?"""
+    try:
+        names = {p.name for p in folder.iterdir()}
+    except OSError:  # unreadable: not one to delete either
+        return False
+    return not names or (bool(names & {MANIFEST, "config.json"}) and ".git" not in names)
+
+
 class OutputFolder:
     """Context manager: `with OutputFolder(target, force) as tmp: write into tmp`."""
 
@@ -74,6 +84,11 @@ class OutputFolder:
             raise ConversionError(f"--force would delete the input {source}: choose another output folder")
 
     def __enter__(self) -> Path:
+        if self.target.is_dir() and not _replaceable(self.target):  # (after protect(): an input's message first)
+            # `--out src --force` deleted a source tree whole (a typo away from the intended folder)
+            raise ConversionError(f"--force replaces only a model or drafter folder (one holding {MANIFEST} or "
+                                  f"config.json), and {self.target} is not one: remove it yourself or choose "
+                                  "another output folder")
         try:
             missing = [a for a in self.target.parents if not a.exists()]
             self.target.parent.mkdir(parents=True, exist_ok=True)

@@ -502,6 +502,15 @@ def test_existing_output_folder_is_refused(tmp_path, capsys, mlx_ckpt):
     rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--out", out)
     assert rc != 0 and len(lines) == 1 and "already exists" in lines[0] and "--force" in lines[0]
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    # --force replaces a model or drafter folder only: a typo of --out deleted a source tree whole
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--out", out, "--force")
+    assert rc != 0 and len(lines) == 1 and "replaces only a model or drafter folder" in lines[0], lines
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    (out / "config.json").write_text("{}")  # an earlier model's folder
+    (out / ".git").mkdir()
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--out", out, "--force")
+    assert rc != 0 and "replaces only" in lines[0], lines  # a repository's root is never one
+    (out / ".git").rmdir()
     rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--out", out, "--force")
     assert rc == 0, lines
     assert not (out / "keep.txt").exists() and (out / "model.safetensors").is_file()
@@ -627,6 +636,7 @@ def test_a_signal_as_the_output_is_renamed_in_says_it_is_whole(tmp_path, capsys,
     if force:
         out.mkdir()
         (out / "old.txt").write_text("old")
+        (out / "manifest.json").write_text("{}")  # an earlier conversion
     rename = os.rename
 
     def rename_and_press_ctrl_c(a, b):
