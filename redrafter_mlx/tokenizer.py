@@ -268,8 +268,10 @@ class Detokenizer:
         return delta
 
     def flush(self) -> str:
-        """Release whatever is left (a trailing incomplete character becomes U+FFFD)."""
-        full_text = self._decode(self.tokens[self._prefix :])
+        """Release whatever is left, less a trailing incomplete character: a reply cut inside one (by
+        max_tokens, a cancel, the context's end) kept U+FFFD, which a chat then fed back to the model as
+        text it never wrote. Its bytes stay in `tokens`. (A real U+FFFD at the very end goes too.)"""
+        full_text = self._decode(self.tokens[self._prefix :]).rstrip("\ufffd")
         prefix_text = self._decode(self.tokens[self._prefix : self._read])
         delta = full_text[len(prefix_text) :] if len(full_text) > len(prefix_text) else ""
         self._prefix = self._read = len(self.tokens)
