@@ -191,8 +191,9 @@ def run(prog: str, body: Callable[[], Optional[int]]) -> int:
     except OSError as e:
         print(f"{prog}: error: {describe(e)}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"\n{prog}: cancelled", file=sys.stderr)
+    except KeyboardInterrupt as e:  # a body may say where it stopped and how to go on: KeyboardInterrupt(text)
+        said = e.args[0] if e.args and isinstance(e.args[0], str) else "cancelled"
+        print(f"\n{prog}: {said}", file=sys.stderr)
         return 130
 
 

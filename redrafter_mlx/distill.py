@@ -54,6 +54,9 @@ def read_prompts(paths: Sequence[Path]) -> List[str]:
                 continue
             try:
                 row = json.loads(line)
+            except json.JSONDecodeError as e:  # its own "line 1" is the line's, not the file's
+                raise ValueError(f"line {n} is not JSON: {e.msg} (column {e.colno})") from e
+            try:
                 if not isinstance(row, dict):
                     raise TypeError(f"a row is a JSON object, not a {type(row).__name__}")
                 keys = ("instruction", "question", "prompt", "turns")
@@ -416,8 +419,12 @@ def _distill(args):
     prompts = interleave(per_file)[args.offset :]
     if args.limit:
         prompts = prompts[: args.limit]
-    n = distill(loaded, prompts, args.out, args.batch_size, args.max_tokens, temperature=args.temperature,
-                seed=args.seed, batch_tokens=args.batch_tokens, max_prompt_tokens=args.max_prompt_tokens)
+    try:
+        n = distill(loaded, prompts, args.out, args.batch_size, args.max_tokens, temperature=args.temperature,
+                    seed=args.seed, batch_tokens=args.batch_tokens, max_prompt_tokens=args.max_prompt_tokens)
+    except KeyboardInterrupt as e:  # (it said "cancelled")
+        raise KeyboardInterrupt(f"cancelled; the replies written so far are in {args.out}: the same command "
+                                "answers the rest") from e
     print(f"answered {n} prompts into {args.out}", file=sys.stderr)
 
 

@@ -17,6 +17,7 @@ loss and per-depth top-1 accuracy; at the end the drafter is saved to --out/draf
 with --eval-prompts, real ReDrafter decoding reports tokens/step.
 """
 
+import contextlib
 import json
 import math
 import sys
@@ -456,6 +457,19 @@ def main(argv=None):
     return cli.run("python -m redrafter_mlx.train", lambda: _train(args))
 
 
+@contextlib.contextmanager
+def _says_where_it_stopped(ckpt: Path, steps: int):
+    """Ctrl-C while training: say which checkpoint the same command resumes from (it said "cancelled")."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        state = ckpt / "state.json"
+        done = json.loads(state.read_text())["step"] if state.is_file() else 0
+        raise KeyboardInterrupt(
+            f"cancelled; {ckpt} holds step {done} of {steps}: run the same command again to resume from there"
+            if done else "cancelled before the first checkpoint (--save-every): the same command starts over") from e
+
+
 def _train(args):
     from .distill import read_shards
     from .loader import load
@@ -476,7 +490,7 @@ def _train(args):
             raise RedrafterError(f"no distillation shards in {' '.join(map(str, args.data))}")
         print(f"{len(samples)} replies, {sum(len(s['reply']) for s in samples)} tokens", file=sys.stderr)
         t0 = time.perf_counter()
-        with open_log(args.out) as log:
+        with open_log(args.out) as log, _says_where_it_stopped(args.out / "checkpoint", args.steps):
             drafter = train(loaded.model, samples, args.out, depth=args.depth, steps=args.steps, batch=args.batch,
                             lr=args.lr, warmup=args.warmup, weight_decay=args.weight_decay, exit_dim=args.exit_dim, layers=args.layers,
                             draft_vocab=args.draft_vocab, eos_ids=loaded.tokenizer.eos_token_ids,

@@ -53,6 +53,8 @@ def test_run_ends_user_and_os_errors_with_one_line(capsys):
     assert capsys.readouterr().err == "tool: error: No such file or directory: /no/such\n"
     assert cli.run("tool", fails(KeyboardInterrupt())) == 130
     assert "cancelled" in capsys.readouterr().err
+    assert cli.run("tool", fails(KeyboardInterrupt("cancelled; resume with X"))) == 130  # where it stopped
+    assert capsys.readouterr().err == "\ntool: cancelled; resume with X\n"
     with pytest.raises(ZeroDivisionError):  # a bug keeps its traceback
         cli.run("tool", fails(ZeroDivisionError()))
 

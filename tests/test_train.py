@@ -261,6 +261,9 @@ def test_prompt_rows_of_the_wrong_shape_and_lone_surrogates(tmp_path):
     f.write_text('{"question": 5}\n')
     with pytest.raises(RedrafterError, match="a prompt is text, not int"):
         read_prompt_files([f])
+    f.write_text('{"instruction": "ok"}\nnot json\n')  # it said "line 1 column 1", the bad line's own
+    with pytest.raises(RedrafterError, match=r"p.jsonl: line 2 is not JSON: Expecting value \(column 1\)$"):
+        read_prompt_files([f])
 
 
 @pytest.fixture(scope="module")
@@ -506,3 +509,18 @@ def test_a_resumed_log_drops_the_steps_after_the_checkpoint(tmp_path):
     with open_log(tmp_path / "fresh") as log:  # no log, no checkpoint yet
         log.write("{}\n")
     assert (tmp_path / "fresh" / "train_log.jsonl").read_text() == "{}\n"
+
+
+def test_ctrl_c_while_training_says_which_checkpoint_resumes(tmp_path):
+    """`train` said only "cancelled" on Ctrl-C; it names the checkpoint's step the same command resumes from."""
+    from redrafter_mlx.train import _says_where_it_stopped
+
+    ckpt = tmp_path / "checkpoint"
+    with pytest.raises(KeyboardInterrupt, match="before the first checkpoint"):
+        with _says_where_it_stopped(ckpt, 400):
+            raise KeyboardInterrupt
+    ckpt.mkdir()
+    (ckpt / "state.json").write_text(json.dumps({"step": 50}))
+    with pytest.raises(KeyboardInterrupt, match=f"{ckpt} holds step 50 of 400: run the same command again"):
+        with _says_where_it_stopped(ckpt, 400):
+            raise KeyboardInterrupt
