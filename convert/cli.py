@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from redrafter_mlx import _platform  # noqa: E402,F401  (OpenBLAS before mlx)
-from redrafter_mlx.cli import Parser, add_version, describe  # noqa: E402
+from redrafter_mlx.cli import Parser, add_version, describe, write_failure  # noqa: E402
 from redrafter_mlx.errors import RedrafterError, one_line  # noqa: E402
 
 from .output import CancelledAfterWriting, OutputFolder  # noqa: E402
@@ -209,6 +209,9 @@ def main(argv=None) -> int:
         print(f"error: {describe(e)} (nothing was written)", file=sys.stderr)
         return 1
     except Exception as e:  # a bug, or an error from a library this tool does not expect
+        if write_failure(e) is not None:  # MLX's writes fail with a RuntimeError: a full disk read as a bug
+            print(f"error: {write_failure(e)} (nothing was written)", file=sys.stderr)
+            return 1
         if os.environ.get("CONVERT_DEBUG"):
             raise
         print(f"error: {type(e).__name__}: {one_line(e)} (nothing was written; CONVERT_DEBUG=1 shows the traceback)",

@@ -172,10 +172,20 @@ def describe(error: OSError) -> str:
     return f"{what}: {where}" if where else what
 
 
+def write_failure(error: BaseException) -> Optional[str]:
+    """MLX's own file writes (`mx.save_safetensors`, `mx.save`) fail with a RuntimeError, not an
+    OSError: a full disk read "RuntimeError: [write] Unable to write 1441433 bytes to file." as a
+    bug. That error as one line with what to check; None for any other error."""
+    text = str(error)
+    if isinstance(error, RuntimeError) and text.startswith(("[write]", "[save_safetensors]", "[save]")):
+        return f"{text.split('] ', 1)[-1].rstrip('.')}: is the disk full, or the folder not writable?"
+    return None
+
+
 def run(prog: str, body: Callable[[], Optional[int]]) -> int:
     """Run a command's body and return its exit status. A user error (`RedrafterError`) ends it
     with one line on stderr and status 2; an OS error (a path that cannot be read or written, a
-    full disk) the same with status 1; Ctrl-C with 130; output cut short by the reader (`... |
+    full disk) or MLX failing to write a file the same with status 1; Ctrl-C with 130; output cut short by the reader (`... |
     head`) quietly, as other command-line tools do. Anything else is a bug and keeps its traceback."""
     try:
         return body() or 0
@@ -190,6 +200,12 @@ def run(prog: str, body: Callable[[], Optional[int]]) -> int:
         return 1
     except OSError as e:
         print(f"{prog}: error: {describe(e)}", file=sys.stderr)
+        return 1
+    except RuntimeError as e:
+        said = write_failure(e)
+        if said is None:
+            raise
+        print(f"{prog}: error: {said}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:  # a body may say where it stopped and how to go on: KeyboardInterrupt(text)
         said = e.args[0] if e.args and isinstance(e.args[0], str) else "cancelled"

@@ -57,6 +57,12 @@ def test_run_ends_user_and_os_errors_with_one_line(capsys):
     assert capsys.readouterr().err == "\ntool: cancelled; resume with X\n"
     with pytest.raises(ZeroDivisionError):  # a bug keeps its traceback
         cli.run("tool", fails(ZeroDivisionError()))
+    # MLX's writes fail with a RuntimeError: a full disk is one line too, and other RuntimeErrors stay bugs
+    assert cli.run("tool", fails(RuntimeError("[write] Unable to write 1441433 bytes to file."))) == 1
+    assert capsys.readouterr().err == ("tool: error: Unable to write 1441433 bytes to file: is the disk full, or "
+                                       "the folder not writable?\n")
+    with pytest.raises(RuntimeError):
+        cli.run("tool", fails(RuntimeError("[matmul] shapes do not match")))
 
 
 def test_a_closed_pipe_ends_quietly():

@@ -684,3 +684,20 @@ def test_force_never_replaces_the_folder_you_are_in(tmp_path, capsys, monkeypatc
     rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--out", ".", "--force")
     assert rc != 0 and len(lines) == 1 and "the folder you are in" in lines[0], lines
     assert list(here.iterdir()) == [] and [p.name for p in tmp_path.iterdir()] == ["here"]
+
+
+def test_a_full_disk_is_one_line_and_nothing_is_written(tmp_path, capsys, monkeypatch, mlx_ckpt):
+    """MLX fails a write with a RuntimeError ("[write] Unable to write N bytes to file."), and a full disk
+    read as a bug: "error: RuntimeError: ... CONVERT_DEBUG=1 shows the traceback"."""
+    import convert.checkpoint as checkpoint
+
+    def full_disk(*args, **kwargs):
+        raise RuntimeError("[write] Unable to write 1441433 bytes to file.")
+
+    monkeypatch.setattr(checkpoint.mx, "save_safetensors", full_disk)
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--out", out)
+    assert_clean_failure(rc, lines, out, "Unable to write 1441433 bytes to file: is the disk full",
+                         "(nothing was written)")
+    assert "RuntimeError" not in lines[0] and "CONVERT_DEBUG" not in lines[0]
+    assert list(tmp_path.iterdir()) == []  # no staging folder left either
