@@ -132,13 +132,14 @@ def measure(loaded, drafters: Dict[str, object], prompts: List[str], max_tokens:
     for mode, key, kw in runs:
         loaded.drafter_path, loaded.drafter = drafters[key] if key else (None, None)
         loaded.controllers = {}  # a controller per drafter: the new one's acceptance is learned anew
-        tokens = steps = 0
+        tokens = ends = steps = 0
         seconds = 0.0
         outputs = []
         for p in prompts:
             g = generate(loaded, p, mode="ar" if mode == "ar" else "redrafter" if key else "auto",
                          max_tokens=max_tokens, **kw)
             tokens += g.stats.step_tokens
+            ends += g.stats.end_tokens  # a step that emitted the end token emitted a token (as RunStats counts)
             steps += g.stats.steps
             seconds += g.stats.decode_seconds
             outputs.append(g.tokens)
@@ -147,7 +148,7 @@ def measure(loaded, drafters: Dict[str, object], prompts: List[str], max_tokens:
             plain_tokens = outputs
         same = outputs == plain_tokens
         out[f"{mode} ({key})" if key else mode] = {
-            "tokens_per_step": round(tokens / max(steps, 1), 3),
+            "tokens_per_step": round((tokens + ends) / max(steps, 1), 3),
             "tokens_per_second": round(tokens / max(seconds, 1e-9), 2), "identical_to_ar": same}
     bar.close()
     ar = out["ar"]["tokens_per_second"]
