@@ -168,6 +168,13 @@ def _check_names(caller: str, kwargs) -> None:
             raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}{hint}")
 
 
+def _check_loaded(caller: str, loaded) -> None:
+    """A registry name or None for the model read "AttributeError: 'str' object has no attribute 'model'"."""
+    if not (hasattr(loaded, "model") and hasattr(loaded, "tokenizer")):
+        raise SettingError(f"{caller}() takes the model that load() returned (m = load(NAME); {caller}(m, prompt)), "
+                           f"not {type(loaded).__name__} {loaded!r:.60}")
+
+
 _SHARED_LOCK = threading.RLock()  # for models without a TreeState (the tests' stand-ins)
 
 
@@ -179,6 +186,7 @@ def _one_step_at_a_time(fn):
     @functools.wraps(fn)
     def wrapper(loaded, prompt, *args, **kwargs):
         _check_names(fn.__name__, kwargs)
+        _check_loaded(fn.__name__, loaded)
         lock = getattr(getattr(loaded.model, "state", None), "lock", None) or _SHARED_LOCK
         inner = fn(loaded, prompt, *args, **kwargs)
         try:
@@ -291,6 +299,12 @@ def stream(
     if max(beam_width * (beam_length - 1), budget, lookup) > MAX_DRAFT_TOKENS:
         raise SettingError(f"drafts are limited to {MAX_DRAFT_TOKENS} tokens a step, not beams of {beam_width} x "
                            f"{beam_length}, tree {budget}, lookup {lookup}")
+    if draft_top_k is not None and draft_top_k < 1:  # 0 kept every token, -1 all but the least likely
+        raise SettingError(f"draft_top_k must be >= 1, not {draft_top_k}")
+    for name, fn in (("should_stop", should_stop), ("progress", progress)):
+        if fn is not None and not callable(fn):
+            raise SettingError(f"{name} must be a function ({'() -> bool' if name == 'should_stop' else '(str) -> None'})"
+                               f" or None, not {type(fn).__name__}")
     if max_tokens is None:
         raise SettingError("max_tokens must be a whole number >= 1, not None")
     if max_tokens < 1:
@@ -544,6 +558,7 @@ _SETTINGS = [name for name in inspect.signature(stream).parameters if name not i
 def generate(loaded, prompt, **kwargs) -> Generation:
     """Run `stream` to the end; returns text, token ids, prompt ids and stats."""
     _check_names("generate", kwargs)
+    _check_loaded("generate", loaded)
     text, tokens, steps, last = [], [], [], None
     for last in stream(loaded, prompt, **kwargs):
         text.append(last.text)

@@ -287,6 +287,8 @@ def load(
         raise SettingError("the model name is empty: give a registry name, a path or a hub id (None: the default)")
     if drafter is not None and not isinstance(drafter, (str, os.PathLike)):
         raise SettingError(f"a drafter is a folder's path, not {type(drafter).__name__}")
+    if progress is not None and not callable(progress):  # it failed inside, "'int' object is not callable"
+        raise SettingError(f"progress must be a function (str) -> None or None, not {type(progress).__name__}")
     _resolve_format(weight_format)  # a bad format fails before any work
     resolved = registry.resolve(os.fspath(name) if name is not None else None, progress)
     if progress:

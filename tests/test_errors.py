@@ -242,6 +242,7 @@ def test_model_files_with_values_mlx_lm_cannot_use(tiny_kit, tmp_path):
             (folder / file).write_bytes(text if isinstance(text, bytes) else text.encode())
         raises(CorruptModelError, lambda: load(str(folder)), *words)
     raises(SettingError, lambda: load(5), "not int")
+    raises(SettingError, lambda: load(str(base), progress=5), "progress must be a function", "not int")
     folder = tmp_path / "context"
     shutil.copytree(base, folder)
     (folder / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": -5}))
@@ -422,10 +423,17 @@ def test_settings_out_of_range_are_user_errors_found_before_any_calibration(tiny
                       ({"tree": 5000}, ["tree 5000"]), ({"lookup": 2000}, ["lookup 2000"]),
                       ({"tree": 16.0}, ["tree"]), ({"tree_min_prob": "0.2"}, ["tree_min_prob", "a number"]),
                       ({"temperature": "0.7"}, ["temperature", "a number", "'0.7'"]),
-                      ({"top_p": None}, ["top_p", "a number", "None"])]:
+                      ({"top_p": None}, ["top_p", "a number", "None"]),
+                      ({"draft_top_k": 0}, ["draft_top_k", ">= 1", "0"]), ({"draft_top_k": -1}, ["draft_top_k"]),
+                      ({"should_stop": 5}, ["should_stop", "a function", "int"]),
+                      ({"progress": "log"}, ["progress", "a function", "str"])]:
         msg = raises(SettingError, lambda: generate(m, "hi", mode="auto", **kw), *words)
         assert isinstance(SettingError(msg), ValueError)
     raises(SettingError, lambda: generate(m, "hi", mode="ar", beam_width=0), "beam width")  # as in other modes
+    # a name or None for the model read "AttributeError: 'str' object has no attribute 'model'"
+    raises(SettingError, lambda: generate("smollm2-135m", "hi"), "generate() takes the model that load() returned",
+           "not str 'smollm2-135m'")
+    raises(SettingError, lambda: next(stream(None, "hi")), "stream() takes the model that load() returned", "NoneType")
     raises(EmptyPromptError, lambda: generate(m, " ", mode="auto"), "empty")
     m.args.max_position_embeddings = 4
     raises(ContextLengthError, lambda: generate(m, "a longer prompt than four tokens", mode="auto"), "context of 4",
