@@ -197,6 +197,14 @@ def main(argv=None) -> int:
     if args.temperature == 0.0 and args.top_p != 1.0:  # redrafter_mlx.cli.sampling_error's rule, without --seed
         parser.error("--top-p applies to sampling, and --temperature 0 decodes greedily: add --temperature T above 0, "
                      "or drop it")
+    if args.model is not None and not args.model.strip():  # the library's "(None: the default)", after the screen opened
+        parser.error("--model is empty: give a registry name, a path or a hub id, or leave --model out (smollm2-135m)")
+    shaping = [flag for flag, value in (("-W", args.beam_width), ("-L", args.beam_length), ("--tree", args.tree),
+                                        ("--tree-min-prob", args.tree_min_prob), ("--graph", args.graph))
+               if value is not None]
+    if args.no_drafter and shaping:  # redrafter_mlx.cli.unused_drafting_error's rule: the chat said the model had none
+        parser.error(f"{', '.join(shaping)} shape{'s' if len(shaping) == 1 else ''} the drafter's drafts, and "
+                     "--no-drafter leaves it out: drop " + ("it" if len(shaping) == 1 else "them"))
     missing = missing_path(args)
     if missing:
         parser.error(missing)

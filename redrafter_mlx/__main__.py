@@ -91,6 +91,10 @@ def main(argv=None) -> int:
     too_big = cli.draft_size_error(args.beam_width, args.beam_length, args.tree, args.lookup)
     if too_big:
         p.error(too_big)
+    unused = cli.unused_drafting_error(args.mode, args.no_drafter, args.drafter, args.beam_width, args.beam_length,
+                                       args.lookup, args.tree, args.tree_min_prob, args.graph)
+    if unused:
+        p.error(unused)
     if args.mode == "redrafter" and args.no_drafter:
         p.error("--mode redrafter needs the drafter: drop --no-drafter, or use --mode auto (the context alone) or ar")
     return cli.run("python -m redrafter_mlx", lambda: _reply(args))

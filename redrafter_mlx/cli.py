@@ -86,6 +86,31 @@ def draft_size_error(beam_width: Optional[int], beam_length: Optional[int], tree
     return None
 
 
+def unused_drafting_error(mode: str, no_drafter: bool, drafter: Optional[str], beam_width: Optional[int],
+                          beam_length: Optional[int], lookup: Optional[int], tree: Optional[int],
+                          tree_min_prob: Optional[float], graph: Optional[int]) -> Optional[str]:
+    """Drafting options that nothing would use, said while parsing (they ran, ignored, saying nothing;
+    `--graph` with beams was refused after the model had loaded). None: options given are used."""
+    shaping = [flag for flag, value in (("--beam-width", beam_width), ("--beam-length", beam_length), ("--tree", tree),
+                                        ("--tree-min-prob", tree_min_prob), ("--graph", graph)) if value is not None]
+    if mode == "ar":
+        given = shaping + [flag for flag, value in (("--lookup", lookup), ("--drafter", drafter)) if value is not None]
+        if given:
+            return f"--mode ar decodes plainly and drafts nothing: drop {', '.join(given)}, or use --mode auto"
+    if no_drafter and shaping:
+        return (f"{', '.join(shaping)} shape{'s' if len(shaping) == 1 else ''} the drafter's drafts, and --no-drafter "
+                "leaves it out: drop " + ("it" if len(shaping) == 1 else "them")
+                + " (without the drafter, --lookup N drafts the context's copy alone)")
+    fixed = any(value is not None for value in (beam_width, beam_length, lookup, tree, tree_min_prob))
+    beams = tree == 0 or (tree is None and (beam_width is not None or beam_length is not None))  # no tree then
+    if graph is not None and fixed and beams:
+        return "--graph drafts a dynamic tree, and these options draft W x L beams: add --tree N (N > 0 nodes)"
+    if tree_min_prob is not None and beams:
+        return "--tree-min-prob is the dynamic tree's floor, and these options draft W x L beams: add --tree N " \
+               "(N > 0 nodes), or drop it"
+    return None
+
+
 def context_graph_error(no_context_graph: bool, graph_given: bool) -> Optional[str]:
     """--no-context-graph without graph drafting, ignored saying nothing (the chat mirrors it)."""
     if no_context_graph and not graph_given:

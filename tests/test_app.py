@@ -649,6 +649,8 @@ def test_drafts_too_big_are_refused_while_parsing(capsys):
     p = configure_parser()
     for argv, words in ((["-W", "100", "-L", "16"], ["beams of 100 x 16 tokens draft 1500"]), (["--tree", "5000"], ["--tree 5000"]),
                         (["--lookup", "5000"], ["--lookup 5000"]), (["-W", "2000"], ["--beam-width 2000"]),
+                        (["--no-drafter", "-W", "4"], ["-W shapes the drafter's drafts, and --no-drafter"]),
+                        (["--model", " "], ["--model is empty"]),
                         (["--drafter", "d", "--no-drafter"], ["opposite things"]),  # and options it ignored
                         (["--no-context-graph"], ["applies to graph drafting"])):
         a = p.parse_args(argv)

@@ -152,10 +152,25 @@ def test_main_cli_refuses_drafts_too_big_and_contradictions_before_loading(capsy
                        (["--drafter", "no-such-folder"], "--drafter no-such-folder: no drafter there"),
                        (["--top-p", "0.9", "--seed", "1"], "--top-p and --seed apply to sampling, and --temperature 0 "
                                                             "decodes greedily: add --temperature T above 0, or drop them"),
-                       (["--temperature", "0", "--seed", "0"], "--seed applies to sampling")):
+                       (["--temperature", "0", "--seed", "0"], "--seed applies to sampling"),
+                       # options nothing would use ran, ignored, saying nothing (the bench refused them)
+                       (["--mode", "ar", "--beam-width", "4", "--lookup", "8"],
+                        "--mode ar decodes plainly and drafts nothing: drop --beam-width, --lookup"),
+                       (["--mode", "ar", "--graph", "1"], "drop --graph"),
+                       (["--no-drafter", "--tree", "8"], "--tree shapes the drafter's drafts, and --no-drafter"),
+                       (["--no-drafter", "--beam-width", "4", "--graph", "0"], "--beam-width, --graph shape"),
+                       (["--tree-min-prob", "0.5", "--beam-width", "2"], "--tree-min-prob is the dynamic tree's floor"),
+                       (["--tree", "0", "--graph", "1"], "--graph drafts a dynamic tree"),
+                       (["--mode", "redrafter", "--beam-width", "2", "--graph", "1"], "add --tree N")):
         with pytest.raises(SystemExit):
             main_cli.main([*argv, "hi"])
         assert said in capsys.readouterr().err
+    from redrafter_mlx.cli import unused_drafting_error
+
+    # what is used passes: the copy alone without the drafter, a tree's floor, a graph on a tree, adaptive graphs
+    for args in (("auto", True, None, None, None, 8, None, None, None), ("auto", False, None, 4, 5, None, 16, 0.2, 1),
+                 ("redrafter", False, None, None, None, None, None, None, 0), ("ar", True, None, *[None] * 6)):
+        assert unused_drafting_error(*args) is None, args
 
 
 def test_main_cli_refuses_a_prompt_over_the_context_before_calibrating(tiny_kit, tmp_path, capsys, monkeypatch):
