@@ -454,6 +454,10 @@ def main(argv=None):
     args = p.parse_args(argv)
     if not args.eval_only and args.data is None:
         p.error("--data is required for training")
+    if args.eval_only and args.eval_prompts is None:  # it loaded the model, did nothing and exited 0
+        p.error("--eval-only evaluates a drafter on --eval-prompts FILE: give them")
+    if args.eval_drafter is not None and not (args.eval_drafter / "config.json").is_file():
+        p.error(f"--eval-drafter {args.eval_drafter}: no drafter there (a folder with config.json and the weights)")
     return cli.run("python -m redrafter_mlx.train", lambda: _train(args))
 
 

@@ -485,6 +485,13 @@ def test_training_refuses_data_it_cannot_use(patterned, tmp_path, capsys, monkey
     assert train_module.main(["--out", str(tmp_path / "d"), "--data", str(tmp_path),
                               "--eval-prompts", str(tmp_path / "missing.jsonl")]) == 2
     assert "missing.jsonl" in capsys.readouterr().err
+    # --eval-only without prompts loaded the model, did nothing and exited 0; a missing drafter was not said
+    for argv, said in ((["--eval-only"], "--eval-only evaluates a drafter on --eval-prompts"),
+                       (["--eval-only", "--eval-prompts", "q.jsonl", "--eval-drafter", str(tmp_path / "none")],
+                        "no drafter there")):
+        with pytest.raises(SystemExit):
+            train_module.main(["--out", str(tmp_path / "e"), *argv])
+        assert said in capsys.readouterr().err
 
 
 def test_self_instruct_needs_three_seeds(tmp_path):
