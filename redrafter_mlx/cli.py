@@ -167,8 +167,16 @@ def writable_file(text: str):
         raise argparse.ArgumentTypeError(f"{path} is a folder, not a file")
     if not folder.is_dir():
         raise argparse.ArgumentTypeError(f"folder {folder} does not exist")
-    if not os.access(folder, os.W_OK):
-        raise argparse.ArgumentTypeError(f"folder {folder} cannot be written")
+    # A file is made there and removed, as the results are written (a temporary file renamed): os.access
+    # passes everything for root, and a folder such as /proc then lost a whole run at its first write.
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"folder {folder} cannot be written ({e.strerror or e})") from None
     return path
 
 
