@@ -261,6 +261,9 @@ def stream(
     copy runs up to 4 x `lookup`, cut by its calibrated probability (graph.root_copy). Needs a
     tree (`tree` > 0) when drafting is fixed; adaptive drafting chooses among grafted nodes as
     among any. None: a tree, as without GSD.
+    seed: sampling's random seed. It repeats a sampled reply in mode "ar" and with fixed drafting;
+    adaptive drafting's trees follow the timings it measures, and the draws a step makes follow its
+    tree, so its sampled replies differ from run to run (each drawn from the base model's distribution).
     progress: called with a line of text while an adaptive call calibrates this machine's cost
     curve (the first call for a device and model, a few seconds), after the settings, the
     prompt and the context length were checked, and per chunk of a prompt (its part not
