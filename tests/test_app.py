@@ -684,3 +684,23 @@ async def test_the_opening_notice_says_plain_decoding_when_speculation_starts_of
         await ready(pilot)
         said = " ".join(str(n.render()) for n in app.query(Notice))
         assert "is off (plain decoding; adaptive when on)" in said and "off, adaptive" not in said
+
+
+def test_an_adaptive_reply_is_measured_against_the_controllers_plain_steps():
+    """The warm-up's 8 tokens on "Hello" read 14.9 tok/s in one session and 5.0 in another, so a reply
+    decoded plainly throughout showed 1.80x or 0.56x, and "0% (0 drafts accepted)" of no drafts."""
+    from app.engine import Stats
+    from app.stats_view import Baseline, reply_rows
+
+    parked = Stats(mode="auto", new_tokens=41, steps=40, tokens_per_second=19.6, tokens_per_step=1.0,
+                   parked_share=1.0, decode_seconds=2.04, controller={"plain_ms": 50.0, "x16": 2.0, "x64": 5.0})
+    rows = dict(reply_rows(parked, Baseline(calibration=5.0), "done"))
+    assert rows["speedup"] == "0.98×" and rows["  vs plain"] == "20.0 tok/s (timed plain steps)"
+    assert rows["acceptance"] == "— (nothing drafted: every step plain)"
+    baseline = Baseline(calibration=5.0, plain_tokens=100, plain_seconds=4.0, plain_replies=1)
+    rows = dict(reply_rows(parked, baseline, "done"))  # this session's plain replies come first
+    assert rows["  vs plain"] == "25.0 tok/s (1 plain reply)" and rows["speedup"] == "0.78×"
+    drafting = Stats(mode="auto", new_tokens=41, steps=20, tokens_per_second=40.0, parked_share=0.2,
+                     acceptance=0.5, accepted_tokens=20, controller={"plain_ms": 50.0})
+    rows = dict(reply_rows(drafting, Baseline(), "done"))
+    assert rows["speedup"] == "2.00×" and rows["acceptance"] == "50% (20 drafts accepted)"
