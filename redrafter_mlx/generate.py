@@ -60,6 +60,7 @@ class PromptCache:
         self.cache = model.make_cache()
         self.ids: List[int] = []
         self.user = None  # the stream using it (set by stream(): another call's use ends that one)
+        self.prefill_chunk: Optional[int] = None  # the chunk size _prefill last found to fit (None: PREFILL_CHUNK)
 
     def belongs_to(self, model) -> bool:
         """Whether this cache was made by `model`: it holds that model's keys and values, and its
@@ -122,10 +123,12 @@ def _prefill(model, pc: PromptCache, prompt: List[int], stopped: Callable[[], bo
     until they would fit it, down to PREFILL_MIN_CHUNK; they grow back where fast), so a cancel
     is seen within a few seconds: on the 2-core CPU a 512-token chunk of the default model took
     3 s at the start of a prompt and 8-15 s after 1,500 tokens (attention's exp over the cached
-    keys), while 128-token chunks read a long prompt as fast."""
+    keys), while 128-token chunks read a long prompt as fast. The size found is kept on `pc`: the
+    next prompt of a conversation starts there (its first chunk at 512 took 8 s to cancel in the
+    chat, past 2,000 tokens of conversation)."""
     start = pc.reuse(prompt)
     todo = prompt[start:]
-    i, size = 0, PREFILL_CHUNK
+    i, size = 0, min(pc.prefill_chunk or PREFILL_CHUNK, PREFILL_CHUNK)
     while i < len(todo):
         if i and stopped():
             return None
@@ -145,6 +148,7 @@ def _prefill(model, pc: PromptCache, prompt: List[int], stopped: Callable[[], bo
                 size = max(least, size // 2)
         elif took < PREFILL_SECONDS / 4 and len(part) == size:
             size = min(PREFILL_CHUNK, 2 * size)
+        pc.prefill_chunk = size
     h = h[0, -1]
     return model.logits(h), h
 

@@ -268,6 +268,14 @@ def test_slow_prefill_chunks_shrink_and_fast_ones_grow_back(tiny_loaded, monkeyp
     # then 0.04 s chunks double back to 16
     assert starts == [0, 16, 20, 24, 28, 32, 40, 56, 72, 88]
     assert g.tokens == greedy_direct(m.model, ids, 3)
+    # the size found is kept with a conversation's cache: its next prompt starts there, not at 16 again
+    pc = PromptCache(m.model)
+    per_token = iter([0.6] * 100)
+    generate(m, ids[:40], max_tokens=1, mode="ar", prompt_cache=pc)
+    assert pc.prefill_chunk == 4  # 16 tokens at 0.6 s: 9.6 s, then 4 at a time (2.4 s: the least)
+    lines.clear()
+    generate(m, ids, max_tokens=1, mode="ar", prompt_cache=pc, progress=lines.append)
+    assert [int(line.split()[3]) for line in lines][:3] == [0, 4, 8]  # of the 50 tokens not cached yet
 
 
 def test_cancel_during_a_long_prefill(tiny_loaded, monkeypatch):
