@@ -363,6 +363,16 @@ class ChatApp(App):
             await self._new_chat()
 
     async def _new_chat(self):
+        if not self.ready:
+            # The transcript holds the load status (and a failure's reason): clearing it hid both, and a
+            # message typed while loading was still sent after "New chat.".
+            if self._queued is not None:
+                self.query_one(PromptInput).value, self._queued = self._queued, None
+                self.notify("Your message was taken back into the box: the model is still loading.")
+            else:
+                self.notify("Nothing to clear yet: " + ("the model did not load." if self.load_error else
+                                                        "the model is still loading."), severity="warning")
+            return
         self.messages.clear()
         self.stats = None
         self.status = "ready" if self.ready else self.status

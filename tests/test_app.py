@@ -704,3 +704,29 @@ def test_an_adaptive_reply_is_measured_against_the_controllers_plain_steps():
                      acceptance=0.5, accepted_tokens=20, controller={"plain_ms": 50.0})
     rows = dict(reply_rows(drafting, Baseline(), "done"))
     assert rows["speedup"] == "2.00×" and rows["acceptance"] == "50% (20 drafts accepted)"
+
+
+async def test_new_chat_while_loading_keeps_the_load_status_and_takes_a_queued_message_back():
+    """Ctrl+N while the model loaded removed the load status (so a failure later showed no reason), and
+    a message typed meanwhile was still sent after "New chat."."""
+    gate = threading.Event()
+    engine = FakeEngine(["Ready now."], load_gate=gate)
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ask(pilot, "An early question")
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert app.query_one(PromptInput).value == "An early question" and app._queued is None
+        assert len(app.query(LoadStatus)) == 1
+        gate.set()
+        await ready(pilot)
+        await pilot.pause()
+        assert engine.calls == [] and "Ready in" in str(app.query_one(LoadStatus).render())
+    gate = threading.Event()
+    app = create_app(FakeEngine(fail_load="no such model", load_gate=gate))
+    async with app.run_test(size=SIZE) as pilot:
+        gate.set()
+        await wait_for(pilot, lambda: app.status == "load failed")
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert "The model did not load: no such model" in str(app.query_one(LoadStatus).render())
