@@ -70,7 +70,12 @@ def main(argv=None) -> int:
     p.add_argument("--weight-format", default="auto", choices=WEIGHT_FORMATS,
                    help="auto = the fastest for this device (default); stored = as in the file (e.g. 4-bit); or "
                    "float32, float16, bfloat16")
-    args = p.parse_args(argv)
+    args, extra = p.parse_known_args(argv)
+    if extra:
+        words = [w for w in extra if not w.startswith("-")]
+        if words and len(words) == len(extra):  # `python -m redrafter_mlx Explain MLX`: "unrecognized arguments: MLX"
+            p.error(f"the prompt is one argument: quote it (\"{' '.join([args.prompt, *words])}\")")
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.prompt == "-":
         try:
             args.prompt = sys.stdin.read()
@@ -80,6 +85,10 @@ def main(argv=None) -> int:
             p.error("- reads the prompt from standard input, which could not be read")
     if not args.prompt.strip():
         p.error("the prompt is empty")
+    try:  # bytes that are not UTF-8 (from the command line or standard input) were refused after loading
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        p.error(f"the prompt is not UTF-8 text (at character {e.start})")
     bad_drafter = cli.drafter_error(args.drafter, args.no_drafter)
     if bad_drafter:
         p.error(bad_drafter)

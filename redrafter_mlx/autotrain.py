@@ -417,8 +417,9 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         report(run(args))
-    except RedrafterError as e:
-        sys.exit(f"redrafter-train: error: {e}")  # as the other command lines say a user error
+    except RedrafterError as e:  # as the other command lines say a user error: one line, status 2
+        print(f"redrafter-train: error: {e}", file=sys.stderr)
+        sys.exit(2)
     except KeyboardInterrupt:
         print("redrafter-train: interrupted; run the same command again to resume", file=sys.stderr)
         sys.exit(130)

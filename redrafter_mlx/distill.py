@@ -369,13 +369,14 @@ def self_instruct(loaded, seeds: List[str], n: int, path: Path, batch_size: int 
 
 def main(argv=None):
     p = cli.Parser(prog="python -m redrafter_mlx.distill", description=__doc__.split("\n\n")[0])
+    cli.add_version(p)
     p.add_argument("--model", default=None, help="registry name, local path or hub id (default: smollm2-135m)")
-    p.add_argument("--data", nargs="+", type=Path, help="prompt JSONL files (never MT-Bench)")
+    p.add_argument("--data", nargs="+", type=Path, help="prompt JSONL files (never MT-Bench); required unless --backfill-greedy")
     p.add_argument("--out", type=Path, required=True,
                    help="folder for the replies and hidden states (shards); a run stopped early resumes there")
-    p.add_argument("--offset", type=cli.non_negative, default=0, help="skip the first N prompts (interleaved across files)")
-    p.add_argument("--limit", type=cli.positive, default=None, help="use N prompts from --offset (interleaved across files)")
-    p.add_argument("--batch-size", type=cli.positive, default=16, help="most prompts answered together")
+    p.add_argument("--offset", type=cli.non_negative, default=0, help="skip the first N prompts (interleaved across files; default: 0)")
+    p.add_argument("--limit", type=cli.positive, default=None, help="use N prompts from --offset (interleaved across files; default: all)")
+    p.add_argument("--batch-size", type=cli.positive, default=16, help="most prompts answered together (default: 16)")
     p.add_argument("--batch-tokens", type=cli.positive, default=None,
                    help="most padded tokens (prompt + --max-tokens) in a batch; long prompts go in smaller batches "
                         "(default: batch size x (max tokens + 128))")
@@ -391,7 +392,7 @@ def main(argv=None):
     p.add_argument("--temperature", type=cli.temperature, default=0.0, metavar="T",
                    help="sample replies at T instead of greedy ones: more varied contexts, still the model's own "
                         "text (answers are keyed by prompt, so use another --out than the greedy run)")
-    p.add_argument("--seed", type=cli.seed, default=0, help="sampling seed with --temperature (default: 0)")
+    p.add_argument("--seed", type=cli.seed, default=None, help="sampling seed with --temperature (default: 0)")
     p.add_argument("--backfill-greedy", action="store_true",
                    help="only add the greedy tokens to the shards of an older sampled run in OUT, then stop")
     args = p.parse_args(argv)
@@ -399,6 +400,10 @@ def main(argv=None):
         p.error("--data is required (prompt JSONL files)")
     if args.max_prompt_tokens is not None and args.max_prompt_tokens < 1:
         p.error("--max-prompt-tokens must be at least 1")
+    if args.seed is not None and args.temperature == 0.0:  # as the other commands refuse it
+        p.error("--seed applies to sampling, and --temperature 0 answers greedily: add --temperature T above 0, "
+                "or drop it")
+    args.seed = 0 if args.seed is None else args.seed
     return cli.run("python -m redrafter_mlx.distill", lambda: _distill(args))
 
 

@@ -409,6 +409,7 @@ def evaluate_shapes(loaded, questions: List[dict], shapes, max_tokens: int = 128
 
 def main(argv=None):
     p = cli.Parser(prog="python -m redrafter_mlx.train", description=__doc__.split("\n\n")[0])
+    cli.add_version(p)
     p.add_argument("--model", default=None,
                    help="the base model the head drafts for, the one --data was distilled from (registry name, "
                         "local path or hub id; default: smollm2-135m)")

@@ -78,15 +78,18 @@ def test_train_command_resumes_installs_and_keeps_a_better_drafter(tiny_model_di
     assert not list(tiny_model_dir.glob(".drafter.*"))  # no half-written folders left beside it
 
 
-def test_train_command_refuses_mt_bench_and_missing_prompt_files(tiny_model_dir, tmp_path):
+def test_train_command_refuses_mt_bench_and_missing_prompt_files(tiny_model_dir, tmp_path, capsys):
     bench = tmp_path / "mt_bench.jsonl"
     bench.write_text(json.dumps({"prompt": "x"}) + "\n")
-    with pytest.raises(SystemExit, match="MT-Bench"):
-        autotrain.main(["--model", str(tiny_model_dir), "--prompts", str(bench), "--work", str(tmp_path / "w")])
-    with pytest.raises(SystemExit, match=f"error: {re.escape(str(bench))}: MT-Bench is the benchmark: .* nor choose which one is installed"):
-        autotrain.main(["--model", str(tiny_model_dir), "--eval-prompts", str(bench)])
-    with pytest.raises(SystemExit, match="no prompt file"):
-        autotrain.main(["--model", str(tiny_model_dir), "--prompts", str(tmp_path / "none.jsonl")])
+    for argv, said in ((["--prompts", str(bench), "--work", str(tmp_path / "w")], "MT-Bench"),
+                       (["--eval-prompts", str(bench)],
+                        f"error: {re.escape(str(bench))}: MT-Bench is the benchmark: .* nor choose which one is installed"),
+                       (["--prompts", str(tmp_path / "none.jsonl")], "no prompt file")):
+        with pytest.raises(SystemExit) as stopped:
+            autotrain.main(["--model", str(tiny_model_dir), *argv])
+        assert stopped.value.code == 2  # a user error's status, as the other command lines (it was 1)
+        err = capsys.readouterr().err
+        assert re.search(said, err) and err.startswith("redrafter-train: error: ") and err.count("\n") == 1, err
 
 
 def test_shipped_prompts_are_there_and_not_mt_bench():

@@ -166,10 +166,15 @@ def test_main_cli_refuses_drafts_too_big_and_contradictions_before_loading(capsy
                        (["--no-drafter", "--beam-width", "4", "--graph", "0"], "--beam-width, --graph shape"),
                        (["--tree-min-prob", "0.5", "--beam-width", "2"], "--tree-min-prob is the dynamic tree's floor"),
                        (["--tree", "0", "--graph", "1"], "--graph drafts a dynamic tree"),
-                       (["--mode", "redrafter", "--beam-width", "2", "--graph", "1"], "add --tree N")):
+                       (["--mode", "redrafter", "--beam-width", "2", "--graph", "1"], "add --tree N"),
+                       (["Explain", "MLX"], 'the prompt is one argument: quote it ("Explain MLX hi")'),
+                       (["--bogus"], "unrecognized arguments: --bogus")):
         with pytest.raises(SystemExit):
             main_cli.main([*argv, "hi"])
         assert said in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # bytes that are not UTF-8 (surrogate escapes) were refused after loading
+        main_cli.main(["\udcff\udcfe"])
+    assert "the prompt is not UTF-8 text (at character 0)" in capsys.readouterr().err
     from redrafter_mlx.cli import unused_drafting_error
 
     # what is used passes: the copy alone without the drafter, a tree's floor, a graph on a tree, adaptive graphs

@@ -166,6 +166,9 @@ def test_distill_cli_rejects_a_non_positive_max_prompt_tokens(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path / "o"), "--data", str(data), "--max-prompt-tokens", "0"])
     assert "--max-prompt-tokens must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # greedy replies use no seed: it was taken, saying nothing
+        main(["--out", str(tmp_path / "o"), "--data", str(data), "--seed", "3"])
+    assert "--seed applies to sampling" in capsys.readouterr().err
 
 
 def test_sampled_distillation_is_seeded_and_differs_from_greedy(samples, tmp_path):
