@@ -69,6 +69,10 @@ def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
             continue
         try:
             row = json.loads(line)
+            if not isinstance(row, dict):  # it said "list indices must be integers or slices, not str"
+                raise TypeError(f"a line is a JSON object, not a {type(row).__name__}")
+            if not isinstance(row["turns"], list):  # and "unhashable type: 'slice'" of an object
+                raise TypeError(f"'turns' must be a list of non-empty questions, not a {type(row['turns']).__name__}")
             asked = row["turns"][:turns]
             if not isinstance(asked, list) or not asked or not all(isinstance(t, str) and t.strip() for t in asked):
                 raise TypeError("'turns' must be a list of non-empty questions")

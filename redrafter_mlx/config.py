@@ -23,6 +23,9 @@ class BaseArgs:
     def from_dict(cls, params: Dict[str, Any]):
         params = cls.normalize(dict(params))
         known = inspect.signature(cls).parameters
+        missing = [k for k, p in known.items() if p.default is inspect.Parameter.empty and k not in params]
+        if missing:  # it said "DrafterArgs.__init__() missing 2 required positional arguments: ..."
+            raise TypeError(f"it lacks {', '.join(missing)}")
         return cls(**{k: v for k, v in params.items() if k in known})
 
     @classmethod

@@ -388,9 +388,13 @@ def read_results(path: Path):
         raise RedrafterError(f"results file {path} is not a file")
     try:
         report = json.loads(path.read_text())
+        if not isinstance(report, dict) or not isinstance(report.get("results"), list):  # (it said "KeyError: 'results'")
+            raise ValueError("it holds no 'results' list (redrafter-bench --json writes an object with one)")
         if not isinstance(report.get("settings", {}), dict):
             raise ValueError("its settings are not an object")
-        rows = [r for r in report["results"] if r["mode"] == "ar"]
+        if not all(isinstance(r, dict) for r in report["results"]):
+            raise ValueError("its results are not all objects")
+        rows = [r for r in report["results"] if r.get("mode") == "ar"]
         for i, r in enumerate(rows):
             for key in ("prompt_tokens", "tokens"):
                 if not isinstance(r.get(key), list) or not r[key]:  # an empty one ended in a traceback from MLX
@@ -399,7 +403,8 @@ def read_results(path: Path):
                     raise ValueError(f"its ar result {i + 1} has {key!r} that are not token ids")
             r["category"] = str(r.get("category", "") or "")
     except (ValueError, KeyError, TypeError, AttributeError) as e:  # (UnicodeDecodeError is a ValueError)
-        raise RedrafterError(f"{path} is not a redrafter-bench --json file: {type(e).__name__}: {e}") from e
+        why = str(e) if type(e) is ValueError else f"{type(e).__name__}: {e}"  # (ours: what is wrong, in words)
+        raise RedrafterError(f"{path} is not a redrafter-bench --json file: {why}") from e
     if not rows:
         raise RedrafterError(f"{path} has no ar results: run redrafter-bench with --modes ar")
     if report.get("settings", {}).get("temperature", 0.0) != 0.0:

@@ -209,7 +209,9 @@ def test_prompt_files_that_would_have_failed_after_the_run(tmp_path):
                         ([{"turns": ["a"]}, {"question_id": 1, "turns": ["b"]}], "takes its line number"),
                         ([{"category": None, "turns": ["a"]}], "'category' must be a string"),
                         ([{"question_id": [1], "turns": ["a"]}], "'question_id' must be"),
-                        ([{"question": "a"}], "not a Spec-Bench line with 'turns': it has none$")):
+                        ([{"question": "a"}], "not a Spec-Bench line with 'turns': it has none$"),
+                        ([["a"]], "a line is a JSON object, not a list$"),  # "list indices must be integers or ..."
+                        ([{"turns": {"a": 1}}], "'turns' must be a list of non-empty questions, not a dict$")):
         path.write_text("\n".join(json.dumps(x) for x in lines))
         with pytest.raises(RedrafterError, match=said):
             bench.read_prompts(path)
@@ -276,7 +278,10 @@ def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path
     (tmp_path / "ids.json").write_text('{"results": [{"mode": "ar", "prompt_tokens": [1], "tokens": ["a"]}]}')
     (tmp_path / "settings.json").write_text('{"settings": [], "results": []}')
     (tmp_path / "empty.json").write_text('{"results": [{"mode": "ar", "prompt_tokens": [], "tokens": []}]}')
+    (tmp_path / "list.json").write_text('[1, 2]')  # it said "AttributeError: 'list' object has no attribute 'get'"
+    (tmp_path / "other.json").write_text('{"questions": []}')  # and "KeyError: 'results'"
     for name, said in (("binary.json", "UnicodeDecodeError"), ("rows.json", "has no 'prompt_tokens' list"),
+                       ("list.json", "it holds no 'results' list"), ("other.json", "it holds no 'results' list"),
                        ("ids.json", "'tokens' that are not token ids"), ("settings.json", "settings are not an object"),
                        ("empty.json", "has no 'prompt_tokens' list, or an empty one")):
         assert replay.main([str(tmp_path / name)]) == 2

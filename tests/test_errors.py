@@ -305,6 +305,10 @@ def test_missing_or_corrupt_drafter(tiny_kit, tmp_path):
     raises(CorruptModelError, lambda: load_drafter(tmp_path / "d", base), "cannot read")
     (tmp_path / "d" / "config.json").write_text("{")
     raises(CorruptModelError, lambda: load_drafter(tmp_path / "d", base), "not valid JSON")
+    (tmp_path / "d" / "config.json").write_text("{}")  # it said "__init__() missing 2 required positional arguments"
+    msg = raises(CorruptModelError, lambda: load_drafter(tmp_path / "d", base), "is not a drafter config: it lacks "
+                 "hidden_size, vocab_size")
+    assert "__init__" not in msg
 
 
 # ---- network -------------------------------------------------------------------------------
