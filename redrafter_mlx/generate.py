@@ -308,6 +308,9 @@ def stream(
                            f"{beam_length}, tree {budget}, lookup {lookup}")
     if draft_top_k is not None and draft_top_k < 1:  # 0 kept every token, -1 all but the least likely
         raise SettingError(f"draft_top_k must be >= 1, not {draft_top_k}")
+    for name, flag in (("use_drafter", use_drafter), ("context_graph", context_graph)):
+        if not isinstance(flag, (bool, np.bool_)):  # use_drafter="no" was taken as True
+            raise SettingError(f"{name} must be True or False, not {flag!r}")
     for name, fn in (("should_stop", should_stop), ("progress", progress)):
         if fn is not None and not callable(fn):
             raise SettingError(f"{name} must be a function ({'() -> bool' if name == 'should_stop' else '(str) -> None'})"

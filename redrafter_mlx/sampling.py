@@ -33,7 +33,8 @@ class Sampler:
             raise SettingError(f"temperature must be a number >= 0 (0 = greedy), not {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise SettingError(f"top_p must be in (0, 1], not {self.top_p}")
-        if self.seed is not None and not (isinstance(self.seed, numbers.Integral) and 0 <= self.seed <= SEED_MAX):
+        if self.seed is not None and (isinstance(self.seed, bool) or not (isinstance(self.seed, numbers.Integral)
+                                                                          and 0 <= self.seed <= SEED_MAX)):
             raise SettingError(f"seed must be an integer from 0 to 2**64 - 1, not {self.seed!r}")
         self._key = mx.random.key(int(self.seed)) if self.seed is not None else None
 

@@ -430,7 +430,8 @@ def test_settings_out_of_range_are_user_errors_found_before_any_calibration(tiny
                       ({"top_p": None}, ["top_p", "a number", "None"]),
                       ({"draft_top_k": 0}, ["draft_top_k", ">= 1", "0"]), ({"draft_top_k": -1}, ["draft_top_k"]),
                       ({"should_stop": 5}, ["should_stop", "a function", "int"]),
-                      ({"progress": "log"}, ["progress", "a function", "str"])]:
+                      ({"progress": "log"}, ["progress", "a function", "str"]), ({"seed": True}, ["seed", "True"]),
+                      ({"use_drafter": "no"}, ["use_drafter", "True or False", "'no'"])]:
         msg = raises(SettingError, lambda: generate(m, "hi", mode="auto", **kw), *words)
         assert isinstance(SettingError(msg), ValueError)
     raises(SettingError, lambda: generate(m, "hi", mode="ar", beam_width=0), "beam width")  # as in other modes
