@@ -197,7 +197,7 @@ def main(argv=None) -> int:
     if args.temperature == 0.0 and args.top_p != 1.0:  # redrafter_mlx.cli.sampling_error's rule, without --seed
         parser.error("--top-p applies to sampling, and --temperature 0 decodes greedily: add --temperature T above 0, "
                      "or drop it")
-    if args.model is not None and not args.model.strip():  # the library's "(None: the default)", after the screen opened
+    if args.model is not None and not args.model.strip():  # said after the screen opened, in the library's words
         parser.error("--model is empty: give a registry name, a path or a hub id, or leave --model out (smollm2-135m)")
     shaping = [flag for flag, value in (("-W", args.beam_width), ("-L", args.beam_length), ("--tree", args.tree),
                                         ("--tree-min-prob", args.tree_min_prob), ("--graph", args.graph))

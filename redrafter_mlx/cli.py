@@ -218,8 +218,9 @@ def write_failure(error: BaseException) -> Optional[str]:
 def run(prog: str, body: Callable[[], Optional[int]]) -> int:
     """Run a command's body and return its exit status. A user error (`RedrafterError`) ends it
     with one line on stderr and status 2; an OS error (a path that cannot be read or written, a
-    full disk) or MLX failing to write a file the same with status 1; Ctrl-C with 130; output cut short by the reader (`... |
-    head`) quietly, as other command-line tools do. Anything else is a bug and keeps its traceback."""
+    full disk) or MLX failing to write a file the same with status 1; Ctrl-C with 130 (and what the
+    body said of where it stopped); output cut short by the reader (`... | head`) quietly, as other
+    command-line tools do. Anything else is a bug and keeps its traceback."""
     try:
         return body() or 0
     except RedrafterError as e:

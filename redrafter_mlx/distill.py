@@ -371,11 +371,14 @@ def main(argv=None):
     p = cli.Parser(prog="python -m redrafter_mlx.distill", description=__doc__.split("\n\n")[0])
     cli.add_version(p)
     p.add_argument("--model", default=None, help="registry name, local path or hub id (default: smollm2-135m)")
-    p.add_argument("--data", nargs="+", type=Path, help="prompt JSONL files (never MT-Bench); required unless --backfill-greedy")
+    p.add_argument("--data", nargs="+", type=Path,
+                   help="prompt JSONL files (never MT-Bench); required unless --backfill-greedy")
     p.add_argument("--out", type=Path, required=True,
                    help="folder for the replies and hidden states (shards); a run stopped early resumes there")
-    p.add_argument("--offset", type=cli.non_negative, default=0, help="skip the first N prompts (interleaved across files; default: 0)")
-    p.add_argument("--limit", type=cli.positive, default=None, help="use N prompts from --offset (interleaved across files; default: all)")
+    p.add_argument("--offset", type=cli.non_negative, default=0,
+                   help="skip the first N prompts (interleaved across files; default: 0)")
+    p.add_argument("--limit", type=cli.positive, default=None,
+                   help="use N prompts from --offset (interleaved across files; default: all)")
     p.add_argument("--batch-size", type=cli.positive, default=16, help="most prompts answered together (default: 16)")
     p.add_argument("--batch-tokens", type=cli.positive, default=None,
                    help="most padded tokens (prompt + --max-tokens) in a batch; long prompts go in smaller batches "

@@ -313,8 +313,8 @@ def stream(
             raise SettingError(f"{name} must be True or False, not {flag!r}")
     for name, fn in (("should_stop", should_stop), ("progress", progress)):
         if fn is not None and not callable(fn):
-            raise SettingError(f"{name} must be a function ({'() -> bool' if name == 'should_stop' else '(str) -> None'})"
-                               f" or None, not {type(fn).__name__}")
+            kind = "() -> bool" if name == "should_stop" else "(str) -> None"
+            raise SettingError(f"{name} must be a function ({kind}) or None, not {type(fn).__name__}")
     if max_tokens is None:
         raise SettingError("max_tokens must be a whole number >= 1, not None")
     if max_tokens < 1:

@@ -388,7 +388,7 @@ def read_results(path: Path):
         raise RedrafterError(f"results file {path} is not a file")
     try:
         report = json.loads(path.read_text())
-        if not isinstance(report, dict) or not isinstance(report.get("results"), list):  # (it said "KeyError: 'results'")
+        if not isinstance(report, dict) or not isinstance(report.get("results"), list):  # it said "KeyError: 'results'"
             raise ValueError("it holds no 'results' list (redrafter-bench --json writes an object with one)")
         if not isinstance(report.get("settings", {}), dict):
             raise ValueError("its settings are not an object")
