@@ -242,16 +242,18 @@ def parse_args(argv=None):
     return args
 
 
-def _fitting(loaded, prompts: List[str], source) -> List[str]:
-    """The evaluation prompts that fit the model's context (distillation skips the others too)."""
+def _fitting(loaded, prompts: List[str], source, reply: int) -> List[str]:
+    """The evaluation prompts that leave room in the model's context for a reply of `reply` tokens
+    (distillation skips the others too): one that left none (a 505-token prompt in a 512-token context)
+    was measured on the 8 tokens it had room for."""
     limit = loaded.context_length
-    kept = [p for p in prompts if len(loaded.tokenizer.prompt_ids(p)) < limit - 1]
+    kept = [p for p in prompts if len(loaded.tokenizer.prompt_ids(p)) + reply <= limit]
     if not kept:
-        raise RedrafterError(f"none of the evaluation prompts in {source} fits {loaded.name}'s context of {limit} "
-                             "tokens: give shorter ones (--eval-prompts)")
+        raise RedrafterError(f"none of the evaluation prompts in {source} leaves room for a {reply}-token reply in "
+                             f"{loaded.name}'s context of {limit} tokens: give shorter ones (--eval-prompts)")
     if len(kept) < len(prompts):
         print(f"evaluation: {len(prompts) - len(kept)} of {len(prompts)} prompts are longer than the context of "
-              f"{limit} tokens and left out", file=sys.stderr)
+              f"{limit} tokens leaves room for with a {reply}-token reply, and are left out", file=sys.stderr)
     return kept
 
 
@@ -302,7 +304,7 @@ def run(args) -> Dict:
     work = args.work or registry.cache_dir() / "train" / _safe(resolved.name)
     loaded = load(args.model, weight_format=args.weight_format, use_drafter=False,
                   progress=lambda m: print(m, file=sys.stderr))
-    eval_set = _fitting(loaded, eval_set, args.eval_prompts or EVAL_PROMPTS)
+    eval_set = _fitting(loaded, eval_set, args.eval_prompts or EVAL_PROMPTS, budget.eval_tokens)
     _check_installable(resolved.drafter_home)
     work.mkdir(parents=True, exist_ok=True)
     from .costs import model_files_digest

@@ -142,8 +142,9 @@ def test_new_prompts_start_afresh_and_long_eval_prompts_are_left_out(tiny_model_
     assert steps == list(range(1, 9))  # trained anew, not resumed at step 8
     two = tmp_path / "two.jsonl"
     two.write_text(json.dumps({"prompt": "x"}) + "\n" + json.dumps({"prompt": "y"}) + "\n")
-    with pytest.raises(SystemExit, match="give at least 3"):
+    with pytest.raises(SystemExit) as stopped:
         autotrain.main(argv + ["--prompts", str(two)])
+    assert stopped.value.code == 2 and "give at least 3" in capsys.readouterr().err
 
     # every file given seeds self-instruct: two prompts first and twelve after were refused (the first file's alone)
     class Checked(Exception):
