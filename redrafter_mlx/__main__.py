@@ -43,8 +43,7 @@ def main(argv=None) -> int:
                    help="sample from the smallest set of tokens holding this much probability, in (0, 1] (default: 1)")
     p.add_argument("--seed", type=cli.seed, default=None,
                    help="random seed for sampling (with --temperature above 0), 0 to 2**64 - 1 (default: a fresh one "
-                   "each run); it repeats a reply with --mode ar or fixed drafting, not with adaptive drafting, whose "
-                   "trees follow measured timings (each run is another draw from the same distribution)")
+                   "each run); a seed gives the same reply in every mode, as plain decoding with it")
     p.add_argument("--beam-width", type=cli.positive, default=None, metavar="W",
                    help="beams drafted per step (default: the shape `redrafter-bench --tune` stored, else 4)")
     p.add_argument("--beam-length", type=cli.positive, default=None, metavar="L",

@@ -265,9 +265,9 @@ def stream(
     copy runs up to 4 x `lookup`, cut by its calibrated probability (graph.root_copy). Needs a
     tree (`tree` > 0) when drafting is fixed; adaptive drafting chooses among grafted nodes as
     among any. None: a tree, as without GSD.
-    seed: sampling's random seed. It repeats a sampled reply in mode "ar" and with fixed drafting;
-    adaptive drafting's trees follow the timings it measures, and the draws a step makes follow its
-    tree, so its sampled replies differ from run to run (each drawn from the base model's distribution).
+    seed: sampling's random seed. A draw depends only on the seed and its position in the sequence
+    (sampling.py), so a seed gives plain decoding's reply in every mode and with every tree, the
+    adaptive controller's (whose trees follow measured timings) included.
     progress: called with a line of text while an adaptive call calibrates this machine's cost
     curve (the first call for a device and model, a few seconds), after the settings, the
     prompt and the context length were checked, and per chunk of a prompt (its part not
@@ -378,7 +378,7 @@ def stream(
             yield event([], None, "cancelled")
             return
         logits, h = prefilled
-        token = sampler(logits)
+        token = sampler(logits, len(ids))  # positions: the sequence index each drawn token takes (sampling.py)
         first = token.item()
         stats.prefill_seconds = time.perf_counter() - t0
     except BaseException:
@@ -427,7 +427,7 @@ def stream(
                     steady = ahead is not None
                     if ahead is None:
                         logits, h = model(token.reshape(1, 1), pc.cache)
-                        ahead = sampler(logits[0, -1])
+                        ahead = sampler(logits[0, -1], len(pc.ids) + 1)  # (`token` is at len(pc.ids))
                         # queued on its own, as mlx-lm does: read back below, it then waits for
                         # this forward alone, not for the successor queued after it too
                         mx.async_eval(ahead)
@@ -436,7 +436,7 @@ def stream(
                     if room >= 2 and stats.new_tokens + 1 < max_tokens and (
                             ctl is None or (kind := ctl.next_step(pc.ids, False, room - 1)) == "plain"):
                         logits, h = model(ahead.reshape(1, 1), pc.cache)
-                        after = sampler(logits[0, -1])
+                        after = sampler(logits[0, -1], len(pc.ids) + 1)  # (`ahead` is at len(pc.ids) now)
                         mx.async_eval(after)
                     new = [ahead.item()]
                     token, ahead = ahead, after
@@ -492,7 +492,8 @@ def stream(
                     positions = mx.array(start + tree.depth, dtype=mx.int32)
                     mask = mx.array(tree.mask)
                     logits, hidden = model(mx.array(tree.tokens)[None], pc.cache, positions=positions, mask=mask)
-                    choices = np.array(sampler(logits[0]))  # (P,) base model's pick after each node
+                    # (P,) the base model's pick after each node, drawn as plain decoding draws there
+                    choices = np.array(sampler(logits[0], start + tree.depth + 1))
                     # Accept the longest path the base model agrees with; keep only its K/V.
                     path, bonus = accept(tree, choices)
                     pc.cache.commit(start, path)

@@ -3,19 +3,40 @@
 One `Sampler` serves plain decoding and ReDrafter acceptance alike: `sampler(logits)` picks
 one token per row of (..., V) logits. For T = 0 that is the argmax; otherwise a draw from
 softmax(logits / T) restricted to the smallest set of tokens whose mass reaches top_p.
-Randomness comes from an explicit `mx.random` key chain so a seed reproduces a run.
+
+Given the positions the rows' tokens take in the sequence, a draw depends only on the seed and
+its position (the Gumbel-max trick: argmax(log p + g), with g drawn from a key made of the seed
+and the position). Verification accepts a drafted token where the base model's own draw picks
+it, so the token a step keeps at position t is the one plain decoding draws at t from the same
+prefix: a seed gives the same reply in every mode and with every tree, adaptive ones included
+(whose trees follow measured timings; with a key chain, each tree's number of draws moved every
+later draw, and a seeded reply changed from run to run). Rows at one position (siblings in a
+tree) share a draw; only one of them is ever on the accepted path, so every path's draws stay
+independent and each reply is still an exact draw from the base model's distribution. Without
+positions, a key chain.
 """
 
 import math
 import numbers
+import os
 from dataclasses import dataclass
 from typing import Optional
 
 import mlx.core as mx
+import numpy as np
 
 from .errors import SettingError
 
 SEED_MAX = 2**64 - 1  # mx.random.key takes an unsigned 64-bit seed
+
+
+def position_key(seed: int, position: int) -> int:
+    """A 64-bit key for (seed, position): SplitMix64's finalizer over the two, so nearby seeds and
+    positions get unrelated draws."""
+    z = (seed + 0x9E3779B97F4A7C15 * (position + 1)) & SEED_MAX
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & SEED_MAX
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & SEED_MAX
+    return z ^ (z >> 31)
 
 
 @dataclass
@@ -37,6 +58,8 @@ class Sampler:
                                                                           and 0 <= self.seed <= SEED_MAX)):
             raise SettingError(f"seed must be an integer from 0 to 2**64 - 1, not {self.seed!r}")
         self._key = mx.random.key(int(self.seed)) if self.seed is not None else None
+        # positional draws need a seed: without one, a fresh one for this sampler (this reply)
+        self._position_seed = int(self.seed) if self.seed is not None else int.from_bytes(os.urandom(8), "little")
 
     @property
     def greedy(self) -> bool:
@@ -59,11 +82,24 @@ class Sampler:
             logits = apply_top_p(logits, self.top_p)
         return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
-    def __call__(self, logits: mx.array) -> mx.array:
-        """(..., V) logits -> (...,) int32 tokens."""
+    def __call__(self, logits: mx.array, positions=None) -> mx.array:
+        """(..., V) logits -> (...,) int32 tokens. positions: the index in the sequence (prompt
+        included) of the token each row draws, an int or a (...,) array; with them a draw depends
+        only on the seed and its position (module docstring)."""
         if self.greedy:
             return mx.argmax(logits, axis=-1).astype(mx.int32)
-        return mx.random.categorical(self.logprobs(logits), axis=-1, key=self._next_key()).astype(mx.int32)
+        if positions is None:
+            return mx.random.categorical(self.logprobs(logits), axis=-1, key=self._next_key()).astype(mx.int32)
+        return mx.argmax(self.logprobs(logits) + self.noise(positions, logits.shape[-1]), axis=-1).astype(mx.int32)
+
+    def noise(self, positions, vocab: int) -> mx.array:
+        """Gumbel noise, (..., V), for the given positions: one draw per distinct position."""
+        positions = np.asarray(positions, dtype=np.int64)
+        unique, inverse = np.unique(positions, return_inverse=True)
+        rows = [mx.random.gumbel(shape=(vocab,), key=mx.random.key(position_key(self._position_seed, int(p))))
+                for p in unique]
+        table = mx.stack(rows)  # (U, V)
+        return table[mx.array(inverse.reshape(positions.shape).astype(np.int32))]
 
 
 def apply_top_p(logits: mx.array, top_p: float) -> mx.array:

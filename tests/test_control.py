@@ -459,6 +459,26 @@ def test_adaptive_sampling_matches_base_distribution():
     assert chi_square_p(counts, probs) > 1e-3
 
 
+def test_a_seed_gives_the_same_sampled_reply_in_every_mode_and_tree():
+    """A draw depends only on the seed and its position (sampling.py), and verification keeps the
+    base model's own draw: every mode, fixed beams, trees, graphs and the adaptive controller (whose
+    trees change from run to run) give plain decoding's reply for a seed. With a key chain the number
+    of draws a tree made moved every later one, so adaptive replies changed between runs of one seed."""
+    m = with_costs(tiny_loaded(), flat_costs())
+    accepted = 0
+    for seed in range(8):
+        kw = dict(max_tokens=24, temperature=1.0, top_p=0.9, seed=seed)
+        ar = generate(m, PROMPT, mode="ar", **kw).tokens
+        assert generate(m, PROMPT, mode="ar", **{**kw, "seed": seed + 100}).tokens != ar  # seeds do differ
+        for extra in (dict(mode="auto"), dict(mode="auto"), dict(mode="redrafter", beam_width=3, beam_length=4),
+                      dict(mode="redrafter", tree=8, lookup=4), dict(mode="redrafter", tree=8, graph=1),
+                      dict(mode="auto", use_drafter=False)):
+            g = generate(m, PROMPT, **kw, **extra)
+            assert g.tokens == ar, (seed, extra)
+            accepted += g.stats.accepted_tokens
+    assert accepted > 50  # drafts were accepted: the replies did go through trees
+
+
 # ---- the cost model and its cache -------------------------------------------------------------
 
 def test_cost_model_interpolates_extrapolates_and_refines():
