@@ -469,9 +469,12 @@ def test_cli_reports_settings_out_of_range(model_dir, capsys, monkeypatch):
     assert "(%d tokens)" % len(loader.load(str(model_dir)).tokenizer.prompt_ids("hello")) in capsys.readouterr().err
     assert cli(["--model", str(model_dir), "--max-tokens", "4", "--tree", "3", "--tree-min-prob", "0.5", "hello"]) == 0
     assert "tree=3" in capsys.readouterr().err
-    # A setting only the library can check (a graph over fixed beams) is still one line, status 2.
-    assert cli(["--model", str(model_dir), "--max-tokens", "4", "--beam-width", "2", "--tree", "0", "--graph", "1",
-                "hello"]) == 2
+    # A graph over beams the options name is refused while parsing; over the beams a lookup alone fixes (the
+    # tree is then the tuned one, known after loading: none here) only the library can say it: one line, status 2.
+    with pytest.raises(SystemExit):
+        cli(["--model", str(model_dir), "--max-tokens", "4", "--beam-width", "2", "--tree", "0", "--graph", "1", "hi"])
+    assert "--graph drafts a dynamic tree" in capsys.readouterr().err
+    assert cli(["--model", str(model_dir), "--max-tokens", "4", "--lookup", "4", "--graph", "1", "hello"]) == 2
     err = capsys.readouterr().err
     assert "graph drafting needs a dynamic tree" in err and "Traceback" not in err
     assert cli(["--model", str(model_dir), "--max-tokens", "6", "--graph", "1", "hello"]) == 0
