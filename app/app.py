@@ -412,13 +412,16 @@ class ChatApp(App):
                         "conversation alone.", severity="warning")
             return
         lo, hi = BEAM_LIMITS
-        width, length = max(lo, min(hi, width)), max(lo, min(hi, length))
+        # a shape the command line set past the keys' range stays reachable: F8 on -W 32 -L 4 gave 16 x 5
+        top_w, top_l = max(hi, self.settings.beam_width), max(hi, self.settings.beam_length)
+        width, length = max(lo, min(top_w, width)), max(lo, min(top_l, length))
         self.settings.beam_width, self.settings.beam_length = width, length
         self.settings.adaptive = False
         graph = "" if self.settings.graph is None or self.settings.tree else \
             " Graph drafting needs a tree (--tree N): this beam drafts without it."
+        plain = " A length of 1 drafts nothing: plain decoding." if length == 1 else ""
         self.notify(f"Beam: {width} × {length} (width × length), fixed{self._later()}; /auto returns to adaptive."
-                    + graph)
+                    + graph + plain)
         self._refresh()
 
     def action_adaptive(self):

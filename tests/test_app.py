@@ -730,3 +730,17 @@ async def test_new_chat_while_loading_keeps_the_load_status_and_takes_a_queued_m
         await pilot.press("ctrl+n")
         await pilot.pause()
         assert "The model did not load: no such model" in str(app.query_one(LoadStatus).render())
+
+
+async def test_beam_keys_keep_a_command_line_shape_past_their_range():
+    """F8 on -W 32 -L 4 gave 16 x 5: the keys' 1-16 range cut the width nobody touched."""
+    app = create_app(FakeEngine([REPLY]), Settings(beam_width=32, beam_length=4, adaptive=False))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("f8")
+        assert (app.settings.beam_width, app.settings.beam_length) == (32, 5)
+        await pilot.press("f6")  # past the command line's width: held there
+        assert app.settings.beam_width == 32
+        await pilot.press("f5")
+        assert app.settings.beam_width == 31
+
