@@ -16,6 +16,7 @@ Every tensor is materialized once, under a progress bar, before mlx-lm writes th
 
 import contextlib
 import io
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,6 +176,11 @@ def _load_hf(src: Path, dest: Path, config: Dict[str, Any], report):
         raise CorruptModelError(f"{src}: the tensors do not fit config.json: {text}") from e
     except RedrafterError:
         raise
+    except TypeError as e:  # mlx-lm's ModelArgs without a field it needs: "__init__() missing 1 required ..."
+        missing = re.findall(r"'(\w+)'", str(e)) if "required" in str(e) else []
+        if missing:
+            raise CorruptModelError(f"{src}: config.json lacks {', '.join(missing)}") from e
+        raise CorruptModelError(f"cannot read {src}: {one_line(e)}") from e
     except Exception as e:  # mx.load on a truncated or corrupt shard
         raise CorruptModelError(f"cannot read {src}: {one_line(e)}") from e
     return model, config, kind, files

@@ -582,6 +582,19 @@ def test_unsupported_architecture(tmp_path, capsys, mlx_ckpt):
         assert_clean_failure(rc, lines, out, why)
 
 
+def test_a_config_without_a_field_the_architecture_needs_names_it(tmp_path, capsys, mlx_ckpt):
+    """It said "ModelArgs.__init__() missing 1 required positional argument: 'num_attention_heads'"."""
+    src = tmp_path / "src"
+    shutil.copytree(mlx_ckpt[0], src)
+    config = json.loads((src / "config.json").read_text())
+    del config["num_attention_heads"]
+    (src / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", src, "--out", out)
+    assert_clean_failure(rc, lines, out, "config.json lacks num_attention_heads")
+    assert "__init__" not in lines[0]
+
+
 def test_bin_without_torch_says_what_to_install(tmp_path, capsys, monkeypatch, mlx_ckpt):
     monkeypatch.setitem(sys.modules, "torch", None)  # as if the [convert] extra were not installed
     src = tmp_path / "m"
