@@ -209,8 +209,9 @@ def main(argv=None) -> int:
         print(f"error: {describe(e)} (nothing was written)", file=sys.stderr)
         return 1
     except Exception as e:  # a bug, or an error from a library this tool does not expect
-        if write_failure(e) is not None:  # MLX's writes fail with a RuntimeError: a full disk read as a bug
-            print(f"error: {write_failure(e)} (nothing was written)", file=sys.stderr)
+        said = write_failure(e)  # MLX's writes fail with a RuntimeError: a full disk read as a bug
+        if said is not None:
+            print(f"error: {said} (nothing was written)", file=sys.stderr)
             return 1
         if os.environ.get("CONVERT_DEBUG"):
             raise

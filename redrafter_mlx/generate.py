@@ -277,6 +277,9 @@ def stream(
         raise SettingError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
     _check_types(max_tokens=max_tokens, beam_width=beam_width, beam_length=beam_length, draft_top_k=draft_top_k,
                  lookup=lookup, tree=tree, graph=graph, tree_min_prob=tree_min_prob)
+    for name, flag in (("use_drafter", use_drafter), ("context_graph", context_graph)):
+        if not isinstance(flag, (bool, np.bool_)):  # use_drafter="no" was taken as True
+            raise SettingError(f"{name} must be True or False, not {flag!r}")
     drafter = loaded.drafter if use_drafter else None
     adaptive = mode != "ar" and not fixed_drafting(beam_width, beam_length, tree, lookup, tree_min_prob, draft_top_k)
     lookup_given = lookup is not None  # (`drafting` below fills in the default)
@@ -308,9 +311,6 @@ def stream(
                            f"{beam_length}, tree {budget}, lookup {lookup}")
     if draft_top_k is not None and draft_top_k < 1:  # 0 kept every token, -1 all but the least likely
         raise SettingError(f"draft_top_k must be >= 1, not {draft_top_k}")
-    for name, flag in (("use_drafter", use_drafter), ("context_graph", context_graph)):
-        if not isinstance(flag, (bool, np.bool_)):  # use_drafter="no" was taken as True
-            raise SettingError(f"{name} must be True or False, not {flag!r}")
     for name, fn in (("should_stop", should_stop), ("progress", progress)):
         if fn is not None and not callable(fn):
             kind = "() -> bool" if name == "should_stop" else "(str) -> None"

@@ -182,14 +182,19 @@ def save_checkpoint(folder: Path, drafter: Drafter, opt, step: int, rng: np.rand
     write_json(folder / "state.json", meta, indent=None)
 
 
+def checkpoint_step(ckpt: Path) -> int:
+    """The step the checkpoint folder `ckpt` holds (0: none yet)."""
+    state = ckpt / "state.json"
+    return json.loads(state.read_text())["step"] if state.is_file() else 0
+
+
 def open_log(out: Path):
     """OUT/train_log.jsonl for appending, without the rows of steps after OUT's checkpoint: a
     stopped run logged them, and the resumed run trains and logs those steps again (a log read
     as 215 rows for 200 steps)."""
     path = Path(out) / "train_log.jsonl"
     if path.is_file():
-        state = Path(out) / "checkpoint" / "state.json"
-        done = json.loads(state.read_text())["step"] if state.is_file() else 0
+        done = checkpoint_step(Path(out) / "checkpoint")
         rows = [line for line in path.read_text().splitlines() if line.strip()]
         kept = [line for line in rows if json.loads(line).get("step", 0) <= done]
         if len(kept) < len(rows):
@@ -468,8 +473,7 @@ def _says_where_it_stopped(ckpt: Path, steps: int):
     try:
         yield
     except KeyboardInterrupt as e:
-        state = ckpt / "state.json"
-        done = json.loads(state.read_text())["step"] if state.is_file() else 0
+        done = checkpoint_step(ckpt)
         raise KeyboardInterrupt(
             f"cancelled; {ckpt} holds step {done} of {steps}: run the same command again to resume from there"
             if done else "cancelled before the first checkpoint (--save-every): the same command starts over") from e
