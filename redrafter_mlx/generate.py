@@ -235,7 +235,8 @@ def stream(
     """Generate a reply, yielding an Event per step.
 
     loaded: a LoadedModel from `load()`. prompt: text (wrapped in the chat template), a list
-    of {"role", "content"} messages, or a list of token ids (used as is).
+    of {"role", "content"} messages (roles: system, user, assistant, tool), or a list of token
+    ids (used as is).
     mode: "ar" (plain decoding), "redrafter" (needs a drafter), or "auto".
     With no drafting setting given (beam_width, beam_length, tree, tree_min_prob, lookup and
     draft_top_k all None), "auto" and "redrafter" are adaptive (control.py): every step the

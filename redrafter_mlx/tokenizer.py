@@ -49,6 +49,9 @@ GGUF_PRETOKENIZERS = {
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>")
 
 Messages = List[Dict[str, str]]
+# The roles of Hugging Face's chat format, what chat templates render (a tool's result included). Any
+# other went into the template as it was: ChatML's wrote "<|im_start|>bogus" and the model replied to it.
+ROLES = ("system", "user", "assistant", "tool")
 
 
 def _gguf_tokenizer_object(meta: Dict[str, Any]):
@@ -210,11 +213,15 @@ class Tokenizer:
         elif len(prompt) and isinstance(prompt[0], str):
             raise InvalidPromptError("a prompt list holds messages ({'role': ..., 'content': ...}) or token ids, not "
                                      "strings: pass the text as one string, or each turn as a message")
-        elif len(prompt) and isinstance(prompt[0], dict):
-            for i, m in enumerate(prompt):
+        elif len(prompt) and (isinstance(prompt[0], dict) or
+                              (isinstance(prompt, list) and any(isinstance(m, dict) for m in prompt))):
+            for i, m in enumerate(prompt):  # ([5, {...}] was read as token ids, "not {'role': ...}")
                 if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
                     raise InvalidPromptError(f"message {i} of the conversation is not {{'role': str, 'content': str}}: "
                                              f"{m!r:.80}")
+                if m["role"] not in ROLES:
+                    raise InvalidPromptError(f"message {i} of the conversation has the role {m['role']!r:.40}: a role is "
+                                             f"one of {', '.join(ROLES)}")
                 _check_text(m["content"], f"message {i} of the conversation")
             if not any(m["content"].strip() for m in prompt):
                 raise EmptyPromptError("the conversation has no text")

@@ -378,11 +378,18 @@ def test_a_prompt_that_is_not_text_messages_or_token_ids_says_which(tiny_loaded,
                           (5, ["list of token ids", "not int"]),
                           ([{"role": "user"}], ["message 0", "'content': str"]),
                           ([{"role": "user", "content": "hi"}, "x"], ["message 1"]),
+                          ([5, {"role": "user", "content": "hi"}], ["message 0", "'content': str", ": 5"]),
+                          ([{"role": "bogus", "content": "hi"}], ["message 0", "role 'bogus'",
+                                                                  "system, user, assistant, tool"]),
+                          ([{"role": "user", "content": "hi"}, {"role": "User", "content": "x"}],
+                           ["message 1", "role 'User'"]),
                           ("a\udcff", ["the prompt", "not valid text", "UTF-8"]),
                           (b"hi", ["not bytes", "decode"])]:
         msg = raises(InvalidPromptError, lambda: generate(m, prompt, mode="auto"), *words)
         assert isinstance(InvalidPromptError(msg), ValueError)
     raises(InvalidPromptError, lambda: generate(m, "hi", system="\udcff", mode="ar"), "the system prompt")
+    chat = [{"role": r, "content": r} for r in ("system", "user", "assistant", "tool")]  # the roles templates render
+    assert m.tokenizer.decode(m.tokenizer.prompt_ids(chat)).count("<|im_start|>tool\ntool<|im_end|>") == 1
     # a prompt cache holds one model's keys: another model's (even one loaded from the same files) is refused
     from redrafter_mlx import PromptCache, load
 
