@@ -16,6 +16,7 @@ length) change live and apply from the next reply.
 import asyncio
 import threading
 import time
+import unicodedata
 from dataclasses import replace
 from typing import Callable, Dict, List, Optional
 
@@ -54,6 +55,13 @@ Keys
 Commands
   /new · /copy · /spec [on|off] · /beam W L · /width N · /length N (a fixed beam) · /auto (adaptive)
   /stats (the panel on/off) · /help · a message starting with / is sent as such when written //"""
+
+
+def blank(text: str) -> bool:
+    """Whether a message shows nothing: whitespace and invisible format or control characters alone (a
+    zero-width space was sent, and answered). redrafter_mlx.tokenizer.is_blank's rule (a test checks
+    they agree): the app does not import the library, which imports MLX."""
+    return all(ch.isspace() or unicodedata.category(ch) in ("Cf", "Cc") for ch in text)
 
 
 class ChatApp(App):
@@ -214,7 +222,7 @@ class ChatApp(App):
     async def on_input_submitted(self, event: PromptInput.Submitted):
         prompt = self.query_one(PromptInput)
         typed = event.value.strip()
-        if not PromptInput.message(typed).strip():  # a pasted run of blank lines shows as "⏎", not as space
+        if blank(PromptInput.message(typed)):  # a pasted run of blank lines shows as "⏎", not as space
             prompt.value = ""
             self.notify("The message is empty: type something first.", severity="warning")
             return

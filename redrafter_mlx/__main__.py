@@ -10,6 +10,7 @@ import sys
 from . import _platform  # noqa: F401
 from . import cli
 from .config import WEIGHT_FORMATS
+from .tokenizer import is_blank
 from .tree_search import DEFAULT_MIN_PROB
 from .tuning import DEFAULT_LOOKUP, DEFAULT_TREE
 
@@ -82,7 +83,7 @@ def main(argv=None) -> int:
             p.error(f"standard input is not text in {e.encoding}: {e.reason} at byte {e.start}")
         except (OSError, AttributeError):  # closed, or no standard input at all (pythonw)
             p.error("- reads the prompt from standard input, which could not be read")
-    if not args.prompt.strip():
+    if is_blank(args.prompt):
         p.error("the prompt is empty")
     try:  # bytes that are not UTF-8 (from the command line or standard input) were refused after loading
         args.prompt.encode("utf-8")

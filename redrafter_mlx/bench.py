@@ -43,6 +43,7 @@ from . import cli
 from .errors import ContextLengthError, RedrafterError
 from .files import write_json
 from .graph import graph_name, parse_graph
+from .tokenizer import is_blank
 from .config import WEIGHT_FORMATS
 from .tree_search import DEFAULT_MIN_PROB
 from .tuning import DEFAULT_LOOKUP, DEFAULT_TREE, drafting, fixed_drafting, save_beam_shape
@@ -74,7 +75,7 @@ def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
             if not isinstance(row["turns"], list):  # and "unhashable type: 'slice'" of an object
                 raise TypeError(f"'turns' must be a list of non-empty questions, not a {type(row['turns']).__name__}")
             asked = row["turns"][:turns]
-            if not isinstance(asked, list) or not asked or not all(isinstance(t, str) and t.strip() for t in asked):
+            if not isinstance(asked, list) or not asked or not all(isinstance(t, str) and not is_blank(t) for t in asked):
                 raise TypeError("'turns' must be a list of non-empty questions")
             qid, category = row.get("question_id", n), row.get("category", "")
             if isinstance(qid, bool) or not isinstance(qid, (int, str)):

@@ -12,12 +12,20 @@ multi-byte character (the windowed-decode scheme used by TGI and vLLM).
 
 import numbers
 import os
+import unicodedata
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no "PyTorch was not found" banner
 
 from .errors import CorruptModelError, EmptyPromptError, InvalidPromptError, UnsupportedModelError, one_line  # noqa: E402
+
+
+def is_blank(text: str) -> bool:
+    """Whether text shows nothing: whitespace and invisible format or control characters alone (a
+    zero-width space U+200B, a joiner, a byte-order mark: Unicode categories Cf and Cc). A prompt of
+    U+200B alone passed the check for an empty one (str.strip keeps it) and was answered."""
+    return all(ch.isspace() or unicodedata.category(ch) in ("Cf", "Cc") for ch in text)
 
 
 def is_token_id(value) -> bool:
@@ -199,10 +207,10 @@ class Tokenizer:
             _check_text(system, "the system prompt")
         if isinstance(prompt, str):
             _check_text(prompt, "the prompt")
-            if not prompt.strip():
+            if is_blank(prompt):
                 raise EmptyPromptError("the prompt is empty")
             # a blank system prompt is no system prompt ("" kept the template's default, "  " replaced it)
-            messages = ([{"role": "system", "content": system}] if system and system.strip() else []) + [
+            messages = ([{"role": "system", "content": system}] if system and not is_blank(system) else []) + [
                 {"role": "user", "content": prompt}]
             ids = self.apply_chat_template(messages)
         elif isinstance(prompt, (bytes, bytearray)):  # a Sequence of ints, which read as token ids
@@ -223,7 +231,7 @@ class Tokenizer:
                     raise InvalidPromptError(f"message {i} of the conversation has the role {m['role']!r:.40}: a role is "
                                              f"one of {', '.join(ROLES)}")
                 _check_text(m["content"], f"message {i} of the conversation")
-            if not any(m["content"].strip() for m in prompt):
+            if all(is_blank(m["content"]) for m in prompt):
                 raise EmptyPromptError("the conversation has no text")
             ids = self.apply_chat_template(list(prompt))
         else:

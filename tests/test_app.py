@@ -405,10 +405,21 @@ async def test_an_empty_message_is_refused_with_a_word():
     app = create_app(engine)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        await ask(pilot, "   ")
-        await pilot.pause()
-        assert not engine.calls and app.query_one(PromptInput).value == ""
-        assert any("empty" in str(n.message) for n in app._notifications)
+        for typed in ("   ", "\u200b", " \u2060\ufeff "):  # invisible characters alone are empty too
+            await ask(pilot, typed)
+            await pilot.pause()
+            assert not engine.calls and app.query_one(PromptInput).value == ""
+        assert sum("empty" in str(n.message) for n in app._notifications) == 3
+
+
+def test_the_chats_rule_for_an_empty_message_is_the_librarys():
+    """The app does not import the library (it imports MLX): its mirror of the rule must agree."""
+    from app.app import blank
+    from redrafter_mlx.tokenizer import is_blank
+
+    for text in ("", " \n\t", "\u200b", "\u200b\u200c\u200d\u2060\ufeff\u00ad\u200e", "\x00\x7f", "\u3000",
+                 "a", "\u200ba", "日本", "🙂", "\u2800", "é"):
+        assert blank(text) == is_blank(text), repr(text)
 
 
 async def test_a_second_message_while_loading_stays_in_the_box():

@@ -211,7 +211,8 @@ def test_prompt_files_that_would_have_failed_after_the_run(tmp_path):
                         ([{"question_id": [1], "turns": ["a"]}], "'question_id' must be"),
                         ([{"question": "a"}], "not a Spec-Bench line with 'turns': it has none$"),
                         ([["a"]], "a line is a JSON object, not a list$"),  # "list indices must be integers or ..."
-                        ([{"turns": {"a": 1}}], "'turns' must be a list of non-empty questions, not a dict$")):
+                        ([{"turns": {"a": 1}}], "'turns' must be a list of non-empty questions, not a dict$"),
+                        ([{"turns": ["\u200b"]}], "'turns' must be a list of non-empty questions$")):
         path.write_text("\n".join(json.dumps(x) for x in lines))
         with pytest.raises(RedrafterError, match=said):
             bench.read_prompts(path)
@@ -455,7 +456,8 @@ def test_cli_reports_settings_out_of_range(model_dir, capsys, monkeypatch):
             cli(["--model", str(model_dir), flag, value, "hello"])
         assert exit_.value.code == 2
         assert said in capsys.readouterr().err
-    for argv, said in ((["  "], "the prompt is empty"), (["--mode", "redrafter", "--no-drafter", "hi"], "--no-drafter")):
+    for argv, said in ((["  "], "the prompt is empty"), (["\u200b\u2060"], "the prompt is empty"),
+                       (["--mode", "redrafter", "--no-drafter", "hi"], "--no-drafter")):
         with pytest.raises(SystemExit):
             cli(["--model", str(model_dir), *argv])
         assert said in capsys.readouterr().err

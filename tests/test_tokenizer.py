@@ -175,7 +175,10 @@ def test_a_chat_template_that_refuses_a_conversation_says_so(tiny_kit, tmp_path,
 # ---- empty prompts -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("prompt", ["", "   \n\t", [], [{"role": "user", "content": "  "}],
-                                    [{"role": "system", "content": ""}, {"role": "user", "content": "\n"}]])
+                                    [{"role": "system", "content": ""}, {"role": "user", "content": "\n"}],
+                                    # invisible: a zero-width space, a word joiner, a byte-order mark, a NUL
+                                    "\u200b", " \u2060\ufeff\n\u200d ", "\x00",
+                                    [{"role": "user", "content": "\u200b"}]])
 def test_empty_prompt_is_refused(tiny_loaded, prompt):
     m = tiny_loaded
     with pytest.raises(EmptyPromptError, match="empty|no text"):
@@ -184,3 +187,10 @@ def test_empty_prompt_is_refused(tiny_loaded, prompt):
         generate(m, prompt)
     with pytest.raises(EmptyPromptError):
         next(stream(m, prompt))
+
+
+def test_an_invisible_system_prompt_is_no_system_prompt(tiny_loaded):
+    """A blank system prompt leaves the template's own default; one of a zero-width space alone is blank."""
+    tok = tiny_loaded.tokenizer
+    assert tok.prompt_ids("hi", system="\u200b ") == tok.prompt_ids("hi")
+    assert tok.prompt_ids("hi\u200b") != tok.prompt_ids("hi")  # visible text around one is kept as it is
