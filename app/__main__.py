@@ -137,7 +137,8 @@ def configure_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default=None, metavar="TEXT",
                    help="system prompt (blank or left out: the chat template's default, if it has one)")
     p.add_argument("--no-drafter", action="store_true",
-                   help="leave the model's drafter out: speculation drafts from the context alone (prompt lookup)")
+                   help="leave the model's drafter out: speculation drafts from the context alone (prompt lookup: "
+                   "adaptively, or only the copy of --lookup N when that is given)")
     p.add_argument("--no-speculative", action="store_true",
                    help="start with plain decoding (the drafter is still loaded: Ctrl+T switches live)")
     return p

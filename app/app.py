@@ -187,7 +187,12 @@ class ChatApp(App):
             self.settings.beam_width, self.settings.beam_length = info.beam_shape
             if self.settings.tree is None and info.tree is not None:
                 self.settings.tree = info.tree
-        if info.drafter is None and not self.settings.adaptive:
+        if info.drafter is None and not self.settings.adaptive and self.settings.lookup is not None:
+            n = self.settings.lookup  # the engine drafts the copy alone (mode auto, lookup=N), as the main CLI does
+            self._note(f"Without a drafter, --lookup {n} drafts the conversation's copy alone (fixed): "
+                       + (f"up to {n} tokens a step." if n else "nothing, so replies decode plainly.")
+                       + " /auto sizes drafting to this machine instead.")
+        elif info.drafter is None and not self.settings.adaptive:
             self.settings.adaptive = True
             self._note("A fixed beam needs a drafter and this model has none: drafting stays adaptive, from the "
                        "conversation alone where that pays.", "warning")
@@ -416,8 +421,10 @@ class ChatApp(App):
 
     def set_beam(self, width: int, length: int):
         if self.info is not None and self.info.drafter is None:
-            self.notify("A fixed beam needs a drafter and this model has none: drafting stays adaptive, from the "
-                        "conversation alone.", severity="warning")
+            how = "adaptive, from the conversation alone" if self.settings.adaptive else \
+                "the conversation's copy alone (--lookup)"
+            self.notify(f"A fixed beam needs a drafter and this model has none: drafting stays {how}.",
+                        severity="warning")
             return
         lo, hi = BEAM_LIMITS
         # a shape the command line set past the keys' range stays reachable: F8 on -W 32 -L 4 gave 16 x 5

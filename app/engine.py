@@ -377,10 +377,15 @@ class Engine(EngineThread):
         from redrafter_mlx import stream
 
         m = self._m
-        adaptive = settings.speculative and (settings.adaptive or m.drafter is None)  # fixed drafting needs a drafter
-        mode = "auto" if adaptive else "redrafter" if settings.speculative else "ar"
-        fixed = {} if adaptive else dict(beam_width=settings.beam_width, beam_length=settings.beam_length,
-                                         lookup=settings.lookup, tree=settings.tree, tree_min_prob=settings.tree_min_prob)
+        # Without a drafter, fixed drafting is the context's copy alone, of a lookup given (mode auto with
+        # lookup=N alone, as `python -m redrafter_mlx --no-drafter --lookup N`; 0: plain decoding); the
+        # other fixed options shape the drafter's drafts, so without one drafting stays adaptive.
+        copy_only = settings.speculative and not settings.adaptive and m.drafter is None and settings.lookup is not None
+        adaptive = settings.speculative and not copy_only and (settings.adaptive or m.drafter is None)
+        mode = "auto" if adaptive or copy_only else "redrafter" if settings.speculative else "ar"
+        fixed = {} if adaptive else dict(lookup=settings.lookup) if copy_only else dict(
+            beam_width=settings.beam_width, beam_length=settings.beam_length, lookup=settings.lookup,
+            tree=settings.tree, tree_min_prob=settings.tree_min_prob)
         last = 0
         for ev in stream(
             m,
@@ -391,7 +396,7 @@ class Engine(EngineThread):
             top_p=settings.top_p,
             **fixed,
             # graph drafting needs a tree when drafting is fixed (the app says so when a beam is set)
-            graph=settings.graph if settings.speculative and (adaptive or settings.tree) else None,
+            graph=settings.graph if settings.speculative and not copy_only and (adaptive or settings.tree) else None,
             context_graph=settings.context_graph,
             system=settings.system,
             prompt_cache=self._cache,

@@ -93,6 +93,8 @@ def reply_rows(stats: Optional[Stats], baseline: Baseline, status: str) -> List[
     tree = f" tree {stats.tree}" if stats.tree else ""
     if stats.mode == "auto":
         rows.append(("decoding", f"adaptive · {stats.parked_share:.0%} of steps parked (plain)"))
+    elif spec and stats.beam_length == 1:  # no drafter beams: the context's copy alone (it read "1×1")
+        rows.append(("decoding", "speculative · the context's copy alone"))
     else:
         rows.append(("decoding", f"speculative {stats.beam_width}×{stats.beam_length}{tree}" if spec else "plain"))
     rows.append(("tok/s", f"{stats.tokens_per_second:.1f}" if stats.steps else "—"))
@@ -148,6 +150,8 @@ def session_rows(info: Optional[EngineInfo], settings: Settings) -> List[Row]:
         ("device", info.device),
         ("speculative", speculative_state(info, settings)),
         ("beam", "adaptive (sized each step to this machine)" if settings.adaptive
+                 else (f"none: the copy alone, up to {settings.lookup} tokens" if settings.lookup
+                       else "none (--lookup 0: plain decoding)") if info.drafter is None
                  else f"{settings.beam_width} × {settings.beam_length} (width × length)"
                  + (f", tree of {settings.tree} nodes" if settings.tree else "")),
         ("sampling", f"temp {settings.temperature:g} · top-p {settings.top_p:g}"),

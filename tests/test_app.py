@@ -755,3 +755,46 @@ async def test_beam_keys_keep_a_command_line_shape_past_their_range():
         await pilot.press("f5")
         assert app.settings.beam_width == 31
 
+
+
+async def test_no_drafter_with_a_lookup_drafts_the_copy_alone():
+    """`redrafter-chat --no-drafter --lookup 8` ran adaptive and ignored 8, where the main CLI drafts the
+    context's copy alone, fixed: the chat keeps the fixed lookup now, and says so."""
+    engine = FakeEngine(["x y"], drafter=None)
+    app = create_app(engine, Settings(adaptive=False, lookup=8))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert not app.settings.adaptive
+        assert any("--lookup 8 drafts the conversation's copy alone" in str(n.render()) for n in app.query(Notice))
+        assert "beam         none: the copy alone, up to 8 tokens" in panel(app)
+        await ask(pilot, "Hi")
+        await finished(pilot)
+        assert not engine.calls[-1][1].adaptive and engine.calls[-1][1].lookup == 8
+        await pilot.press("f6")  # a beam still needs the drafter: the copy stays
+        assert not app.settings.adaptive and any("copy alone" in str(n.message) for n in app._notifications)
+
+
+def test_the_engine_drafts_the_copy_alone_without_a_drafter(tiny_loaded):
+    """What the engine asks of the library: with no drafter and a lookup given, fixed drafting of the
+    copy alone (redrafter, no drafter beams: 1 x 1); --lookup 0 or speculation off, plain decoding;
+    greedy text as plain decoding's either way."""
+    from redrafter_mlx import PromptCache
+
+    engine = Engine("unused", warm_up=False)
+    try:
+        engine._m, engine._cache = tiny_loaded, PromptCache(tiny_loaded.model)
+        said = [{"role": "user", "content": "a b c a b c a b c a b c"}]
+
+        def last(**settings):
+            engine.new_chat()
+            chunks = list(engine.reply(said, Settings(max_tokens=12, **settings), lambda: False))
+            return chunks[-1].stats, "".join(c.text for c in chunks)
+
+        copy, copy_text = last(adaptive=False, lookup=4)
+        assert (copy.mode, copy.beam_width, copy.beam_length) == ("redrafter", 1, 1)
+        for plain in (dict(adaptive=False, lookup=0), dict(adaptive=False, lookup=4, speculative=False)):
+            stats, text = last(**plain)
+            assert stats.mode == "ar" and text == copy_text
+    finally:
+        engine.close()
+        engine.wait(10)
