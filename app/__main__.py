@@ -181,6 +181,30 @@ def fixed_drafting(args) -> bool:
     return any(v is not None for v in (args.beam_width, args.beam_length, args.lookup, args.tree, args.tree_min_prob))
 
 
+GRAPH_NEEDS_TREE = ("--graph with fixed drafting (-W, -L, --lookup, --tree-min-prob) needs --tree N (N > 0 nodes); "
+                    "without any of those options drafting is adaptive and takes --graph as it is")
+
+
+def unused_drafting_error(args) -> Optional[str]:
+    """Drafting options nothing would use, said while parsing. redrafter_mlx.cli.unused_drafting_error's
+    rule for mode auto (the chat has no --mode; a test checks they agree), in the chat's words, written
+    here because importing the library takes seconds during which the terminal would stay blank."""
+    shaping = [flag for flag, value in (("-W", args.beam_width), ("-L", args.beam_length), ("--tree", args.tree),
+                                        ("--tree-min-prob", args.tree_min_prob), ("--graph", args.graph))
+               if value is not None]
+    if args.no_drafter and shaping:  # (the chat opened saying the model had no drafter)
+        return (f"{', '.join(shaping)} shape{'s' if len(shaping) == 1 else ''} the drafter's drafts, and --no-drafter "
+                "leaves it out: drop " + ("it" if len(shaping) == 1 else "them")
+                + " (without the drafter, --lookup N drafts the conversation's copy alone)")
+    beams = args.tree == 0 or (args.tree is None and (args.beam_width is not None or args.beam_length is not None))
+    if args.graph is not None and fixed_drafting(args) and beams:
+        return GRAPH_NEEDS_TREE
+    if args.tree_min_prob is not None and beams:  # ignored, saying nothing
+        return "--tree-min-prob is the dynamic tree's floor, and these options draft W x L beams: add --tree N " \
+               "(N > 0 nodes), or drop it"
+    return None
+
+
 def has_terminal() -> bool:
     """The chat draws on a terminal and reads keys from one: with input or output redirected it drew
     escape codes into the file and waited forever, spinning a core."""
@@ -200,21 +224,17 @@ def main(argv=None) -> int:
                      "or drop it")
     if args.model is not None and not args.model.strip():  # said after the screen opened, in the library's words
         parser.error("--model is empty: give a registry name, a path or a hub id, or leave --model out (smollm2-135m)")
-    shaping = [flag for flag, value in (("-W", args.beam_width), ("-L", args.beam_length), ("--tree", args.tree),
-                                        ("--tree-min-prob", args.tree_min_prob), ("--graph", args.graph))
-               if value is not None]
-    if args.no_drafter and shaping:  # redrafter_mlx.cli.unused_drafting_error's rule: the chat said the model had none
-        parser.error(f"{', '.join(shaping)} shape{'s' if len(shaping) == 1 else ''} the drafter's drafts, and "
-                     "--no-drafter leaves it out: drop " + ("it" if len(shaping) == 1 else "them"))
+    unused = unused_drafting_error(args)
+    if unused:
+        parser.error(unused)
     missing = missing_path(args)
     if missing:
         parser.error(missing)
     too_big = draft_size_error(args)
     if too_big:
         parser.error(too_big)
-    if args.graph is not None and fixed and not args.tree:
-        parser.error("--graph with fixed drafting (-W, -L, --lookup, --tree-min-prob) needs --tree N (N > 0 nodes); "
-                     "without any of those options drafting is adaptive and takes --graph as it is")
+    if args.graph is not None and fixed and not args.tree:  # over a tuned tree too: its budget is not known here
+        parser.error(GRAPH_NEEDS_TREE)
     if not has_terminal():
         parser.error("the chat needs a terminal, and its input or output is redirected; for a reply in a script: "
                      "python -m redrafter_mlx PROMPT (or - to read the prompt from standard input)")

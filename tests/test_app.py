@@ -798,3 +798,36 @@ def test_the_engine_drafts_the_copy_alone_without_a_drafter(tiny_loaded):
     finally:
         engine.close()
         engine.wait(10)
+
+
+def test_the_chats_rule_for_unused_drafting_options_is_the_librarys(monkeypatch, capsys):
+    """The chat mirrors redrafter_mlx.cli.unused_drafting_error (it does not import the library while
+    parsing): over every combination of the drafting options, with and without --no-drafter, both
+    accept or both refuse, and main() refuses with the chat's line. (--tree-min-prob over beams was
+    ignored by the chat, saying nothing.)"""
+    import itertools
+
+    from app.__main__ import GRAPH_NEEDS_TREE, main, unused_drafting_error
+    from redrafter_mlx import cli
+
+    monkeypatch.setattr("app.__main__.has_terminal", lambda: False)  # main() ends there when nothing is refused
+    p = configure_parser()
+    options = (("--no-drafter",), ("-W", "2"), ("-L", "3"), ("--lookup", "0", "8"), ("--tree", "0", "8"),
+               ("--tree-min-prob", "0.1"), ("--graph", "1"))
+    choices = [[[]] + [[flag, v] if v else [flag] for v in (values or (None,))] for flag, *values in options]
+    refused = 0
+    for combo in itertools.product(*choices):
+        argv = [x for part in combo for x in part]
+        a = p.parse_args(argv)
+        chat = unused_drafting_error(a)
+        library = cli.unused_drafting_error("auto", a.no_drafter, a.drafter, a.beam_width, a.beam_length, a.lookup,
+                                            a.tree, a.tree_min_prob, a.graph)
+        assert (chat is None) == (library is None), (argv, chat, library)
+        with pytest.raises(SystemExit):
+            main(argv)
+        err = capsys.readouterr().err
+        # what both accept goes on (to the terminal check here), or meets the chat's own graph rule: a graph over
+        # a tree that only the load would name (the library refuses it then), where every reply would fail
+        assert chat in err if chat else ("the chat needs a terminal" in err or GRAPH_NEEDS_TREE in err), (argv, err)
+        refused += chat is not None
+    assert 0 < refused < 2 * 2 * 2 * 3 * 3 * 2 * 2  # the combinations tried hold both answers
