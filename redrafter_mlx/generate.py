@@ -284,6 +284,7 @@ def stream(
     drafter = loaded.drafter if use_drafter else None
     adaptive = mode != "ar" and not fixed_drafting(beam_width, beam_length, tree, lookup, tree_min_prob, draft_top_k)
     lookup_given = lookup is not None  # (`drafting` below fills in the default)
+    shape_unnamed = [name for name, value in (("beam_width", beam_width), ("beam_length", beam_length)) if value is None]
     # The node budget is `budget`: below, `tree` holds each step's packed tree.
     beam_width, beam_length, budget, lookup, tree_min_prob = drafting(
         loaded, beam_width, beam_length, tree, lookup, tree_min_prob)
@@ -307,9 +308,17 @@ def stream(
     # A verified tree's mask and attention grow with its size squared: a million beams ran out of
     # memory inside MLX, which ends the process. Trees past ~64 tokens are slower than plain
     # decoding on every machine measured (an H100 verifies 64 for ~1.4x one).
-    if max(beam_width * (beam_length - 1), budget, lookup) > MAX_DRAFT_TOKENS:
-        raise SettingError(f"drafts are limited to {MAX_DRAFT_TOKENS} tokens a step, not beams of {beam_width} x "
-                           f"{beam_length}, tree {budget}, lookup {lookup}")
+    if beam_width * (beam_length - 1) > MAX_DRAFT_TOKENS:
+        # a width alone (--beam-width 1000) is only refused here, the length being known once loaded: say where
+        # the rest of the shape came from (it read "not beams of 1000 x 4, tree 0, lookup 8")
+        tuned = getattr(loaded, "beam_shape", None)
+        source = "tuned for this device" if tuned and tuned[1] > 1 else "the default"
+        note = f" ({' and '.join(shape_unnamed)} not given: {source})" if shape_unnamed else ""
+        raise SettingError(f"beams of {beam_width} x {beam_length} tokens{note} draft {beam_width * (beam_length - 1)} "
+                           f"tokens a step; at most {MAX_DRAFT_TOKENS}")
+    for name, value in (("tree", budget), ("lookup", lookup)):
+        if value > MAX_DRAFT_TOKENS:
+            raise SettingError(f"{name} {value}: drafts are limited to {MAX_DRAFT_TOKENS} tokens a step")
     if draft_top_k is not None and draft_top_k < 1:  # 0 kept every token, -1 all but the least likely
         raise SettingError(f"draft_top_k must be >= 1, not {draft_top_k}")
     for name, fn in (("should_stop", should_stop), ("progress", progress)):

@@ -471,6 +471,9 @@ def test_cli_reports_settings_out_of_range(model_dir, capsys, monkeypatch):
     assert "(%d tokens)" % len(loader.load(str(model_dir)).tokenizer.prompt_ids("hello")) in capsys.readouterr().err
     assert cli(["--model", str(model_dir), "--max-tokens", "4", "--tree", "3", "--tree-min-prob", "0.5", "hello"]) == 0
     assert "tree=3" in capsys.readouterr().err
+    # a width alone is refused once the model has loaded (the length is the tuned one, else the default), saying so
+    assert cli(["--model", str(model_dir), "--beam-width", "1000", "hello"]) == 2
+    assert "error: beams of 1000 x 4 tokens (beam_length not given: the default) draft 3000" in capsys.readouterr().err
     # A graph over beams the options name is refused while parsing; over the beams a lookup alone fixes (the
     # tree is then the tuned one, known after loading: none here) only the library can say it: one line, status 2.
     with pytest.raises(SystemExit):

@@ -430,7 +430,10 @@ def test_settings_out_of_range_are_user_errors_found_before_any_calibration(tiny
                       ({"max_tokens": 2.5}, ["max_tokens", "whole number", "2.5"]),
                       ({"max_tokens": "5"}, ["max_tokens", "'5'"]), ({"max_tokens": None}, ["max_tokens", "None"]),
                       ({"beam_width": True}, ["beam_width"]),
-                      ({"beam_width": 10**6, "beam_length": 3}, ["1024 tokens", "1000000 x 3"]),
+                      ({"beam_width": 10**6, "beam_length": 3}, ["1024", "beams of 1000000 x 3 tokens draft"]),
+                      # a width alone: the length is the default one, which the message says it took
+                      ({"beam_width": 1000}, ["beams of 1000 x 4 tokens (beam_length not given: the default) draft "
+                                              "3000 tokens a step; at most 1024"]),
                       ({"tree": 5000}, ["tree 5000"]), ({"lookup": 2000}, ["lookup 2000"]),
                       ({"tree": 16.0}, ["tree"]), ({"tree_min_prob": "0.2"}, ["tree_min_prob", "a number"]),
                       ({"temperature": "0.7"}, ["temperature", "a number", "'0.7'"]),
@@ -442,6 +445,9 @@ def test_settings_out_of_range_are_user_errors_found_before_any_calibration(tiny
         msg = raises(SettingError, lambda: generate(m, "hi", mode="auto", **kw), *words)
         assert isinstance(SettingError(msg), ValueError)
     raises(SettingError, lambda: generate(m, "hi", mode="ar", beam_width=0), "beam width")  # as in other modes
+    m.beam_shape = (2, 6)
+    raises(SettingError, lambda: generate(m, "hi", beam_width=300), "300 x 6", "not given: tuned for this device")
+    m.beam_shape = None
     # a name or None for the model read "AttributeError: 'str' object has no attribute 'model'"
     raises(SettingError, lambda: generate("smollm2-135m", "hi"), "generate() takes the model that load() returned",
            "not str 'smollm2-135m'")
