@@ -264,7 +264,10 @@ def main(argv=None) -> int:
         print(f"redrafter-chat: error: {app.load_error}", file=sys.stderr)
         status = 1
     engine.close()  # the app closed it too, unless it never mounted
-    if not engine.wait(ENGINE_EXIT_SECONDS):
+    # Quit during the load: nothing of it is wanted, and a load stops only between its stages (the shell
+    # waited up to ENGINE_EXIT_SECONDS for it, the chat gone). Leave at once: the terminal is restored by
+    # now, and what a load writes (a download, a measured cost curve) is written whole or not at all.
+    if not engine.wait(0 if app.status == "loading" else ENGINE_EXIT_SECONDS):
         # Still inside MLX (a load, or a step longer than that): finalizing the interpreter around a
         # thread that runs MLX can abort the process ("terminate called without an active
         # exception"); leave without tearing the runtime down.

@@ -552,6 +552,7 @@ def test_command_line_refusals_and_the_drafting_rule(monkeypatch, capsys):
 
     class Failed:
         load_error = "unknown model 'nope': not a known name"
+        status = "load failed"
 
         def run(self):
             pass
@@ -831,3 +832,54 @@ def test_the_chats_rule_for_unused_drafting_options_is_the_librarys(monkeypatch,
         assert chat in err if chat else ("the chat needs a terminal" in err or GRAPH_NEEDS_TREE in err), (argv, err)
         refused += chat is not None
     assert 0 < refused < 2 * 2 * 2 * 3 * 3 * 2 * 2  # the combinations tried hold both answers
+
+
+def test_quitting_while_the_model_loads_leaves_at_once(monkeypatch):
+    """Ctrl+Q while the model loaded left the shell waiting for the load to reach its next stage (8-10 s
+    seen, the chat gone): main() now leaves at once, by os._exit as after a step that outlasts its wait.
+    After the load it still waits for the engine (a cancelled reply ends within a step)."""
+    import asyncio
+    import os
+
+    import app.app as app_module
+    from app.__main__ import ENGINE_EXIT_SECONDS, main
+
+    waited, exited = [], []
+
+    class Recorded(FakeEngine):
+        def wait(self, timeout):
+            waited.append(timeout)
+            return super().wait(min(timeout, 5))
+
+    def quit_with_ctrl_q(loaded: bool):
+        def create(engine, settings):
+            app = create_app(engine, settings)
+
+            async def drive():
+                async with app.run_test(size=SIZE) as pilot:
+                    await (ready(pilot) if loaded else pilot.pause())
+                    assert app.status == ("ready" if loaded else "loading")
+                    await pilot.press("ctrl+q")
+
+            app.run = lambda: asyncio.run(drive())
+            return app
+
+        monkeypatch.setattr(app_module, "create_app", create)
+
+    monkeypatch.setattr("app.__main__.has_terminal", lambda: True)
+    monkeypatch.setattr(os, "_exit", exited.append)
+    gate = threading.Event()  # the load is held until the test ends
+    engine = Recorded(load_gate=gate)
+    monkeypatch.setattr("app.__main__.Engine", lambda *a, **k: engine)
+    quit_with_ctrl_q(loaded=False)
+    try:
+        assert main([]) == 0
+        assert waited == [0] and exited == [0] and not gate.is_set()  # left with the load still running
+    finally:
+        gate.set()
+        assert engine.wait(10)
+    waited.clear(), exited.clear()
+    monkeypatch.setattr("app.__main__.Engine", lambda *a, **k: Recorded())
+    quit_with_ctrl_q(loaded=True)
+    assert main([]) == 0
+    assert waited == [ENGINE_EXIT_SECONDS] and exited == []
