@@ -18,7 +18,8 @@ command again):
 5. install: the drafter, with a README and manifest.json (data, steps, time, machine,
    held-out accuracy, tokens/step, speedup), goes to the model's drafter home (beside a GGUF
    file or in a model folder; for hub models in this package's cache), unless the drafter
-   already there drafts more tokens per step (then `--force` installs it anyway).
+   already there drafts more tokens per step, or none of the new drafter's drafts were accepted
+   (then `--force` installs it anyway).
 
 The work (prompts answered, checkpoints) is kept in `--work` (default: this package's cache,
 `train/<model>`); delete it to start over. The prompts shipped with the package are the
@@ -230,7 +231,8 @@ def parse_args(argv=None):
     p.add_argument("--work", type=cli.work_folder, default=None,
                    help="folder for the resumable work (default: the package cache, train/<model>)")
     p.add_argument("--force", action="store_true",
-                   help="install even when the drafter in place drafts more tokens per step")
+                   help="install even when the drafter in place drafts more tokens per step, or when none of the "
+                        "new drafter's drafts were accepted")
     p.add_argument("--weight-format", default="auto", choices=WEIGHT_FORMATS,
                    help="the format the base model runs in while distilling and evaluating (default: auto, the "
                         "fastest here)")
@@ -388,7 +390,8 @@ def run(args) -> Dict:
         "seconds": log.state["seconds"],
         "evaluation": {"prompts": len(eval_set), "max_tokens": budget.eval_tokens, "results": results},
     }
-    installed = old is None or new_tps > old["tokens_per_step"] or args.force
+    # a drafter none of whose drafts were accepted (1.0 tokens/step: the verified token alone) only slows decoding
+    installed = args.force or (new_tps > 1.0 and (old is None or new_tps > old["tokens_per_step"]))
     if installed:
         install(trained, home, manifest)
     log.done(installed=str(home) if installed else None)
@@ -408,6 +411,11 @@ def report(m: Dict, out=None):
              if shape + " (in place)" in ev else ""), file=out)
     if m["installed"]:
         print(f"installed {m['installed']} (redrafter-chat --model {m['model']} and load() use it)", file=out)
+    elif ev[shape + " (new)"]["tokens_per_step"] <= 1.0:
+        print(f"not installed: none of the new drafter's drafts were accepted on the held-out prompts "
+              f"({ev[shape + ' (new)']['tokens_per_step']} tokens/step at {shape}), so it would only slow decoding; "
+              f"it is at {m['kept_at']} (more data and steps, --budget standard, may help; --force installs it)",
+              file=out)
     else:
         tie = ev[shape + " (in place)"]["tokens_per_step"] == ev[shape + " (new)"]["tokens_per_step"]
         print(f"not installed: the drafter in place drafts {'as many' if tie else 'more'} tokens per step; "

@@ -78,6 +78,36 @@ def test_train_command_resumes_installs_and_keeps_a_better_drafter(tiny_model_di
     assert not list(tiny_model_dir.glob(".drafter.*"))  # no half-written folders left beside it
 
 
+def test_a_drafter_none_of_whose_drafts_were_accepted_is_not_installed(tiny_model_dir, tmp_path, tiny_budget,
+                                                                       monkeypatch, capsys):
+    """With no drafter in place, a new one that drafted 1.0 tokens/step (no draft ever accepted: decoding only
+    slowed) was installed; it is kept aside, said in one line, unless --force."""
+    real = autotrain.measure
+
+    def useless(*a, **kw):  # the real evaluation, with the new drafter's drafts all rejected
+        results = real(*a, **kw)
+        results["fixed 4x5 (new)"]["tokens_per_step"] = 1.0
+        return results
+
+    monkeypatch.setattr(autotrain, "measure", useless)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"task {i}: say {'ab' * (i % 4 + 1)}"}) + "\n"
+                               for i in range(12)))
+    work = tmp_path / "work"
+    argv = ["--model", str(tiny_model_dir), "--budget", "tiny", "--prompts", str(prompts), "--work", str(work),
+            "--batch-size", "4"]
+    autotrain.main(argv)  # returns: an outcome, not an error (as when the drafter in place is kept)
+    said = [line for line in capsys.readouterr().out.splitlines() if "installed" in line]
+    assert len(said) == 1 and said[0].startswith("not installed: none of the new drafter's drafts were accepted")
+    assert "1.0 tokens/step" in said[0] and "--force installs it" in said[0]
+    assert not (tiny_model_dir / "drafter").exists() and load(str(tiny_model_dir)).drafter is None
+    assert json.loads((work / "state.json").read_text())["installed"] is None
+    assert (work / "train" / "best" / "config.json").is_file() or (work / "train" / "drafter" / "config.json").is_file()
+    autotrain.main(argv + ["--force"])
+    assert f"installed {tiny_model_dir / 'drafter'}" in capsys.readouterr().out
+    assert load(str(tiny_model_dir)).drafter is not None
+
+
 def test_train_command_refuses_mt_bench_and_missing_prompt_files(tiny_model_dir, tmp_path, capsys):
     bench = tmp_path / "mt_bench.jsonl"
     bench.write_text(json.dumps({"prompt": "x"}) + "\n")
@@ -130,7 +160,8 @@ def test_new_prompts_start_afresh_and_long_eval_prompts_are_left_out(tiny_model_
     # the same prompts and work folder, another model: its replies, not the first model's
     other = tiny_kit.write_folder(tmp_path / "other-model", tiny_kit.model(seed=2))
     other_argv = [str(other) if a == str(tiny_model_dir) else a for a in argv]
-    autotrain.main(other_argv + ["--prompts", str(prompts("b", "chore"))])
+    # --force: 8 steps on 10 replies teach this model's drafter nothing that "say hi" accepts (1.0 tokens/step)
+    autotrain.main(other_argv + ["--prompts", str(prompts("b", "chore")), "--force"])
     assert "another model or other settings (--budget, --weight-format): starting afresh" in capsys.readouterr().err
     assert (other / "drafter" / "model.safetensors").read_bytes() != \
         (tiny_model_dir / "drafter" / "model.safetensors").read_bytes()
