@@ -18,6 +18,7 @@ with --eval-prompts, real ReDrafter decoding reports tokens/step.
 """
 
 import contextlib
+import hashlib
 import json
 import math
 import sys
@@ -40,7 +41,7 @@ from . import cli  # noqa: E402
 from .config import DrafterArgs  # noqa: E402
 from .drafter import Drafter, load_drafter, save_drafter  # noqa: E402
 from .errors import RedrafterError  # noqa: E402
-from .files import write_json  # noqa: E402
+from .files import read_json_object, write_json  # noqa: E402
 from .tuning import parse_shapes  # noqa: E402
 
 
@@ -203,6 +204,50 @@ def open_log(out: Path):
     return open(path, "a")
 
 
+def weights_fingerprint(path: Path, samples: int = 64, size: int = 4096) -> str:
+    """A digest of a model's weight files (a GGUF file, or a folder's *.safetensors) by content: each
+    file's name, size and `samples` pieces of `size` bytes spread over it (hashing gigabytes whole
+    would take a while). A copy of the same weights elsewhere, or touched since, keeps its
+    fingerprint (costs.model_files_digest, by path and modification time, would not)."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    for f in [path] if path.is_file() else sorted(path.glob("*.safetensors")):
+        n = f.stat().st_size
+        digest.update(f"{f.name}:{n};".encode())
+        with open(f, "rb") as fh:
+            for i in range(samples):
+                fh.seek(max(n - size, 0) * i // max(samples - 1, 1))
+                digest.update(fh.read(size))
+    return digest.hexdigest()[:16]
+
+
+SHAPE_FIELDS = ("hidden_size", "vocab_size", "exit_dim", "num_draft_layers", "lm_head", "rnn")  # a drafter config's
+
+
+def check_same_run(folder: Path, args: DrafterArgs, depth: int, model: Optional[dict] = None):
+    """Refuse to resume the checkpoint `folder` for a drafter of another shape, depth or base model
+    (`model`: the base model's name and `weights_fingerprint`, when both runs recorded one): it was
+    resumed as if it were this run's, silently (another model of the same width, another --depth) or
+    with a traceback from inside MLX (another --exit-dim or --layers). Data is not compared: a run
+    may re-read a growing data folder (--reload-every)."""
+    here = vars(args)
+    try:
+        saved = vars(DrafterArgs.from_dict(read_json_object(folder / "drafter" / "config.json", "drafter config")))
+    except (OSError, TypeError):  # missing, or not a drafter's config: load_checkpoint says so
+        saved = here
+    meta = json.loads((folder / "state.json").read_text())
+    diffs = [f"{k} {saved[k]} there, {here[k]} here" for k in SHAPE_FIELDS if saved[k] != here[k]]
+    if meta.get("depth", depth) != depth:
+        diffs.append(f"depth {meta['depth']} there, {depth} here")
+    there = meta.get("model")
+    if there and model and there["weights"] != model["weights"]:  # the same weights under another name are the same
+        diffs.append(f"model {there['name']} there, {model['name']} here" if there["name"] != model["name"]
+                     else f"other weights in {model['name']} now")
+    if diffs:
+        raise RedrafterError(f"{folder} is the checkpoint of another run ({'; '.join(diffs)}): give the same --model, "
+                             "--depth, --exit-dim and --layers to resume it, or another --out to start a new one")
+
+
 def load_checkpoint(folder: Path, drafter: Drafter, opt):
     d = load_drafter(folder / "drafter")
     params = d.parameters()
@@ -243,6 +288,7 @@ def train(
     save_dtype=None,
     soft: float = 0.0,
     greedy_targets: bool = False,
+    model: Optional[dict] = None,
 ) -> Drafter:
     """Train (or resume) a 'shared'-head drafter for `base` on distillation samples.
 
@@ -258,7 +304,10 @@ def train(
     the most expected accepted drafts so far (`accepted_drafts` of the held-out accuracies) is
     saved to out/best in `save_dtype` (small data overfits fast; held-out loss keeps rising
     from overconfident misses well after top-1 accuracy has stopped improving, so accuracy,
-    which is what decoding rewards, decides)."""
+    which is what decoding rewards, decides).
+
+    model: names the base model ({"name", "weights": `weights_fingerprint`}) in the checkpoint; a
+    checkpoint of another drafter shape, depth or named model is refused (`check_same_run`)."""
     from tqdm import tqdm
 
     out = Path(out)
@@ -310,6 +359,7 @@ def train(
     step, rng = 0, np.random.default_rng(seed)
     meta = {}
     if (ckpt / "state.json").is_file():
+        check_same_run(ckpt, args, depth, model)
         step, rng, meta = load_checkpoint(ckpt, drafter, opt)
     data, remap = use_data(samples)  # after a resume too: the vocabulary follows the data
     if meta.get("held_out") == val["key"]:  # a best score on another held-out set (new data) does not count
@@ -358,7 +408,8 @@ def train(
                 save_copy(drafter, out / "best", save_dtype, {"training": {
                     "step": step, "val_loss": vloss, "val_acc": vacc, "val_accepted_drafts": score}})
         if step % save_every == 0 or step == steps:
-            save_checkpoint(ckpt, drafter, opt, step, rng, {"best_accepted_drafts": val["best"], "held_out": val["key"]})
+            save_checkpoint(ckpt, drafter, opt, step, rng, {"best_accepted_drafts": val["best"], "held_out": val["key"],
+                                                            "depth": depth, "model": model})
     bar.close()
     return drafter
 
@@ -505,7 +556,8 @@ def _train(args):
                             draft_vocab=args.draft_vocab, eos_ids=loaded.tokenizer.eos_token_ids,
                             save_every=args.save_every, log=log, reload=samples_now, reload_every=args.reload_every,
                             val_every=args.val_every, val_fraction=args.val_fraction,
-                            save_dtype=getattr(mx, args.dtype), soft=args.soft, greedy_targets=args.greedy_targets)
+                            save_dtype=getattr(mx, args.dtype), soft=args.soft, greedy_targets=args.greedy_targets,
+                            model={"name": loaded.name, "weights": weights_fingerprint(loaded.path)})
         save_copy(drafter, args.out / "drafter", getattr(mx, args.dtype), {"training": {
             "depth": args.depth, "steps": args.steps, "batch": args.batch, "lr": args.lr, "soft": args.soft,
             "greedy_targets": args.greedy_targets,

@@ -534,3 +534,56 @@ def test_ctrl_c_while_training_says_which_checkpoint_resumes(tmp_path):
     with pytest.raises(KeyboardInterrupt, match=f"{ckpt} holds step 50 of 400: run the same command again"):
         with _says_where_it_stopped(ckpt, 400):
             raise KeyboardInterrupt
+
+
+def test_a_checkpoint_of_another_run_is_refused_not_resumed(patterned, tmp_path):
+    """A checkpoint of another drafter shape, depth or base model was resumed as if it were this run's:
+    silently (another model of the same width, another --depth) or with a traceback from inside MLX
+    (another --exit-dim or --layers). Other data is not a reason: a run may re-read a growing folder."""
+    from redrafter_mlx.errors import RedrafterError
+
+    model, data = patterned
+    kw = dict(batch=16, lr=3e-3, warmup=1, draft_vocab=16, progress=False, save_every=2)
+    run, here = tmp_path / "run", {"name": "a", "weights": "0123"}
+    train(model, data, run, depth=3, steps=2, model=here, **kw)
+    for change, said in ((dict(exit_dim=16), "exit_dim 64 there, 16 here"),
+                         (dict(layers=2), "num_draft_layers 1 there, 2 here"),
+                         (dict(depth=2), "depth 3 there, 2 here"),
+                         (dict(model={"name": "b", "weights": "4567"}), "model a there, b here"),
+                         (dict(model={"name": "a", "weights": "4567"}), "other weights in a now")):
+        with pytest.raises(RedrafterError, match=f"{run / 'checkpoint'} is the checkpoint of another run "
+                                                 rf"\({said}\): give the same --model"):
+            train(model, data, run, steps=4, **{"depth": 3, "model": here, **kw, **change})
+    assert json.loads((run / "checkpoint" / "state.json").read_text())["step"] == 2  # left as it was
+    # the same weights under another name, on other data, or with no model named: resumed
+    train(model, data[:20], run, depth=3, steps=3, model={"name": "./a", "weights": "0123"}, **kw)
+    train(model, data, run, depth=3, steps=4, **kw)
+    assert json.loads((run / "checkpoint" / "state.json").read_text())["step"] == 4
+    # a checkpoint from before the depth and model were recorded resumes at any depth
+    state = json.loads((run / "checkpoint" / "state.json").read_text())
+    (run / "checkpoint" / "state.json").write_text(json.dumps({k: state[k] for k in ("step", "rng")}))
+    train(model, data, run, depth=2, steps=6, model=here, **kw)
+    assert json.loads((run / "checkpoint" / "state.json").read_text())["step"] == 6
+
+
+def test_train_command_refuses_a_checkpoint_for_another_model(patterned, tiny_kit, tiny_model_dir, tmp_path, capsys):
+    """The command records its model's weights in the checkpoint: a copy of them resumes it, another model does not."""
+    import shutil
+
+    from redrafter_mlx import train as train_module
+    from redrafter_mlx.distill import write_shard
+
+    _, data = patterned  # 32 wide, token ids below 42: data the tiny model folder can learn
+    (tmp_path / "data").mkdir()
+    write_shard(tmp_path / "data", 0, [dict(s, key=str(i)) for i, s in enumerate(data)])
+    argv = ["--data", str(tmp_path / "data"), "--out", str(tmp_path / "run"), "--batch", "16", "--draft-vocab", "16",
+            "--save-every", "1"]
+    assert train_module.main(["--model", str(tiny_model_dir), "--steps", "1", *argv]) == 0
+    copy = shutil.copytree(tiny_model_dir, tmp_path / "copy")  # the same weights elsewhere, touched since
+    assert train_module.main(["--model", str(copy), "--steps", "2", *argv]) == 0
+    other = tiny_kit.write_folder(tmp_path / "other", tiny_kit.model(seed=2))
+    capsys.readouterr()
+    assert train_module.main(["--model", str(other), "--steps", "3", *argv]) == 2
+    said = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(said) == 1 and f"(model {copy} there, {other} here)" in said[0], said  # the run that saved last
+    assert json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())["step"] == 2
