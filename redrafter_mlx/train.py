@@ -535,6 +535,10 @@ def _train(args):
     from .loader import load
 
     questions = eval_prompts(args.eval_prompts, args.eval_per_category) if args.eval_prompts else None  # before hours
+    done = 0 if args.eval_only else checkpoint_step(args.out / "checkpoint")
+    if done > args.steps:  # it saved the checkpoint's drafter as a --steps one, saying nothing
+        raise RedrafterError(f"{args.out / 'checkpoint'} holds step {done}, past --steps {args.steps}: give --steps "
+                             f"{done} or more to resume it, or another --out to start anew")
     loaded = load(args.model, use_drafter=False)
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.eval_only:

@@ -587,3 +587,28 @@ def test_train_command_refuses_a_checkpoint_for_another_model(patterned, tiny_ki
     said = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(said) == 1 and f"(model {copy} there, {other} here)" in said[0], said  # the run that saved last
     assert json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())["step"] == 2
+
+
+def test_steps_below_the_checkpoints_are_refused_before_loading(tmp_path, capsys, monkeypatch):
+    """--steps 3 on a checkpoint at step 6 trained nothing and saved the checkpoint's drafter as a 3-step one,
+    saying nothing."""
+    from redrafter_mlx import loader
+    from redrafter_mlx import train as train_module
+
+    class Loading(Exception):
+        pass
+
+    def load(*a, **k):
+        raise Loading
+
+    monkeypatch.setattr(loader, "load", load)
+    (tmp_path / "run" / "checkpoint").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoint" / "state.json").write_text(json.dumps({"step": 6}))
+    argv = ["--out", str(tmp_path / "run"), "--data", str(tmp_path)]
+    assert train_module.main([*argv, "--steps", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"python -m redrafter_mlx.train: error: {tmp_path / 'run' / 'checkpoint'} holds step 6, past "
+                   "--steps 3: give --steps 6 or more to resume it, or another --out to start anew\n")
+    for steps in ("6", "7"):  # done (the same command again) or more to train: on to loading the model
+        with pytest.raises(Loading):
+            train_module.main([*argv, "--steps", steps])
