@@ -326,7 +326,7 @@ def train(
                        base_model_type=getattr(base.args, "model_type", ""))
     drafter = Drafter(args)
 
-    val = {"data": None, "best": -math.inf, "key": None}
+    val = {"data": None, "best": -math.inf, "key": None, "said": False}
 
     def use_data(samples):
         vocab = frequent_tokens(samples, draft_vocab, eos_ids) if draft_vocab else list(range(args.vocab_size))
@@ -338,8 +338,15 @@ def train(
             val_samples = [s for s, v in zip(samples, held) if v]
             samples = [s for s, v in zip(samples, held) if not v]
             # held-out accuracy is agreement with the greedy token: what greedy decoding accepts
-            val["data"] = PositionData(val_samples, depth, greedy_targets=True) if val_samples else None
+            usable = any(len(s["reply"]) >= 2 for s in val_samples)
+            val["data"] = PositionData(val_samples, depth, greedy_targets=True) if usable else None
             val["key"] = held_out_key(val_samples)
+            if not usable and not val["said"]:  # it validated nothing, saying nothing (said again after a reload)
+                why = (f"the {len(val_samples)} held-out replies are under 2 tokens" if val_samples else
+                       f"none of the {len(held)} replies is held out at a share of {val_fraction}")
+                print(f"validation: {why}, so nothing is validated and no best drafter kept: give more replies or "
+                      "a larger share (--val-fraction)", file=sys.stderr)
+            val["said"] = not usable
         return PositionData(samples, depth, greedy_targets), mx.array(remap)
 
     def validate():

@@ -612,3 +612,30 @@ def test_steps_below_the_checkpoints_are_refused_before_loading(tmp_path, capsys
     for steps in ("6", "7"):  # done (the same command again) or more to train: on to loading the model
         with pytest.raises(Loading):
             train_module.main([*argv, "--steps", steps])
+
+
+def test_validation_with_nothing_held_out_says_so(patterned, tmp_path, capsys):
+    """--val-every on data too small to hold a reply out validated nothing and kept no best drafter, saying
+    nothing; held-out replies too short to validate on stopped training with a message about training data."""
+    from redrafter_mlx.train import is_held_out
+
+    model, data = patterned
+    few = [s for s in data if not is_held_out(s, 0.05)][:2]
+    assert any(is_held_out(s, 0.05) for s in data)
+    kw = dict(depth=3, batch=16, lr=3e-3, warmup=1, draft_vocab=16, progress=False, save_every=100, val_every=2)
+    log = io.StringIO()
+    reloads = iter([few, data])  # still nothing held out at the first reload (not said again), then some
+    train(model, few, tmp_path / "few", steps=6, val_fraction=0.05, log=log, reload=lambda: next(reloads),
+          reload_every=2, **kw)
+    err = capsys.readouterr().err
+    assert err == ("validation: none of the 2 replies is held out at a share of 0.05, so nothing is validated and no "
+                   "best drafter kept: give more replies or a larger share (--val-fraction)\n")
+    vals = [json.loads(line)["step"] for line in log.getvalue().splitlines() if "val_loss" in line]
+    assert vals == [6]  # none before the second reload brought replies to hold out
+    cut = [dict(s, reply=s["reply"][:1], hidden=s["hidden"][:1]) for s in data]  # held out by their own hash
+    short = [c for c in cut if is_held_out(c, 0.2)] + [s for s in data if not is_held_out(s, 0.2)]
+    assert len(short) > len(data) // 2
+    train(model, short, tmp_path / "short", steps=2, val_fraction=0.2, log=io.StringIO(), **kw)
+    n = sum(is_held_out(c, 0.2) for c in cut)
+    assert f"validation: the {n} held-out replies are under 2 tokens, so nothing" in capsys.readouterr().err
+    assert not (tmp_path / "short" / "best").exists()
