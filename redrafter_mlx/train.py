@@ -369,8 +369,8 @@ def train(
         check_same_run(ckpt, args, depth, model)
         step, rng, meta = load_checkpoint(ckpt, drafter, opt)
     data, remap = use_data(samples)  # after a resume too: the vocabulary follows the data
-    if meta.get("held_out") == val["key"]:  # a best score on another held-out set (new data) does not count
-        val["best"] = meta.get("best_accepted_drafts", -math.inf)
+    if meta.get("held_out") == val["key"] and meta.get("best_accepted_drafts") is not None:  # (None: none yet)
+        val["best"] = meta["best_accepted_drafts"]  # a best score on another held-out set (new data) does not count
     base.freeze()
     # reads `remap` when called: after a reload, the new data's
     value_and_grad = nn.value_and_grad(drafter, lambda h, i, t, th: loss_fn(drafter, base, h, i, t, remap, th, soft))
@@ -415,7 +415,9 @@ def train(
                 save_copy(drafter, out / "best", save_dtype, {"training": {
                     "step": step, "val_loss": vloss, "val_acc": vacc, "val_accepted_drafts": score}})
         if step % save_every == 0 or step == steps:
-            save_checkpoint(ckpt, drafter, opt, step, rng, {"best_accepted_drafts": val["best"], "held_out": val["key"],
+            # no best yet is null: -Infinity, which Python wrote and reads back, is not JSON (jq refused the file)
+            best = val["best"] if val["best"] > -math.inf else None
+            save_checkpoint(ckpt, drafter, opt, step, rng, {"best_accepted_drafts": best, "held_out": val["key"],
                                                             "depth": depth, "model": model})
     bar.close()
     return drafter

@@ -639,3 +639,27 @@ def test_validation_with_nothing_held_out_says_so(patterned, tmp_path, capsys):
     n = sum(is_held_out(c, 0.2) for c in cut)
     assert f"validation: the {n} held-out replies are under 2 tokens, so nothing" in capsys.readouterr().err
     assert not (tmp_path / "short" / "best").exists()
+
+
+def test_checkpoint_state_is_strict_json_and_old_files_still_resume(patterned, tmp_path):
+    """state.json held -Infinity (no best held-out score yet), which jq and strict parsers refuse; now null."""
+    model, data = patterned
+
+    def strict(path):
+        def refuse(name):
+            raise ValueError(f"not JSON: {name}")
+
+        return json.loads(path.read_text(), parse_constant=refuse)
+
+    kw = dict(depth=3, batch=16, lr=3e-3, warmup=1, draft_vocab=16, progress=False, save_every=2, log=io.StringIO())
+    state = tmp_path / "run" / "checkpoint" / "state.json"
+    train(model, data, tmp_path / "run", steps=2, **kw)
+    assert strict(state)["best_accepted_drafts"] is None
+    train(model, data, tmp_path / "run", steps=4, val_every=4, val_fraction=0.2, **kw)  # resumed: a best at step 4
+    assert strict(state)["best_accepted_drafts"] == json.loads((tmp_path / "run" / "best" / "config.json").read_text())[
+        "training"]["val_accepted_drafts"]
+    old = strict(state)
+    state.write_text(json.dumps({**old, "best_accepted_drafts": -float("inf")}))  # as written before
+    assert "-Infinity" in state.read_text()
+    train(model, data, tmp_path / "run", steps=6, val_every=2, val_fraction=0.2, **kw)
+    assert strict(state)["step"] == 6 and (tmp_path / "run" / "best" / "config.json").is_file()
