@@ -181,19 +181,21 @@ def writable_file(text: str):
 
 
 def work_folder(text: str):
-    """An argparse type: a folder for a long run's work, made now if it is missing, so a path that
-    cannot be one is refused before any model loads (it was said after the load, with advice to
-    run the command again)."""
+    """An argparse type: a folder for a long run's work. A path that cannot be one is refused before
+    any model loads (it was said after the load, with advice to run the command again); a missing
+    one is made when the work starts, not here (a run that stopped at a user error found later,
+    such as too few prompts, left an empty folder behind)."""
     from pathlib import Path
+
+    from .files import unwritable_ancestor
 
     path = Path(text).expanduser()
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{path} is a file, not a folder")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise argparse.ArgumentTypeError(f"cannot make the folder {path}: {e.strerror or e}") from None
-    if not os.access(path, os.W_OK):
+    above = None if path.exists() else unwritable_ancestor(path)
+    if above is not None:
+        raise argparse.ArgumentTypeError(f"cannot make the folder {path}: {above} is not a folder you can write")
+    if path.exists() and not os.access(path, os.W_OK):
         raise argparse.ArgumentTypeError(f"folder {path} cannot be written")
     return path
 

@@ -214,3 +214,18 @@ def test_a_work_folder_that_cannot_be_one_is_refused_before_loading(tiny_model_d
             autotrain.main(["--model", str(tiny_model_dir), "--work", str(work)])
         err = capsys.readouterr().err
         assert "argument --work" in err and said in err and "again" not in err, err
+
+
+def test_a_run_refused_after_parsing_leaves_no_work_folder(tiny_model_dir, tmp_path, capsys):
+    """--work was made while parsing: a run then refused (too few prompts; evaluation prompts too long for the
+    context, found once the model has loaded) left an empty folder behind. It is made when the work starts."""
+    two = tmp_path / "two.jsonl"
+    two.write_text(json.dumps({"prompt": "x"}) + "\n" + json.dumps({"prompt": "y"}) + "\n")
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"prompt": "word " * 600}) + "\n")
+    work = tmp_path / "new" / "work"
+    for argv, said in ((["--prompts", str(two)], "give at least 3"), (["--eval-prompts", str(long)], "leaves room")):
+        with pytest.raises(SystemExit) as stopped:
+            autotrain.main(["--model", str(tiny_model_dir), "--work", str(work), *argv])
+        assert stopped.value.code == 2 and said in capsys.readouterr().err
+        assert not (tmp_path / "new").exists()
