@@ -115,19 +115,21 @@ def _check_args(p: argparse.ArgumentParser, args):
 
 
 def _base_args_of(name: str):
-    """ModelArgs of the model a drafter is for (only its config is read)."""
+    """ModelArgs of the model a drafter is for (only its config is read), refusing an architecture
+    redrafter_mlx cannot run as converting that model would."""
     from redrafter_mlx import registry
-    from redrafter_mlx.config import ModelArgs
     from redrafter_mlx.gguf import read_gguf
 
+    from .base_model import check_architecture
     from .checkpoint import read_json
 
     resolved = registry.resolve(name)
     if resolved.kind == "gguf":
-        config = read_gguf(resolved.path)[0]
+        config, where = read_gguf(resolved.path)[0], resolved.path.name
     else:
-        config = read_json(resolved.path / "config.json", "model")
-    return ModelArgs.from_config(config), resolved.path
+        where = resolved.path / "config.json"
+        config = read_json(where, "model")
+    return check_architecture(config, str(where)), resolved.path
 
 
 def _files_info(info: Dict[str, Any], root: Optional[Path]) -> Dict[str, Any]:

@@ -582,6 +582,26 @@ def test_unsupported_architecture(tmp_path, capsys, mlx_ckpt):
         assert_clean_failure(rc, lines, out, why)
 
 
+def test_a_drafter_alone_for_an_unsupported_base_is_refused_as_the_base_is(tmp_path, capsys, mlx_ckpt):
+    """`--drafter D --base B` read B's sizes only: a drafter for an rwkv7 base was written, exit 0."""
+    src = tmp_path / "src"
+    src.mkdir()
+    config = json.loads((mlx_ckpt[0] / "config.json").read_text())
+    drafter = write_numpy_drafter(tmp_path / "d", H, V, exit_dim=2 * H, layers=1)
+    for model_type, why in (("made_up_arch", "unsupported architecture 'made_up_arch'"),
+                            ("rwkv7", "'rwkv7' is not supported: its recurrent layers")):
+        (src / "config.json").write_text(json.dumps({**config, "model_type": model_type}))
+        out = tmp_path / "out"
+        rc, alone = run_convert(capsys, "--model", src, "--out", out)
+        assert_clean_failure(rc, alone, out, why)
+        rc, lines = run_convert(capsys, "--drafter", drafter, "--base", src, "--out", out)
+        assert_clean_failure(rc, lines, out, why)
+        assert lines == alone
+    (src / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "hidden_size"}))
+    rc, lines = run_convert(capsys, "--drafter", drafter, "--base", src, "--out", out)
+    assert_clean_failure(rc, lines, out, f"{src / 'config.json'} is not a model config", "lacks hidden_size")
+
+
 def test_a_config_without_a_field_the_architecture_needs_names_it(tmp_path, capsys, mlx_ckpt):
     """It said "ModelArgs.__init__() missing 1 required positional argument: 'num_attention_heads'"."""
     src = tmp_path / "src"
