@@ -22,8 +22,8 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from redrafter_mlx.config import DrafterArgs
-from redrafter_mlx.drafter import Drafter, check_args, check_compatible, check_draft_vocab, save_drafter
-from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError
+from redrafter_mlx.drafter import Drafter, check_args, check_compatible, check_draft_vocab, drafter_args, save_drafter
+from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError, one_line
 
 from .checkpoint import DRAFTER_FILES, load_tensors, read_json
 
@@ -78,8 +78,8 @@ def _set(value) -> bool:
     return value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0)
 
 
-def infer_args(config: Dict[str, Any], weights: Dict[str, mx.array]) -> DrafterArgs:
-    """DrafterArgs from config.json, checked against (and completed from) the tensor shapes."""
+def infer_args(config: Dict[str, Any], weights: Dict[str, mx.array], where="drafter config.json") -> DrafterArgs:
+    """DrafterArgs from config.json (`where`), checked against (and completed from) the tensor shapes."""
     blocks = sorted(int(m.group(1)) for k in weights if (m := re.match(r"lm_head\.(\d+)\.linear\.weight$", k)))
     n = len(blocks)
     if blocks != list(range(n)):
@@ -102,7 +102,7 @@ def infer_args(config: Dict[str, Any], weights: Dict[str, mx.array]) -> DrafterA
         stated = config.get(key)
         if _set(stated) and stated != value:
             raise CorruptModelError(
-                f"drafter config.json says {key}={stated}, but its tensors give {key}={value}"
+                f"{where} says {key}={stated}, but its tensors give {key}={value}"
             )
     if "input_proj.weight" not in weights and exit_dim != 2 * hidden:
         raise CorruptModelError(
@@ -120,15 +120,12 @@ def convert_drafter(src: Path, dest: Path, base_args=None, dtype: Optional[str] 
     config_path, weights_path = find_checkpoint(src)
     config = read_json(config_path, "drafter")
     if "lm_head" in config:
+        args = drafter_args(config, config_path)
         weights = load_tensors(weights_path)
-        try:
-            args = DrafterArgs.from_dict(config)
-        except TypeError as e:
-            raise CorruptModelError(f"{config_path} is not a drafter config: {e}") from e
     else:
         weights = normalize(load_tensors(weights_path))
-        args = infer_args(config, weights)
-    check_args(args, config_path)
+        args = infer_args(config, weights, config_path)
+        check_args(args, config_path)
     if base_args is not None:
         check_compatible(args, base_args, f"the drafter {src}",
                          "convert the drafter trained for this model, or leave --drafter out")
@@ -137,7 +134,7 @@ def convert_drafter(src: Path, dest: Path, base_args=None, dtype: Optional[str] 
         drafter.load_weights(list(weights.items()), strict=True)
         check_draft_vocab(drafter)
     except ValueError as e:
-        raise CorruptModelError(f"drafter tensors do not fit its config: {' '.join(str(e).split())}") from e
+        raise CorruptModelError(f"drafter tensors in {weights_path} do not fit {config_path}: {one_line(e)}") from e
     if dtype:
         drafter.set_dtype(getattr(mx, dtype))  # floating parameters only
     params = tree_flatten(drafter.parameters())

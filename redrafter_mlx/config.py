@@ -95,6 +95,10 @@ def check_head_counts(config: Dict[str, Any]):
             raise CorruptModelError(f"config.json holds a size that is not a usable number: {key} {value}")
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 @dataclass
 class DrafterArgs(BaseArgs):
     """ReDrafter head configuration (paper section 3.1; field names follow Apple's release).
@@ -127,7 +131,8 @@ class DrafterArgs(BaseArgs):
     model_type: str = "recurrent_drafting_drafter"
 
     def __post_init__(self):
-        if self.exit_dim is None or self.exit_dim <= 0:
-            self.exit_dim = 2 * self.hidden_size
+        # (a size that is not a number is left for drafter.check_args to name with its file)
+        if self.exit_dim is None or (_number(self.exit_dim) and self.exit_dim <= 0):
+            self.exit_dim = 2 * self.hidden_size if _number(self.hidden_size) else None
         if self.lm_head not in ("own", "shared"):
             raise UnsupportedModelError(f"drafter lm_head must be 'own' or 'shared', not {self.lm_head!r}")

@@ -32,7 +32,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .config import DrafterArgs
-from .errors import CorruptModelError, DrafterMismatchError, ModelNotFoundError, one_line
+from .errors import CorruptModelError, DrafterMismatchError, ModelNotFoundError, UnsupportedModelError, one_line
 from .files import read_json_object, replace_folder, staging_folder
 
 
@@ -210,11 +210,25 @@ def check_compatible(args: DrafterArgs, base_args, where: str = "drafter",
         )
 
 
+def drafter_args(config: dict, where) -> DrafterArgs:
+    """The checked DrafterArgs of a drafter's config.json (`where`, which every error names)."""
+    try:
+        args = DrafterArgs.from_dict(config)
+    except TypeError as e:  # a field missing
+        raise CorruptModelError(f"{where} is not a drafter config: {e}") from e
+    except UnsupportedModelError as e:  # an lm_head of another kind
+        raise UnsupportedModelError(f"{where}: {e}") from e
+    check_args(args, where)
+    return args
+
+
 def check_args(args: DrafterArgs, where) -> None:
     """Refuse a drafter config whose sizes or embedding scale no drafter can have."""
     for key in ("hidden_size", "vocab_size", "exit_dim", "num_draft_layers", "draft_vocab_size"):
         value = getattr(args, key, 0)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        if value is None and key == "draft_vocab_size":  # null: no draft vocabulary
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:  # (a null size failed later)
             raise CorruptModelError(f"{where}: {key} must be a whole number, not {value!r}")
     scale = args.embed_scale
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
@@ -239,12 +253,7 @@ def load_drafter(path: Union[str, Path], base=None) -> Drafter:
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
         raise ModelNotFoundError(f"no drafter at {path}: expected {cfg_path}")
-    config = read_json_object(cfg_path, "drafter config")
-    try:
-        args = DrafterArgs.from_dict(config)
-    except TypeError as e:
-        raise CorruptModelError(f"{cfg_path} is not a drafter config: {e}") from e
-    check_args(args, cfg_path)
+    args = drafter_args(read_json_object(cfg_path, "drafter config"), cfg_path)
     if base is not None:
         check_compatible(args, base.args, f"the drafter at {path}")
     weights_path = path / "model.safetensors"

@@ -311,6 +311,39 @@ def test_missing_or_corrupt_drafter(tiny_kit, tmp_path):
     assert "__init__" not in msg
 
 
+@pytest.mark.parametrize("change, exc, words", [
+    ({"lm_head": "tied"}, UnsupportedModelError, ["lm_head must be 'own' or 'shared', not 'tied'"]),
+    ({"hidden_size": None}, CorruptModelError, ["hidden_size must be a whole number, not None"]),
+    ({"exit_dim": "wide"}, CorruptModelError, ["exit_dim must be a whole number, not 'wide'"]),
+])
+def test_a_drafter_config_error_names_its_file(tiny_kit, tmp_path, change, exc, words):
+    """They said "drafter lm_head must be ..." with no file, a TypeError "unsupported operand type(s)", or Python's
+    "'<=' not supported between instances of 'str' and 'int'"."""
+    from convert.drafter import convert_drafter
+
+    base = tiny_kit.model(seed=0)
+    save_drafter(new_drafter(base.args), tmp_path / "d")
+    cfg = tmp_path / "d" / "config.json"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), **change}))
+    raises(exc, lambda: load_drafter(tmp_path / "d", base), str(cfg), *words)
+    raises(exc, lambda: convert_drafter(tmp_path / "d", tmp_path / "out"),
+           str(cfg), *words)
+    assert not (tmp_path / "out").exists()
+
+
+def test_drafter_tensors_that_do_not_fit_name_both_files(tiny_kit, tmp_path):
+    """convert said "drafter tensors do not fit its config", naming neither."""
+    from convert.drafter import convert_drafter
+
+    base = tiny_kit.model(seed=0)
+    save_drafter(new_drafter(base.args), tmp_path / "d")
+    cfg = tmp_path / "d" / "config.json"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "num_draft_layers": 2}))
+    for fn in (lambda: load_drafter(tmp_path / "d", base), lambda: convert_drafter(tmp_path / "d", tmp_path / "out")):
+        raises(CorruptModelError, fn, str(tmp_path / "d" / "model.safetensors"), "do not fit", "lm_head.1")
+    raises(CorruptModelError, lambda: convert_drafter(tmp_path / "d", tmp_path / "out"), str(cfg))
+
+
 # ---- network -------------------------------------------------------------------------------
 
 def test_hub_id_without_network(monkeypatch, tmp_path):
