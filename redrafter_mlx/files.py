@@ -61,6 +61,11 @@ def unwritable_ancestor(target: Path) -> Optional[Path]:
     return None
 
 
+# The tags of the hidden folders beside a target: staging folders (`staging_folder(target, tag)`: a drafter's
+# "", autotrain's "new-", convert's "partial-") and the old folder `replace_folder` sets aside.
+TAGS = ("", "new-", "partial-", "old-")
+
+
 def _host() -> str:
     return re.sub(r"[^A-Za-z0-9]", "", socket.gethostname())[:40] or "host"
 
@@ -87,7 +92,9 @@ def tidy(target: Path) -> None:
     (the process died between `replace_folder`'s two renames); else it is deleted. A folder
     that cannot be read or removed is left as it is."""
     target = Path(target)
-    pattern = re.compile(rf"\.{re.escape(target.name)}\.(?P<tag>[^@/]*)@(?P<host>[A-Za-z0-9]+)-(?P<pid>\d+)-")
+    # Only `target`'s own: any tag matched `.NAME.x.old-@...`, the old folder of `NAME.x`, and deleted it.
+    tags = "|".join(map(re.escape, TAGS))
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.(?P<tag>{tags})@(?P<host>[A-Za-z0-9]+)-(?P<pid>\d+)-")
     host = _host()
     try:
         entries = list(target.parent.iterdir())
@@ -110,6 +117,8 @@ def staging_folder(target: Path, tag: str = "") -> Path:
     folder made by `mkdir` would have (`tempfile.mkdtemp` makes it private to its owner, which the
     renamed result would keep: a model or drafter no one else could read). What a killed process
     left beside `target` is cleared first (`tidy`)."""
+    if tag not in TAGS:  # tidy clears only the tags it knows
+        raise ValueError(f"staging folder tag {tag!r} is not one of {TAGS}")
     target = Path(target)
     tidy(target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.{tag}{_owner()}", dir=target.parent))

@@ -686,6 +686,28 @@ def test_what_a_killed_process_left_beside_a_folder_is_cleared_and_the_old_folde
     assert registry.resolve(str(tmp_path / "model")).path == (tmp_path / "model").resolve() and not aside.exists()
 
 
+def test_tidying_a_folder_leaves_the_hidden_folders_of_a_longer_name_alone(tmp_path):
+    """Tidying `m` matched `.m.x.old-@...` (any text passed for a tag) and deleted the only copy of `m.x` that a
+    convert --force killed between its renames had set aside."""
+    import subprocess
+    import sys
+
+    from redrafter_mlx import files
+
+    gone = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+    theirs = [tmp_path / f".m.x.{tag}@{files._host()}-{gone}-abc" for tag in files.TAGS]
+    for folder in theirs:
+        (folder / "old").mkdir(parents=True)
+    mine = tmp_path / f".m.partial-@{files._host()}-{gone}-abc"
+    mine.mkdir()
+    (tmp_path / "m").mkdir()
+    files.tidy(tmp_path / "m")
+    assert not mine.exists() and all(folder.is_dir() for folder in theirs)
+    files.tidy(tmp_path / "m.x")  # their own name puts the old one back
+    assert (tmp_path / "m.x").is_dir() and sorted(tmp_path.iterdir()) == [tmp_path / "m", tmp_path / "m.x"]
+
+
 def test_an_unusable_cache_folder(monkeypatch, tmp_path):
     (tmp_path / "file").write_text("x")
     monkeypatch.setenv("REDRAFTER_CACHE", str(tmp_path / "file" / "cache"))
