@@ -328,6 +328,8 @@ def load(
         if progress:
             progress(message)
     if use_drafter:
+        if drafter:
+            tidy(Path(os.path.abspath(drafter)))  # as a model folder's path is (registry.resolve)
         drafter_path = Path(drafter) if drafter else find_drafter(resolved)
         if drafter_path is not None:
             if progress:

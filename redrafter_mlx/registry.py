@@ -182,8 +182,11 @@ def resolve(name: Optional[str] = None, progress=None) -> ResolvedModel:
             return ResolvedModel(name, fetch_hub(entry["repo"], progress), entry)
         raise ModelNotFoundError(f"registry entry {name!r} has an unknown source {entry['source']!r}")
     path = Path(name).expanduser()
-    if not path.exists() and path.name:
-        tidy(path)  # a folder `convert --force` set aside and was killed before putting the new one in goes back
+    local = Path(os.path.abspath(path))  # as convert names its hidden folders ("." by the folder's own name)
+    if local.name:
+        # What a killed `convert --force` left beside it: its half-written copy is deleted, and the old folder it
+        # set aside goes back if it was killed before putting the new one in (only a gone process's, files.tidy)
+        tidy(local)
     if path.exists():
         if path.is_file() and path.suffix != ".gguf":
             raise ModelNotFoundError(f"{path} is a file but not a .gguf model; pass a .gguf file or a model folder")

@@ -72,6 +72,39 @@ def test_folder_loads_and_computes_what_was_written(tiny_kit, tmp_path):
     assert g.tokens == greedy_direct(model, g.prompt_tokens, 8)
 
 
+def test_a_load_clears_what_a_killed_convert_force_left_beside_the_folder(tiny_kit, tmp_path, monkeypatch):
+    """A SIGKILLed `convert --force` (the output existed) leaves .NAME.partial-@HOST-PID-*: the next conversion
+    deleted it, a load of the folder (or of a drafter folder given with drafter=) did not, while the README said
+    it does. A partial of a process still running is its own: kept."""
+    from redrafter_mlx.drafter import new_drafter, save_drafter
+
+    model = tiny_kit.model(seed=0)
+    path = tiny_kit.write_folder(tmp_path / "tiny", model)
+    drafter = tmp_path / "d"
+    save_drafter(new_drafter(model.args), drafter)
+    start = "import os, signal, sys; from convert.output import OutputFolder; "
+    write = "[(OutputFolder(t, force=True).__enter__() / 'model.safetensors').write_text('half') for t in sys.argv[1:]]; "
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    running = subprocess.Popen([sys.executable, "-c", start + write + "print(flush=True); sys.stdin.read()", str(path)],
+                               cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        running.stdout.readline()  # its partial is written
+        killed = subprocess.run([sys.executable, "-c", start + write + "os.kill(os.getpid(), signal.SIGKILL)",
+                                 str(path), str(drafter)], cwd=root)
+        assert killed.returncode == -9
+        partials = sorted(tmp_path.glob(".*.partial-@*"))
+        assert len(partials) == 3
+        m = load(str(path), drafter=str(drafter))
+        assert m.drafter is not None
+        left = list(tmp_path.glob(".*.partial-@*"))
+        assert len(left) == 1 and left[0].name.startswith(".tiny.partial-@") and f"-{running.pid}-" in left[0].name
+    finally:
+        running.communicate("")
+    monkeypatch.chdir(path)  # "." is the folder by its own name, as convert --out . names it
+    load(".", use_drafter=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "tiny"]
+
+
 def test_folder_generation_config_eos_ids(tiny_kit, tmp_path):
     path = tiny_kit.write_folder(tmp_path / "tiny", tiny_kit.model(seed=0))
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 8]}))
