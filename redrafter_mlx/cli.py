@@ -140,6 +140,23 @@ def drafter_error(path: Optional[str], no_drafter: bool) -> Optional[str]:
     return None
 
 
+def run_folder_error(flag: str, path) -> Optional[str]:
+    """What keeps PATH from being the folder a long run writes into and resumes from, said while parsing: a
+    file there failed after the model had loaded, in Python's words ("File exists")."""
+    from pathlib import Path
+
+    from .files import unwritable_ancestor
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        return f"{flag} {path} is a file: give a folder (a new one, or a stopped run's to resume it), or move the " \
+               "file away"
+    above = None if path.exists() else unwritable_ancestor(path)
+    if above is not None:
+        return f"{flag} {path} cannot be made: {above} is not a folder you can write"
+    return None
+
+
 def temperature(text: str) -> float:
     """An argparse type: a sampling temperature, a finite number >= 0 (0 = greedy)."""
     value = _parse(float, text)

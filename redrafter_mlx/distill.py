@@ -401,6 +401,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     if not args.backfill_greedy and not args.data:
         p.error("--data is required (prompt JSONL files)")
+    bad_out = cli.run_folder_error("--out", args.out)
+    if bad_out:
+        p.error(bad_out)
     if args.max_prompt_tokens is not None and args.max_prompt_tokens < 1:
         p.error("--max-prompt-tokens must be at least 1")
     if args.seed is not None and args.temperature == 0.0:  # as the other commands refuse it

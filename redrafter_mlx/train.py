@@ -520,6 +520,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     if not args.eval_only and args.data is None:
         p.error("--data is required for training")
+    bad_out = cli.run_folder_error("--out", args.out)
+    if bad_out:
+        p.error(bad_out)
     if args.eval_only and args.eval_prompts is None:  # it loaded the model, did nothing and exited 0
         p.error("--eval-only evaluates a drafter on --eval-prompts FILE: give them")
     if args.eval_drafter is not None and not (args.eval_drafter / "config.json").is_file():

@@ -171,6 +171,23 @@ def test_distill_cli_rejects_a_non_positive_max_prompt_tokens(tmp_path, capsys):
     assert "--seed applies to sampling" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["distill", "train"])
+def test_an_out_that_is_a_file_is_refused_while_parsing(tmp_path, capsys, command):
+    """distill --out FILE said "File exists: FILE" (Python's words) after the model had loaded; train the same."""
+    import importlib
+
+    main = importlib.import_module(f"redrafter_mlx.{command}").main
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"instruction": "hello"}) + "\n")
+    for out, said in ((data, f"--out {data} is a file: give a folder (a new one, or a stopped run's to resume it)"),
+                      (data / "run", f"--out {data / 'run'} cannot be made: {data} is not a folder you can write")):
+        with pytest.raises(SystemExit) as e:
+            main(["--out", str(out), "--data", str(data if command == "distill" else tmp_path)])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and said in err and len(err.strip().splitlines()) == 1, err
+        assert "File exists" not in err
+
+
 def test_sampled_distillation_is_seeded_and_differs_from_greedy(samples, tmp_path):
     model, _, greedy = samples
     prompts = [f"question number {i} about {w}" for i, w in enumerate(["cats", "dogs", "rivers", "maths"] * 4)]
