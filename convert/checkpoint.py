@@ -124,21 +124,21 @@ def torch_state_dict(path: Path) -> Dict[str, "object"]:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         raise ConversionError(
-            f"{path.name} is not a weights-only checkpoint: loading it would run code stored in the file, "
+            f"{path} is not a weights-only checkpoint: loading it would run code stored in the file, "
             "which this tool never does (re-save it as a plain state dict or as safetensors)"
         ) from e
     except Exception as e:
-        raise CorruptModelError(f"cannot read {path.name}: {_first_line(e)}") from e
+        raise CorruptModelError(f"cannot read {path}: {_first_line(e)}") from e
     # Training scripts sometimes wrap the state dict.
     for key in ("state_dict", "model", "module"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict) and not torch.is_tensor(obj.get(key)):
             obj = obj[key]
             break
     if not isinstance(obj, dict):
-        raise CorruptModelError(f"{path.name} holds a {type(obj).__name__}, not a dictionary of tensors")
+        raise CorruptModelError(f"{path} holds a {type(obj).__name__}, not a dictionary of tensors")
     bad = [k for k, v in obj.items() if not torch.is_tensor(v)]
     if bad:
-        raise CorruptModelError(f"{path.name} holds entries that are not tensors: {', '.join(map(str, bad[:5]))}")
+        raise CorruptModelError(f"{path} holds entries that are not tensors: {', '.join(map(str, bad[:5]))}")
     return obj
 
 
@@ -155,7 +155,7 @@ def load_safetensors(path: Path) -> Dict[str, mx.array]:
     try:
         return mx.load(str(path))
     except Exception as e:
-        raise CorruptModelError(f"cannot read {path.name}: {_first_line(e)}") from e
+        raise CorruptModelError(f"cannot read {path}: {_first_line(e)}") from e
 
 
 def load_tensors(path: Path) -> Dict[str, mx.array]:

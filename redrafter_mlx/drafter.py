@@ -262,7 +262,7 @@ def load_drafter(path: Union[str, Path], base=None) -> Drafter:
     try:
         weights = mx.load(str(weights_path))
     except Exception as e:
-        raise CorruptModelError(f"cannot read {weights_path}: {e}") from e
+        raise CorruptModelError(f"cannot read {weights_path}: {one_line(e)}") from e
     drafter = Drafter(args)
     try:
         drafter.load_weights(list(weights.items()), strict=True)

@@ -495,6 +495,17 @@ def test_drafter_for_another_base_model(tmp_path, capsys, mlx_ckpt):
     assert "--no-drafter" not in lines[0]  # a decoding flag convert does not have
 
 
+@pytest.mark.parametrize("alone", [False, True])
+def test_a_damaged_drafter_file_is_named_by_its_path(tmp_path, capsys, mlx_ckpt, alone):
+    """Base and drafter both hold a model.safetensors: "cannot read model.safetensors" did not say whose."""
+    src = write_numpy_drafter(tmp_path / "d", H, V, exit_dim=2 * H, layers=1)
+    data = (src / "model.safetensors").read_bytes()
+    (src / "model.safetensors").write_bytes(data[: len(data) // 2])
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--base" if alone else "--model", mlx_ckpt[0], "--drafter", src, "--out", out)
+    assert_clean_failure(rc, lines, out, f"cannot read {src / 'model.safetensors'}")
+
+
 def test_existing_output_folder_is_refused(tmp_path, capsys, mlx_ckpt):
     out = tmp_path / "out"
     out.mkdir()
