@@ -169,7 +169,8 @@ def run(args, report: Reporter) -> Path:
         if drafter_src is not None:
             dest = tmp / "drafter" if base is not None else tmp / "drafter.tmp"
             report.say(f"drafter: {drafter_src}")
-            drafter_info = convert_drafter(drafter_src, dest, base_args, args.dtype, report)
+            advice = None if base is not None else f"give --base the model it was trained for (not {base_path})"
+            drafter_info = convert_drafter(drafter_src, dest, base_args, args.dtype, report, advice)
             if base is None:  # the output folder is the drafter folder itself
                 for f in dest.iterdir():
                     f.rename(tmp / f.name)

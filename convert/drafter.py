@@ -111,8 +111,10 @@ def infer_args(config: Dict[str, Any], weights: Dict[str, mx.array], where="draf
     return DrafterArgs(**inferred)
 
 
-def convert_drafter(src: Path, dest: Path, base_args=None, dtype: Optional[str] = None, report=None) -> Dict[str, Any]:
+def convert_drafter(src: Path, dest: Path, base_args=None, dtype: Optional[str] = None, report=None,
+                    advice: Optional[str] = None) -> Dict[str, Any]:
     """Convert a drafter into `dest` (a folder that must not exist yet). Returns manifest info.
+    `advice` ends the error for a drafter that does not fit `base_args` (default: for a drafter given with --model).
 
     A drafter already in this project's format (its config has `lm_head`, e.g. one written by
     redrafter_mlx.train) goes through the same checks and is rewritten as is.
@@ -128,7 +130,7 @@ def convert_drafter(src: Path, dest: Path, base_args=None, dtype: Optional[str] 
         check_args(args, config_path)
     if base_args is not None:
         check_compatible(args, base_args, f"the drafter {src}",
-                         "convert the drafter trained for this model, or leave --drafter out")
+                         advice or "convert the drafter trained for this model, or leave --drafter out")
     drafter = Drafter(args)
     try:
         drafter.load_weights(list(weights.items()), strict=True)

@@ -29,7 +29,8 @@ from convert.cli import main as convert_main
 from convert.output import OutputFolder
 from convert.tokenizer import VICUNA_SYSTEM
 from redrafter_mlx import generate, load
-from redrafter_mlx.drafter import new_drafter, save_drafter
+from redrafter_mlx.config import DrafterArgs
+from redrafter_mlx.drafter import Drafter, new_drafter, save_drafter
 from redrafter_mlx.loader import new_model
 
 H, V, LAYERS = 64, 128, 2
@@ -493,6 +494,18 @@ def test_drafter_for_another_base_model(tmp_path, capsys, mlx_ckpt):
     rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--drafter", src, "--out", out)
     assert_clean_failure(rc, lines, out, "hidden size 48", f"hidden size {H}", "leave --drafter out")
     assert "--no-drafter" not in lines[0]  # a decoding flag convert does not have
+
+
+def test_a_drafter_alone_for_another_base_model_says_to_give_its_base(tmp_path, capsys, mlx_ckpt):
+    """With --base, the advice was "leave --drafter out", which leaves nothing to convert."""
+    out = tmp_path / "out"
+    other = tmp_path / "qwen"
+    save_drafter(Drafter(DrafterArgs(hidden_size=H, vocab_size=V, base_model_type="qwen3")), other)
+    for src, why in ((write_numpy_drafter(tmp_path / "d", 48, V, exit_dim=96, layers=1), "hidden size 48"),
+                     (other, "'qwen3' base model, not this 'llama' one")):
+        rc, lines = run_convert(capsys, "--drafter", src, "--base", mlx_ckpt[0], "--out", out)
+        assert_clean_failure(rc, lines, out, why, f"give --base the model it was trained for (not {mlx_ckpt[0]})")
+        assert "leave --drafter out" not in lines[0]
 
 
 @pytest.mark.parametrize("alone", [False, True])

@@ -293,8 +293,14 @@ def test_drafter_mismatch(tiny_kit, tmp_path):
     # Through load(): an explicit drafter, and one found in the model folder's drafter/.
     raises(DrafterMismatchError, lambda: load(str(path), drafter=str(tmp_path / "d48")), "hidden size 48")
     save_drafter(wrong_hidden, path / "drafter")
-    raises(DrafterMismatchError, lambda: load(str(path)), "hidden size 48")
+    raises(DrafterMismatchError, lambda: load(str(path)), "hidden size 48", str(path / "drafter"))
     assert load(str(path), use_drafter=False).drafter is None
+    # the same sizes, trained for another family
+    other = Drafter(DrafterArgs(hidden_size=base.args.hidden_size, vocab_size=base.args.vocab_size,
+                                base_model_type="qwen3"))
+    save_drafter(other, path / "drafter")
+    raises(DrafterMismatchError, lambda: load(str(path)), str(path / "drafter"), "'qwen3' base model",
+           f"not this {base.args.model_type!r} one", "--no-drafter")
 
 
 def test_missing_or_corrupt_drafter(tiny_kit, tmp_path):
