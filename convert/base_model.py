@@ -58,7 +58,7 @@ def check_architecture(config: Dict[str, Any], where: str) -> ModelArgs:
     missing = ", ".join(k for k in needed if k not in config and k not in text)
     if missing:
         raise CorruptModelError(f"{where} is not a model config mlx-lm can build (it lacks {missing})")
-    model_classes(config)
+    model_classes(config, where)
     return ModelArgs.from_config(config)
 
 

@@ -81,9 +81,9 @@ class ModelArgs(BaseArgs):
             raise CorruptModelError(f"config.json holds a size that is not a usable number: {e}") from e
 
 
-def check_head_counts(config: Dict[str, Any]):
+def check_head_counts(config: Dict[str, Any], where: str = "config.json"):
     """0 attention heads failed later: in mlx-lm with a ZeroDivisionError, in the converter as the
-    tokenizer's fault. A CorruptModelError that names the key."""
+    tokenizer's fault. A CorruptModelError that names the key (and `where`, the config's file)."""
     text = config.get("text_config") or {}
     for key in ("num_attention_heads", "num_key_value_heads"):
         value = config.get(key, text.get(key))
@@ -92,7 +92,7 @@ def check_head_counts(config: Dict[str, Any]):
         except (TypeError, ValueError, OverflowError):
             usable = False
         if not usable:
-            raise CorruptModelError(f"config.json holds a size that is not a usable number: {key} {value}")
+            raise CorruptModelError(f"{where} holds a size that is not a usable number: {key} {value}")
 
 
 def _number(value) -> bool:

@@ -89,15 +89,16 @@ def _misfit(text: str) -> bool:
     return any(w in text for w in ("parameters not in model", "Missing", "Expected shape"))
 
 
-def model_classes(config: Dict[str, Any]):
-    """mlx-lm's (Model, ModelArgs) classes for a config, refusing what cannot verify trees."""
+def model_classes(config: Dict[str, Any], where: str = "config.json"):
+    """mlx-lm's (Model, ModelArgs) classes for a config (read from `where`, which errors name), refusing
+    what cannot verify trees."""
     from mlx_lm.utils import _get_classes
 
     model_type = config.get("model_type")
     if not model_type:
-        raise UnsupportedModelError("config.json has no model_type: not a model mlx-lm can build")
+        raise UnsupportedModelError(f"{where} has no model_type: not a model mlx-lm can build")
     check_supported(str(model_type))
-    check_head_counts(config)
+    check_head_counts(config, where)
     try:
         return _get_classes(config)
     except ValueError as e:
@@ -223,7 +224,7 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
     if not files:
         hint = " (a PyTorch checkpoint: convert it with `python -m convert`)" if list(path.glob("*.bin")) else ""
         raise ModelNotFoundError(f"{path} has no *.safetensors weights{hint}")
-    model_classes(config)  # refuses unsupported families before reading any weights
+    model_classes(config, str(cfg_path))  # refuses unsupported families before reading any weights
     from safetensors import safe_open
 
     names = set()

@@ -127,7 +127,8 @@ def test_broken_or_missing_tokenizer(tiny_kit, tmp_path):
 # ---- unsupported models ------------------------------------------------------------------
 
 @pytest.mark.parametrize("model_type,why", [("made_up_arch", "unsupported architecture"),
-                                            ("ministral3", "outside rope")])
+                                            ("ministral3", "outside rope"),
+                                            ("", "/f/config.json has no model_type")])  # the base's, not a drafter's
 def test_unsupported_architecture_in_a_folder(tiny_kit, tmp_path, model_type, why):
     path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0), config_extra={"model_type": model_type})
     raises(UnsupportedModelError, lambda: load(str(path)), model_type, why)
@@ -222,7 +223,8 @@ def test_model_files_with_values_mlx_lm_cannot_use(tiny_kit, tmp_path):
     base = tiny_kit.write_folder(tmp_path / "base", tiny_kit.model(seed=0))
     cfg = json.loads((base / "config.json").read_text())
     for name, files, words in (("heads", {"config.json": json.dumps({**cfg, "num_attention_heads": 0})},
-                                ["config.json", "num_attention_heads 0"]),  # a ZeroDivisionError, named as such, before
+                                # a ZeroDivisionError, named as such, before; then "config.json", not saying whose
+                                [str(tmp_path / "heads" / "config.json"), "num_attention_heads 0"]),
                                ("rope", {"config.json": json.dumps({**cfg, "rope_theta": "10000"})},
                                 ["cannot run", "rope"]),
                                ("eos", {"generation_config.json": '{"eos_token_id": "x"}'}, ["'x'"]),
