@@ -269,6 +269,8 @@ def stream(
     seed: sampling's random seed. A draw depends only on the seed and its position in the sequence
     (sampling.py), so a seed gives plain decoding's reply in every mode and with every tree, the
     adaptive controller's (whose trees follow measured timings) included.
+    system: a system prompt, put first before a text prompt or a message list that has no system
+    message (blank or None: the chat template's default); refused with token ids.
     progress: called with a line of text while an adaptive call calibrates this machine's cost
     curve (the first call for a device and model, a few seconds), after the settings, the
     prompt and the context length were checked, and per chunk of a prompt (its part not

@@ -202,7 +202,9 @@ class Tokenizer:
 
     def prompt_ids(self, prompt: Union[str, Messages, Sequence[int]], system: Optional[str] = None) -> List[int]:
         """Token ids for a prompt: a user message (str), a message list, or ids as they are (whole
-        numbers >= 0; `generate.stream` checks them against the model's vocabulary)."""
+        numbers >= 0; `generate.stream` checks them against the model's vocabulary). `system` (blank:
+        none, the template's default) is a system message put first, before text or a message list
+        that has none of its own."""
         if system is not None:
             _check_text(system, "the system prompt")
         if isinstance(prompt, str):
@@ -233,8 +235,17 @@ class Tokenizer:
                 _check_text(m["content"], f"message {i} of the conversation")
             if all(is_blank(m["content"]) for m in prompt):
                 raise EmptyPromptError("the conversation has no text")
-            ids = self.apply_chat_template(list(prompt))
+            messages = list(prompt)
+            if system and not is_blank(system):  # it was ignored: the chat's --system did nothing
+                if messages[0]["role"] == "system":
+                    raise InvalidPromptError("the conversation starts with a system message and a system prompt is "
+                                             "given too: give one of them")
+                messages.insert(0, {"role": "system", "content": system})
+            ids = self.apply_chat_template(messages)
         else:
+            if system and not is_blank(system):
+                raise InvalidPromptError("a system prompt goes with text or messages, not token ids: put it in the "
+                                         "ids (the chat template's system turn)")
             ids = prompt.tolist() if hasattr(prompt, "tolist") else list(prompt)
             bad = next((t for t in ids if not is_token_id(t)), None)
             if bad is not None:

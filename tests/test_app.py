@@ -801,6 +801,26 @@ def test_the_engine_drafts_the_copy_alone_without_a_drafter(tiny_loaded):
         engine.wait(10)
 
 
+def test_the_chats_system_prompt_reaches_the_model(tiny_loaded):
+    """--system did nothing: the engine sends the conversation as messages with system=, which the
+    library ignored for a message list. The reply now follows the prompt with the system message first."""
+    from redrafter_mlx import PromptCache, generate
+
+    engine = Engine("unused", warm_up=False)
+    try:
+        engine._m, engine._cache = tiny_loaded, PromptCache(tiny_loaded.model)
+        said = [{"role": "user", "content": "a b c d"}]
+        system = "x y z " * 8
+        chunks = list(engine.reply(said, Settings(max_tokens=12, speculative=False, system=system), lambda: False))
+        want = generate(tiny_loaded, [{"role": "system", "content": system}] + said, mode="ar", max_tokens=12)
+        plain = generate(tiny_loaded, said, mode="ar", max_tokens=12)
+        assert want.text != plain.text  # the test can tell the two apart
+        assert "".join(c.text for c in chunks) == want.text
+    finally:
+        engine.close()
+        engine.wait(10)
+
+
 def test_the_chats_rule_for_unused_drafting_options_is_the_librarys(monkeypatch, capsys):
     """The chat mirrors redrafter_mlx.cli.unused_drafting_error (it does not import the library while
     parsing): over every combination of the drafting options, with and without --no-drafter, both

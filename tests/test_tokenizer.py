@@ -5,7 +5,7 @@ import random
 import pytest
 
 from redrafter_mlx import generate, load, stream
-from redrafter_mlx.errors import EmptyPromptError
+from redrafter_mlx.errors import EmptyPromptError, InvalidPromptError
 
 MULTIBYTE = [
     "naïve café déjà vu, Ålesund — Øre",
@@ -194,3 +194,19 @@ def test_an_invisible_system_prompt_is_no_system_prompt(tiny_loaded):
     tok = tiny_loaded.tokenizer
     assert tok.prompt_ids("hi", system="\u200b ") == tok.prompt_ids("hi")
     assert tok.prompt_ids("hi\u200b") != tok.prompt_ids("hi")  # visible text around one is kept as it is
+
+
+def test_a_system_prompt_goes_before_messages_too(tiny_loaded):
+    """system= was ignored with a message list, so the chat's --system (which sends the conversation as
+    messages) did nothing; with a system message of its own, or with token ids, it is refused."""
+    tok = tiny_loaded.tokenizer
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "again?"}]
+    with_system = tok.prompt_ids([{"role": "system", "content": "be brief"}] + chat)
+    assert tok.prompt_ids(chat, system="be brief") == with_system != tok.prompt_ids(chat)
+    assert tok.prompt_ids(chat, system="\u200b ") == tok.prompt_ids(chat)  # blank: no system prompt
+    with pytest.raises(InvalidPromptError, match="starts with a system message and a system prompt is given too"):
+        tok.prompt_ids([{"role": "system", "content": "x"}] + chat, system="be brief")
+    with pytest.raises(InvalidPromptError, match="not token ids"):
+        tok.prompt_ids([1, 2, 3], system="be brief")
+    assert tok.prompt_ids([1, 2, 3], system="") == [1, 2, 3]
