@@ -187,6 +187,11 @@ class ChatApp(App):
             self.settings.beam_width, self.settings.beam_length = info.beam_shape
             if self.settings.tree is None and info.tree is not None:
                 self.settings.tree = info.tree
+        if self.settings.tree_min_prob is not None and not self.settings.tree and info.drafter is not None:
+            # --tree-min-prob alone counts on a tree tuned for this device (the command line cannot know one)
+            self._note(f"--tree-min-prob {self.settings.tree_min_prob:g} is a dynamic tree's floor, and no tree is "
+                       "tuned for this model and device: fixed drafting is W x L beams, which it does not prune. "
+                       "Start with --tree N to draft a tree.", "warning")
         if info.drafter is None and not self.settings.adaptive and self.settings.lookup is not None:
             n = self.settings.lookup  # the engine drafts the copy alone (mode auto, lookup=N), as the main CLI does
             self._note(f"Without a drafter, --lookup {n} drafts the conversation's copy alone (fixed): "

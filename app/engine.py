@@ -385,7 +385,9 @@ class Engine(EngineThread):
         mode = "auto" if adaptive or copy_only else "redrafter" if settings.speculative else "ar"
         fixed = {} if adaptive else dict(lookup=settings.lookup) if copy_only else dict(
             beam_width=settings.beam_width, beam_length=settings.beam_length, lookup=settings.lookup,
-            tree=settings.tree, tree_min_prob=settings.tree_min_prob)
+            # the W and L sent make the tree settings.tree (None: beams): a floor has nothing to prune
+            # without one, and the library refuses it there (the app said so when the model loaded)
+            tree=settings.tree, tree_min_prob=settings.tree_min_prob if settings.tree else None)
         last = 0
         for ev in stream(
             m,

@@ -165,7 +165,7 @@ def run_one(loaded, prompt: str, mode: str, args, shape=None, graph=(None, True)
         beam_length=length,
         lookup=lookup,
         tree=tree,
-        tree_min_prob=min_prob,
+        tree_min_prob=min_prob if tree else None,  # (stream refuses a floor with beams, which have none)
         use_drafter=not args.no_drafter,
         graph=graph[0],
         context_graph=graph[1],
@@ -407,6 +407,10 @@ def parse_probs(text: str, what: str) -> List[float]:
     return values
 
 
+FLOOR_WITH_BEAMS = "--tree-min-prob is a dynamic tree's floor, and these options draft W x L beams: add --tree N " \
+                   "(N > 0 nodes), or drop it"
+
+
 def parse_args(argv=None):
     p = cli.Parser(
         prog="redrafter-bench",
@@ -496,6 +500,9 @@ def parse_args(argv=None):
         p.error(f"unknown mode(s) {', '.join(bad) or '(none)'}; choose from {', '.join(MODES)}")
     args.fixed = args.grid or fixed_drafting(args.beam_width, args.beam_length, args.lookup, args.tree,
                                              args.tree_min_prob)
+    if args.tree_min_prob is not None and (args.tree is not None and not any(args.tree) or args.tree is None and (
+            args.beam_width is not None or args.beam_length is not None)):  # (the floor was dropped, saying nothing)
+        p.error(FLOOR_WITH_BEAMS)
     if args.graph and args.tune:
         p.error("--tune stores a tree shape: run it without --graph")
     graphs = args.graph and any(k is not None for k, _ in args.graph)
@@ -550,6 +557,10 @@ def _bench(args) -> int:
                                  + ("" if args.tune else ", or use --modes auto, which drafts from the context alone"))
     except RedrafterError as e:
         print(f"redrafter-bench: error: {e}", file=sys.stderr)
+        return 2
+    if args.tree_min_prob is not None and args.tree is None and not drafting(loaded).tree:  # none tuned here
+        print(f"redrafter-bench: error: {FLOOR_WITH_BEAMS} (no tree is tuned for {loaded.name} on this device)",
+              file=sys.stderr)
         return 2
     first = None
     if {"auto", "redrafter"} & set(args.modes) or args.tune:  # measured (or read) before any timing starts

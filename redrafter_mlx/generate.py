@@ -257,7 +257,8 @@ def stream(
     beams (tree_search.py): W wide, L - 1 deep, nodes whose path probability is below
     `tree_min_prob` dropped (0 = fixed beams; None takes the budget tuned with the beam shape
     when the shape is tuned too, else tuning.DEFAULT_TREE; tree_min_prob None: the tuned floor,
-    else tree_search.DEFAULT_MIN_PROB). `tuning.drafting` holds these rules.
+    else tree_search.DEFAULT_MIN_PROB; given where W x L beams are drafted, which it would not
+    prune, it is refused). `tuning.drafting` holds these rules.
     use_drafter: False drafts without the model's drafter (adaptive: from the context alone).
     graph: draft a graph (GSD, graph.py) instead of a tree, K being GSD's k-gram length (0
     matches on the token alone): a node whose last K + 1 tokens match one drafted elsewhere
@@ -286,6 +287,7 @@ def stream(
     drafter = loaded.drafter if use_drafter else None
     adaptive = mode != "ar" and not fixed_drafting(beam_width, beam_length, tree, lookup, tree_min_prob, draft_top_k)
     lookup_given = lookup is not None  # (`drafting` below fills in the default)
+    floor_given = tree_min_prob is not None
     shape_unnamed = [name for name, value in (("beam_width", beam_width), ("beam_length", beam_length)) if value is None]
     # The node budget is `budget`: below, `tree` holds each step's packed tree.
     beam_width, beam_length, budget, lookup, tree_min_prob = drafting(
@@ -339,6 +341,11 @@ def stream(
         raise SettingError(f"tree_min_prob must be in (0, 1], not {tree_min_prob}")
     if graph is not None and graph < 0:
         raise SettingError(f"graph must be >= 0 (GSD's k-gram length), not {graph}")
+    if floor_given and mode == "redrafter" and not adaptive and not budget:
+        # the floor only prunes a dynamic tree: with beams it was dropped, saying nothing
+        why = "tree=0" if tree is not None else "no tree given, and no tuned one applies"
+        raise SettingError(f"tree_min_prob is a dynamic tree's floor, and this call drafts W x L beams ({why}): "
+                           "pass tree=N with N > 0 draft nodes, or leave tree_min_prob out")
     if graph is not None and mode == "redrafter" and not adaptive and not budget:
         raise SettingError("graph drafting needs a dynamic tree: pass tree=N (--tree N) with N > 0 draft nodes, or "
                           "no drafting option at all (adaptive drafting)")

@@ -801,6 +801,45 @@ def test_the_engine_drafts_the_copy_alone_without_a_drafter(tiny_loaded):
         engine.wait(10)
 
 
+async def test_a_tree_floor_without_a_tree_is_said():
+    """`redrafter-chat --tree-min-prob P` alone counts on a tree tuned for the device; where none is, the
+    beams drafted have no floor to apply (the library refuses one there): the chat says so at load, and
+    the engine leaves the floor out, so replies still run."""
+    engine = FakeEngine([REPLY])
+    app = create_app(engine, Settings(adaptive=False, tree_min_prob=0.1))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert any("--tree-min-prob 0.1 is a dynamic tree's floor" in str(n.render()) for n in app.query(Notice))
+    app = create_app(FakeEngine([REPLY], beam_shape=(4, 7), tree=12), Settings(adaptive=False, tree_min_prob=0.1))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert app.settings.tree == 12  # the tuned tree: the floor prunes it, nothing to say
+        assert not any("tree's floor" in str(n.render()) for n in app.query(Notice))
+
+
+def test_the_engine_sends_a_tree_floor_only_with_a_tree(tiny_kit, tmp_path):
+    from redrafter_mlx import PromptCache, load
+    from redrafter_mlx.drafter import new_drafter, save_drafter
+
+    model = tiny_kit.model(seed=0)
+    path = tiny_kit.write_folder(tmp_path / "tiny", model)
+    save_drafter(new_drafter(model.args, lm_head="shared", seed=1), path / "drafter")
+    m = load(str(path))
+    engine = Engine("unused", warm_up=False)
+    try:
+        engine._m, engine._cache = m, PromptCache(m.model)
+        said = [{"role": "user", "content": "a b c d"}]
+        for tree in (None, 6):
+            engine.new_chat()
+            chunks = list(engine.reply(said, Settings(max_tokens=6, adaptive=False, tree=tree, tree_min_prob=0.1),
+                                       lambda: False))
+            assert chunks[-1].finish_reason and chunks[-1].stats.mode == "redrafter"
+            assert chunks[-1].stats.tree == (tree or 0)
+    finally:
+        engine.close()
+        engine.wait(10)
+
+
 def test_the_chats_system_prompt_reaches_the_model(tiny_loaded):
     """--system did nothing: the engine sends the conversation as messages with system=, which the
     library ignored for a message list. The reply now follows the prompt with the system message first."""

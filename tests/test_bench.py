@@ -392,6 +392,20 @@ def test_tree_min_prob_variants_run_side_by_side(model_dir, prompts, tmp_path, c
             bench.parse_args(["--prompts", "x", "--tree-min-prob", bad])
 
 
+def test_a_floor_with_beams_alone_is_refused(model_dir, prompts, capsys):
+    """--tree-min-prob where every variant drafts W x L beams was dropped, saying nothing: refused while
+    parsing where the options say so, and after the load where no tree is tuned for the model."""
+    for beams in (["--beam-width", "2"], ["--beam-length", "3"], ["--tree", "0"], ["--grid", "--tree", "0"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--prompts", "x", "--modes", "ar,redrafter", "--tree-min-prob", "0.5", *beams])
+        assert "--tree-min-prob is a dynamic tree's floor" in capsys.readouterr().err
+    assert bench.parse_args(["--prompts", "x", "--modes", "redrafter", "--tree-min-prob", "0.5", "--tree", "0,8"])
+    rc, _, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 4, "--modes",
+                     "ar,redrafter", "--tree-min-prob", "0.5")  # no tree given, none tuned: beams
+    assert rc == 2 and err.splitlines()[-1].startswith("redrafter-bench: error: --tree-min-prob is a dynamic tree's")
+    assert "measuring" not in err  # refused before the cost model is measured
+
+
 def test_drafting_defaults_follow_the_tuned_entry(tmp_path):
     from types import SimpleNamespace
 

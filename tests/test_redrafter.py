@@ -330,6 +330,20 @@ def test_greedy_with_a_dynamic_tree_equals_plain_tiny(width, length, tree, look)
         generate(m, PROMPT, mode="redrafter", tree=4, tree_min_prob=0.0)
 
 
+@pytest.mark.parametrize("mode", ["redrafter", "auto"])
+def test_a_tree_floor_with_beams_is_refused(mode):
+    """tree_min_prob prunes a dynamic tree; given where W x L beams are drafted (tree=0, or no tree given
+    and none tuned) it was dropped, saying nothing. It is a SettingError now, before anything runs."""
+    from redrafter_mlx.errors import SettingError
+
+    m = tiny_loaded()
+    for kw in (dict(beam_width=2, beam_length=3), dict(tree=0), {}):
+        with pytest.raises(SettingError, match="tree_min_prob is a dynamic tree's floor.*pass tree=N"):
+            generate(m, PROMPT, mode=mode, max_tokens=4, tree_min_prob=0.5, **kw)
+    m.tree = 6  # a tuned tree, which a call naming no shape takes: the floor prunes it
+    assert generate(m, PROMPT, mode=mode, max_tokens=4, tree_min_prob=0.5).stats.tree == 6
+
+
 @pytest.mark.parametrize("width,length,look,tree", [(1, 3, 0, 0), (4, 3, 0, 0), (1, 3, 8, 0), (3, 5, 4, 0), (3, 5, 4, 8), (1, 2, 2, 0)])
 def test_replay_counts_the_steps_real_decoding_takes(width, length, look, tree):
     """replay.py scores a drafter from plain decoding's output alone; on a tiny float32 model it
