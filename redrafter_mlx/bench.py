@@ -571,7 +571,8 @@ def _bench(args) -> int:
             loaded.controllers.clear()
             cost_model(loaded, progress, refresh=True)
         first = controller(loaded, not args.no_drafter, progress)
-    d = drafting(loaded, args.beam_width or None, args.beam_length or None)
+    # (the tree too: a tree asked for where plain decoding was tuned fastest, L = 1, drafts at the default length)
+    d = drafting(loaded, args.beam_width or None, args.beam_length or None, max(args.tree) if args.tree else None)
     args.beam_width, args.beam_length = d.beam_width, d.beam_length
     # Variants: (name, mode, (W, L, lookup, tree, tree_min_prob)); with --grid, redrafter runs once
     # per shape, and once per --lookup, --tree and --tree-min-prob value.

@@ -406,6 +406,23 @@ def test_a_floor_with_beams_alone_is_refused(model_dir, prompts, capsys):
     assert "measuring" not in err  # refused before the cost model is measured
 
 
+def test_a_tree_where_plain_decoding_was_tuned_drafts_at_the_default_length(model_dir, prompts, tmp_path, capsys):
+    """tuning.drafting's rule (a tuned L = 1 does not turn a tree asked for into plain decoding) held for
+    the API and the chat, but the bench read the shape without the tree: --tree 6 there ran 1 x 1, a tree
+    of no levels."""
+    from redrafter_mlx._platform import device_description
+
+    (model_dir / FILE).write_text(json.dumps({device_description(): {"beam_width": 1, "beam_length": 1}}))
+    out = tmp_path / "t.json"
+    rc, _, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 1, "--max-tokens", 6, "--modes",
+                   "ar,redrafter", "--tree", 6, "--lookup", 0, "--json", out)
+    assert rc == 0
+    row = next(r for r in json.loads(out.read_text())["results"] if r["mode"] == "redrafter")
+    assert (row["beam_width"], row["beam_length"], row["tree"]) == (*DEFAULT_SHAPE, 6)
+    want = generate(load(str(model_dir)), QUESTIONS[0]["turns"][0], mode="redrafter", max_tokens=6, tree=6, lookup=0)
+    assert (want.stats.beam_width, want.stats.beam_length) == DEFAULT_SHAPE  # as the API drafts it
+
+
 def test_drafting_defaults_follow_the_tuned_entry(tmp_path):
     from types import SimpleNamespace
 
