@@ -399,6 +399,13 @@ def main(argv=None):
     p.add_argument("--backfill-greedy", action="store_true",
                    help="only add the greedy tokens to the shards of an older sampled run in OUT, then stop")
     args = p.parse_args(argv)
+    unused = [flag for flag, given in (("--data", args.data), ("--offset", args.offset), ("--limit", args.limit),
+                                       ("--batch-tokens", args.batch_tokens), ("--max-prompt-tokens", args.max_prompt_tokens),
+                                       ("--self-instruct", args.self_instruct), ("--temperature", args.temperature),
+                                       ("--seed", args.seed is not None)) if given]
+    if args.backfill_greedy and unused:  # they were ignored, saying nothing: backfilling answers no prompts
+        p.error(f"--backfill-greedy only adds greedy tokens to the shards in --out, answering no prompts: drop "
+                f"{', '.join(unused)}")
     if not args.backfill_greedy and not args.data:
         p.error("--data is required (prompt JSONL files)")
     bad_out = cli.run_folder_error("--out", args.out)

@@ -169,6 +169,12 @@ def test_distill_cli_rejects_a_non_positive_max_prompt_tokens(tmp_path, capsys):
     with pytest.raises(SystemExit):  # greedy replies use no seed: it was taken, saying nothing
         main(["--out", str(tmp_path / "o"), "--data", str(data), "--seed", "3"])
     assert "--seed applies to sampling" in capsys.readouterr().err
+    # --backfill-greedy answers no prompts: the options that choose and answer them were ignored, saying nothing
+    for extra in (["--data", str(data)], ["--self-instruct", "4"], ["--limit", "2"], ["--temperature", "0.8"]):
+        with pytest.raises(SystemExit):
+            main(["--out", str(tmp_path / "o"), "--backfill-greedy", *extra])
+        err = capsys.readouterr().err
+        assert f"answering no prompts: drop {extra[0]}" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("command", ["distill", "train"])
