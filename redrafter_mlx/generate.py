@@ -259,6 +259,8 @@ def stream(
     when the shape is tuned too, else tuning.DEFAULT_TREE; tree_min_prob None: the tuned floor,
     else tree_search.DEFAULT_MIN_PROB; given where W x L beams are drafted, which it would not
     prune, it is refused). `tuning.drafting` holds these rules.
+    draft_top_k: beam search restricts each draft distribution to its K likeliest tokens (beams only: refused
+    where a tree is drafted, which expands each node's W likeliest).
     use_drafter: False drafts without the model's drafter (adaptive: from the context alone).
     graph: draft a graph (GSD, graph.py) instead of a tree, K being GSD's k-gram length (0
     matches on the token alone): a node whose last K + 1 tokens match one drafted elsewhere
@@ -346,6 +348,10 @@ def stream(
         why = "tree=0" if tree is not None else "no tree given, and no tuned one applies"
         raise SettingError(f"tree_min_prob is a dynamic tree's floor, and this call drafts W x L beams ({why}): "
                            "pass tree=N with N > 0 draft nodes, or leave tree_min_prob out")
+    if draft_top_k is not None and mode == "redrafter" and not adaptive and budget:
+        # only beam search reads it (a tree expands each node's W likeliest tokens): it was dropped, saying nothing
+        raise SettingError(f"draft_top_k limits the W x L beams' search, and this call drafts a tree of {budget} nodes"
+                           + (" (tuned for this device)" if tree is None else "") + ": leave one of them out")
     if graph is not None and mode == "redrafter" and not adaptive and not budget:
         raise SettingError("graph drafting needs a dynamic tree: pass tree=N (--tree N) with N > 0 draft nodes, or "
                           "no drafting option at all (adaptive drafting)")

@@ -332,7 +332,7 @@ def test_greedy_with_a_dynamic_tree_equals_plain_tiny(width, length, tree, look)
 
 @pytest.mark.parametrize("mode", ["redrafter", "auto"])
 def test_a_tree_floor_with_beams_is_refused(mode):
-    """tree_min_prob prunes a dynamic tree; given where W x L beams are drafted (tree=0, or no tree given
+    """tree_min_prob prunes a dynamic tree (and draft_top_k limits beams); given where W x L beams are drafted (tree=0, or no tree given
     and none tuned) it was dropped, saying nothing. It is a SettingError now, before anything runs."""
     from redrafter_mlx.errors import SettingError
 
@@ -341,6 +341,11 @@ def test_a_tree_floor_with_beams_is_refused(mode):
         with pytest.raises(SettingError, match="tree_min_prob is a dynamic tree's floor.*pass tree=N"):
             generate(m, PROMPT, mode=mode, max_tokens=4, tree_min_prob=0.5, **kw)
     m.tree = 6  # a tuned tree, which a call naming no shape takes: the floor prunes it
+    with pytest.raises(SettingError, match="draft_top_k limits the W x L beams' search.*tree of 6 nodes"):
+        generate(m, PROMPT, mode=mode, max_tokens=4, draft_top_k=2)  # (only beam search reads it)
+    with pytest.raises(SettingError, match="draft_top_k"):
+        generate(m, PROMPT, mode=mode, max_tokens=4, tree=4, draft_top_k=2)
+    assert generate(m, PROMPT, mode=mode, max_tokens=4, tree=0, draft_top_k=2).stats.tree == 0
     assert generate(m, PROMPT, mode=mode, max_tokens=4, tree_min_prob=0.5).stats.tree == 6
 
 
