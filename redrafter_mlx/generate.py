@@ -351,7 +351,8 @@ def stream(
     if draft_top_k is not None and mode == "redrafter" and not adaptive and budget:
         # only beam search reads it (a tree expands each node's W likeliest tokens): it was dropped, saying nothing
         raise SettingError(f"draft_top_k limits the W x L beams' search, and this call drafts a tree of {budget} nodes"
-                           + (" (tuned for this device)" if tree is None else "") + ": leave one of them out")
+                           + (" (tuned for this device)" if tree is None else "") + ": leave draft_top_k out, or "
+                           "pass tree=0 for beams")
     if graph is not None and mode == "redrafter" and not adaptive and not budget:
         raise SettingError("graph drafting needs a dynamic tree: pass tree=N (--tree N) with N > 0 draft nodes, or "
                           "no drafting option at all (adaptive drafting)")
