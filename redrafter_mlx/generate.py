@@ -32,7 +32,7 @@ import numpy as np
 from .beam_search import beam_search
 from .errors import ContextLengthError, InvalidPromptError, RedrafterError, SettingError
 from .graph import graft_counts, root_copy, search as graph_search
-from .lookup import MAX_GROWTH, ContextIndex, CopyLength, add_beam
+from .lookup import ContextIndex, CopyLength, add_beam
 from .sampling import Sampler
 from .stats import RunStats, StepStats
 from .tree import accept, beam_of, pack
@@ -425,7 +425,8 @@ def stream(
     # None until made; a plain step that pipelines its successor makes it in advance.
     token_id, ahead, kind = first, None, None
     context = ContextIndex()  # fixed drafting's copy source (the controller keeps its own)
-    copy_length = CopyLength(lookup)  # fixed drafting's copy length: grows while copies are accepted whole
+    # fixed drafting's copy length: grows while copies are accepted whole, within a step's draft limit
+    copy_length = CopyLength(lookup, limit=MAX_DRAFT_TOKENS)
     try:
         while True:
             if pc.user is not owner:  # another call used the cache while this stream was paused
@@ -493,7 +494,7 @@ def stream(
                         ctx_ids = pc.ids + [token_id]
                         if budget and graph is not None and context_graph:
                             # the root is a node of the context graph: its copy is cut by calibrated probability
-                            copy = root_copy(context.match(ctx_ids, min(lookup * MAX_GROWTH, room - 1)), tree_min_prob)
+                            copy = root_copy(context.match(ctx_ids, min(copy_length.cap, room - 1)), tree_min_prob)
                         else:
                             copy = context.match(ctx_ids, min(copy_length.length, room - 1)).copy  # (C,)
                         sources_np, aliases = None, 0

@@ -300,6 +300,10 @@ def test_the_copy_grows_while_copies_are_accepted_whole():
     fixed = CopyLength(8, max_growth=1)  # replay --no-lookup-growth: the copy stays at 8
     fixed.update(8, 8)
     assert fixed.length == 8
+    big = CopyLength(600, limit=1024)  # a step's draft limit caps the growth (lookup 1024 grew to 4096)
+    big.update(600, 600)
+    big.update(1024, 1024)
+    assert big.length == 1024 and CopyLength(2000, limit=1024).cap == 2000  # never below the lookup asked for
     # In decoding: a tiny random model loops, so whole copies are accepted and later copies run
     # past `lookup` (beams of length 2 accept at most 1 drafted token); output is unchanged.
     m = tiny_loaded()
