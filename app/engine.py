@@ -32,7 +32,6 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 STAGES = ("fetch", "load", "warm-up")
@@ -287,7 +286,7 @@ class Engine(EngineThread):
         t0 = time.perf_counter()
         progress("fetch", "starting MLX")
         from redrafter_mlx import PromptCache, RedrafterError, generate, load
-        from redrafter_mlx.drafter import load_drafter
+        from redrafter_mlx.loader import attach_drafter
         from redrafter_mlx.registry import default_model_name
 
         progress("fetch", f"finding {self.model_name or default_model_name() + ' (the default)'}")
@@ -307,10 +306,8 @@ class Engine(EngineThread):
                 m = load(self.model_name, use_drafter=False, progress=on_progress)
             elif self.drafter_path:  # an explicit drafter: its failure should not cost the base model
                 m = load(self.model_name, use_drafter=False, progress=on_progress)
-                progress("load", f"loading drafter {self.drafter_path}")
-                try:
-                    m.drafter = load_drafter(self.drafter_path, m.model)
-                    m.drafter_path = Path(self.drafter_path)
+                try:  # as load(drafter=...): with the shape tuned for it
+                    attach_drafter(m, self.drafter_path, lambda text: progress("load", text))
                 except (RedrafterError, OSError, ValueError) as e:
                     progress("load", "the drafter did not load: the base model alone")
                     notices.append(f"The drafter {self.drafter_path} did not load ({_readable(e)}): {NO_DRAFTER}.")

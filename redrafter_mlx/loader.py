@@ -329,21 +329,31 @@ def load(
         if progress:
             progress(message)
     if use_drafter:
-        if drafter:
-            tidy(Path(os.path.abspath(drafter)))  # as a model folder's path is (registry.resolve)
-        drafter_path = Path(drafter) if drafter else find_drafter(resolved)
+        drafter_path = drafter if drafter else find_drafter(resolved)
         if drafter_path is not None:
-            if progress:
-                progress(f"loading drafter {drafter_path}")
-            from .drafter import load_drafter
-
-            loaded.drafter = load_drafter(drafter_path, loaded.model)
-            loaded.drafter_path = drafter_path
-            tuned = find_tuned(resolved.path, drafter_path)
-            if tuned:
-                loaded.beam_shape, loaded.tree = tuned[:2], tuned.tree
-                loaded.lookup, loaded.tree_min_prob = tuned.lookup, tuned.tree_min_prob
+            attach_drafter(loaded, drafter_path, progress)
     loaded.info["load_seconds"] = time.perf_counter() - t0
+    return loaded
+
+
+def attach_drafter(loaded: LoadedModel, drafter, progress: Optional[Callable[[str], None]] = None) -> LoadedModel:
+    """Load the drafter folder `drafter` for `loaded` (one loaded with use_drafter=False) as load(drafter=...)
+    does: with the beam shape, tree, lookup and floor `redrafter-bench --tune` stored for this device (the
+    model folder's, else the drafter's). A drafter that fails to load leaves `loaded` as it was. The chat
+    loads its --drafter so, after the base model, that a bad drafter does not cost the model: attaching it
+    by hand kept the tuned shape out."""
+    from .drafter import load_drafter
+
+    path = Path(drafter)
+    tidy(Path(os.path.abspath(drafter)))  # as a model folder's path is (registry.resolve)
+    if progress:
+        progress(f"loading drafter {path}")
+    loaded.drafter = load_drafter(path, loaded.model)
+    loaded.drafter_path = path
+    tuned = find_tuned(loaded.path, path)
+    if tuned:
+        loaded.beam_shape, loaded.tree = tuned[:2], tuned.tree
+        loaded.lookup, loaded.tree_min_prob = tuned.lookup, tuned.tree_min_prob
     return loaded
 
 

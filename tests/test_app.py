@@ -840,6 +840,34 @@ def test_the_engine_sends_a_tree_floor_only_with_a_tree(tiny_kit, tmp_path):
         engine.wait(10)
 
 
+def test_the_chats_drafter_comes_with_its_tuned_shape(tiny_kit, tmp_path):
+    """`redrafter-chat --drafter PATH` loads the base model and then the drafter (a bad drafter should
+    not cost the model), and so lost what `redrafter-bench --tune` stored for it: the chat drafted 4 x 4
+    where `python -m redrafter_mlx --drafter PATH` drafted the tuned shape, tree, lookup and floor."""
+    import json
+
+    from redrafter_mlx import load
+    from redrafter_mlx._platform import device_description
+    from redrafter_mlx.drafter import new_drafter, save_drafter
+
+    model = tiny_kit.model(seed=0)
+    path = tiny_kit.write_folder(tmp_path / "m", model)
+    save_drafter(new_drafter(model.args, lm_head="shared", seed=1), tmp_path / "d")
+    tuned = {"beam_width": 3, "beam_length": 5, "tree": 12, "lookup": 6, "tree_min_prob": 0.3}
+    (tmp_path / "d" / "beam_shape.json").write_text(json.dumps({device_description(): tuned}))
+    cli = load(str(path), drafter=str(tmp_path / "d"))
+    engine = Engine(str(path), str(tmp_path / "d"), warm_up=False)
+    try:
+        info = engine.load(lambda stage, text: None)
+        m = engine._m
+        assert (cli.beam_shape, cli.tree, cli.lookup, cli.tree_min_prob) == ((3, 5), 12, 6, 0.3)
+        assert (m.beam_shape, m.tree, m.lookup, m.tree_min_prob) == ((3, 5), 12, 6, 0.3)
+        assert (info.beam_shape, info.tree, info.drafter) == ((3, 5), 12, str(tmp_path / "d"))
+    finally:
+        engine.close()
+        engine.wait(10)
+
+
 def test_the_chats_system_prompt_reaches_the_model(tiny_loaded):
     """--system did nothing: the engine sends the conversation as messages with system=, which the
     library ignored for a message list. The reply now follows the prompt with the system message first."""
