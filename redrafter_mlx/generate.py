@@ -259,8 +259,9 @@ def stream(
     when the shape is tuned too, else tuning.DEFAULT_TREE; tree_min_prob None: the tuned floor,
     else tree_search.DEFAULT_MIN_PROB; given where W x L beams are drafted, which it would not
     prune, it is refused). `tuning.drafting` holds these rules.
-    draft_top_k: beam search restricts each draft distribution to its K likeliest tokens (beams only: refused
-    where a tree is drafted, which expands each node's W likeliest).
+    draft_top_k: beam search draws each beam's next token from the drafter's k most likely ones
+    (W x L beams only: given without `tree`, it drafts beams, not a tuned tree; with tree > 0 it is
+    refused, a tree keeping at most W children per node already).
     use_drafter: False drafts without the model's drafter (adaptive: from the context alone).
     graph: draft a graph (GSD, graph.py) instead of a tree, K being GSD's k-gram length (0
     matches on the token alone): a node whose last K + 1 tokens match one drafted elsewhere
@@ -291,6 +292,8 @@ def stream(
     lookup_given = lookup is not None  # (`drafting` below fills in the default)
     floor_given = tree_min_prob is not None
     shape_unnamed = [name for name, value in (("beam_width", beam_width), ("beam_length", beam_length)) if value is None]
+    if draft_top_k is not None and tree is None:
+        tree = 0  # it shapes beam search's beams: a tree tuned with the shape would have ignored it, saying nothing
     # The node budget is `budget`: below, `tree` holds each step's packed tree.
     beam_width, beam_length, budget, lookup, tree_min_prob = drafting(
         loaded, beam_width, beam_length, tree, lookup, tree_min_prob)
@@ -327,6 +330,9 @@ def stream(
             raise SettingError(f"{name} {value}: drafts are limited to {MAX_DRAFT_TOKENS} tokens a step")
     if draft_top_k is not None and draft_top_k < 1:  # 0 kept every token, -1 all but the least likely
         raise SettingError(f"draft_top_k must be >= 1, not {draft_top_k}")
+    if draft_top_k is not None and budget and mode == "redrafter":  # tree_search has no top-k: it was ignored
+        raise SettingError(f"draft_top_k limits the W x L beams of beam search, and tree={budget} drafts a dynamic tree "
+                           "(at most W children per node): give one of them")
     for name, fn in (("should_stop", should_stop), ("progress", progress)):
         if fn is not None and not callable(fn):
             kind = "() -> bool" if name == "should_stop" else "(str) -> None"
@@ -348,11 +354,6 @@ def stream(
         why = "tree=0" if tree is not None else "no tree given, and no tuned one applies"
         raise SettingError(f"tree_min_prob is a dynamic tree's floor, and this call drafts W x L beams ({why}): "
                            "pass tree=N with N > 0 draft nodes, or leave tree_min_prob out")
-    if draft_top_k is not None and mode == "redrafter" and not adaptive and budget:
-        # only beam search reads it (a tree expands each node's W likeliest tokens): it was dropped, saying nothing
-        raise SettingError(f"draft_top_k limits the W x L beams' search, and this call drafts a tree of {budget} nodes"
-                           + (" (tuned for this device)" if tree is None else "") + ": leave draft_top_k out, or "
-                           "pass tree=0 for beams")
     if graph is not None and mode == "redrafter" and not adaptive and not budget:
         raise SettingError("graph drafting needs a dynamic tree: pass tree=N (--tree N) with N > 0 draft nodes, or "
                           "no drafting option at all (adaptive drafting)")

@@ -336,8 +336,9 @@ def test_greedy_with_a_dynamic_tree_equals_plain_tiny(width, length, tree, look)
 
 @pytest.mark.parametrize("mode", ["redrafter", "auto"])
 def test_a_tree_floor_with_beams_is_refused(mode):
-    """tree_min_prob prunes a dynamic tree (and draft_top_k limits beams); given where W x L beams are drafted (tree=0, or no tree given
-    and none tuned) it was dropped, saying nothing. It is a SettingError now, before anything runs."""
+    """tree_min_prob prunes a dynamic tree (and draft_top_k limits beams); given where W x L beams are drafted
+    (tree=0, or no tree given and none tuned) it was dropped, saying nothing. It is a SettingError now, before
+    anything runs."""
     from redrafter_mlx.errors import SettingError
 
     m = tiny_loaded()
@@ -345,8 +346,8 @@ def test_a_tree_floor_with_beams_is_refused(mode):
         with pytest.raises(SettingError, match="tree_min_prob is a dynamic tree's floor.*pass tree=N"):
             generate(m, PROMPT, mode=mode, max_tokens=4, tree_min_prob=0.5, **kw)
     m.tree = 6  # a tuned tree, which a call naming no shape takes: the floor prunes it
-    with pytest.raises(SettingError, match="draft_top_k limits the W x L beams' search.*tree of 6 nodes"):
-        generate(m, PROMPT, mode=mode, max_tokens=4, draft_top_k=2)  # (only beam search reads it)
+    # draft_top_k alone drafts beams, not the tuned tree (only beam search reads it)
+    assert generate(m, PROMPT, mode=mode, max_tokens=4, draft_top_k=2).stats.tree == 0
     with pytest.raises(SettingError, match="draft_top_k"):
         generate(m, PROMPT, mode=mode, max_tokens=4, tree=4, draft_top_k=2)
     assert generate(m, PROMPT, mode=mode, max_tokens=4, tree=0, draft_top_k=2).stats.tree == 0
@@ -535,6 +536,24 @@ def test_auto_mode_is_adaptive_and_drafting_settings_fix_it():
     m.beam_shape = (1, 1)  # tuned: plain decoding was fastest on this device
     assert generate(m, PROMPT, max_tokens=5, lookup=8).stats.mode == "ar"
     assert generate(m, PROMPT, max_tokens=5, beam_length=3).stats.mode == "redrafter"  # asked for drafts
+
+
+def test_draft_top_k_drafts_beams_and_is_refused_with_a_tree():
+    """draft_top_k limits beam search, and a dynamic tree has no top-k: with tree=N, or with a tree
+    tuned beside the shape (draft_top_k alone), it was ignored, saying nothing."""
+    from redrafter_mlx.errors import SettingError
+
+    m = tiny_loaded()
+    kw = dict(mode="redrafter", max_tokens=24, lookup=0, beam_width=4, beam_length=4)
+    beams = generate(m, PROMPT, tree=0, draft_top_k=1, **kw)
+    assert beams.stats.packed_tokens != generate(m, PROMPT, tree=0, **kw).stats.packed_tokens  # it drafts otherwise
+    with pytest.raises(SettingError, match="draft_top_k .* tree=8"):
+        generate(m, PROMPT, tree=8, draft_top_k=1, **kw)
+    m.beam_shape, m.tree = (4, 4), 8  # tuned: a tree of 8 nodes
+    assert generate(m, PROMPT, mode="redrafter", max_tokens=24, lookup=0).stats.tree == 8
+    tuned = generate(m, PROMPT, mode="redrafter", max_tokens=24, lookup=0, draft_top_k=1)
+    assert tuned.stats.tree == 0 and tuned.stats.packed_tokens == beams.stats.packed_tokens
+    assert tuned.tokens == generate(m, PROMPT, mode="ar", max_tokens=24).tokens
 
 
 # ---- sampled losslessness ----------------------------------------------------------------
