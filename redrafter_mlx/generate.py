@@ -287,6 +287,8 @@ def stream(
     for name, flag in (("use_drafter", use_drafter), ("context_graph", context_graph)):
         if not isinstance(flag, (bool, np.bool_)):  # use_drafter="no" was taken as True
             raise SettingError(f"{name} must be True or False, not {flag!r}")
+    if graph is not None and graph < 0:
+        raise SettingError(f"graph must be >= 0 (GSD's k-gram length), not {graph}")
     drafter = loaded.drafter if use_drafter else None
     adaptive = mode != "ar" and not fixed_drafting(beam_width, beam_length, tree, lookup, tree_min_prob, draft_top_k)
     lookup_given = lookup is not None  # (`drafting` below fills in the default)
@@ -303,9 +305,10 @@ def stream(
                                  "mode 'auto' or 'ar'")
         raise RedrafterError("mode 'redrafter' with no drafter: use_drafter=False (--no-drafter) left the model's "
                              "drafter out; drop it, or use mode 'auto' or 'ar'")
-    if mode == "auto" and not adaptive and drafter is None and lookup_given and lookup > 0 and graph is None:
-        # fixed drafting from the context alone: the copy, and no drafter beams (L=1 calls no drafter)
-        mode, beam_width, beam_length, budget = "redrafter", 1, 1, 0
+    if mode == "auto" and not adaptive and drafter is None and lookup_given and lookup > 0:
+        # fixed drafting from the context alone: the copy, and no drafter beams (L=1 calls no drafter); a graph,
+        # like a tree, shapes the drafter's drafts (with one, this decoded plainly, where the chat drafts the copy)
+        mode, beam_width, beam_length, budget, graph = "redrafter", 1, 1, 0, None
     elif mode == "auto" and not adaptive:  # L=1 (e.g. tuned: plain decoding was fastest here) drafts nothing
         mode = "redrafter" if drafter is not None and beam_length != 1 else "ar"
     elif mode == "auto":
@@ -347,8 +350,6 @@ def stream(
         raise SettingError(f"tree must be >= 0 nodes, not {budget}")
     if not 0.0 < tree_min_prob <= 1.0:
         raise SettingError(f"tree_min_prob must be in (0, 1], not {tree_min_prob}")
-    if graph is not None and graph < 0:
-        raise SettingError(f"graph must be >= 0 (GSD's k-gram length), not {graph}")
     if floor_given and mode == "redrafter" and not adaptive and not budget:
         # the floor only prunes a dynamic tree: with beams it was dropped, saying nothing
         why = "tree=0" if tree is not None else "no tree given, and no tuned one applies"

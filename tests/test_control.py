@@ -810,3 +810,21 @@ def test_a_fixed_lookup_without_a_drafter_drafts_the_copy():
         assert out.stats.mode == "redrafter" and (out.stats.beam_width, out.stats.beam_length) == (1, 1)
         assert out.stats.looked_up_tokens > 0 and out.stats.accepted_tokens == out.stats.looked_up_tokens
     assert generate(m, PROMPT, mode="auto", max_tokens=20, beam_width=4).stats.mode == "ar"  # nothing to draft with
+
+
+def test_a_graph_without_a_drafter_drafts_the_copy_as_a_tree_does():
+    """Without a drafter, `lookup=N` with a tree drafts the copy alone, but with a graph too
+    (tree=8, graph=1) it decoded plainly, saying nothing, where the chat drafts the copy: a graph,
+    like a tree, only shapes the drafter's drafts. A bad graph is still refused."""
+    from redrafter_mlx.errors import SettingError
+
+    m = tiny_loaded()
+    copy = generate(m, PROMPT, mode="auto", max_tokens=60, lookup=4, use_drafter=False)
+    for kw in ({"use_drafter": False}, {}):
+        if not kw:
+            m.drafter = None
+        out = generate(m, PROMPT, mode="auto", max_tokens=60, lookup=4, tree=8, graph=1, **kw)
+        assert out.stats.mode == "redrafter" and (out.stats.beam_width, out.stats.beam_length) == (1, 1)
+        assert out.tokens == copy.tokens and out.stats.packed_tokens == copy.stats.packed_tokens
+        with pytest.raises(SettingError, match="graph must be >= 0"):
+            generate(m, PROMPT, mode="auto", max_tokens=6, lookup=4, tree=8, graph=-1, **kw)
