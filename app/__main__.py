@@ -205,6 +205,29 @@ def unused_drafting_error(args) -> Optional[str]:
     return None
 
 
+def settings_from(args) -> Settings:
+    """The chat's Settings for its parsed options (fixed drafting when any drafting option is given)."""
+    fixed = fixed_drafting(args)
+    return Settings(
+        speculative=not args.no_speculative,
+        adaptive=not fixed,
+        beam_width=args.beam_width or 4,
+        beam_length=args.beam_length or 4,
+        beam_tuned=args.beam_width is None or args.beam_length is None,
+        width_given=args.beam_width is not None,
+        length_given=args.beam_length is not None,
+        lookup=args.lookup,
+        tree=args.tree,
+        tree_min_prob=args.tree_min_prob,
+        graph=args.graph,
+        context_graph=not args.no_context_graph,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_tokens=args.max_tokens,
+        system=args.system,
+    )
+
+
 def has_terminal() -> bool:
     """The chat draws on a terminal and reads keys from one: with input or output redirected it drew
     escape codes into the file and waited forever, spinning a core."""
@@ -240,22 +263,7 @@ def main(argv=None) -> int:
                      "python -m redrafter_mlx PROMPT (or - to read the prompt from standard input)")
     from .app import create_app
 
-    settings = Settings(
-        speculative=not args.no_speculative,
-        adaptive=not fixed,
-        beam_width=args.beam_width or 4,
-        beam_length=args.beam_length or 4,
-        beam_tuned=args.beam_width is None and args.beam_length is None,
-        lookup=args.lookup,
-        tree=args.tree,
-        tree_min_prob=args.tree_min_prob,
-        graph=args.graph,
-        context_graph=not args.no_context_graph,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        max_tokens=args.max_tokens,
-        system=args.system,
-    )
+    settings = settings_from(args)
     engine = Engine(args.model, args.drafter, use_drafter=not args.no_drafter)
     app = create_app(engine, settings)
     app.run()  # quitting cancels a running reply and closes the engine (ChatApp.on_unmount)

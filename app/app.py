@@ -183,10 +183,18 @@ class ChatApp(App):
             self._note(text, "warning")
         # A tuned fixed shape is where F5-F8 start from; the adaptive controller needs none (it parks
         # by itself where plain decoding is faster).
-        if info.beam_shape and self.settings.beam_tuned and info.beam_shape[1] > 1:
-            self.settings.beam_width, self.settings.beam_length = info.beam_shape
-            if self.settings.tree is None and info.tree is not None:
-                self.settings.tree = info.tree
+        s, shape = self.settings, info.beam_shape
+        if shape and s.beam_tuned and not (s.width_given or s.length_given) and shape[1] > 1:
+            s.beam_width, s.beam_length = shape
+            if s.tree is None and info.tree is not None:
+                s.tree = info.tree
+        elif shape and s.beam_tuned and s.width_given != s.length_given:
+            # -W or -L alone: the other is the tuned one, as tuning.drafting takes it for the main CLI (the chat took
+            # 4); a tuned length of 1 (plain decoding fastest) names no length to draft with: -W alone keeps 4
+            if s.length_given:
+                s.beam_width = shape[0]
+            elif shape[1] > 1:
+                s.beam_length = shape[1]
         if self.settings.tree_min_prob is not None and not self.settings.tree and info.drafter is not None:
             # --tree-min-prob alone counts on a tree tuned for this device (the command line cannot know one)
             self._note(f"--tree-min-prob {self.settings.tree_min_prob:g} is a dynamic tree's floor, and no tree is "

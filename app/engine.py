@@ -52,7 +52,9 @@ class Settings:
     adaptive: bool = True  # the controller sizes each step's draft (and parks); False: the fixed beam below
     beam_width: int = 4
     beam_length: int = 4
-    beam_tuned: bool = True  # adopt the model's tuned beam shape (EngineInfo.beam_shape) when it loads
+    beam_tuned: bool = True  # adopt the model's tuned beam shape (EngineInfo.beam_shape) when it loads ...
+    width_given: bool = False  # ... the part not given (-W or -L alone): the tuned length or width, as the
+    length_given: bool = False  # library's tuning.drafting takes it; neither given: the whole shape and its tree
     lookup: Optional[int] = None  # context-lookup beam length (None: the library default, 0: off)
     tree: Optional[int] = None  # dynamic draft tree node budget (None: the library default, 0: W x L beams)
     tree_min_prob: Optional[float] = None  # the tree's path-probability floor (None: the library default)

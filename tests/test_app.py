@@ -121,6 +121,31 @@ async def test_tuned_beam_shape_is_the_default_unless_given():
         assert (app.settings.beam_width, app.settings.beam_length) == (3, 4) and app.settings.tree is None
 
 
+PARTLY_GIVEN = [["-W", "2"], ["-L", "3"], ["-W", "2", "--tree", "6"], ["-L", "3", "--lookup", "5"], ["-W", "2", "-L", "3"]]
+
+
+# (the whole tuned shape with W=1 L=1 is not adopted: test_adaptive_by_default_even_where_plain_decoding_was_tuned_fastest)
+@pytest.mark.parametrize("argv,tuned", [(a, (3, 5)) for a in PARTLY_GIVEN + [["--lookup", "5"]]]
+                         + [(a, (2, 1)) for a in PARTLY_GIVEN])
+async def test_a_partly_given_beam_takes_the_tuned_rest_as_the_library_does(argv, tuned):
+    """`redrafter-chat -W 2` drafted 2 x 4 where the help says the length defaults to the tuned one,
+    and `python -m redrafter_mlx --beam-width 2` drafted 2 x 5 (tuned 3 x 5): the chat now fills in
+    what was not given as tuning.drafting does for the library (the tuned tree only with the whole
+    tuned shape; a tuned length of 1 names none to draft with)."""
+    from types import SimpleNamespace
+
+    from app.__main__ import settings_from
+    from redrafter_mlx.tuning import drafting
+
+    args = configure_parser().parse_args(argv)
+    app = create_app(FakeEngine([REPLY], beam_shape=tuned, tree=12), settings_from(args))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        s = app.settings
+        want = drafting(SimpleNamespace(beam_shape=tuned, tree=12), args.beam_width, args.beam_length, args.tree)
+        assert not s.adaptive and (s.beam_width, s.beam_length, s.tree or 0) == want[:3]
+
+
 async def test_adaptive_by_default_even_where_plain_decoding_was_tuned_fastest():
     """--tune's W=1 L=1 (plain decoding fastest) no longer turns speculation off: the adaptive
     controller parks by itself where drafting does not pay. The panel shows what it chose."""
