@@ -31,7 +31,7 @@ import numpy as np
 
 from .beam_search import beam_search
 from .errors import ContextLengthError, InvalidPromptError, RedrafterError, SettingError
-from .graph import graft_counts, root_copy, search as graph_search
+from .graph import context_only, graft_counts, root_copy, search as graph_search
 from .lookup import ContextIndex, CopyLength, add_beam
 from .sampling import Sampler
 from .stats import RunStats, StepStats
@@ -470,6 +470,7 @@ def stream(
                     new = [ahead.item()]
                     token, ahead = ahead, after
                     step = StepStats(emitted=1, parked=ctl is not None)
+                    copied = np.zeros(0, dtype=bool)
                     if ctl is not None and steady and after is not None:
                         # Only a step in the middle of a pipelined run times a plain step: the
                         # last one (the next step drafts, nothing is queued) reads back a forward
@@ -540,10 +541,10 @@ def stream(
                         valid = tree.unpacker >= 0
                         node[tree.unpacker[valid]] = plan.node_at[valid]
                         on_path = node[path[1:]]
-                        looked_up = int(np.sum(plan.from_lookup[on_path] & (plan.draft_bucket[on_path] < 0)))
+                        copied = plan.from_lookup[on_path] & (plan.draft_bucket[on_path] < 0)
                         ctl.observe(kind, plan, on_path, tree.size, t_verify - t_draft, t_done - t_verify)
                     else:
-                        looked_up = len(path) - 1 if beam == rows else 0
+                        copied = context_only(tree, rows, path, sources_np)
                         copy_length.update(copy.size, len(path) - 1)
                     kind = None
                     step = StepStats(
@@ -553,7 +554,6 @@ def stream(
                         accepted=len(path) - 1,
                         beam=beam,
                         depth=int(tree.depth.max()),
-                        looked_up=looked_up,
                         draft_seconds=t_verify - t_draft,
                         verify_seconds=t_done - t_verify,
                         aliases=aliases,
@@ -577,7 +577,8 @@ def stream(
             # Drafts accepted past max_tokens or an end token are not output: not counted (a copy
             # can run far past the output's end in a loop; replay counts the output only).
             step.accepted = min(step.accepted, step.emitted)
-            step.looked_up = min(step.looked_up, step.emitted)
+            # (`copied` holds one flag per accepted draft token, in output order: clipped by position)
+            step.looked_up = int(np.sum(copied[: step.emitted]))
             step.graft_accepted = min(step.graft_accepted, step.emitted)
             step.ended = reason == "eos"
             step.seconds = time.perf_counter() - t_step

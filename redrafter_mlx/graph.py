@@ -258,6 +258,23 @@ def graft_counts(tree, sources: np.ndarray, path: Sequence[int]) -> Tuple[int, i
     return int(grafted.sum()), int(grafted[list(path)[1:]].sum())
 
 
+def context_only(tree, rows: int, path: Sequence[int], sources: Optional[np.ndarray] = None) -> np.ndarray:
+    """(len(path) - 1,) bool: for each accepted node below the root, whether only the context drafted
+    it (stats.StepStats.looked_up counts these): the lookup copy (rows `rows` on) or a context graft
+    put it there, and no drafter row (the first `rows`) holds it as a node of the drafter's own or a
+    GSD alias. sources: the drafter rows' node kinds (a GraphDraft's; None: all are the drafter's).
+    A copy's prefix that a drafter beam also drafted is the drafter's: the step had accepted it
+    without the copy."""
+    drafter = np.zeros(tree.size, dtype=bool)
+    part = tree.unpacker[:rows]
+    held = part >= 0
+    if sources is not None:
+        part = part[:, : sources.shape[1]]
+        held = (part >= 0) & (sources[:rows, : part.shape[1]] != CONTEXT_GRAFT)
+    drafter[part[held]] = True
+    return ~drafter[np.asarray(path[1:], dtype=np.int64)]
+
+
 def parse_graph(text: str) -> List[Tuple[Optional[int], bool]]:
     """A CLI's --graph list -> [(k, context_graph)]: 'none' (a tree), 'K' (GSD with k-gram length
     K and the context graph), 'gsdK' (GSD alone, without the context graph); e.g. 'none,1,gsd1'.

@@ -96,9 +96,9 @@ def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, len
     import numpy as np
 
     from .beam_search import beam_search
-    from .graph import graft_counts, root_copy, search as graph_search
+    from .graph import context_only, graft_counts, root_copy, search as graph_search
     from .lookup import MAX_GROWTH, ContextIndex, CopyLength, add_beam
-    from .tree import accept, beam_of, pack
+    from .tree import accept, pack
     from .tree_search import DEFAULT_MIN_PROB
 
     prompt, g = list(prompt), list(tokens)
@@ -111,7 +111,7 @@ def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, len
     ids = prompt + g
     if hidden is None:
         hidden = loaded.model.hidden(mx.array(ids, dtype=mx.int32)[None])[0]  # (T, H)
-    P = len(prompt)
+    P, n_out = len(prompt), len(g)
     if ended:  # the end token is the base model's choice after the last output token
         g.append(int(mx.argmax(loaded.model.logits(hidden[-1]))))
     g_np = np.array(g + [-1], dtype=np.int32)  # -1: no choice past the output's end
@@ -141,8 +141,9 @@ def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, len
         packed_tree = pack(add_beam(beams, copy) if copy.size else beams)
         # the base model's greedy choice after a node at depth d, were its path right: g[i + 1 + d]
         path, _ = accept(packed_tree, g_np[np.minimum(i + 1 + packed_tree.depth, len(g))])
-        if beam_of(packed_tree, path) == beams.shape[0]:  # only the lookup beam held the accepted path
-            out["looked_up"] += len(path) - 1
+        # accepted tokens only the copy (or a context graft) drafted, output ones only (not the end token): as
+        # generate.stream counts them
+        out["looked_up"] += int(np.sum(context_only(packed_tree, beams.shape[0], path, sources)[: n_out - 1 - i]))
         if sources is not None:
             grafted, graft_accepted = graft_counts(packed_tree, sources, path)
             out["grafted"] += grafted
@@ -217,7 +218,7 @@ def replay_auto(loaded, ctl, prompt: Sequence[int], tokens: Sequence[int], ended
     ids = prompt + g
     if hidden is None:
         hidden = loaded.model.hidden(mx.array(ids, dtype=mx.int32)[None])[0]
-    P, costs = len(prompt), ctl.costs
+    P, costs, n_out = len(prompt), ctl.costs, len(g)
     max_tokens = len(g) if not ended else 1 << 30  # what decoding was allowed (only its pipelining reads it)
     if ended:
         g.append(int(mx.argmax(loaded.model.logits(hidden[-1]))))
@@ -252,7 +253,8 @@ def replay_auto(loaded, ctl, prompt: Sequence[int], tokens: Sequence[int], ended
         draft_seconds = plan.forwards * (costs.draft_level or 0.0)
         verify_seconds = costs.verify(packed.size)
         ctl.observe(kind, plan, on_path, packed.size, draft_seconds, verify_seconds)
-        out["looked_up"] += int(np.sum(plan.from_lookup[on_path] & (plan.draft_bucket[on_path] < 0)))
+        copied = plan.from_lookup[on_path] & (plan.draft_bucket[on_path] < 0)
+        out["looked_up"] += int(np.sum(copied[: n_out - 1 - i]))  # output tokens only, as generate.stream counts
         out["drafter_rows"] += plan.drafter_rows
         out["aliases"] += plan.aliases
         if graph is not None:

@@ -19,7 +19,11 @@ class StepStats:
     accepted: int = 0  # draft tokens accepted (emitted - 1 unless stopped early)
     beam: int = 0  # index of the beam the accepted tokens came from (W: the context-lookup beam)
     depth: int = 0  # draft positions offered: the deepest beam's drafted tokens (L - 1, or a longer lookup)
-    looked_up: int = 0  # accepted tokens that only the context-lookup beam had drafted
+    # looked_up: output tokens of the accepted path that only the context drafted (graph.context_only): the
+    # lookup copy's, or a context graft's (graph drafting; also in graft_accepted), and no drafter beam's; a
+    # copy's prefix that a drafter beam shares is the drafter's, as the step had accepted it without the copy.
+    # Counted by position: a step cut by an end token or max_tokens counts the tokens it output only.
+    looked_up: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     seconds: float = 0.0
@@ -46,7 +50,7 @@ class RunStats:
     packed_tokens: int = 0
     accepted_tokens: int = 0
     draft_depth: int = 0  # draft positions offered, summed over steps
-    looked_up_tokens: int = 0  # accepted tokens owed to the context-lookup beam
+    looked_up_tokens: int = 0  # accepted tokens only the context drafted (StepStats.looked_up), summed
     beam_width: int = 0
     beam_length: int = 0
     tree: int = 0  # node budget of a dynamic draft tree (tree_search.py); 0: W x L beams

@@ -411,10 +411,28 @@ def test_replay_of_the_controller_takes_the_steps_decoding_takes(use_drafter, cu
                           ended=ar.finish_reason == "eos")
         assert out["steps"] == rd.stats.steps and out["packed"] == rd.stats.packed_tokens + rd.stats.parked_steps
         assert out["parked"] == rd.stats.parked_steps and out["produced"] == rd.stats.step_tokens + rd.stats.end_tokens
-        # decoding's last step may accept copied tokens past max_tokens (cut from the output), which
-        # the replay cannot see
-        last = rd.step_stats[-1].accepted - rd.step_stats[-1].emitted + 1 if rd.finish_reason == "length" else 0
-        assert rd.stats.looked_up_tokens - max(last, 0) <= out["looked_up"] <= rd.stats.looked_up_tokens
+        # decoding's last step may accept copied tokens past max_tokens, which the replay cannot see: neither
+        # counts them (looked_up counts output tokens, by position)
+        assert out["looked_up"] == rd.stats.looked_up_tokens
+
+
+def test_looked_up_is_cut_where_the_output_is():
+    """A step that max_tokens cuts counts the copied tokens among those it output: looked_up was clipped
+    as a count (min(looked_up, emitted)), so a step whose path ran drafter, drafter, copy, copy, copy
+    and was cut to 3 tokens counted 3 copied ones, not 1. The replay, which sees the output only, counts
+    by position; the two agree on every cut."""
+    from redrafter_mlx.replay import replay_auto
+
+    m = tiny_loaded()
+    full = generate(m, PROMPT, mode="ar", max_tokens=45).tokens
+    for cut in range(5, 45, 3):
+        m.controllers.clear()
+        m.controllers[id(m.drafter)] = Controller(flat_costs(), True)
+        rd = generate(m, PROMPT, mode="auto", max_tokens=cut)
+        assert rd.tokens == full[:cut]
+        out = replay_auto(m, Controller(flat_costs(), True), rd.prompt_tokens, rd.tokens)
+        assert out["steps"] == rd.stats.steps
+        assert out["looked_up"] == rd.stats.looked_up_tokens, cut
 
 
 def test_adaptive_stops_at_eos_and_the_context_limit():

@@ -376,6 +376,56 @@ def test_replay_counts_the_steps_real_decoding_takes(width, length, look, tree):
     assert out["steps"] == rd.stats.steps and out["produced"] == rd.stats.step_tokens + rd.stats.end_tokens
 
 
+def test_looked_up_counts_the_tokens_only_the_copy_drafted(monkeypatch):
+    """looked_up is the accepted output tokens that only the context copy drafted. Crafted: every drafter
+    beam 0 is made to draft the copy's first L - 1 tokens, so a copy accepted past them owes the step only
+    its tokens deeper than L - 1 (it counted the whole path, the shared prefix too). And it is cut by
+    position where max_tokens or an end token cuts the step (it was clipped as a count), so generate and
+    replay agree on every cut."""
+    import redrafter_mlx.lookup as lookup_module
+    from redrafter_mlx.graph import context_only
+    from redrafter_mlx.replay import replay
+
+    gen_module = importlib.import_module("redrafter_mlx.generate")
+    add_beam = lookup_module.add_beam
+
+    def sharing(beams, copy):  # drafter beam 0 takes the copy's first L - 1 tokens
+        beams = beams.copy()
+        k = min(beams.shape[1] - 1, copy.size)
+        beams[0, 1 : 1 + k] = copy[:k]
+        return add_beam(beams, copy)
+
+    monkeypatch.setattr(gen_module, "add_beam", sharing)
+    monkeypatch.setattr(lookup_module, "add_beam", sharing)  # replay imports it when called
+    W, L, look = 2, 3, 8
+    m = tiny_loaded()
+    full = generate(m, PROMPT, mode="ar", max_tokens=120)
+    for cut in (120, 37, 58, 91):
+        ar = generate(m, PROMPT, mode="ar", max_tokens=cut)
+        rd = generate(m, PROMPT, mode="redrafter", max_tokens=cut, beam_width=W, beam_length=L, lookup=look)
+        assert rd.tokens == ar.tokens == full.tokens[:cut]
+        # a path node deeper than L - 1 is the copy's alone; one at L - 1 or above, drafter beam 0's too
+        assert [s.looked_up for s in rd.step_stats] == [max(0, s.accepted - (L - 1)) for s in rd.step_stats]
+        out = replay(m, ar.prompt_tokens, ar.tokens, W, L, look)
+        assert out["looked_up"] == rd.stats.looked_up_tokens
+    assert rd.stats.looked_up_tokens > 0 and any(s.beam == W and s.looked_up < s.accepted for s in rd.step_stats)
+    eos = full.tokens[70]
+    m.tokenizer = CharTokenizer(eos=[eos])
+    ar = generate(m, PROMPT, mode="ar", max_tokens=120)
+    rd = generate(m, PROMPT, mode="redrafter", max_tokens=120, beam_width=W, beam_length=L, lookup=look)
+    assert rd.finish_reason == "eos" and rd.tokens == ar.tokens
+    assert [s.looked_up for s in rd.step_stats] == [max(0, s.accepted - (L - 1)) for s in rd.step_stats]
+    assert replay(m, ar.prompt_tokens, ar.tokens, W, L, look, ended=True)["looked_up"] == rd.stats.looked_up_tokens
+    # the rule itself, on a hand-built tree: drafter rows r-a-b and r-a-x, copy r-a-b-c-d; with graph
+    # sources, a drafter row's context graft is the context's too
+    tree = pack(np.array([[0, 1, 2, -1, -1], [0, 1, 9, -1, -1], [0, 1, 2, 3, 4]]))
+    path = [0, *tree.unpacker[2, 1:].tolist()]
+    assert context_only(tree, 2, path).tolist() == [False, False, True, True]
+    sources = np.array([[-1, 0, 2], [-1, 0, 0]])  # (graph.DRAFTER 0, CONTEXT_GRAFT 2)
+    assert context_only(tree, 2, path, sources).tolist() == [False, True, True, True]
+    assert context_only(tree, 3, path).tolist() == [False] * 4
+
+
 def test_greedy_stops_at_eos_mid_run():
     m = tiny_loaded()
     ar = generate(m, PROMPT, mode="ar", max_tokens=120)
