@@ -32,7 +32,7 @@ import numpy as np
 from .beam_search import beam_search
 from .errors import ContextLengthError, InvalidPromptError, RedrafterError, SettingError
 from .graph import context_only, graft_counts, root_copy, search as graph_search
-from .lookup import ContextIndex, CopyLength, add_beam
+from .lookup import ContextIndex, CopyLength, add_beam, copy_taken
 from .sampling import Sampler
 from .stats import RunStats, StepStats
 from .tree import accept, beam_of, pack
@@ -545,7 +545,7 @@ def stream(
                         ctl.observe(kind, plan, on_path, tree.size, t_verify - t_draft, t_done - t_verify)
                     else:
                         copied = context_only(tree, rows, path, sources_np)
-                        copy_length.update(copy.size, len(path) - 1)
+                        copy_length.update(copy.size, copy_taken(tree, rows, path) if copy.size else 0)
                     kind = None
                     step = StepStats(
                         emitted=len(new),

@@ -190,9 +190,21 @@ class CopyLength:
         if limit is not None:  # a step's draft limit (generate.MAX_DRAFT_TOKENS): lookup 1024 grew to 4096
             self.cap = max(min(self.cap, limit), self.base)
 
-    def update(self, copied: int, accepted: int):
-        """copied: tokens in this step's copy; accepted: draft tokens this step accepted."""
-        if copied and accepted >= copied:
+    def update(self, copied: int, taken: int):
+        """copied: tokens in this step's copy; taken: how many of them the step accepted (`copy_taken`).
+        Only the copy's own acceptance counts: a drafter beam accepted past the copy's length while the
+        copy missed grew it (the draft tokens accepted were compared with its length)."""
+        if copied and taken >= copied:
             self.length = min(self.length * GROWTH, self.cap)
         else:
             self.length = self.base
+
+
+def copy_taken(tree, row: int, path) -> int:
+    """How many of the copy's tokens the accepted `path` (packed indices, root first) took: the copy is
+    row `row` of the beams packed into `tree` (tree.PackedTree; add_beam puts it after the drafter's)."""
+    unpacker = tree.unpacker[row]
+    n = 0
+    while n + 1 < min(len(path), unpacker.size) and unpacker[n + 1] == path[n + 1]:
+        n += 1
+    return n

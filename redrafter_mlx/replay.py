@@ -97,7 +97,7 @@ def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, len
 
     from .beam_search import beam_search
     from .graph import context_only, graft_counts, root_copy, search as graph_search
-    from .lookup import MAX_GROWTH, ContextIndex, CopyLength, add_beam
+    from .lookup import MAX_GROWTH, ContextIndex, CopyLength, add_beam, copy_taken
     from .tree import accept, pack
     from .tree_search import DEFAULT_MIN_PROB
 
@@ -151,7 +151,7 @@ def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, len
         out["packed"] += packed_tree.size
         out["drafter_rows"] += rows
         out["steps"] += 1
-        copy_length.update(copy.size, len(path) - 1)
+        copy_length.update(copy.size, copy_taken(packed_tree, beams.shape[0], path) if copy.size else 0)
         extra = 0
         if ceiling:
             extra = context_ceiling(index, context, g[i : i + len(path)], g[i + 1 :], ceiling, ceiling_every)

@@ -288,8 +288,8 @@ def test_the_copy_grows_while_copies_are_accepted_whole():
 
     c = CopyLength(8)
     lengths = []
-    for copied, accepted in [(8, 8), (16, 16), (32, 33), (32, 32), (12, 12), (32, 5), (8, 3), (0, 4), (8, 8)]:
-        c.update(copied, accepted)
+    for copied, taken in [(8, 8), (16, 16), (32, 32), (32, 32), (12, 12), (32, 5), (8, 3), (0, 0), (8, 8)]:
+        c.update(copied, taken)
         lengths.append(c.length)
     # doubled while a whole copy was accepted (a short copy that ran to the context's end too),
     # capped at MAX_GROWTH x 8, back to 8 after a miss or a step without a copy
@@ -311,6 +311,58 @@ def test_the_copy_grows_while_copies_are_accepted_whole():
     rd = generate(m, PROMPT, mode="redrafter", max_tokens=200, beam_width=1, beam_length=2, lookup=2)
     assert rd.tokens == ar.tokens
     assert 2 < max(s.accepted for s in rd.step_stats) <= MAX_GROWTH * 2
+
+
+def test_the_copy_grows_only_when_its_own_tokens_are_accepted(monkeypatch):
+    """CopyLength grew after a step that accepted as many draft tokens as the copy held, though a drafter
+    beam longer than the copy had them and the copy missed. Crafted: drafter beam 0 drafts the output
+    itself (an oracle) and the copy's first token is always wrong, so no copy is ever taken: the copy
+    stays at `lookup` tokens in decoding and in replay, which agree. Output is unchanged."""
+    import redrafter_mlx.beam_search as beam_module
+    import redrafter_mlx.lookup as lookup_module
+    import redrafter_mlx.tree as tree_module
+    from redrafter_mlx.lookup import copy_taken
+    from redrafter_mlx.replay import replay
+
+    gen_module = importlib.import_module("redrafter_mlx.generate")
+    W, L, look, vocab = 2, 6, 2, 12
+    m = tiny_loaded(vocab=vocab)
+    g = generate(m, PROMPT, mode="ar", max_tokens=120).tokens
+    at = [0]  # output index of the step's root
+    beam_search, add_beam, accept = beam_module.beam_search, lookup_module.add_beam, tree_module.accept
+
+    def oracle(*args):
+        beams = np.array(beam_search(*args))
+        truth = g[at[0] : at[0] + L]
+        beams[0, : len(truth)] = truth
+        return mx.array(beams)
+
+    def missing(beams, copy):
+        copy = copy.copy()
+        copy[0] = (g[at[0] + 1] + 1) % vocab if at[0] + 1 < len(g) else copy[0]
+        return add_beam(beams, copy)
+
+    def walked(tree, choices):
+        path, bonus = accept(tree, choices)
+        at[0] += len(path)
+        return path, bonus
+
+    for module in (gen_module, beam_module):
+        monkeypatch.setattr(module, "beam_search", oracle)
+    for module in (gen_module, lookup_module):
+        monkeypatch.setattr(module, "add_beam", missing)
+    for module in (gen_module, tree_module):
+        monkeypatch.setattr(module, "accept", walked)
+    rd = generate(m, PROMPT, mode="redrafter", max_tokens=120, beam_width=W, beam_length=L, lookup=look)
+    assert rd.tokens == g
+    assert sum(s.accepted >= look for s in rd.step_stats) > 10  # the drafter's beam ran past the copy's length
+    assert max(s.drafted - W * (L - 1) for s in rd.step_stats) == look  # and the copy never grew
+    at[0] = 0
+    out = replay(m, rd.prompt_tokens, g, W, L, look)
+    assert out["steps"] == rd.stats.steps and out["packed"] == rd.stats.packed_tokens
+    # copy_taken: the copy's tokens on the accepted path, from the root down
+    tree = pack(np.array([[0, 1, 2, 3], [0, 1, 5, -1]]))
+    assert [copy_taken(tree, 1, p) for p in ([0], [0, 1], [0, 1, 2, 3], [0, 1, 4])] == [0, 1, 1, 2]
 
 
 @pytest.mark.parametrize("width,length,tree,look", [(2, 4, 6, 0), (4, 6, 16, 0), (3, 5, 8, 8), (1, 6, 5, 0)])
