@@ -288,7 +288,7 @@ class Engine(EngineThread):
         t0 = time.perf_counter()
         progress("fetch", "starting MLX")
         from redrafter_mlx import PromptCache, RedrafterError, generate, load
-        from redrafter_mlx.loader import attach_drafter
+        from redrafter_mlx.loader import attach_drafter, find_drafter
         from redrafter_mlx.registry import default_model_name
 
         progress("fetch", f"finding {self.model_name or default_model_name() + ' (the default)'}")
@@ -306,22 +306,16 @@ class Engine(EngineThread):
         try:
             if not self.use_drafter:
                 m = load(self.model_name, use_drafter=False, progress=on_progress)
-            elif self.drafter_path:  # an explicit drafter: its failure should not cost the base model
+            else:  # the base model first, then the drafter: a drafter's failure should not cost the base model
                 m = load(self.model_name, use_drafter=False, progress=on_progress)
+                drafter = self.drafter_path or find_drafter(m.resolved)  # (the one load() would attach)
                 try:  # as load(drafter=...): with the shape tuned for it
-                    attach_drafter(m, self.drafter_path, lambda text: progress("load", text))
+                    if drafter is not None:
+                        attach_drafter(m, drafter, lambda text: progress("load", text))
                 except (RedrafterError, OSError, ValueError) as e:
                     progress("load", "the drafter did not load: the base model alone")
-                    notices.append(f"The drafter {self.drafter_path} did not load ({_readable(e)}): {NO_DRAFTER}.")
-            else:
-                try:
-                    m = load(self.model_name, progress=on_progress)
-                except RedrafterError as e:
-                    if stage[0] != "drafter":
-                        raise
-                    notices.append(f"The model's drafter did not load ({_readable(e)}): {NO_DRAFTER}.")
-                    progress("load", "the drafter did not load: the base model alone")
-                    m = load(self.model_name, use_drafter=False, progress=on_progress)
+                    whose = f"The drafter {self.drafter_path}" if self.drafter_path else "The model's drafter"
+                    notices.append(f"{whose} did not load ({_readable(e)}): {NO_DRAFTER}.")
         except RedrafterError as e:
             raise EngineError(str(e)) from e
         if m.drafter is None and not notices and self.use_drafter:

@@ -53,6 +53,7 @@ class LoadedModel:
     tree_min_prob: Optional[float] = None  # the tree's path-probability floor tuned with it
     controllers: Dict[int, Any] = field(default_factory=dict)  # adaptive controllers (control.py), per drafter
     tree_ok: bool = True  # the load-time self-check passed: speculation is lossless on this model
+    resolved: Any = None  # the registry.ResolvedModel the name resolved to (find_drafter(resolved): its drafter)
 
     @property
     def context_length(self) -> int:
@@ -316,6 +317,7 @@ def load(
         path=resolved.path,
         weight_format=description,
         info={"source_quantization": config.get("quantization"), "load_seconds": 0.0},
+        resolved=resolved,
     )
     try:
         loaded.tree_ok, loaded.info["self_check_error"] = self_check(model)

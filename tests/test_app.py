@@ -893,6 +893,31 @@ def test_the_chats_drafter_comes_with_its_tuned_shape(tiny_kit, tmp_path):
         engine.wait(10)
 
 
+def test_a_drafter_found_beside_the_model_that_fails_to_load_keeps_the_base(tiny_kit, tmp_path, monkeypatch):
+    """A drafter found beside the model (not --drafter) that failed to load made the engine load the base
+    model a second time, without a drafter. It now loads the base once and attaches the drafter after it
+    (loader.attach_drafter), so a bad drafter costs only itself: the chat comes up without one, saying why."""
+    import redrafter_mlx.loader as loader
+
+    path = tiny_kit.write_folder(tmp_path / "m", tiny_kit.model(seed=0))
+    (path / "drafter").mkdir()
+    (path / "drafter" / "config.json").write_text("{not json")  # found (it has a config.json), unreadable
+    reads = []
+    read_folder = loader._load_folder
+    monkeypatch.setattr(loader, "_load_folder", lambda *a, **k: reads.append(a[0]) or read_folder(*a, **k))
+    engine = Engine(str(path), warm_up=False)
+    try:
+        info = engine.load(lambda stage, text: None)
+        assert reads == [path]  # the base model was read once
+        assert info.drafter is None and engine._m.drafter is None
+        assert len(info.notices) == 1 and info.notices[0].startswith("The model's drafter did not load (")
+        chunks = list(engine.reply([{"role": "user", "content": "a b"}], Settings(max_tokens=4), lambda: False))
+        assert chunks[-1].finish_reason
+    finally:
+        engine.close()
+        engine.wait(10)
+
+
 def test_the_chats_system_prompt_reaches_the_model(tiny_loaded):
     """--system did nothing: the engine sends the conversation as messages with system=, which the
     library ignored for a message list. The reply now follows the prompt with the system message first."""
