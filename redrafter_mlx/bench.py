@@ -271,7 +271,7 @@ def summarize(results: List[Dict], modes: List[str], greedy: bool) -> Dict[str, 
         ar_tokens = {(r["question_id"], r.get("turn", 1)): r["tokens"] for r in by_mode["ar"]}
         for mode in modes:
             summary[mode]["speedup"] = summary[mode]["tokens_per_second"] / base if base else 0.0
-            if greedy and mode != "ar":  # mlx-lm included: an independent check of our plain decoding
+            if greedy and mode != "ar" and by_mode[mode]:  # mlx-lm included: an independent check of our plain decoding
                 summary[mode]["identical_to_ar"] = all(r["tokens"] == ar_tokens.get((r["question_id"], r.get("turn", 1)))
                                                        for r in by_mode[mode])
     return summary
@@ -608,6 +608,8 @@ def _bench(args) -> int:
     print(f"model {loaded.name} ({loaded.weight_format}) on {loaded.device}; drafter {loaded.drafter_path}; "
           f"{len(prompts)} prompts, modes {','.join(args.modes)}, {shape_text}", file=sys.stderr)
     twin = mlx_lm_twin(loaded) if "mlx-lm" in args.modes else None
+    if args.json:  # from the start, so a run stopped before its first question leaves no earlier run's report there
+        write_report(args.json, loaded, args, [], names, complete=False)
     try:
         for name, mode, shape, graph in variants:  # warm-up: first calls pay for kernel set-up
             loaded.controllers = own.get(name, shared)
@@ -657,10 +659,12 @@ def _bench(args) -> int:
             if args.json and done < len(prompts):  # a run stopped later keeps what it finished
                 write_report(args.json, loaded, args, results, names, complete=False)
     except KeyboardInterrupt:
+        if not done:
+            print(f"redrafter-bench: {stop.why} before the first question finished; nothing to report"
+                  + (f" ({args.json} holds no results, \"complete\": false)" if args.json else ""), file=sys.stderr)
+            return stop.status
         print(f"redrafter-bench: {stop.why} after {done} of {len(prompts)} questions; reporting those",
               file=sys.stderr)
-        if not done:
-            return stop.status
     except RedrafterError as e:  # e.g. a first turn longer than the model's context
         print(f"redrafter-bench: error: {e}", file=sys.stderr)
         return 2

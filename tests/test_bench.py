@@ -556,6 +556,31 @@ def test_an_interrupted_run_reports_the_questions_it_finished(model_dir, prompts
     assert signal.getsignal(signal.SIGTERM) is before  # the bench's handler is gone once it returns
 
 
+def test_a_run_stopped_before_its_first_question_leaves_no_earlier_report(model_dir, prompts, tmp_path, capsys,
+                                                                         monkeypatch):
+    # the --json file of an earlier run stayed as it was, "complete": true with its figures, though this run
+    # had been stopped (status 143) and said it was "reporting those"
+    out = tmp_path / "b.json"
+    assert run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 8, "--modes", "ar",
+               "--json", out)[0] == 0
+    assert json.loads(out.read_text())["complete"] is True
+    real = bench.run_one
+
+    def terminated(loaded, prompt, mode, *a, **kw):  # `kill` during the first question (after the warm-up)
+        if prompt != "Hello":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(loaded, prompt, mode, *a, **kw)
+
+    monkeypatch.setattr(bench, "run_one", terminated)
+    rc, text, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 8,
+                        "--modes", "ar,redrafter", "--beam-width", 2, "--beam-length", 3, "--json", out)
+    assert rc == 143 and "before the first question finished; nothing to report" in err
+    report = json.loads(out.read_text())
+    assert report["complete"] is False and report["results"] == []
+    assert report["summary"]["redrafter"]["questions"] == 0
+    assert "identical_to_ar" not in report["summary"]["redrafter"]  # (no output to compare)
+
+
 def test_turns_run_each_question_as_a_conversation(model_dir, prompts, tmp_path, capsys):
     from redrafter_mlx import replay
 
