@@ -399,8 +399,11 @@ def read_results(path: Path):
         rows = [r for r in report["results"] if r.get("mode") == "ar"]
         for i, r in enumerate(rows):
             for key in ("prompt_tokens", "tokens"):
-                if not isinstance(r.get(key), list) or not r[key]:  # an empty one ended in a traceback from MLX
-                    raise ValueError(f"its ar result {i + 1} has no {key!r} list, or an empty one")
+                # an empty prompt ended in a traceback from MLX; an empty reply is one that ended at its first
+                # token, which the bench writes (it was refused, and with it the whole file)
+                if not isinstance(r.get(key), list) or key == "prompt_tokens" and not r[key]:
+                    raise ValueError(f"its ar result {i + 1} has no {key!r} list" + (", or an empty one"
+                                                                                      if key == "prompt_tokens" else ""))
                 if not all(is_token_id(t) for t in r[key]):
                     raise ValueError(f"its ar result {i + 1} has {key!r} that are not token ids")
             r["category"] = str(r.get("category", "") or "")

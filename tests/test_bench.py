@@ -334,6 +334,29 @@ def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path
     assert "first 1 of" in captured.err and any(line.startswith("2x3") for line in captured.out.splitlines())
 
 
+def test_replay_takes_a_reply_that_ended_at_its_first_token(model_dir, prompts, tmp_path, capsys):
+    # the bench writes "tokens": [] for a reply whose first token was the end of turn; replay refused the whole
+    # file ("has no 'tokens' list, or an empty one")
+    from redrafter_mlx import replay
+
+    out = tmp_path / "b.json"
+    assert run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 6, "--modes", "ar",
+               "--json", out)[0] == 0
+    report = json.loads(out.read_text())
+    report["results"][1].update(tokens=[], new_tokens=0, steps=0, finish_reason="eos")  # as the bench writes one
+    out.write_text(json.dumps(report))
+    assert replay.main([str(out), "--model", str(model_dir), "--shapes", "2x3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    row = next(line.split() for line in lines if line.startswith("2x3"))
+    assert float(row[4]) == pytest.approx(1.0, abs=0.5)  # tokens/step over the other two replies
+    math = next(line for line in lines if line.startswith("config"))
+    assert "math" in math  # the empty reply's category is still a column
+    report["results"][1]["prompt_tokens"] = []  # an empty prompt is still refused
+    out.write_text(json.dumps(report))
+    assert replay.main([str(out), "--model", str(model_dir)]) == 2
+    assert "has no 'prompt_tokens' list, or an empty one" in capsys.readouterr().err
+
+
 def test_tune_stores_the_default_shape_per_device(model_dir, prompts, capsys):
     assert load(str(model_dir)).beam_shape is None
     rc, text, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 8, "--tune",
