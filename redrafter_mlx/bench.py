@@ -302,14 +302,16 @@ def _speedup(figures: Dict) -> str:
 def print_categories(cats: Dict[str, Dict[str, Dict]], modes: List[str], out=None, what: str = "category"):
     out = out or sys.stdout
     shown = [m for m in modes if m != "ar"] or modes
-    print(f"{what:<12} " + " ".join(f"{m[:22]:>22}" for m in shown), file=out)
-    print(f"{'':<12} " + " ".join(f"{'tok/step  speedup':>22}" for _ in shown), file=out)
+    # whole names: cut to 22 characters, redrafter+tree0+lookup0 and +lookup4 headed two columns alike
+    w, c = max([22, *map(len, shown)]), max([12, len(what), *map(len, cats)])
+    print(f"{what:<{c}} " + " ".join(f"{m:>{w}}" for m in shown), file=out)
+    print(f"{'':<{c}} " + " ".join(f"{'tok/step  speedup':>{w}}" for _ in shown), file=out)
     for cat, row in cats.items():
         cells = []
         for m in shown:
             v = row.get(m)
-            cells.append(f"{v['tokens_per_step']:>12.2f} {_speedup(v):>9}" if v else f"{'-':>22}")
-        print(f"{cat[:12]:<12} " + " ".join(cells), file=out)
+            cells.append(f"{v['tokens_per_step']:>{w - 10}.2f} {_speedup(v):>9}" if v else f"{'-':>{w}}")
+        print(f"{cat:<{c}} " + " ".join(cells), file=out)
 
 
 def print_table(results: List[Dict], summary: Dict, modes: List[str], out=None):

@@ -94,6 +94,18 @@ def test_lookup_values_run_side_by_side(model_dir, prompts, tmp_path, capsys):
         bench.parse_args(["--prompts", "x", "--lookup", "-1"])
 
 
+def test_the_category_table_names_each_column_whole(capsys):
+    # names were cut to 22 characters: redrafter+tree0+lookup0 and redrafter+tree0+lookup4 headed two columns alike
+    names = ["ar", "redrafter+tree0+lookup0", "redrafter+tree0+lookup4"]
+    cats = {"summarization": {"redrafter+tree0+lookup0": {"tokens_per_step": 1.5, "speedup": 1.2},
+                              "redrafter+tree0+lookup4": {"tokens_per_step": 2.25, "speedup": 1.7}}}
+    bench.print_categories(cats, names)
+    header, _, row = capsys.readouterr().out.splitlines()
+    assert header.split() == ["category", "redrafter+tree0+lookup0", "redrafter+tree0+lookup4"]
+    assert row.split() == ["summarization", "1.50", "1.20x", "2.25", "1.70x"]
+    assert header.index("lookup4") + len("lookup4") == len(row)  # the last cell under its own name
+
+
 def test_graph_variants_run_side_by_side(model_dir, prompts, tmp_path, capsys):
     out = tmp_path / "g.json"
     rc, text, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 2, "--max-tokens", 12,
