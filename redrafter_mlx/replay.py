@@ -433,6 +433,12 @@ def _run(args, graphs) -> int:
               "that model's only if the two are the same", file=sys.stderr)
     if loaded.drafter is None and not args.no_drafter:
         raise RedrafterError(f"no drafter found for {loaded.name}: pass --drafter PATH (or --auto --no-drafter)")
+    used = report.get("drafter")  # the bench's drafter (None: a run of ar alone loads none)
+    if (not args.drafter and not args.no_drafter and isinstance(used, str) and used and loaded.drafter_path
+            and Path(used).resolve() != Path(loaded.drafter_path).resolve()):  # its figures differed, saying nothing
+        print(f"replay: note: {args.results} was decoded with the drafter {used}, and the one found for "
+              f"{loaded.name}, {loaded.drafter_path}, replays it: pass --drafter {used} to replay the bench's",
+              file=sys.stderr)
     vocab = loaded.model.args.vocab_size
     if any(t >= vocab for r in rows for key in ("prompt_tokens", "tokens") for t in r[key]):
         # an id past the embedding table crashed the process inside MLX; ids within it gave figures of nothing

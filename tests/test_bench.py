@@ -369,6 +369,28 @@ def test_replay_takes_a_reply_that_ended_at_its_first_token(model_dir, prompts, 
     assert "has no 'prompt_tokens' list, or an empty one" in capsys.readouterr().err
 
 
+def test_replay_says_when_it_replays_another_drafter_than_the_bench_ran(model_dir, prompts, tmp_path, capsys):
+    # a bench run with --drafter OTHER was replayed with the drafter beside the model, saying nothing, and its
+    # figures then differed from the bench's
+    from redrafter_mlx import replay
+
+    other = tmp_path / "other-drafter"
+    save_drafter(new_drafter(load(str(model_dir), use_drafter=False).args, lm_head="shared", seed=7), other)
+    out = tmp_path / "b.json"
+    assert run(capsys, "--model", model_dir, "--drafter", other, "--prompts", prompts, "--limit", 1, "--max-tokens", 6,
+               "--modes", "ar,redrafter", "--beam-width", 2, "--beam-length", 3, "--json", out)[0] == 0
+    assert replay.main([str(out), "--model", str(model_dir), "--shapes", "2x3"]) == 0
+    err = capsys.readouterr().err
+    assert f"was decoded with the drafter {other}" in err and f"pass --drafter {other}" in err
+    for given in (["--drafter", str(other)], ["--drafter", str(model_dir / "drafter")]):  # chosen: no note
+        assert replay.main([str(out), "--model", str(model_dir), "--shapes", "2x3", *given]) == 0
+        assert "was decoded with the drafter" not in capsys.readouterr().err
+    report = json.loads(out.read_text())
+    out.write_text(json.dumps({**report, "drafter": str(model_dir / "drafter")}))  # the one beside the model
+    assert replay.main([str(out), "--model", str(model_dir), "--shapes", "2x3"]) == 0
+    assert "was decoded with the drafter" not in capsys.readouterr().err
+
+
 def test_tune_stores_the_default_shape_per_device(model_dir, prompts, capsys):
     assert load(str(model_dir)).beam_shape is None
     rc, text, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 8, "--tune",
