@@ -79,7 +79,7 @@ def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
                 raise TypeError("'turns' must be a list of non-empty questions")
             qid, category = row.get("question_id", n), row.get("category", "")
             if isinstance(qid, bool) or not isinstance(qid, (int, str)):
-                raise TypeError(f"'question_id' must be a number or a string, not {qid!r}")
+                raise TypeError(f"'question_id' must be a whole number or a string, not {qid!r}")  # (1.5 is a number)
             if not isinstance(category, str):
                 raise TypeError(f"'category' must be a string, not {category!r}")
         except (json.JSONDecodeError, KeyError, TypeError) as e:
