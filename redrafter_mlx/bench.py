@@ -238,7 +238,8 @@ def summarize(results: List[Dict], modes: List[str], greedy: bool) -> Dict[str, 
             steps = produced = step_tokens
         first = rows[0] if rows else {}
         summary[mode] = {
-            "questions": len(rows),
+            "questions": len({r["question_id"] for r in rows}),  # (len(rows) counted each turn of --turns as one)
+            **({"replies": len(rows)} if any("turn" in r for r in rows) else {}),  # one per question and turn
             "new_tokens": sum(r["new_tokens"] for r in rows),
             "mean_tokens_per_second": mean(r["tokens_per_second"] for r in rows) if rows else 0.0,
             "tokens_per_second": step_tokens / decode if decode else 0.0,  # pooled over all questions

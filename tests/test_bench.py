@@ -661,6 +661,8 @@ def test_turns_run_each_question_as_a_conversation(model_dir, prompts, tmp_path,
             {"role": "assistant", "content": tok.decode(first["tokens"])},
             {"role": "user", "content": "again"}])
     assert report["summary"]["redrafter"]["identical_to_ar"] is True
+    # 3 questions, 4 replies: "questions" had counted the rows, turns included
+    assert report["summary"]["redrafter"]["questions"] == 3 and report["summary"]["redrafter"]["replies"] == 4
     assert set(report["turns"]) == {"turn 1", "turn 2"}
     assert any(line.split()[:2] == ["81/2", "writing"] for line in text.splitlines())
     assert replay.main([str(out), "--model", str(model_dir), "--shapes", "2x3"]) == 0
