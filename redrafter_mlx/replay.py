@@ -410,6 +410,9 @@ def read_results(path: Path):
     except (ValueError, KeyError, TypeError, AttributeError) as e:  # (UnicodeDecodeError is a ValueError)
         why = str(e) if type(e) is ValueError else f"{type(e).__name__}: {e}"  # (ours: what is wrong, in words)
         raise RedrafterError(f"{path} is not a redrafter-bench --json file: {why}") from e
+    if not rows and not report["results"] and report.get("complete") is False:  # (it said: run with --modes ar)
+        raise RedrafterError(f"{path} holds no results: its redrafter-bench run stopped before the first question "
+                             "finished")
     if not rows:
         raise RedrafterError(f"{path} has no ar results: run redrafter-bench with --modes ar")
     if report.get("settings", {}).get("temperature", 0.0) != 0.0:

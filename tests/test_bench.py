@@ -637,6 +637,11 @@ def test_a_run_stopped_before_its_first_question_leaves_no_earlier_report(model_
     assert report["complete"] is False and report["results"] == []
     assert report["summary"]["redrafter"]["questions"] == 0
     assert "identical_to_ar" not in report["summary"]["redrafter"]  # (no output to compare)
+    from redrafter_mlx import replay
+
+    assert replay.main([str(out), "--model", str(model_dir)]) == 2  # (it said: run with --modes ar)
+    err = capsys.readouterr().err
+    assert "holds no results: its redrafter-bench run stopped before the first question finished" in err
 
 
 def test_turns_run_each_question_as_a_conversation(model_dir, prompts, tmp_path, capsys):
