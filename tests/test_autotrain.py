@@ -29,14 +29,19 @@ def interrupt_after(monkeypatch, module, name, calls):
     monkeypatch.setattr(module, name, wrapper)
 
 
-def test_train_command_resumes_installs_and_keeps_a_better_drafter(tiny_model_dir, tmp_path, tiny_budget,
-                                                                   monkeypatch, capsys):
+def tiny_run(model_dir, tmp_path):
+    """The work folder and redrafter-train's arguments for 12 short patterned prompts at the tiny budget."""
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"task {i}: say {'ab' * (i % 4 + 1)}"}) + "\n"
                                for i in range(12)))
     work = tmp_path / "work"
-    argv = ["--model", str(tiny_model_dir), "--budget", "tiny", "--prompts", str(prompts), "--work", str(work),
-            "--batch-size", "4"]
+    return work, ["--model", str(model_dir), "--budget", "tiny", "--prompts", str(prompts), "--work", str(work),
+                  "--batch-size", "4"]
+
+
+def test_train_command_resumes_installs_and_keeps_a_better_drafter(tiny_model_dir, tmp_path, tiny_budget,
+                                                                   monkeypatch, capsys):
+    work, argv = tiny_run(tiny_model_dir, tmp_path)
 
     with monkeypatch.context() as m:  # killed after the first batch of replies
         interrupt_after(m, distill, "write_shard", 1)
@@ -90,12 +95,7 @@ def test_a_drafter_none_of_whose_drafts_were_accepted_is_not_installed(tiny_mode
         return results
 
     monkeypatch.setattr(autotrain, "measure", useless)
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"task {i}: say {'ab' * (i % 4 + 1)}"}) + "\n"
-                               for i in range(12)))
-    work = tmp_path / "work"
-    argv = ["--model", str(tiny_model_dir), "--budget", "tiny", "--prompts", str(prompts), "--work", str(work),
-            "--batch-size", "4"]
+    work, argv = tiny_run(tiny_model_dir, tmp_path)
     autotrain.main(argv)  # returns: an outcome, not an error (as when the drafter in place is kept)
     said = [line for line in capsys.readouterr().out.splitlines() if "installed" in line]
     assert len(said) == 1 and said[0].startswith("not installed: none of the new drafter's drafts were accepted")
