@@ -124,15 +124,23 @@ class PromptInput(Input):
 
     @classmethod
     def shown(cls, text: str) -> str:
-        """What the box shows for a message."""
-        return text.replace("\r\n", "\n").replace("\n", cls.NEWLINE)
+        """What the box shows for a message: every line break str.splitlines() knows (CR, LF, CR LF and the
+        rest) as NEWLINE; leading and trailing ones dropped."""
+        lines = text.splitlines()
+        while lines and not lines[0]:
+            lines.pop(0)
+        while lines and not lines[-1]:
+            lines.pop()
+        return cls.NEWLINE.join(lines)
 
     def _on_paste(self, event: events.Paste) -> None:
-        if "\n" not in event.text.strip("\r\n"):
+        # Terminals send a pasted line break as "\r" (what Enter sends: VTE, xterm, iTerm2, Windows Terminal),
+        # so "\n" alone is not the test.
+        text = self.shown(event.text)
+        if text == event.text:
             return  # Input's own paste
-        event.prevent_default()  # Input's would keep the first line alone
+        event.prevent_default()  # Input's keeps the first line alone (empty for a paste that starts with a break)
         event.stop()
-        text = self.shown(event.text.strip("\r\n"))
         if self.selection.is_empty:
             self.insert_text_at_cursor(text)
         else:

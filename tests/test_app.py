@@ -1020,3 +1020,31 @@ def test_quitting_while_the_model_loads_leaves_at_once(monkeypatch):
     quit_with_ctrl_q(loaded=True)
     assert main([]) == 0
     assert waited == [ENGINE_EXIT_SECONDS] and exited == []
+
+
+async def test_a_paste_with_carriage_returns_keeps_every_line():
+    """Terminals send a pasted text's line breaks as carriage returns (VTE, xterm, iTerm2, Windows Terminal:
+    what Enter sends), which the prompt box did not take for line breaks: Input's own paste kept the first
+    line and dropped the rest (a paste that began with a break, nothing). Every line break str.splitlines()
+    knows now shows as ⏎ and is sent as one."""
+    from textual import events
+
+    engine = FakeEngine(["ok"])
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        box = app.query_one(PromptInput)
+        for pasted in ("Fix this:\rdef f():\r    return 1\r", "Fix this:\r\ndef f():\r\n    return 1",
+                       "Fix this:\u2028def f():\x0b    return 1"):
+            box.value = ""
+            box.post_message(events.Paste(pasted))
+            await pilot.pause()
+            assert box.value == "Fix this:⏎def f():⏎    return 1", repr(pasted)
+        box.value = ""
+        box.post_message(events.Paste("\r\rone line\r"))  # Input's paste kept the first line: none at all
+        await pilot.pause()
+        assert box.value == "one line"
+        box.value = "Fix this:⏎def f():⏎    return 1"
+        await pilot.press("enter")
+        await finished(pilot)
+        assert engine.calls[-1][0][-1]["content"] == "Fix this:\ndef f():\n    return 1"
