@@ -55,6 +55,10 @@ Keys
 Commands
   /new · /copy · /spec [on|off] · /beam W L · /width N · /length N (a fixed beam) · /auto (adaptive)
   /stats (the panel on/off) · /help · a message starting with / is sent as such when written //"""
+COMMANDS = {  # each /command as it is written, for the notice on bad arguments
+    "new": "/new", "copy": "/copy", "spec": "/spec, /spec on or /spec off", "beam": "/beam W L (or /beam WxL)",
+    "width": "/width N", "length": "/length N", "auto": "/auto", "help": "/help", "stats": "/stats",
+}
 
 
 def blank(text: str) -> bool:
@@ -432,7 +436,9 @@ class ChatApp(App):
             length += delta
         self.set_beam(width, length)
 
-    def set_beam(self, width: int, length: int):
+    def set_beam(self, width: int, length: int, typed: bool = False):
+        """A fixed beam of width x length. The keys step within the limits (a step past one stays at it);
+        a typed shape past them is refused, saying the limits (it was clamped without a word)."""
         if self.info is not None and self.info.drafter is None:
             how = "adaptive, from the conversation alone" if self.settings.adaptive else \
                 "the conversation's copy alone (--lookup)"
@@ -442,6 +448,12 @@ class ChatApp(App):
         lo, hi = BEAM_LIMITS
         # a shape the command line set past the keys' range stays reachable: F8 on -W 32 -L 4 gave 16 x 5
         top_w, top_l = max(hi, self.settings.beam_width), max(hi, self.settings.beam_length)
+        if typed:
+            for what, n, top in (("width", width, top_w), ("length", length, top_l)):
+                if not lo <= n <= top:
+                    self.notify(f"A beam {what} is {lo} to {top}, not {n}: the beam stays as it was.",
+                                severity="warning")
+                    return
         width, length = max(lo, min(top_w, width)), max(lo, min(top_l, length))
         self.settings.beam_width, self.settings.beam_length = width, length
         self.settings.adaptive = False
@@ -465,9 +477,16 @@ class ChatApp(App):
         self._fit_stats()
 
     async def run_command(self, line: str):
-        """The prompt box's /commands."""
+        """The prompt box's /commands. One notice for a line that is not one: an unknown name, or a known
+        command's wrong arguments, with how that command is written (they read "Unknown command")."""
+        name, *args = line[1:].lower().split() or [""]
+        if name not in COMMANDS:
+            self.notify(f"Unknown command {line!r}: /help lists them (// sends a message that starts with /).",
+                        severity="warning")
+            return
         try:
-            name, *args = line[1:].lower().split() or [""]
+            if name in ("new", "copy", "auto", "help", "stats") and args:
+                raise ValueError
             if name == "new":
                 await self.action_new_chat()
             elif name == "copy":
@@ -476,22 +495,22 @@ class ChatApp(App):
                 self.action_toggle_speculative(None if not args else args[0] == "on")
             elif name == "beam" and len(args) in (1, 2):
                 w, l = args if len(args) == 2 else args[0].replace("×", "x").split("x")  # "2×5" as the panel writes it
-                self.set_beam(int(w), int(l))
+                self.set_beam(int(w), int(l), typed=True)
             elif name == "width" and len(args) == 1:
-                self.set_beam(int(args[0]), self.settings.beam_length)
+                self.set_beam(int(args[0]), self.settings.beam_length, typed=True)
             elif name == "length" and len(args) == 1:
-                self.set_beam(self.settings.beam_width, int(args[0]))
-            elif name == "auto" and not args:
+                self.set_beam(self.settings.beam_width, int(args[0]), typed=True)
+            elif name == "auto":
                 self.action_adaptive()
-            elif name == "help" and not args:
+            elif name == "help":
                 self.action_help()
-            elif name == "stats" and not args:
+            elif name == "stats":
                 self.action_toggle_stats()
             else:
                 raise ValueError
         except ValueError:
-            self.notify(f"Unknown command {line!r}: /help lists them (// sends a message that starts with /).",
-                        severity="warning")
+            numbers = " (whole numbers)" if name in ("beam", "width", "length") else ""
+            self.notify(f"{line.strip()!r}: /{name} is written {COMMANDS[name]}{numbers}.", severity="warning")
 
     def get_system_commands(self, screen: Screen):
         yield from super().get_system_commands(screen)

@@ -1048,3 +1048,31 @@ async def test_a_paste_with_carriage_returns_keeps_every_line():
         await pilot.press("enter")
         await finished(pilot)
         assert engine.calls[-1][0][-1]["content"] == "Fix this:\ndef f():\n    return 1"
+
+
+async def test_a_known_command_with_bad_arguments_says_how_it_is_written():
+    """A known /command with wrong arguments read "Unknown command '/beam 2'", and a beam typed out of range
+    (/beam 0 0, /width 99) was clamped without a word (0 x 0 became 1 x 1, plain decoding). Each now gets one
+    notice: how the command is written, or the limits; the settings stay as they were."""
+    engine = FakeEngine(["Sure."])
+    app = create_app(engine, Settings(adaptive=False, beam_width=3, beam_length=4))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        expected = {
+            "/beam 2": "/beam is written /beam W L", "/beam a b": "/beam is written /beam W L",
+            "/beam 3 4 5": "/beam is written /beam W L", "/width": "/width is written /width N",
+            "/length 2.5": "/length is written /length N", "/spec maybe": "/spec is written /spec, /spec on",
+            "/auto now": "/auto is written /auto", "/new chat": "/new is written /new", "/stats x": "/stats is",
+            "/beam 0 0": "A beam width is 1 to 16, not 0", "/width 99": "A beam width is 1 to 16, not 99",
+            "/length -1": "A beam length is 1 to 16, not -1", "/nosuch": "Unknown command '/nosuch'",
+        }
+        for line, said in expected.items():
+            before = len(app._notifications)
+            await ask(pilot, line)
+            await pilot.pause()
+            new = [str(n.message) for n in list(app._notifications)[before:]]
+            assert len(new) == 1 and said in new[0], (line, new)
+            assert (app.settings.beam_width, app.settings.beam_length, app.settings.adaptive) == (3, 4, False)
+            assert app.settings.speculative and not engine.calls and engine.new_chats == 0
+        await ask(pilot, "/beam 16 1")  # the limits themselves are taken
+        assert (app.settings.beam_width, app.settings.beam_length) == (16, 1)
