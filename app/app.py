@@ -457,6 +457,7 @@ class ChatApp(App):
         width, length = max(lo, min(top_w, width)), max(lo, min(top_l, length))
         self.settings.beam_width, self.settings.beam_length = width, length
         self.settings.adaptive = False
+        self.settings.beam_tuned = False  # chosen while the model loads: the tuned shape must not replace it
         graph = "" if self.settings.graph is None or self.settings.tree else \
             " Graph drafting needs a tree (--tree N): this beam drafts without it."
         plain = " A length of 1 drafts nothing: plain decoding." if length == 1 else ""

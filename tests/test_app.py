@@ -1076,3 +1076,19 @@ async def test_a_known_command_with_bad_arguments_says_how_it_is_written():
             assert app.settings.speculative and not engine.calls and engine.new_chats == 0
         await ask(pilot, "/beam 16 1")  # the limits themselves are taken
         assert (app.settings.beam_width, app.settings.beam_length) == (16, 1)
+
+
+async def test_a_beam_set_while_the_model_loads_is_kept():
+    """F5-F8 or /beam while the model loaded said "Beam: 5 x 4 ... fixed", and then the load put the tuned
+    shape over it (3 x 5, the tree too) without a word. The shape the user chose is kept now, as -W/-L are."""
+    gate = threading.Event()
+    engine = FakeEngine(["Sure."], beam_shape=(3, 5), tree=12, load_gate=gate)
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("f6")  # 4 x 4 -> 5 x 4
+        assert (app.settings.beam_width, app.settings.beam_length, app.settings.adaptive) == (5, 4, False)
+        gate.set()
+        await ready(pilot)
+        assert (app.settings.beam_width, app.settings.beam_length, app.settings.tree) == (5, 4, None)
+        assert "5 × 4 (width × length)" in panel(app)
