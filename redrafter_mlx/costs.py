@@ -477,8 +477,9 @@ def write_cached(loaded, costs: CostModel) -> Optional[Path]:
                 data = {}
         except (OSError, ValueError):
             data = {}
-        old = data.pop(key, None) or {}
-        levels = dict(old.get("draft_level") or {}) if isinstance(old.get("draft_level"), dict) else {}
+        old = data.pop(key, None)
+        old = old if isinstance(old, dict) else {}  # a damaged entry (a list, a string): replaced
+        levels = dict(old["draft_level"]) if isinstance(old.get("draft_level"), dict) else {}
         if costs.draft_level is not None:
             levels[dkey] = costs.draft_level
         data[key] = {**costs.to_dict(), "draft_level": levels,

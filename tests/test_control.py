@@ -614,6 +614,16 @@ def test_a_damaged_cost_cache_is_measured_again(tiny_loaded):
         assert costs.read_cached(tiny_loaded) is None
 
 
+@pytest.mark.parametrize("damage", [[1], "x", 3, None])
+def test_a_damaged_entry_under_this_key_is_measured_again_and_replaced(tiny_loaded, damage):
+    # valid JSON whose entry for this very key is not an object: writing the new curve over it
+    # raised AttributeError ('list' object has no attribute 'get') out of generate()
+    path = tiny_loaded.path / costs.FILE
+    path.write_text(json.dumps({costs.cache_key(tiny_loaded): damage}))
+    assert costs.cost_model(tiny_loaded).source == "measured"
+    assert costs.read_cached(tiny_loaded) is not None
+
+
 def test_a_curve_measured_under_load_is_measured_again_once(tiny_loaded, monkeypatch):
     m = tiny_loaded
     costs.cost_model(m)
