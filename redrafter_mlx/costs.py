@@ -73,6 +73,9 @@ class CostModel:
         if len(sizes) < 1 or len(sizes) != len(seconds) or sizes[0] != 1:
             raise ValueError("a cost model needs the time of 1 token and matching sizes/seconds")
         self.sizes = np.asarray(sizes, dtype=np.float64)
+        if not (np.all(np.isfinite(self.sizes)) and np.all(np.diff(self.sizes) > 0)):
+            # (a damaged cache's [1, 1, ...] divided by zero, its NaNs made every size cost NaN)
+            raise ValueError("a cost model's sizes must rise: 1, 2, 4, ...")
         self.seconds = np.maximum.accumulate(np.asarray(seconds, dtype=np.float64))  # never cheaper for more
         self.draft_level = draft_level  # drafter seconds per tree level (None: not measured yet)
         self.source = source
@@ -455,9 +458,12 @@ def read_cached(loaded) -> Optional[CostModel]:
             if not all(math.isfinite(x) and x > 0 for x in times):
                 continue  # a zero or negative time: damaged (it divided by zero in ratio())
             costs = CostModel(entry["sizes"], entry["seconds"], source=f"cached ({path})",
-                              shape_buckets=bool(entry.get("shape_buckets", False)),
+                              shape_buckets=entry.get("shape_buckets") is True,  # (bool("false") is True)
                               plain=float(entry["plain"]))  # an entry from before plain was timed: measure again
-            costs.draft_level = (entry.get("draft_level") or {}).get(dkey)  # None: not timed with this drafter
+            level = (entry.get("draft_level") or {}).get(dkey)  # None: not timed with this drafter
+            # a damaged figure ("x", -1) is timed again, not used as the drafter's seconds per level
+            ok = isinstance(level, (int, float)) and not isinstance(level, bool) and math.isfinite(level) and level > 0
+            costs.draft_level = float(level) if ok else None
             costs.measured_at = entry.get("measured_at")
             costs.stale, costs.healed = entry.get("stale") or None, bool(entry.get("healed"))
             return costs

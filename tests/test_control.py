@@ -624,6 +624,31 @@ def test_a_damaged_entry_under_this_key_is_measured_again_and_replaced(tiny_load
     assert costs.read_cached(tiny_loaded) is not None
 
 
+def test_a_cached_entry_with_damaged_figures_is_not_used(tiny_loaded):
+    from redrafter_mlx.drafter import new_drafter
+
+    m = tiny_loaded
+    m.drafter, m.drafter_path = new_drafter(m.args), m.path / "drafter"
+    costs.cost_model(m)
+    path = m.path / costs.FILE
+    data = json.loads(path.read_text())
+    key, entry = costs.cache_key(m), data[costs.cache_key(m)]
+    # sizes that do not rise (they divided by zero, or made every size cost NaN): the curve is measured again
+    for sizes in ([1] * len(entry["sizes"]), [1] + [float("nan")] * (len(entry["sizes"]) - 1),
+                  [1] + sorted(entry["sizes"][1:], reverse=True)):
+        path.write_text(json.dumps({**data, key: {**entry, "sizes": sizes}}))
+        assert costs.read_cached(m) is None
+    # a drafter's damaged figure is timed again, the curve kept; "false" is not True
+    for level in ("x", -1.0, None, True):
+        damaged = {**entry, "draft_level": {costs.drafter_key(m): level}, "shape_buckets": "false"}
+        path.write_text(json.dumps({**data, key: damaged}))
+        cached = costs.read_cached(m)
+        assert cached is not None and cached.draft_level is None and cached.shape_buckets is False
+        m.controllers.clear()
+        out = generate(m, "hello", mode="auto", max_tokens=3)
+        assert out.stats.new_tokens == 3 and m.controllers[id(m.drafter)].costs.draft_level > 0
+
+
 def test_a_curve_measured_under_load_is_measured_again_once(tiny_loaded, monkeypatch):
     m = tiny_loaded
     costs.cost_model(m)
