@@ -185,8 +185,11 @@ class Controller:
     def next_step(self, ids, root_known: bool, room: int) -> str:
         """'draft' (drafter + lookup), 'lookup' (the copy alone) or 'plain' for the coming step.
         ids: the context ending with the latest emitted token; root_known: that token is the
-        next step's root (False: a pipelined step will emit one more first, unknown yet)."""
+        next step's root (False: a pipelined step will emit one more first, unknown yet); room:
+        the tokens that step may feed (its root and drafts), within the context and max_tokens."""
         self._learn(ids)
+        if room < 2:  # nothing can be drafted (the reply's last token, the context's end): a plain step
+            return "plain"
         if self.has_drafter and self.parked <= 0 and self._probed == 0 and not self._drafting_can_pay():
             # a probe (or the first drafting) is due; once drafting runs, its measured speed judges it
             self.parked = PARK_MAX  # asked again then: the copies' verifications refine the curve

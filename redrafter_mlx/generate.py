@@ -444,8 +444,11 @@ def stream(
                 return
             start = len(pc.ids)
             t_step = time.perf_counter()
+            # What the controller may draft: a step outputs at most max_tokens - new_tokens tokens (its
+            # accepted drafts and the base model's own), so drafts past that are verified for nothing.
+            ctl_room = min(room, max_tokens - stats.new_tokens)
             if ctl is not None and kind is None:
-                kind = ctl.next_step(pc.ids + [token_id], True, room)
+                kind = ctl.next_step(pc.ids + [token_id], True, ctl_room)
             try:
                 if mode == "ar" or kind == "plain":
                     # One token per step, pipelined as mlx-lm does: the next step's forward is queued
@@ -463,7 +466,7 @@ def stream(
                     pc.ids.append(token_id)
                     after, kind = None, None
                     if room >= 2 and stats.new_tokens + 1 < max_tokens and (
-                            ctl is None or (kind := ctl.next_step(pc.ids, False, room - 1)) == "plain"):
+                            ctl is None or (kind := ctl.next_step(pc.ids, False, ctl_room - 1)) == "plain"):
                         logits, h = model(ahead.reshape(1, 1), pc.cache)
                         after = sampler(logits[0, -1], len(pc.ids) + 1)  # (`ahead` is at len(pc.ids) now)
                         mx.async_eval(after)
@@ -484,7 +487,7 @@ def stream(
                     if ctl is not None:
                         # The controller drafts a candidate tree (the drafter's and the copy's nodes)
                         # and keeps what pays on this machine; `plan.rows` are its root-to-leaf rows.
-                        plan = ctl.plan(kind, drafter, model, h, token_id, pc.ids + [token_id], room,
+                        plan = ctl.plan(kind, drafter, model, h, token_id, pc.ids + [token_id], ctl_room,
                                         graph=graph, context_graph=context_graph)
                         beams_np, drafted = plan.rows, plan.drafted
                         sources_np, aliases = None, plan.aliases

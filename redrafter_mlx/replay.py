@@ -230,19 +230,20 @@ def replay_auto(loaded, ctl, prompt: Sequence[int], tokens: Sequence[int], ended
         room = limit - (P + i)
         if room < 1:
             break
+        ctl_room = min(room, max_tokens - (i + 1))  # as generate: no drafts past what max_tokens leaves
         if kind is None:
-            kind = ctl.next_step(ids[: P + i + 1], True, room)
+            kind = ctl.next_step(ids[: P + i + 1], True, ctl_room)
         out["steps"] += 1
         if kind == "plain":  # emits g[i + 1]; decides the next step before that token is known
             kind = None
             if room >= 2 and i + 2 < max_tokens:
-                kind = ctl.next_step(ids[: P + i + 1], False, room - 1)
+                kind = ctl.next_step(ids[: P + i + 1], False, ctl_room - 1)
             out["packed"] += 1
             out["parked"] += 1
             out["seconds"] += costs.plain
             i += 1
             continue
-        plan = ctl.plan(kind, drafter, loaded.model, hidden[P - 1 + i], g[i], ids[: P + i + 1], room, graph=graph,
+        plan = ctl.plan(kind, drafter, loaded.model, hidden[P - 1 + i], g[i], ids[: P + i + 1], ctl_room, graph=graph,
                         context_graph=context_graph)
         packed = pack(plan.rows)
         path, _ = accept(packed, g_np[np.minimum(i + 1 + packed.depth, len(g))])

@@ -451,6 +451,25 @@ def test_adaptive_stops_at_eos_and_the_context_limit():
         assert auto.tokens == ar.tokens and auto.finish_reason == "context"
 
 
+@pytest.mark.parametrize("use_drafter", [True, False])
+def test_nothing_is_drafted_past_max_tokens(use_drafter):
+    # A step outputs at most what max_tokens leaves: drafts past it were verified for nothing
+    # (with max_tokens=2 the one decode step drafted and verified 4 tokens to output 1).
+    for max_tokens in (2, 3, 9, 40):
+        m = tiny_loaded()
+        ar = generate(m, PROMPT, mode="ar", max_tokens=max_tokens)
+        if not use_drafter:
+            m.drafter = None
+        auto = generate(with_costs(m, flat_costs()), PROMPT, mode="auto", max_tokens=max_tokens)
+        assert auto.tokens == ar.tokens
+        out = 1  # the prefill's token
+        for step in auto.step_stats:
+            assert step.packed <= max_tokens - out, (max_tokens, out, step)  # the root and what it could output
+            out += step.emitted
+        if max_tokens == 2:
+            assert auto.stats.drafted_tokens == 0 and auto.stats.parked_steps == 1
+
+
 def test_auto_without_a_drafter_drafts_from_the_context():
     m = tiny_loaded()
     ar = generate(m, PROMPT, mode="ar", max_tokens=200)
