@@ -156,6 +156,11 @@ def fetch_hub(repo: str, progress=None) -> Path:
         return Path(snapshot_download(repo, allow_patterns=patterns, local_files_only=True))
     except Exception:
         pass
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:  # nothing is downloaded: saying "downloading" and "connect" misled
+        raise NetworkError(f"{repo!r} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE "
+                           "is set: unset HF_HUB_OFFLINE to download it, or pass a local folder")
     if progress:
         progress(f"downloading {repo} from the Hugging Face hub")
     try:

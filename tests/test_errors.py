@@ -360,8 +360,11 @@ def test_hub_id_without_network(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read at import time
     repo = "no-such-org-7f3a/no-such-model-7f3a"
-    msg = raises((NetworkError, ModelNotFoundError), lambda: load(repo), repo)
+    said = []
+    msg = raises((NetworkError, ModelNotFoundError), lambda: load(repo, progress=said.append), repo)
     assert "hub" in msg.lower() and "nor is" in msg and "a local path" in msg  # a mistyped "models/mine" reads as one
+    # offline on purpose: no "downloading" line, and the way out is HF_HUB_OFFLINE, not "connect to the network"
+    assert "HF_HUB_OFFLINE" in msg and "connect" not in msg and not any("downloading" in s for s in said), (msg, said)
 
 
 def test_default_model_download_without_network(monkeypatch, tmp_path):
