@@ -38,6 +38,7 @@ Every figure here is in seconds, and every lookup is a few arithmetic operations
 import hashlib
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -45,7 +46,7 @@ from typing import Callable, Dict, List, Optional
 import mlx.core as mx
 import numpy as np
 
-from ._platform import device_description
+from ._platform import device_description, on_cpu
 from .files import write_json
 from .registry import cache_dir
 
@@ -426,10 +427,41 @@ def model_files_digest(path) -> str:
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
 
+def cpu_name() -> str:
+    """The processor's model name ('' where it cannot be read)."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def machine_key() -> str:
+    """The device as the cache keys it. On a CPU, device_description() names only the
+    architecture and the BLAS ('cpu (x86_64, MKL)'): a model folder copied to, or shared with,
+    another machine (an NFS home), or a process limited to fewer cores (taskset, a container),
+    read the curve another CPU measured. The CPU's model and the cores this process may use
+    are part of it there."""
+    desc = device_description()
+    if not on_cpu():
+        return desc
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # (macOS has no affinity)
+        cores = os.cpu_count() or 0
+    return f"{desc} {cpu_name() or '?'}, {cores} cores"
+
+
 def cache_key(loaded) -> str:
-    """Device, model file (path, size, modification time), weight format and MLX version."""
+    """Device (on a CPU its model and usable cores), model file (path, size, modification time),
+    weight format and MLX version."""
     digest = model_files_digest(loaded.path)
-    return f"{device_description()} | {loaded.weight_format} | mlx {mx.__version__} | {digest}"
+    return f"{machine_key()} | {loaded.weight_format} | mlx {mx.__version__} | {digest}"
 
 
 def cache_paths(loaded) -> List[Path]:

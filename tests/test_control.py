@@ -595,6 +595,29 @@ def test_cost_cache_round_trip_and_invalidation(tiny_loaded, monkeypatch):
     assert len(json.loads((m.path / costs.FILE).read_text())) == 5  # each key kept
 
 
+def test_a_curve_from_another_cpu_or_fewer_cores_is_not_used(tiny_loaded, monkeypatch):
+    # On a CPU the device read "cpu (x86_64, MKL)" alone: a model folder shared with another
+    # machine, or a process under `taskset -c 0`, used the curve another CPU measured.
+    import os
+
+    m = tiny_loaded
+    monkeypatch.setattr(costs, "on_cpu", lambda: True, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(costs, "cpu_name", lambda: "CPU one", raising=False)
+    calls = []
+    real = costs.calibrate
+    monkeypatch.setattr(costs, "calibrate", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    costs.cost_model(m)
+    assert costs.cost_model(m).source.startswith("cached") and len(calls) == 1
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert costs.cost_model(m).source == "measured" and len(calls) == 2
+    monkeypatch.setattr(costs, "cpu_name", lambda: "CPU two", raising=False)
+    assert costs.cost_model(m).source == "measured" and len(calls) == 3
+    monkeypatch.setattr(costs, "cpu_name", lambda: "CPU one", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert costs.cost_model(m).source.startswith("cached") and len(calls) == 3  # the first machine's, kept
+
+
 def test_a_new_drafter_times_its_levels_and_keeps_the_cached_curve(tiny_loaded, monkeypatch):
     from redrafter_mlx.drafter import new_drafter
 
