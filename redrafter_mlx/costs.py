@@ -460,7 +460,17 @@ def machine_key() -> str:
 def cache_key(loaded) -> str:
     """Device (on a CPU its model and usable cores), model file (path, size, modification time),
     weight format and MLX version."""
-    digest = model_files_digest(loaded.path)
+    path = Path(loaded.path)
+    if path.is_file() or any(path.glob("*.safetensors")):
+        digest = model_files_digest(path)
+    else:
+        # A model built in memory (path "."): its files' digest was that of no files, the same for
+        # every such model, and a 12-token tiny model's curve was read back for one of 5,000 tokens.
+        # Its shapes are what its cost depends on: keyed by its configuration (all of it: ModelArgs
+        # holds a few of its fields).
+        config = getattr(loaded.model, "config", None)
+        text = json.dumps(config, sort_keys=True, default=str) if isinstance(config, dict) else repr(loaded.args)
+        digest = "config " + hashlib.sha256(text.encode()).hexdigest()[:16]
     return f"{machine_key()} | {loaded.weight_format} | mlx {mx.__version__} | {digest}"
 
 

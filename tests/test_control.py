@@ -618,6 +618,18 @@ def test_a_curve_from_another_cpu_or_fewer_cores_is_not_used(tiny_loaded, monkey
     assert costs.cost_model(m).source.startswith("cached") and len(calls) == 3  # the first machine's, kept
 
 
+def test_models_built_in_memory_do_not_share_a_curve(monkeypatch, tmp_path):
+    # path "." has no weight files: every such model had the same key, and a 12-token tiny
+    # model's curve was read back for a 5,000-token one
+    monkeypatch.setenv("REDRAFTER_CACHE", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    small, big, wide = tiny_loaded(vocab=12), tiny_loaded(vocab=5000), tiny_loaded(vocab=12)
+    wide.model.config = {**small.model.config, "intermediate_size": 2048}  # a field ModelArgs does not hold
+    assert costs.cost_model(small).source == "measured"
+    assert costs.cost_model(big).source == "measured" and costs.cost_model(wide).source == "measured"
+    assert costs.cost_model(tiny_loaded(vocab=12, seed=3)).source.startswith("cached")  # the same shapes
+
+
 def test_a_new_drafter_times_its_levels_and_keeps_the_cached_curve(tiny_loaded, monkeypatch):
     from redrafter_mlx.drafter import new_drafter
 
