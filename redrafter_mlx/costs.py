@@ -47,7 +47,7 @@ import mlx.core as mx
 import numpy as np
 
 from ._platform import device_description, on_cpu
-from .files import write_json
+from .files import unwritable_ancestor, write_json
 from .registry import cache_dir
 
 FILE = "cost_model.json"
@@ -357,15 +357,17 @@ def time_plain(model, cache, start: int, vocab: int, steps: int = 8) -> float:
 
 
 def calibrate(model, drafter=None, budget: float = BUDGET_SECONDS,
-              progress: Optional[Callable[[str], None]] = None) -> CostModel:
+              progress: Optional[Callable[[str], None]] = None, cached: bool = True) -> CostModel:
     """Time verification of 1, 2, 4, ... 64 tokens, a plain decoding step (and the drafter's
     levels) on this machine. Every size is timed ROUNDS times, the sizes interleaved, and the
     fastest kept: a stall from another process then costs one sample of a size, not its figure
     (a calibration taken beside a burst of load had made 2 tokens cost 1.24x one instead of
     1.1x, and the controller avoided small trees for the whole session)."""
     if progress:
-        progress("measuring this machine's verification cost (once per model and device; a fresh machine compiles "
-                 "GPU kernels first, which on MLX's CUDA backend can take minutes)")
+        progress("measuring this machine's verification cost (" + (
+            "once per model and device" if cached else
+            "every run: there is no folder to cache it in that can be written, set REDRAFTER_CACHE to one"
+        ) + "; a fresh machine compiles GPU kernels first, which on MLX's CUDA backend can take minutes)")
     vocab = int(model.args.vocab_size)
     cache = model.make_cache()
     model.hidden(mx.array(np.arange(CONTEXT) % vocab, dtype=mx.int32)[None], cache)
@@ -514,6 +516,15 @@ def read_cached(loaded) -> Optional[CostModel]:
     return None
 
 
+def can_cache(loaded) -> bool:
+    """Whether a place `write_cached` tries can be written (checked before measuring, to say so)."""
+    for path in cache_paths(loaded):
+        folder = path.parent
+        if (os.access(folder, os.W_OK) if folder.is_dir() else unwritable_ancestor(folder) is None):
+            return True
+    return False
+
+
 def write_cached(loaded, costs: CostModel) -> Optional[Path]:
     """Store the measured curve under this key (other keys kept, at most 8); atomic replace.
     Returns the path written, or None when no location is writable."""
@@ -577,7 +588,7 @@ def cost_model(loaded, progress: Optional[Callable[[str], None]] = None, refresh
     if cached is None or cached.stale:
         if cached is not None and progress:
             progress("the cached cost curve was measured while this machine was busier than it is now: measuring again")
-        costs = calibrate(loaded.model, loaded.drafter, progress=progress)
+        costs = calibrate(loaded.model, loaded.drafter, progress=progress, cached=can_cache(loaded))
         costs.healed = cached is not None
         write_cached(loaded, costs)
     elif time_missing_drafter(loaded, costs):

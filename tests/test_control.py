@@ -630,6 +630,28 @@ def test_models_built_in_memory_do_not_share_a_curve(monkeypatch, tmp_path):
     assert costs.cost_model(tiny_loaded(vocab=12, seed=3)).source.startswith("cached")  # the same shapes
 
 
+def test_where_no_cache_folder_can_be_written_the_one_line_says_so(tiny_loaded, monkeypatch, tmp_path):
+    # a read-only model folder and an unwritable REDRAFTER_CACHE: the curve is measured every run, and
+    # the status line had said "once per model and device" every run (chmod does not bind root: simulated)
+    import os
+
+    monkeypatch.setenv("REDRAFTER_CACHE", str(tmp_path / "cache"))
+    said = []
+    costs.cost_model(tiny_loaded, said.append)
+    assert len(said) == 1 and "once per model and device" in said[0]
+    (tiny_loaded.path / costs.FILE).unlink()
+
+    def refused(path, *a, **kw):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(costs, "write_json", refused)
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False)
+    for _ in range(2):
+        said.clear()
+        assert costs.cost_model(tiny_loaded, said.append).source == "measured"
+        assert len(said) == 1 and "every run" in said[0] and "REDRAFTER_CACHE" in said[0], said
+
+
 def test_a_new_drafter_times_its_levels_and_keeps_the_cached_curve(tiny_loaded, monkeypatch):
     from redrafter_mlx.drafter import new_drafter
 
