@@ -117,13 +117,14 @@ def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, len
     g_np = np.array(g + [-1], dtype=np.int32)  # -1: no choice past the output's end
     out = dict.fromkeys(keys, 0)
     index = ContextIndex()
-    copy_length = CopyLength(lookup, MAX_GROWTH if grow_lookup else 1)
+    # as generate.stream: within a step's draft limit (replay let lookup 1024 grow to 4096 where decoding stops at 1024)
+    copy_length = CopyLength(lookup, MAX_GROWTH if grow_lookup else 1, limit=cli.MAX_DRAFT_TOKENS)
     min_prob = DEFAULT_MIN_PROB if tree_min_prob is None else tree_min_prob
     i = 0  # index in g of the current root
     while i < len(g) - 1:
         context = ids[: P + i + 1]
         if tree and graph is not None and context_graph:  # as generate.stream: the root's copy cut by probability
-            copy = root_copy(index.match(context, lookup * (MAX_GROWTH if grow_lookup else 1)), min_prob)
+            copy = root_copy(index.match(context, copy_length.cap), min_prob)
         else:
             copy = index.match(context, copy_length.length).copy
         sources = None

@@ -207,12 +207,13 @@ class Tokenizer:
         that has none of its own."""
         if system is not None:
             _check_text(system, "the system prompt")
+        # a blank system prompt is no system prompt ("" kept the template's default, "  " replaced it)
+        system = None if system is None or is_blank(system) else system
         if isinstance(prompt, str):
             _check_text(prompt, "the prompt")
             if is_blank(prompt):
                 raise EmptyPromptError("the prompt is empty")
-            # a blank system prompt is no system prompt ("" kept the template's default, "  " replaced it)
-            messages = ([{"role": "system", "content": system}] if system and not is_blank(system) else []) + [
+            messages = ([{"role": "system", "content": system}] if system is not None else []) + [
                 {"role": "user", "content": prompt}]
             ids = self.apply_chat_template(messages)
         elif isinstance(prompt, (bytes, bytearray)):  # a Sequence of ints, which read as token ids
@@ -236,14 +237,14 @@ class Tokenizer:
             if all(is_blank(m["content"]) for m in prompt):
                 raise EmptyPromptError("the conversation has no text")
             messages = list(prompt)
-            if system and not is_blank(system):  # it was ignored: the chat's --system did nothing
+            if system is not None:  # it was ignored: the chat's --system did nothing
                 if messages[0]["role"] == "system":
                     raise InvalidPromptError("the conversation starts with a system message and a system prompt is "
                                              "given too: give one of them")
                 messages.insert(0, {"role": "system", "content": system})
             ids = self.apply_chat_template(messages)
         else:
-            if system and not is_blank(system):
+            if system is not None:
                 raise InvalidPromptError("a system prompt goes with text or messages, not token ids: put it in the "
                                          "ids (the chat template's system turn)")
             ids = prompt.tolist() if hasattr(prompt, "tolist") else list(prompt)
