@@ -47,7 +47,7 @@ import mlx.core as mx
 import numpy as np
 
 from ._platform import device_description, on_cpu
-from .files import unwritable_ancestor, write_json
+from .files import unwritable_ancestor, update_json
 from .registry import cache_dir
 
 FILE = "cost_model.json"
@@ -526,16 +526,12 @@ def can_cache(loaded) -> bool:
 
 
 def write_cached(loaded, costs: CostModel) -> Optional[Path]:
-    """Store the measured curve under this key (other keys kept, at most 8); atomic replace.
+    """Store the measured curve under this key (other keys kept, at most 8); atomic replace, under
+    the folder's lock (files.update_json).
     Returns the path written, or None when no location is writable."""
     key, dkey = cache_key(loaded), drafter_key(loaded)
-    for path in cache_paths(loaded):
-        try:
-            data = json.loads(path.read_text()) if path.is_file() else {}
-            if not isinstance(data, dict):
-                data = {}
-        except (OSError, ValueError):
-            data = {}
+
+    def change(data: Dict) -> Dict:
         old = data.pop(key, None)
         old = old if isinstance(old, dict) else {}  # a damaged entry (a list, a string): replaced
         levels = dict(old["draft_level"]) if isinstance(old.get("draft_level"), dict) else {}
@@ -543,10 +539,11 @@ def write_cached(loaded, costs: CostModel) -> Optional[Path]:
             levels[dkey] = costs.draft_level
         data[key] = {**costs.to_dict(), "draft_level": levels,
                      "measured_at": costs.measured_at or time.strftime("%Y-%m-%d %H:%M:%S")}
-        data = dict(list(data.items())[-8:])
+        return dict(list(data.items())[-8:])
+
+    for path in cache_paths(loaded):
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            return write_json(path, data)
+            return update_json(path, change)
         except OSError:
             continue
     return None

@@ -9,6 +9,11 @@ and process that made them, so what a process killed beyond Python's reach (SIGK
 killer, a power cut) left beside a folder is cleared the next time it is written or looked for
 (`tidy`): a half-written staging folder is deleted, and an old folder set aside by
 `replace_folder` goes back in place if nothing replaced it.
+
+A JSON file several processes add entries to (the cost-model cache, `beam_shape.json`) is
+changed by `update_json`, which holds a lock on its folder from reading it to replacing it: two
+processes that each read the file, added their entry and wrote it back kept only one of the
+entries.
 """
 
 import contextlib
@@ -21,7 +26,12 @@ import socket
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
+
+try:
+    import fcntl
+except ImportError:  # (Windows: no advisory locks; writes stay atomic, a concurrent update can lose an entry)
+    fcntl = None
 
 from .errors import CorruptModelError, one_line
 
@@ -38,6 +48,42 @@ def write_json(path: Path, data: Any, indent: Optional[int] = 1) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path):
+    """An exclusive advisory lock (flock) on `folder` for the block: processes that update a
+    file in it take turns. Where the folder cannot be locked (no flock, a file system without
+    it) the block runs unlocked."""
+    fd = None
+    if fcntl is not None:
+        try:
+            fd = os.open(folder, os.O_RDONLY)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            if fd is not None:
+                os.close(fd)
+            fd = None
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # (closing the descriptor releases the lock)
+
+
+def update_json(path: Path, change: Callable[[Dict[str, Any]], Dict[str, Any]], indent: Optional[int] = 1) -> Path:
+    """Replace the JSON object in `path` with change(it) ({} where the file is missing, damaged or
+    not an object), under a lock on its folder from the read to the atomic replace, so that
+    entries other processes add meanwhile are kept. Makes the folder; raises OSError where it
+    cannot be written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with folder_lock(path.parent):
+        try:
+            data = json.loads(path.read_text()) if path.is_file() else {}
+        except (OSError, ValueError):
+            data = {}
+        return write_json(path, change(data if isinstance(data, dict) else {}), indent=indent)
 
 
 def read_json_object(path: Path, what: str) -> Dict[str, Any]:

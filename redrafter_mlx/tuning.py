@@ -13,6 +13,13 @@ beam's length (lookup.py). `drafting()` is the one rule for which of these a cal
 Lookup order: `beam_shape.json` in the model folder (the GGUF file's folder for a single file:
 written by --tune on this machine), then the one shipped in the drafter folder, then
 DEFAULT_SHAPE. A shape stored for another device is not used.
+
+--tune stores its entry under `device_keys()[0]`: the machine as the cost curve keys it
+(`costs.machine_key`: on a CPU its model and the cores this process may use, since a model folder
+can be shared with another machine) and the weight format (stored 4-bit weights cost ~k times one
+token to verify k on a CPU, where float weights cost ~2x). An entry under the device's
+description alone (a shipped drafter's, or one --tune wrote before) is read where no entry for
+the exact machine and format is stored.
 """
 
 import argparse
@@ -22,7 +29,8 @@ from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from ._platform import device_description
-from .files import write_json
+from .costs import machine_key
+from .files import update_json
 from .tree_search import DEFAULT_MIN_PROB
 
 DEFAULT_SHAPE = (4, 4)  # (beam width W, beam length L counting the base model's token)
@@ -63,13 +71,24 @@ class Tuned(NamedTuple):
     tree_min_prob: Optional[float] = None
 
 
-def read_tuned(folder: Optional[Path], device: Optional[str] = None) -> Optional[Tuned]:
-    """The Tuned entry stored for `device` (default: this one) in folder/beam_shape.json, or None;
-    tree is 0 (beams) when not stored."""
+def device_keys(weight_format: Optional[str] = None) -> List[str]:
+    """The keys an entry for this device is read under, the first the one --tune writes: the
+    machine (costs.machine_key) and, where known, the weight format; then the device's
+    description alone (the shipped drafters' entries, and --tune's before it named the machine)."""
+    exact = machine_key() + (f" | {weight_format}" if weight_format else "")
+    return [exact, device_description()]
+
+
+def read_tuned(folder: Optional[Path], device: Optional[str] = None,
+               weight_format: Optional[str] = None) -> Optional[Tuned]:
+    """The Tuned entry stored for `device` (default: this one, under the first of device_keys()
+    the file holds) in folder/beam_shape.json, or None; tree is 0 (beams) when not stored."""
     if folder is None or not (Path(folder) / FILE).is_file():
         return None
     try:
-        entry = json.loads((Path(folder) / FILE).read_text()).get(device or device_description())
+        data = json.loads((Path(folder) / FILE).read_text())
+        keys = [device] if device else device_keys(weight_format)
+        entry = next((data[k] for k in keys if k in data), None)
         if entry:
             w, n, tree = int(entry["beam_width"]), int(entry["beam_length"]), int(entry.get("tree") or 0)
             lookup = entry.get("lookup")
@@ -89,9 +108,11 @@ def read_beam_shape(folder: Optional[Path], device: Optional[str] = None) -> Opt
     return tuned[:2] if tuned else None
 
 
-def find_tuned(model_path: Path, drafter_path: Optional[Path]) -> Optional[Tuned]:
-    """The Tuned entry for this device: the model folder's file first, then the drafter's."""
-    return read_tuned(model_folder(model_path)) or read_tuned(drafter_path)
+def find_tuned(model_path: Path, drafter_path: Optional[Path], weight_format: Optional[str] = None) -> Optional[Tuned]:
+    """The Tuned entry for this device (and weight format): the model folder's file first, then
+    the drafter's."""
+    return (read_tuned(model_folder(model_path), weight_format=weight_format)
+            or read_tuned(drafter_path, weight_format=weight_format))
 
 
 class Drafting(NamedTuple):
@@ -138,16 +159,11 @@ def drafting(loaded, beam_width: Optional[int] = None, beam_length: Optional[int
 def save_beam_shape(loaded, width: int, length: int, measured: Dict[str, Any], tree: int = 0,
                     lookup: int = DEFAULT_LOOKUP, tree_min_prob: float = DEFAULT_MIN_PROB) -> Path:
     """Store (width, length), the dynamic-tree node budget (0: beams), the lookup length and the
-    tree's probability floor for this device in the model folder, keeping other devices' entries.
+    tree's probability floor for this machine and weight format (device_keys()[0]) in the model
+    folder, keeping other entries.
     The file is replaced atomically, and `loaded` adopts the values. Returns its path."""
     path = model_folder(loaded.path) / FILE
-    data = {}
-    if path.is_file():
-        try:
-            data = json.loads(path.read_text())
-        except ValueError:
-            data = {}
-    data[device_description()] = {
+    entry = {
         "beam_width": int(width),
         "beam_length": int(length),
         "tree": int(tree),
@@ -157,7 +173,7 @@ def save_beam_shape(loaded, width: int, length: int, measured: Dict[str, Any], t
         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         **measured,
     }
-    write_json(path, data)
+    update_json(path, lambda data: {**data, device_keys(getattr(loaded, "weight_format", None))[0]: entry})
     loaded.beam_shape = (int(width), int(length))
     loaded.tree, loaded.lookup, loaded.tree_min_prob = int(tree), int(lookup), float(tree_min_prob)
     return path

@@ -504,6 +504,41 @@ def test_drafting_defaults_follow_the_tuned_entry(tmp_path):
     assert tuple(read_tuned(tmp_path, "old")) == (1, 3, 0, None, None)
 
 
+def test_a_tuned_shape_is_kept_per_machine_and_weight_format(model_dir, monkeypatch):
+    """beam_shape.json was keyed by device_description() alone ('cpu (x86_64, MKL)'): a model folder
+    shared with another CPU, a process under taskset, or the same model loaded with its stored 4-bit
+    weights (which cost ~k times one token to verify k here) took the shape another one measured.
+    An entry under the description alone (a shipped drafter's, an older --tune's) is still read
+    where none names this machine and format."""
+    import os
+
+    from redrafter_mlx import costs
+    from redrafter_mlx._platform import device_description
+    from redrafter_mlx.tuning import device_keys, save_beam_shape
+
+    monkeypatch.setattr(costs, "on_cpu", lambda: True, raising=False)
+    monkeypatch.setattr(costs, "cpu_name", lambda: "CPU one", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    (model_dir / FILE).write_text(json.dumps({device_description(): {"beam_width": 1, "beam_length": 3}}))
+    m = load(str(model_dir), weight_format="float32")
+    assert m.beam_shape == (1, 3)  # the older entry, read where this machine has none
+    save_beam_shape(m, 2, 4, {"speedup": 1.0}, tree=5, lookup=0, tree_min_prob=0.3)
+    stored = json.loads((model_dir / FILE).read_text())
+    assert set(stored) == {device_description(), device_keys("float32")[0]}
+    assert "CPU one, 2 cores | float32" in device_keys("float32")[0]
+    m = load(str(model_dir), weight_format="float32")
+    assert (*m.beam_shape, m.tree, m.lookup, m.tree_min_prob) == (2, 4, 5, 0, 0.3)
+    # another format, another CPU, fewer cores: not this entry (the description's, as before tuning)
+    assert load(str(model_dir), weight_format="float16").beam_shape == (1, 3)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert load(str(model_dir), weight_format="float32").beam_shape == (1, 3)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(costs, "cpu_name", lambda: "CPU two", raising=False)
+    assert load(str(model_dir), weight_format="float32").beam_shape == (1, 3)
+    monkeypatch.setattr(costs, "cpu_name", lambda: "CPU one", raising=False)
+    assert load(str(model_dir), weight_format="float32").beam_shape == (2, 4)
+
+
 def test_bad_input_is_reported(model_dir, tmp_path, capsys):
     rc, _, err = run(capsys, "--model", model_dir, "--prompts", tmp_path / "missing.jsonl")
     assert rc == 2 and "not found" in err

@@ -644,7 +644,7 @@ def test_where_no_cache_folder_can_be_written_the_one_line_says_so(tiny_loaded, 
     def refused(path, *a, **kw):
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(costs, "write_json", refused)
+    monkeypatch.setattr(costs, "update_json", refused)
     monkeypatch.setattr(os, "access", lambda path, mode, **kw: False)
     for _ in range(2):
         said.clear()

@@ -1,6 +1,7 @@
 """Foundation: KV cache, tree-masked forward, loading (folder, GGUF, quantized), tokenizer, errors."""
 
 import json
+import time
 
 import mlx.core as mx
 import numpy as np
@@ -241,6 +242,38 @@ def test_corrupt_and_unsupported(tmp_path):
     (tmp_path / "bad.gguf").write_bytes(b"GGUF" + b"\0" * 20)
     with pytest.raises((CorruptModelError, UnsupportedModelError)):
         load(str(tmp_path / "bad.gguf"))
+
+
+def test_concurrent_updates_of_a_json_file_keep_every_entry(tmp_path):
+    """Two processes measuring a cost curve (or tuning) at once each read the file, added their
+    entry and replaced it: the one that wrote last dropped the other's. update_json holds the
+    folder's lock from read to replace; the first update here waits inside its change until the
+    second has started, which without the lock read the file before the first was written."""
+    import threading
+
+    from redrafter_mlx.files import update_json
+
+    path = tmp_path / "cost_model.json"
+    update_json(path, lambda d: {**d, "old": 0})
+    inside, done = threading.Event(), []
+
+    def slow(d):
+        inside.set()
+        time.sleep(0.5)
+        return {**d, "a": 1}
+
+    first = threading.Thread(target=lambda: done.append(update_json(path, slow)))
+    first.start()
+    assert inside.wait(10)
+    second = threading.Thread(target=lambda: done.append(update_json(path, lambda d: {**d, "b": 2})))
+    second.start()
+    first.join(10)
+    second.join(10)
+    assert len(done) == 2 and json.loads(path.read_text()) == {"old": 0, "a": 1, "b": 2}
+    path.write_text("[1, 2")  # damaged: starts afresh
+    update_json(path, lambda d: {**d, "c": 3})
+    assert json.loads(path.read_text()) == {"c": 3}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cost_model.json"]
 
 
 def test_hub_id_without_network(monkeypatch, tmp_path):
