@@ -279,6 +279,9 @@ def main(argv=None) -> int:
         # Still inside MLX (a load, or a step longer than that): finalizing the interpreter around a
         # thread that runs MLX can abort the process ("terminate called without an active
         # exception"); leave without tearing the runtime down.
+        registry = sys.modules.get("redrafter_mlx.registry")  # (imported by the load, if it got that far)
+        if registry is not None:
+            registry.stop_downloads()  # pip went on downloading the default model after the chat had left
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)

