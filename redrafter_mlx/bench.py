@@ -317,11 +317,15 @@ def print_categories(cats: Dict[str, Dict[str, Dict]], modes: List[str], out=Non
 
 def print_table(results: List[Dict], summary: Dict, modes: List[str], out=None):
     out = out or sys.stdout
-    print(f"{'question':>9} {'category':<12} {'mode':<16} {'new':>5} {'steps':>5} {'tok/step':>8} {'tok/s':>7}", file=out)
+    # as wide as the names (Spec-Bench's "math_reasoning" was cut to 12; "redrafter+tree6@0.001" pushed the row out)
+    c = max([12] + [len(str(r["category"])) for r in results])
+    v = max([16] + [len(variant_of(r)) for r in results] + [len(m) for m in modes])
+    print(f"{'question':>9} {'category':<{c}} {'mode':<{v}} {'new':>5} {'steps':>5} {'tok/step':>8} {'tok/s':>7}",
+          file=out)
     for r in results:
         question = f"{r['question_id']}" + (f"/{r['turn']}" if "turn" in r else "")
         print(
-            f"{question:>9} {r['category'][:12]:<12} {variant_of(r):<16} {r['new_tokens']:>5} {r['steps']:>5} "
+            f"{question:>9} {str(r['category']):<{c}} {variant_of(r):<{v}} {r['new_tokens']:>5} {r['steps']:>5} "
             f"{r['tokens_per_step']:>8.2f} {r['tokens_per_second']:>7.2f}",
             file=out,
         )
@@ -342,7 +346,7 @@ def print_table(results: List[Dict], summary: Dict, modes: List[str], out=None):
         if "identical_to_ar" in s:
             extra += f"  identical_to_ar {s['identical_to_ar']}"
         print(
-            f"{mode:<16} tok/s {s['tokens_per_second']:7.2f}  tokens/step {s['tokens_per_step']:5.2f}  "
+            f"{mode:<{v}} tok/s {s['tokens_per_second']:7.2f}  tokens/step {s['tokens_per_step']:5.2f}  "
             f"speedup {_speedup(s):>6}  peak {s['peak_memory_mb']:.0f} MB{extra}",
             file=out,
         )

@@ -237,7 +237,9 @@ def stream(
     loaded: a LoadedModel from `load()`. prompt: text (wrapped in the chat template), a list
     of {"role", "content"} messages (roles: system, user, assistant, tool), or a list of token
     ids (used as is).
-    mode: "ar" (plain decoding), "redrafter" (needs a drafter), or "auto".
+    mode: "ar" (plain decoding: the drafting settings below are not used, so a caller can switch
+    speculation off without dropping them; the CLIs refuse them with --mode ar), "redrafter"
+    (needs a drafter), or "auto".
     With no drafting setting given (beam_width, beam_length, tree, tree_min_prob, lookup and
     draft_top_k all None), "auto" and "redrafter" are adaptive (control.py): every step the
     controller keeps the draft nodes that maximize expected tokens per second on this machine's

@@ -539,6 +539,27 @@ def test_a_tuned_shape_is_kept_per_machine_and_weight_format(model_dir, monkeypa
     assert load(str(model_dir), weight_format="float32").beam_shape == (2, 4)
 
 
+def test_the_table_fits_long_category_and_variant_names():
+    """Spec-Bench's "math_reasoning" was cut to 12 characters, and a variant such as
+    "redrafter+tree6@0.001" pushed its row out of the columns."""
+    import io
+
+    row = {"new_tokens": 9, "steps": 4, "tokens_per_step": 2.25, "tokens_per_second": 10.0}
+    results = [{"question_id": 1, "category": "math_reasoning", "mode": "ar", **row},
+               {"question_id": 1, "category": "math_reasoning", "mode": "redrafter",
+                "variant": "redrafter+tree6@0.001", **row}]
+    summary = {m: {"tokens_per_second": 10.0, "tokens_per_step": 2.25, "peak_memory_mb": 1.0}
+               for m in ("ar", "redrafter+tree6@0.001")}
+    out = io.StringIO()
+    bench.print_table(results, summary, ["ar", "redrafter+tree6@0.001"], out)
+    lines = out.getvalue().splitlines()
+    assert "math_reasoning" in lines[1] and "math_reasoning" in lines[2]
+    new_ends = lines[0].index("new") + 3  # the "new" column ends under its heading in every row
+    assert [line.index(" 9 ") + 2 for line in lines[1:3]] == [new_ends, new_ends]
+    summaries = [line for line in lines if "tok/s" in line and "tokens/step" in line]
+    assert len({line.index("tok/s") for line in summaries}) == 1
+
+
 def test_bad_input_is_reported(model_dir, tmp_path, capsys):
     rc, _, err = run(capsys, "--model", model_dir, "--prompts", tmp_path / "missing.jsonl")
     assert rc == 2 and "not found" in err
