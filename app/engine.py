@@ -76,7 +76,7 @@ class Stats:
     steps: int = 0
     tokens_per_second: float = 0.0  # decode steps only, prefill excluded
     tokens_per_step: float = 0.0  # mean
-    last_step_tokens: int = 0  # tokens of the last step that emitted any
+    last_step_tokens: int = 0  # tokens of the last step, an end token it found included (as tokens_per_step counts)
     acceptance: float = 0.0  # accepted draft tokens / draft positions tried
     accepted_tokens: int = 0
     accepted_lengths: Tuple[int, ...] = ()  # tokens emitted per step
@@ -398,8 +398,8 @@ class Engine(EngineThread):
             should_stop=should_stop,
             progress=on_status,
         ):
-            if ev.step is not None and ev.step.emitted:  # not a final step that only found the end token
-                last = ev.step.emitted
+            if ev.step is not None:  # its tokens as the mean counts them: the end token it stopped at included
+                last = ev.step.emitted + int(ev.step.ended)
             s = ev.stats
             stats = Stats(
                 mode=s.mode,

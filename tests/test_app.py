@@ -938,6 +938,33 @@ def test_the_chats_system_prompt_reaches_the_model(tiny_loaded):
         engine.wait(10)
 
 
+def test_the_last_steps_tokens_count_as_the_mean_counts_them(tiny_loaded, monkeypatch):
+    """The stats panel showed "N last · M mean": the mean counted the end token a step stopped at, and
+    "last" did not (a step of 2 tokens and the end token read "2 last", and a mean of 3)."""
+    import redrafter_mlx
+    from redrafter_mlx import PromptCache
+    from redrafter_mlx.generate import Event
+    from redrafter_mlx.stats import RunStats, StepStats
+
+    def stream(*args, **kwargs):  # two speculative steps: 3 tokens, then 2 and the end token
+        stats = RunStats(mode="redrafter")
+        for step, finish in ((StepStats(emitted=3, accepted=2), None), (StepStats(emitted=2, accepted=2, ended=True), "eos")):
+            stats.add(step)
+            yield Event("x", [1] * step.emitted, stats, step, finish)
+
+    monkeypatch.setattr(redrafter_mlx, "stream", stream)
+    engine = Engine("unused", warm_up=False)
+    try:
+        engine._m, engine._cache = tiny_loaded, PromptCache(tiny_loaded.model)
+        chunks = list(engine.reply([{"role": "user", "content": "a"}], Settings(max_tokens=30), lambda: False))
+        final = chunks[-1]
+        assert final.finish_reason == "eos" and final.stats.tokens_per_step == 3.0
+        assert final.stats.last_step_tokens == 3
+    finally:
+        engine.close()
+        engine.wait(10)
+
+
 def test_the_chats_rule_for_unused_drafting_options_is_the_librarys(monkeypatch, capsys):
     """The chat mirrors redrafter_mlx.cli.unused_drafting_error (it does not import the library while
     parsing): over every combination of the drafting options, with and without --no-drafter, both
