@@ -105,13 +105,13 @@ class Event:
 
 @dataclass
 class Generation:
-    text: str
-    tokens: List[int]
-    prompt_tokens: List[int]
+    text: str  # the reply (the end-of-turn token not included)
+    tokens: List[int]  # its token ids
+    prompt_tokens: List[int]  # the prompt's token ids, chat template included
     stats: RunStats
-    finish_reason: str
-    events: int = 0
-    step_stats: List[StepStats] = field(default_factory=list)
+    finish_reason: str  # "eos" | "length" | "context" | "cancelled"
+    events: int = 0  # events `stream` yielded (see Event: the first, then one per decode step, and perhaps an end)
+    step_stats: List[StepStats] = field(default_factory=list)  # one per decode step (stats.steps of them)
 
 
 def _prefill(model, pc: PromptCache, prompt: List[int], stopped: Callable[[], bool],
@@ -605,11 +605,12 @@ def generate(loaded, prompt, **kwargs) -> Generation:
     """Run `stream` to the end; returns text, token ids, prompt ids and stats."""
     _check_names("generate", kwargs)
     _check_loaded("generate", loaded)
-    text, tokens, steps, last = [], [], [], None
+    text, tokens, steps, last, events = [], [], [], None, 0
     for last in stream(loaded, prompt, **kwargs):
+        events += 1
         text.append(last.text)
         tokens.extend(last.tokens)
         if last.step is not None:
             steps.append(last.step)
     prompt_ids = loaded.tokenizer.prompt_ids(prompt, system=kwargs.get("system"))
-    return Generation("".join(text), tokens, prompt_ids, last.stats, last.finish_reason, len(steps), steps)
+    return Generation("".join(text), tokens, prompt_ids, last.stats, last.finish_reason, events, steps)

@@ -74,6 +74,9 @@ def test_stream_events(tiny_loaded):
     assert [e.finish_reason for e in events] == [None] * 4 + ["length"]
     assert all(e.stats is events[0].stats for e in events)
     assert events[-1].stats.new_tokens == 5 and events[-1].stats.steps == 4
+    # generate() counts the events stream yielded (it counted the decode steps: 4 of these 5)
+    g = generate(m, PROMPT, max_tokens=5)
+    assert g.events == len(events) == 5 and len(g.step_stats) == g.stats.steps == 4
 
 
 def test_max_tokens(tiny_loaded):
