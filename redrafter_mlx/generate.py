@@ -286,6 +286,10 @@ def stream(
         raise SettingError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
     _check_types(max_tokens=max_tokens, beam_width=beam_width, beam_length=beam_length, draft_top_k=draft_top_k,
                  lookup=lookup, tree=tree, graph=graph, tree_min_prob=tree_min_prob)
+    # numpy's integers (np.arange's) pass as whole numbers: as Python ints they reach RunStats, whose to_dict()
+    # json.dumps refused ("Object of type int64 is not JSON serializable")
+    max_tokens, beam_width, beam_length, draft_top_k, lookup, tree, graph = (
+        None if v is None else int(v) for v in (max_tokens, beam_width, beam_length, draft_top_k, lookup, tree, graph))
     for name, flag in (("use_drafter", use_drafter), ("context_graph", context_graph)):
         if not isinstance(flag, (bool, np.bool_)):  # use_drafter="no" was taken as True
             raise SettingError(f"{name} must be True or False, not {flag!r}")

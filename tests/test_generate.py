@@ -79,6 +79,26 @@ def test_stream_events(tiny_loaded):
     assert g.events == len(events) == 5 and len(g.step_stats) == g.stats.steps == 4
 
 
+def test_numpy_settings_give_stats_json_can_write(tiny_kit, tmp_path):
+    """Counts given as numpy integers (a sweep over np.arange) were kept as such in RunStats, whose
+    to_dict() json.dumps then refused ("Object of type int64 is not JSON serializable")."""
+    import json
+
+    from redrafter_mlx import load
+    from redrafter_mlx.drafter import new_drafter, save_drafter
+
+    model = tiny_kit.model(seed=0)
+    path = tiny_kit.write_folder(tmp_path / "m", model)
+    save_drafter(new_drafter(model.args, lm_head="shared", seed=1), path / "drafter")
+    m = load(str(path))
+    g = generate(m, PROMPT, mode="redrafter", max_tokens=np.int64(6), beam_width=np.int64(2),
+                 beam_length=np.int32(3), lookup=np.int64(0))
+    assert g.stats.beam_width == 2 and type(g.stats.beam_width) is int and len(g.tokens) == 6
+    assert json.loads(json.dumps(g.stats.to_dict()))["beam_length"] == 3
+    g = generate(m, PROMPT, mode="redrafter", max_tokens=6, tree=np.int64(8), tree_min_prob=np.float32(0.2))
+    assert json.loads(json.dumps(g.stats.to_dict()))["tree"] == 8
+
+
 def test_max_tokens(tiny_loaded):
     m = tiny_loaded
     full = generate(m, PROMPT, max_tokens=12).tokens
