@@ -96,8 +96,15 @@ class PromptCache:
 
 @dataclass
 class Event:
+    """What one step of `stream` added. The first event carries the token sampled from the prompt's
+    last logits, with step None (no token where it was the end of turn or the prompt's reading was
+    cancelled); each later one a decode step's tokens and its StepStats, but for a last event that
+    only ends the reply ("cancelled", "context": no tokens, step None)."""
+
     text: str  # text delta since the previous event
     tokens: List[int]  # token ids this event added
+    # The run so far: one RunStats object, updated in place as the reply goes on (every event of a
+    # stream holds the same one), so read its figures as the event arrives, or copy.deepcopy it.
     stats: RunStats
     step: Optional[StepStats] = None
     finish_reason: Optional[str] = None  # "eos" | "length" | "context" | "cancelled" on the last event
@@ -272,9 +279,19 @@ def stream(
     copy runs up to 4 x `lookup`, cut by its calibrated probability (graph.root_copy). Needs a
     tree (`tree` > 0) when drafting is fixed; adaptive drafting chooses among grafted nodes as
     among any. None: a tree, as without GSD.
-    seed: sampling's random seed. A draw depends only on the seed and its position in the sequence
-    (sampling.py), so a seed gives plain decoding's reply in every mode and with every tree, the
-    adaptive controller's (whose trees follow measured timings) included.
+    max_tokens: the longest reply in tokens (>= 1); it also ends at the chat template's end-of-turn
+    token (not output), at the model's context length ("context"), or when should_stop() returns
+    True, which is asked between prompt chunks and before each decode step ("cancelled").
+    temperature: 0 (the default) decodes greedily, token for token plain decoding; above 0, tokens
+    are drawn from softmax(logits / temperature) of the base model, restricted to the smallest
+    set of tokens holding top_p of the probability (top_p in (0, 1]; 1: all of them).
+    seed: sampling's random seed (None: a fresh one for each reply). A draw depends only on the
+    seed and its position in the sequence (sampling.py), so a seed gives plain decoding's reply in
+    every mode and with every tree, the adaptive controller's (whose trees follow measured
+    timings) included.
+    prompt_cache: a PromptCache(loaded.model) kept across calls (the turns of a chat): the prompt's
+    longest prefix it holds is not read again. One per model and conversation, used by one stream
+    at a time (a stream whose cache another call used before it ended stops with a SettingError).
     system: a system prompt, put first before a text prompt or a message list that has no system
     message (blank or None: the chat template's default); refused with token ids.
     progress: called with a line of text while an adaptive call calibrates this machine's cost
