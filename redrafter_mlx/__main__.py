@@ -129,12 +129,15 @@ def _reply(args) -> int:
     print()
     s = last.stats
     label = "redrafter, adaptive" if s.mode == "auto" and args.mode == "redrafter" else s.mode  # what ran
-    line = (f"[{label}: {s.new_tokens} tokens, {s.tokens_per_second:.1f} tok/s, {s.tokens_per_step:.2f} tokens/step, "
+    # a reply of the prefill's token alone (--max-tokens 1, an end of turn or a cancel first) ran no decode step:
+    # its rates read "0.0 tok/s, 0.00 tokens/step", as if decoding had stalled
+    rates = f"{s.tokens_per_second:.1f} tok/s, {s.tokens_per_step:.2f} tokens/step" if s.steps else "no decode step"
+    line = (f"[{label}: {s.new_tokens} token{'' if s.new_tokens == 1 else 's'}, {rates}, "
             f"prefill {s.prefill_seconds:.2f}s ({s.prompt_tokens} tokens), stop: {last.finish_reason}")
-    if s.mode == "redrafter":
+    if s.steps and s.mode == "redrafter":
         line += f", acceptance {s.acceptance_rate:.2f}, W={s.beam_width} L={s.beam_length}"
         line += f" tree={s.tree}" if s.tree else ""
-    elif s.mode == "auto":
+    elif s.steps and s.mode == "auto":
         c = s.controller
         line += (f", adaptive: {s.packed_per_step:.1f} tokens verified/step, {s.parked_share:.0%} of steps plain, "
                  f"verify 16 tokens = {c.get('x16', 0):.2f}x one")

@@ -223,6 +223,11 @@ def test_main_cli_labels_an_adaptive_redrafter_run_as_such(tiny_kit, tmp_path, c
     assert "\n[redrafter, adaptive: 4 tokens" in capsys.readouterr().err
     assert main(["--model", str(path), "--mode", "redrafter", "--beam-width", "2", "--beam-length", "3", "--max-tokens", "4", "hi"]) == 0
     assert "\n[redrafter: 4 tokens" in capsys.readouterr().err
+    # the prefill's token alone ran no decode step: its rates read "0.0 tok/s, 0.00 tokens/step"
+    assert main(["--model", str(path), "--mode", "redrafter", "--max-tokens", "1", "hi"]) == 0
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith("[redrafter, adaptive: 1 token, no decode step, prefill ") and "tok/s" not in last
+    assert "verified/step" not in last and last.endswith("stop: length]")
 
 
 def test_every_tool_says_a_bad_option_in_one_line(capsys):
