@@ -116,10 +116,14 @@ class RunStats:
 
     @property
     def merged_tokens(self) -> int:
-        """Tokens the prefix merge removed from verification: W * L per step minus packed."""
-        if not self.beam_width or self.tree:  # a dynamic tree drafts no fixed block to merge
+        """Draft tokens the prefix merge removed from verification: those drafted (the beams or the
+        tree, and the lookup copy) plus each step's root, minus those packed. (W * L per step minus
+        packed went negative with a lookup copy, which is packed too, and counted W - 1 copies of
+        the root.) 0 where drafting is not fixed, or with graph drafting (its grafts are packed
+        without being drafted)."""
+        if self.mode != "redrafter" or self.adaptive or self.aliases or self.grafted_tokens:
             return 0
-        return self.steps * self.beam_width * self.beam_length - self.packed_tokens
+        return self.drafted_tokens + self.steps - self.packed_tokens
 
     def histogram(self) -> Dict[int, int]:
         return dict(sorted(Counter(self.accepted_lengths).items()))

@@ -79,24 +79,42 @@ def test_stream_events(tiny_loaded):
     assert g.events == len(events) == 5 and len(g.step_stats) == g.stats.steps == 4
 
 
-def test_numpy_settings_give_stats_json_can_write(tiny_kit, tmp_path):
-    """Counts given as numpy integers (a sweep over np.arange) were kept as such in RunStats, whose
-    to_dict() json.dumps then refused ("Object of type int64 is not JSON serializable")."""
-    import json
-
+def with_drafter(tiny_kit, tmp_path):
+    """The tiny model loaded with a (random) drafter of its own."""
     from redrafter_mlx import load
     from redrafter_mlx.drafter import new_drafter, save_drafter
 
     model = tiny_kit.model(seed=0)
     path = tiny_kit.write_folder(tmp_path / "m", model)
     save_drafter(new_drafter(model.args, lm_head="shared", seed=1), path / "drafter")
-    m = load(str(path))
+    return load(str(path))
+
+
+def test_numpy_settings_give_stats_json_can_write(tiny_kit, tmp_path):
+    """Counts given as numpy integers (a sweep over np.arange) were kept as such in RunStats, whose
+    to_dict() json.dumps then refused ("Object of type int64 is not JSON serializable")."""
+    import json
+
+    m = with_drafter(tiny_kit, tmp_path)
     g = generate(m, PROMPT, mode="redrafter", max_tokens=np.int64(6), beam_width=np.int64(2),
                  beam_length=np.int32(3), lookup=np.int64(0))
     assert g.stats.beam_width == 2 and type(g.stats.beam_width) is int and len(g.tokens) == 6
     assert json.loads(json.dumps(g.stats.to_dict()))["beam_length"] == 3
     g = generate(m, PROMPT, mode="redrafter", max_tokens=6, tree=np.int64(8), tree_min_prob=np.float32(0.2))
     assert json.loads(json.dumps(g.stats.to_dict()))["tree"] == 8
+
+
+def test_merged_tokens_counts_the_drafts_the_prefix_merge_removed(tiny_kit, tmp_path):
+    """W * L per step minus packed went negative with a lookup copy (packed too: -40 for 1 x 2 beams and
+    lookup 8) and counted W - 1 copies of the root as merged."""
+    m = with_drafter(tiny_kit, tmp_path)
+    prompt = "the cat the cat the cat"
+    s = generate(m, prompt, mode="redrafter", max_tokens=30, beam_width=3, beam_length=3, lookup=0).stats
+    assert s.merged_tokens == s.steps * (3 * 2 + 1) - s.packed_tokens  # each step: 6 drafts and the root
+    for kw in (dict(beam_width=1, beam_length=2, lookup=8), dict(tree=8, lookup=8)):
+        s = generate(m, prompt, mode="redrafter", max_tokens=30, **kw).stats
+        assert s.looked_up_tokens > 0 and 0 <= s.merged_tokens == s.drafted_tokens + s.steps - s.packed_tokens, kw
+    assert generate(m, prompt, mode="ar", max_tokens=5).stats.merged_tokens == 0
 
 
 def test_max_tokens(tiny_loaded):
