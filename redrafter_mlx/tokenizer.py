@@ -218,6 +218,9 @@ class Tokenizer:
             ids = self.apply_chat_template(messages)
         elif isinstance(prompt, (bytes, bytearray)):  # a Sequence of ints, which read as token ids
             raise InvalidPromptError("a prompt is text, not bytes: decode it first (e.g. .decode('utf-8'))")
+        elif isinstance(prompt, dict):  # one message: what it is not was said, not what to do
+            raise InvalidPromptError("a prompt is text, a list of messages or a list of token ids, not one message "
+                                     "(dict): put it in a list, [{'role': 'user', 'content': ...}]")
         elif not isinstance(prompt, Sequence) and not hasattr(prompt, "tolist"):
             raise InvalidPromptError("a prompt is text, a list of messages ({'role': ..., 'content': ...}) or a list of "
                                      f"token ids, not {type(prompt).__name__}")
@@ -249,6 +252,9 @@ class Tokenizer:
                                          "ids (the chat template's system turn)")
             ids = prompt.tolist() if hasattr(prompt, "tolist") else list(prompt)
             bad = next((t for t in ids if not is_token_id(t)), None)
+            if isinstance(bad, (list, tuple)):  # a (1, T) batch, as a tokenizer returns with return_tensors
+                raise InvalidPromptError(f"token ids are one flat list (one sequence), not a list of lists: {bad!r:.40} "
+                                         "is one element (pass ids[0] for a batch of one)")
             if bad is not None:
                 raise InvalidPromptError(f"token ids are whole numbers from 0 to the vocabulary's size - 1, not {bad!r}")
             ids = [int(t) for t in ids]

@@ -117,6 +117,19 @@ def test_merged_tokens_counts_the_drafts_the_prefix_merge_removed(tiny_kit, tmp_
     assert generate(m, prompt, mode="ar", max_tokens=5).stats.merged_tokens == 0
 
 
+def test_a_prompt_of_the_wrong_shape_says_what_to_pass(tiny_loaded):
+    """One message (a dict) read "not dict", and a (1, T) batch of ids (a tokenizer's return_tensors)
+    "token ids are whole numbers ..., not [3, 4, 5]": what the prompt is not, not what to pass."""
+    from redrafter_mlx.errors import InvalidPromptError
+
+    with pytest.raises(InvalidPromptError, match=r"not one message \(dict\): put it in a list"):
+        generate(tiny_loaded, {"role": "user", "content": "hi"}, mode="ar")
+    for batch in (np.array([[3, 4, 5]]), [[3, 4, 5]]):
+        with pytest.raises(InvalidPromptError, match=r"one flat list .*\(pass ids\[0\] for a batch of one"):
+            generate(tiny_loaded, batch, mode="ar")
+    assert generate(tiny_loaded, np.array([[3, 4, 5]])[0], mode="ar", max_tokens=2).prompt_tokens == [3, 4, 5]
+
+
 def test_max_tokens(tiny_loaded):
     m = tiny_loaded
     full = generate(m, PROMPT, max_tokens=12).tokens
