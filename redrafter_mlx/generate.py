@@ -80,9 +80,13 @@ class PromptCache:
         return self.truncate(n)
 
     def truncate(self, n: int) -> int:
-        """Keep the first n tokens; returns how many are kept: n, or 0 where a windowed layer
-        already dropped keys that decoding from n would need (the cache then starts over, and
-        the next prompt is prefilled whole)."""
+        """Keep the first n tokens; returns how many are kept: n (all of them where n is more), or 0
+        where a windowed layer already dropped keys that decoding from n would need (the cache
+        then starts over, and the next prompt is prefilled whole)."""
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+            # -1 rewound the cache past its start (a ValueError from the first layer); 1.5 failed slicing the ids
+            raise SettingError(f"PromptCache.truncate takes a number of tokens >= 0, not {n!r}")
+        n = min(int(n), len(self.ids))  # more than it holds returned n, the count asked for, not the one kept
         if not self.cache.can_trim_to(n):
             self.cache.clear()
             n = 0

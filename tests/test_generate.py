@@ -368,6 +368,25 @@ def test_prompt_cache_reuses_the_common_prefix(tiny_loaded, monkeypatch):
     assert_cache_holds(m.model, pc)
 
 
+def test_truncating_a_prompt_cache_keeps_what_it_says(tiny_loaded):
+    """truncate(n) past the tokens held returned n, not the count kept; -1 failed inside the cache
+    and 1.5 slicing the ids: a user's rewind of a conversation met a bare ValueError or TypeError."""
+    from redrafter_mlx.errors import SettingError
+
+    m = tiny_loaded
+    pc = PromptCache(m.model)
+    generate(m, PROMPT, max_tokens=6, prompt_cache=pc)
+    held = list(pc.ids)
+    assert pc.truncate(10**6) == len(held) and pc.ids == held
+    for bad in (-1, 1.5, True, None):
+        with pytest.raises(SettingError, match="truncate takes a number of tokens >= 0"):
+            pc.truncate(bad)
+    assert pc.ids == held
+    assert_cache_holds(m.model, pc)
+    assert pc.truncate(np.int64(3)) == 3 and pc.ids == held[:3]
+    assert_cache_holds(m.model, pc)
+
+
 def test_closing_the_stream_early_keeps_the_cache_consistent(tiny_loaded):
     m = tiny_loaded
     free = generate(m, PROMPT, max_tokens=20).tokens
