@@ -138,10 +138,11 @@ def reply_rows(stats: Optional[Stats], baseline: Baseline, status: str) -> List[
     return rows
 
 
-def session_rows(info: Optional[EngineInfo], settings: Settings) -> List[Row]:
+def session_rows(info: Optional[EngineInfo], settings: Settings, failed: bool = False) -> List[Row]:
+    """failed: the load failed (the panel said "loading…" beside a status of "load failed")."""
     rows: List[Row] = [("Session", None)]
     if info is None:
-        return rows + [("model", "loading…")]
+        return rows + [("model", "did not load (the reason is in the chat)" if failed else "loading…")]
     weights = info.weight_format + (f" (stored {info.stored_format})" if info.stored_format else "")
     rows += [
         ("model", info.model),
@@ -163,7 +164,7 @@ def session_rows(info: Optional[EngineInfo], settings: Settings) -> List[Row]:
 
 def stats_rows(info: Optional[EngineInfo], settings: Settings, stats: Optional[Stats], baseline: Baseline,
                status: str) -> List[Row]:
-    return reply_rows(stats, baseline, status) + [("", "")] + session_rows(info, settings)
+    return reply_rows(stats, baseline, status) + [("", "")] + session_rows(info, settings, status == "load failed")
 
 
 def as_text(rows: List[Row], label_width: int = 13) -> str:

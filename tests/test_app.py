@@ -381,6 +381,16 @@ async def test_load_progress_and_a_load_error_are_readable():
         assert app.query_one(PromptInput).disabled
 
 
+async def test_the_stats_panel_says_the_model_did_not_load():
+    """After a failed load the panel read "status load failed" above "model loading…"."""
+    app = create_app(FakeEngine(fail_load="no such model"))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.status == "load failed")
+        await pilot.pause()
+        assert "loading" not in panel(app)
+        assert "model        did not load (the reason is in the chat)" in panel(app).splitlines()
+
+
 async def test_real_engine_load_error_is_one_readable_line():
     app = create_app(Engine("no-such-model"))
     async with app.run_test(size=SIZE) as pilot:
