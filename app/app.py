@@ -423,7 +423,17 @@ class ChatApp(App):
     def _later(self) -> str:
         return " (from the next reply)" if self.generating else ""
 
+    def _no_model(self) -> bool:
+        """After a failed load, whether to say so instead of changing a setting nothing will use (Ctrl+T and
+        F5-F8 answered "Speculative decoding off." and "Beam: 5 × 4" with no model to decode)."""
+        if self.status == "load failed":
+            self.notify("No model is loaded, so nothing uses this setting: Ctrl+Q quits (start again with another "
+                        "--model).", severity="warning")
+        return self.status == "load failed"
+
     def action_toggle_speculative(self, on: Optional[bool] = None):
+        if self._no_model():
+            return
         self.settings.speculative = (not self.settings.speculative) if on is None else on
         self.notify(f"Speculative decoding {'on' if self.settings.speculative else 'off'}{self._later()}.")
         self._refresh()
@@ -439,6 +449,8 @@ class ChatApp(App):
     def set_beam(self, width: int, length: int, typed: bool = False):
         """A fixed beam of width x length. The keys step within the limits (a step past one stays at it);
         a typed shape past them is refused, saying the limits (it was clamped without a word)."""
+        if self._no_model():
+            return
         if self.info is not None and self.info.drafter is None:
             how = "adaptive, from the conversation alone" if self.settings.adaptive else \
                 "the conversation's copy alone (--lookup)"
@@ -466,6 +478,8 @@ class ChatApp(App):
         self._refresh()
 
     def action_adaptive(self):
+        if self._no_model():
+            return
         self.settings.adaptive = True
         self.notify(f"Adaptive drafting: each step sized to this machine{self._later()}.")
         self._refresh()

@@ -10,6 +10,7 @@ fetchable: set REDRAFTER_CACHE).
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -389,6 +390,22 @@ async def test_the_stats_panel_says_the_model_did_not_load():
         await pilot.pause()
         assert "loading" not in panel(app)
         assert "model        did not load (the reason is in the chat)" in panel(app).splitlines()
+
+
+async def test_setting_keys_after_a_failed_load_say_no_model_is_loaded():
+    """Ctrl+T and F5-F8 after a failed load answered "Speculative decoding off." and "Beam: 5 × 4", as if a
+    model would use them; they say no model is loaded now, and the settings stay."""
+    app = create_app(FakeEngine(fail_load="no such model"))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.status == "load failed")
+        before = replace(app.settings)
+        for key in ("ctrl+t", "f5", "f6", "f7", "f8"):
+            await pilot.press(key)
+        app.action_adaptive()  # (the command palette's "Adaptive drafting")
+        await pilot.pause()
+        said = [str(n.message) for n in app._notifications]
+        assert len(said) == 6 and all(line.startswith("No model is loaded") for line in said)
+        assert app.settings == before
 
 
 async def test_real_engine_load_error_is_one_readable_line():
