@@ -576,6 +576,20 @@ async def test_the_stats_panel_hides_on_narrow_terminals_and_toggles():
         assert app.query_one(StatsPanel).display
 
 
+async def test_the_stats_panel_shown_on_a_very_narrow_terminal_fits_it():
+    """F2 on a terminal narrower than the panel's 48 columns drew it past the right edge, its figures
+    cut ("44% (8 drafts accepte"); it takes the width there is now, and its lines wrap."""
+    app = create_app(FakeEngine([REPLY]))
+    async with app.run_test(size=(40, 20)) as pilot:
+        await ready(pilot)
+        await ask(pilot, "hi")
+        await finished(pilot)
+        await pilot.press("f2")
+        await pilot.pause()
+        stats = app.query_one(StatsPanel)
+        assert stats.display and stats.region.right <= 40
+
+
 def test_command_line_refusals_and_the_drafting_rule(monkeypatch, capsys):
     """--graph with fixed drafting needs a tree (else every reply would fail); the chat's own
     adaptive-or-fixed rule is the library's; a load error outlives the screen, with status 1."""
