@@ -100,7 +100,7 @@ class ChatApp(App):
         self._after_reply: Optional[Callable] = None  # runs once the cancelled reply has ended
         self._pending: Optional[ReplyProgress] = None  # newest progress not drawn yet
         self._drawn_at = 0.0  # time.monotonic() of the last streamed redraw
-        self._footer_generating: Optional[bool] = None  # the state the footer's bindings show
+        self._footer_cancellable: Optional[bool] = None  # the state the footer's bindings show
         self._queued: Optional[str] = None  # a message sent while the model was loading
         self.user_view: Optional[UserMessage] = None  # the prompt bubble of the reply that runs
         self.load_error: Optional[str] = None  # why the model did not load (main() prints it after the app)
@@ -137,6 +137,11 @@ class ChatApp(App):
         return self.status in ("generating", "cancelling")
 
     @property
+    def cancellable(self) -> bool:
+        """A reply runs, or a message waits for the model to load: Esc and Ctrl+C cancel it."""
+        return self.generating or self._queued is not None
+
+    @property
     def ready(self) -> bool:
         return self.info is not None
 
@@ -144,8 +149,8 @@ class ChatApp(App):
         """Redraw the stats panel and the header from the app's state."""
         status = {"generating": "generating…", "cancelling": "cancelling…"}.get(self.status, self.status)
         self.query_one(StatsPanel).show(stats_rows(self.info, self.settings, self.stats, self.baseline, status))
-        if self.generating != self._footer_generating:  # the footer shows "Cancel" only while a reply runs
-            self._footer_generating = self.generating
+        if self.cancellable != self._footer_cancellable:  # the footer shows "Cancel" only while there is one
+            self._footer_cancellable = self.cancellable
             self.refresh_bindings()
         if self.info is not None:
             spec = speculative_state(self.info, self.settings)
@@ -264,7 +269,8 @@ class ChatApp(App):
             prompt.remember(typed)  # keep it, and send it once the model is ready
             prompt.value = ""
             self._queued = text
-            self._note("The model is still loading: this message is sent as soon as it is ready.")
+            self._note("The model is still loading: this message is sent as soon as it is ready (Esc cancels it).")
+            self._refresh()
             return
         if self.generating:
             self.notify("A reply is still running: Esc cancels it.", severity="warning")
@@ -376,10 +382,20 @@ class ChatApp(App):
 
     def check_action(self, action: str, parameters) -> Optional[bool]:
         if action == "cancel":
-            return self.generating  # otherwise Ctrl+C goes on to the prompt box (copy)
+            return self.cancellable  # otherwise Ctrl+C goes on to the prompt box (copy)
         return True
 
     def action_cancel(self):
+        if self._queued is not None:  # sent while loading: Esc did nothing, and it was sent once the model loaded
+            text, self._queued = self._queued, None
+            prompt = self.query_one(PromptInput)
+            if not prompt.value:
+                prompt.value = PromptInput.shown(text)
+                prompt.cursor_position = len(prompt.value)
+            back = "it is back in the box" if prompt.value == PromptInput.shown(text) else "↑ brings it back"
+            self.notify(f"The waiting message is cancelled, not sent: {back}.")
+            self._refresh()
+            return
         if self._cancel is not None and not self._cancel.is_set():
             self._cancel.set()
             self.status = "cancelling"

@@ -358,6 +358,26 @@ async def test_a_message_sent_while_loading_is_kept_and_sent_once_ready():
         assert app.messages[-1] == {"role": "assistant", "content": "Ready now."}
 
 
+@pytest.mark.parametrize("key", ["escape", "ctrl+c"])
+async def test_esc_while_loading_cancels_the_waiting_message(key):
+    """Esc (or Ctrl+C) on a message sent while the model loaded did nothing, and the message was sent once
+    it had loaded; the message is cancelled now, back in the box, and never sent."""
+    gate = threading.Event()
+    engine = FakeEngine(["Ready now."], load_gate=gate)
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ask(pilot, "An early question⏎second line")
+        await pilot.pause()
+        await pilot.press(key)
+        await pilot.pause()
+        assert app.query_one(PromptInput).value == "An early question⏎second line"
+        assert any("cancelled, not sent" in str(n.message) for n in app._notifications)
+        gate.set()
+        await ready(pilot)
+        await pilot.pause(0.2)
+        assert engine.calls == [] and app.messages == [] and not app.query(UserMessage)
+
+
 async def test_a_message_queued_during_a_failed_load_is_given_back():
     gate = threading.Event()
     app = create_app(FakeEngine(fail_load="no such model", load_gate=gate))
