@@ -240,8 +240,8 @@ class ChatApp(App):
         prompt = self.query_one(PromptInput)
         prompt.placeholder = "No model loaded (Ctrl+Q quits)"
         prompt.disabled = True
-        if self._queued is not None:  # never sent: give it back
-            prompt.value, self._queued = self._queued, None
+        if self._queued is not None:  # never sent: give it back, as the box shows it
+            prompt.value, self._queued = PromptInput.shown(self._queued), None
         self._refresh()
 
     # ---- sending and streaming -------------------------------------------------------------
@@ -413,7 +413,8 @@ class ChatApp(App):
             # The transcript holds the load status (and a failure's reason): clearing it hid both, and a
             # message typed while loading was still sent after "New chat.".
             if self._queued is not None:
-                self.query_one(PromptInput).value, self._queued = self._queued, None
+                self.query_one(PromptInput).value, self._queued = PromptInput.shown(self._queued), None
+                self._refresh()  # (the footer's Cancel)
                 self.notify("Your message was taken back into the box: the model is still loading.")
             else:
                 self.notify("Nothing to clear yet: " + ("the model did not load." if self.load_error else

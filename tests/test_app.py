@@ -382,11 +382,12 @@ async def test_a_message_queued_during_a_failed_load_is_given_back():
     gate = threading.Event()
     app = create_app(FakeEngine(fail_load="no such model", load_gate=gate))
     async with app.run_test(size=SIZE) as pilot:
-        await ask(pilot, "An early question")
+        await ask(pilot, "An early question⏎with a second line")
         gate.set()
         await wait_for(pilot, lambda: app.status == "load failed")
         await pilot.pause()
-        assert app.query_one(PromptInput).value == "An early question" and app.messages == []
+        # as the box shows a line break (it held a raw "\n" in a one-line box)
+        assert app.query_one(PromptInput).value == "An early question⏎with a second line" and app.messages == []
 
 
 async def test_load_progress_and_a_load_error_are_readable():
@@ -811,10 +812,10 @@ async def test_new_chat_while_loading_keeps_the_load_status_and_takes_a_queued_m
     engine = FakeEngine(["Ready now."], load_gate=gate)
     app = create_app(engine)
     async with app.run_test(size=SIZE) as pilot:
-        await ask(pilot, "An early question")
+        await ask(pilot, "An early question⏎with a second line")
         await pilot.press("ctrl+n")
         await pilot.pause()
-        assert app.query_one(PromptInput).value == "An early question" and app._queued is None
+        assert app.query_one(PromptInput).value == "An early question⏎with a second line" and app._queued is None
         assert len(app.query(LoadStatus)) == 1
         gate.set()
         await ready(pilot)
