@@ -272,8 +272,9 @@ class ChatApp(App):
             self._note("The model is still loading: this message is sent as soon as it is ready (Esc cancels it).")
             self._refresh()
             return
-        if self.generating:
-            self.notify("A reply is still running: Esc cancels it.", severity="warning")
+        if self.generating:  # (while cancelling, "Esc cancels it" sent the user to a key already pressed)
+            self.notify("A reply is still running: Esc cancels it." if self.status == "generating" else
+                        "The reply is being cancelled: send this once it has stopped.", severity="warning")
             return
         prompt.remember(typed)
         prompt.value = ""

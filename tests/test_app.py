@@ -247,6 +247,32 @@ async def test_ctrl_c_cancels_and_sending_while_generating_is_refused():
         assert app.status == "cancelled" and len(app.messages) == 2
 
 
+async def test_sending_while_a_reply_is_being_cancelled_says_so():
+    """Enter while a cancelled reply was still stopping (a long prompt's chunk, a step) said "Esc cancels
+    it", a key already pressed; it says the reply is being cancelled, and the message stays in the box."""
+    stopped = threading.Event()  # the reply sees its stop flag only once the test says so
+
+    class SlowToStop(FakeEngine):
+        def reply(self, messages, settings, should_stop, on_status=None):
+            return super().reply(messages, settings, lambda: should_stop() and stopped.is_set(), on_status)
+
+    engine = SlowToStop([REPLY], hold_after=2)
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "Long answer please")
+        await wait_for(pilot, lambda: app.reply_view is not None and app.reply_view.text)
+        await pilot.press("escape")
+        await ask(pilot, "Next question")
+        await pilot.pause()
+        said = str(list(app._notifications)[-1].message)
+        stopped.set()  # (first: a failed assertion left the app waiting on the reply)
+        assert said.startswith("The reply is being cancelled")
+        assert app.query_one(PromptInput).value == "Next question"
+        await finished(pilot)
+        assert app.status == "cancelled" and len(engine.calls) == 1
+
+
 async def test_new_chat_clears_the_conversation_and_the_engine_cache():
     engine = FakeEngine([REPLY])
     app = create_app(engine)
