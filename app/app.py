@@ -331,6 +331,8 @@ class ChatApp(App):
             return
         await self.reply_view.show(msg.text)
         note = FINISH_NOTES.get(msg.finish_reason, msg.finish_reason)
+        if blank(msg.text):  # an empty bubble said nothing at all (a model that ends its turn at once)
+            note = "empty reply" + (f" · {note}" if note else "")
         await self.reply_view.finish(note)
         self.messages.append({"role": "assistant", "content": msg.text})
         self.baseline.observe(msg.stats)

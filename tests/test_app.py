@@ -273,6 +273,19 @@ async def test_sending_while_a_reply_is_being_cancelled_says_so():
         assert app.status == "cancelled" and len(engine.calls) == 1
 
 
+async def test_an_empty_reply_says_so():
+    """A reply of no text (a model that ends its turn at once, or only spaces) showed an empty bubble
+    with no word; it says "empty reply", and the turn stays in the conversation as the model gave it."""
+    app = create_app(FakeEngine(["", "   ", "Words."]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        for question in ("one", "two", "three"):
+            await ask(pilot, question)
+            await finished(pilot)
+        assert [w.border_subtitle for w in app.query(AssistantMessage)] == ["empty reply", "empty reply", ""]
+        assert [m["content"] for m in app.messages if m["role"] == "assistant"] == ["", "   ", "Words."]
+
+
 async def test_new_chat_clears_the_conversation_and_the_engine_cache():
     engine = FakeEngine([REPLY])
     app = create_app(engine)
