@@ -516,8 +516,9 @@ class ChatApp(App):
         command's wrong arguments, with how that command is written (they read "Unknown command")."""
         name, *args = line[1:].lower().split() or [""]
         if name not in COMMANDS:
+            # (markup=False: Textual read what was typed as markup: "/x [/b]" crashed the chat with a MarkupError)
             self.notify(f"Unknown command {line!r}: /help lists them (// sends a message that starts with /).",
-                        severity="warning")
+                        severity="warning", markup=False)
             return
         try:
             if name in ("new", "copy", "auto", "help", "stats") and args:
@@ -545,7 +546,8 @@ class ChatApp(App):
                 raise ValueError
         except ValueError:
             numbers = " (whole numbers)" if name in ("beam", "width", "length") else ""
-            self.notify(f"{line.strip()!r}: /{name} is written {COMMANDS[name]}{numbers}.", severity="warning")
+            self.notify(f"{line.strip()!r}: /{name} is written {COMMANDS[name]}{numbers}.", severity="warning",
+                        markup=False)
 
     def get_system_commands(self, screen: Screen):
         yield from super().get_system_commands(screen)

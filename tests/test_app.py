@@ -512,6 +512,22 @@ async def test_commands_are_forgiving_and_double_slash_sends_a_slash():
         assert engine.calls[-1][0][-1] == {"role": "user", "content": "/usr/bin/env: what does it do?"}
 
 
+async def test_a_typed_command_with_brackets_is_quoted_as_typed():
+    """An unknown or malformed /command is quoted in a notice, which Textual read as markup: "/x [/b]" crashed
+    the chat with a MarkupError, and "/beam [red]2 3" was quoted without its "[red]"."""
+    from textual.widgets._toast import Toast
+
+    app = create_app(FakeEngine(["x"]))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        for line in ("/x [/b]", "/beam [red]2 3", "/x [link=file:///etc]"):
+            await ask(pilot, line)
+            await pilot.pause()
+        await pilot.pause(0.2)
+        shown = " ".join(str(toast.render()) for toast in app.screen.query(Toast))
+        assert app.is_running and all(line in shown for line in ("/x [/b]", "/beam [red]2 3", "[link=file:///etc]"))
+
+
 async def test_an_empty_message_is_refused_with_a_word():
     engine = FakeEngine(["x"])
     app = create_app(engine)
