@@ -443,6 +443,10 @@ class ChatApp(App):
     def _later(self) -> str:
         return " (from the next reply)" if self.generating else ""
 
+    def _spec_off(self) -> str:
+        """A drafting change made while speculation is off says so: the replies went on decoding plainly."""
+        return "" if self.settings.speculative else " Speculative decoding is off: Ctrl+T turns it on."
+
     def _no_model(self) -> bool:
         """After a failed load, whether to say so instead of changing a setting nothing will use (Ctrl+T and
         F5-F8 answered "Speculative decoding off." and "Beam: 5 × 4" with no model to decode)."""
@@ -494,14 +498,14 @@ class ChatApp(App):
             " Graph drafting needs a tree (--tree N): this beam drafts without it."
         plain = " A length of 1 drafts nothing: plain decoding." if length == 1 else ""
         self.notify(f"Beam: {width} × {length} (width × length), fixed{self._later()}; /auto returns to adaptive."
-                    + graph + plain)
+                    + graph + plain + self._spec_off())
         self._refresh()
 
     def action_adaptive(self):
         if self._no_model():
             return
         self.settings.adaptive = True
-        self.notify(f"Adaptive drafting: each step sized to this machine{self._later()}.")
+        self.notify(f"Adaptive drafting: each step sized to this machine{self._later()}." + self._spec_off())
         self._refresh()
 
     def action_help(self):

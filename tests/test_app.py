@@ -344,6 +344,24 @@ async def test_toggle_speculative_and_change_the_beam_live():
         assert "  vs plain   20.0 tok/s (1 plain reply)" in panel(app)
 
 
+async def test_a_drafting_change_while_speculation_is_off_says_it_is_off():
+    """F5-F8, /beam and /auto with speculative decoding off answered "Beam: 5 × 4, fixed" and the replies went
+    on decoding plainly; the notice says speculation is off and how to turn it on."""
+    engine = FakeEngine([REPLY])
+    app = create_app(engine, Settings(speculative=False))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("f6")
+        await ask(pilot, "/auto")
+        await pilot.pause()
+        said = [str(n.message) for n in app._notifications]
+        assert said[0].startswith("Beam: 5 × 4") and said[1].startswith("Adaptive drafting")
+        assert all(line.endswith("Speculative decoding is off: Ctrl+T turns it on.") for line in said)
+        await pilot.press("ctrl+t")
+        await pilot.press("f6")
+        assert not str(list(app._notifications)[-1].message).endswith("Ctrl+T turns it on.")
+
+
 async def test_prompt_history_and_copy():
     app = create_app(FakeEngine(["First.", "Second."]))
     async with app.run_test(size=SIZE) as pilot:
