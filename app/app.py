@@ -496,7 +496,9 @@ class ChatApp(App):
         self.settings.beam_tuned = False  # chosen while the model loads: the tuned shape must not replace it
         graph = "" if self.settings.graph is None or self.settings.tree else \
             " Graph drafting needs a tree (--tree N): this beam drafts without it."
-        plain = " A length of 1 drafts nothing: plain decoding." if length == 1 else ""
+        # (mode redrafter with L = 1 still drafts the lookup copy: "drafts nothing" was said over steps of 9 tokens)
+        plain = "" if length != 1 else " A length of 1: the drafter drafts nothing, the conversation's copy alone." \
+            if self.settings.lookup != 0 else " A length of 1 with --lookup 0 drafts nothing: plain decoding."
         self.notify(f"Beam: {width} × {length} (width × length), fixed{self._later()}; /auto returns to adaptive."
                     + graph + plain + self._spec_off())
         self._refresh()

@@ -918,6 +918,19 @@ async def test_beam_keys_keep_a_command_line_shape_past_their_range():
 
 
 
+@pytest.mark.parametrize("lookup, said", [(None, "the conversation's copy alone"), (0, "drafts nothing: plain decoding")])
+async def test_a_beam_length_of_1_says_what_it_drafts(lookup, said):
+    """F7 down to a length of 1 said "drafts nothing: plain decoding", while the engine (mode redrafter) went on
+    drafting the conversation's copy (stream's docstring: L=1 "still adds the lookup beam"; a tiny model's steps
+    verified 2.4 tokens and took 9), as the stats panel said; the notice says so, and plain only with --lookup 0."""
+    app = create_app(FakeEngine([REPLY]), Settings(beam_width=2, beam_length=2, adaptive=False, lookup=lookup))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("f7")
+        assert app.settings.beam_length == 1
+        assert str(list(app._notifications)[-1].message).endswith(said + ".")
+
+
 async def test_no_drafter_with_a_lookup_drafts_the_copy_alone():
     """`redrafter-chat --no-drafter --lookup 8` ran adaptive and ignored 8, where the main CLI drafts the
     context's copy alone, fixed: the chat keeps the fixed lookup now, and says so."""
