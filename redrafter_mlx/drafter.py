@@ -249,7 +249,7 @@ def check_draft_vocab(drafter: Drafter) -> None:
 
 def load_drafter(path: Union[str, Path], base=None) -> Drafter:
     """Load a drafter folder; when `base` is given, refuse one that does not fit it."""
-    path = Path(path)
+    path = Path(path).expanduser()
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
         raise ModelNotFoundError(f"no drafter at {path}: expected {cfg_path}")

@@ -346,8 +346,8 @@ def attach_drafter(loaded: LoadedModel, drafter, progress: Optional[Callable[[st
     by hand kept the tuned shape out."""
     from .drafter import load_drafter
 
-    path = Path(drafter)
-    tidy(Path(os.path.abspath(drafter)))  # as a model folder's path is (registry.resolve)
+    path = Path(drafter).expanduser()  # as --model's is: "--drafter=~/d" (no shell expands it) passed the CLI's check
+    tidy(Path(os.path.abspath(path)))  # as a model folder's path is (registry.resolve)
     if progress:
         progress(f"loading drafter {path}")
     loaded.drafter = load_drafter(path, loaded.model)

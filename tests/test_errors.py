@@ -81,6 +81,17 @@ def test_folder_without_safetensors(tiny_kit, tmp_path):
     raises(ModelNotFoundError, lambda: load(str(path)), "no *.safetensors", "pytorch", "convert")
 
 
+def test_a_drafter_path_with_a_tilde(tiny_kit, tmp_path, monkeypatch):
+    """`--drafter=~/d` (no shell expands a ~ after =) passed the command line's check, which expands it, and then
+    failed in the loader: "no drafter at ~/d"; load(drafter="~/d") too. A --model path was expanded."""
+    base = tiny_kit.model(seed=0)
+    path = tiny_kit.write_folder(tmp_path / "f", base)
+    save_drafter(new_drafter(base.args), tmp_path / "d")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert load(str(path), drafter="~/d").drafter is not None
+    assert load_drafter("~/d", base) is not None
+
+
 # ---- corrupt files -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
