@@ -13,6 +13,8 @@ from .errors import CorruptModelError, UnsupportedModelError
 # without importing the loader (and mlx-lm, transformers: seconds before `--help` answered).
 FLOAT_FORMATS = ("float32", "float16", "bfloat16")
 WEIGHT_FORMATS = ("auto", "stored", *FLOAT_FORMATS)
+# The model_type a drafter's config.json holds (ours and Apple's release): how a drafter folder is told from a model's.
+DRAFTER_MODEL_TYPE = "recurrent_drafting_drafter"
 # Positions are int32 in MLX; larger contexts than any model has are a damaged config.
 MAX_CONTEXT = 2**31 - 1
 
@@ -128,7 +130,7 @@ class DrafterArgs(BaseArgs):
     embed_scale: float = 1.0
     # The model_type of the base model it was trained for ("" = not recorded).
     base_model_type: str = ""
-    model_type: str = "recurrent_drafting_drafter"
+    model_type: str = DRAFTER_MODEL_TYPE
 
     def __post_init__(self):
         # (a size that is not a number is left for drafter.check_args to name with its file)

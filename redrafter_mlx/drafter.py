@@ -31,7 +31,7 @@ from typing import Union
 import mlx.core as mx
 import mlx.nn as nn
 
-from .config import DrafterArgs
+from .config import DRAFTER_MODEL_TYPE, DrafterArgs
 from .errors import CorruptModelError, DrafterMismatchError, ModelNotFoundError, UnsupportedModelError, one_line
 from .files import read_json_object, replace_folder, staging_folder
 
@@ -212,6 +212,10 @@ def check_compatible(args: DrafterArgs, base_args, where: str = "drafter",
 
 def drafter_args(config: dict, where) -> DrafterArgs:
     """The checked DrafterArgs of a drafter's config.json (`where`, which every error names)."""
+    kind = config.get("model_type")
+    if kind not in (None, "", DRAFTER_MODEL_TYPE):  # a base model's folder: its sizes fit, its tensors did not
+        raise CorruptModelError(f"{where} is not a drafter config but a {kind!r} model's (a base model's folder?): "
+                                "give the drafter's folder, the one with the draft head's config.json")
     try:
         args = DrafterArgs.from_dict(config)
     except TypeError as e:  # a field missing

@@ -26,7 +26,7 @@ import mlx.nn as nn
 from . import registry
 from ._platform import device_description, fast_cpu_blas, on_cpu
 from .base_model import TreeModel, check_supported, self_check
-from .config import FLOAT_FORMATS, WEIGHT_FORMATS, ModelArgs, check_head_counts
+from .config import DRAFTER_MODEL_TYPE, FLOAT_FORMATS, WEIGHT_FORMATS, ModelArgs, check_head_counts
 from .errors import CorruptModelError, ModelNotFoundError, RedrafterError, SettingError, UnsupportedModelError, one_line
 from .files import read_json_object, tidy
 from .gguf import read_gguf
@@ -98,6 +98,9 @@ def model_classes(config: Dict[str, Any], where: str = "config.json"):
     model_type = config.get("model_type")
     if not model_type:
         raise UnsupportedModelError(f"{where} has no model_type: not a model mlx-lm can build")
+    if model_type == DRAFTER_MODEL_TYPE:  # it said "unsupported architecture ...: mlx-lm has no model for it"
+        raise UnsupportedModelError(f"{where} is a drafter's, not a base model's: load its base model and pass this "
+                                    "folder as its drafter (drafter=PATH, --drafter PATH)")
     check_supported(str(model_type))
     check_head_counts(config, where)
     try:

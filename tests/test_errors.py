@@ -81,6 +81,20 @@ def test_folder_without_safetensors(tiny_kit, tmp_path):
     raises(ModelNotFoundError, lambda: load(str(path)), "no *.safetensors", "pytorch", "convert")
 
 
+def test_a_drafter_and_a_model_given_for_each_other(tiny_kit, tmp_path):
+    """A drafter folder as the model said "unsupported architecture 'recurrent_drafting_drafter': mlx-lm has no model
+    for it"; a model folder as the drafter, whose sizes fit, that the drafter's weights "do not fit its config"."""
+    base = tiny_kit.model(seed=0)
+    path = tiny_kit.write_folder(tmp_path / "f", base)
+    save_drafter(new_drafter(base.args), tmp_path / "d")
+    raises(UnsupportedModelError, lambda: load(str(tmp_path / "d")), str(tmp_path / "d" / "config.json"),
+           "is a drafter's", "drafter=PATH")
+    msg = raises(CorruptModelError, lambda: load(str(path), drafter=str(path)), str(path / "config.json"),
+                 "not a drafter config", "'llama' model's")
+    assert "do not fit" not in msg
+    assert load(str(path), drafter=str(tmp_path / "d")).drafter is not None  # each in its place loads
+
+
 def test_a_drafter_path_with_a_tilde(tiny_kit, tmp_path, monkeypatch):
     """`--drafter=~/d` (no shell expands a ~ after =) passed the command line's check, which expands it, and then
     failed in the loader: "no drafter at ~/d"; load(drafter="~/d") too. A --model path was expanded."""
