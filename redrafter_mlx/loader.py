@@ -224,7 +224,11 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
     config = read_json_object(cfg_path, "model config")
     gen = path / "generation_config.json"  # optional; mlx-lm reads it too
     generation = read_json_object(gen, "generation config") if gen.is_file() else {}
-    files = sorted(path.glob("*.safetensors"))
+    files = sorted(path.glob("model*.safetensors"))  # what mlx-lm reads (Mistral's repos add consolidated.safetensors)
+    others = sorted(f.name for f in path.glob("*.safetensors"))
+    if not files and others:  # mlx-lm said "No safetensors found", of a folder with some
+        raise ModelNotFoundError(f"{path} has no model*.safetensors weights, the files mlx-lm reads, but "
+                                 f"{', '.join(others[:3])}: rename the model's weights to model.safetensors")
     if not files:
         hint = " (a PyTorch checkpoint: convert it with `python -m convert`)" if list(path.glob("*.bin")) else ""
         raise ModelNotFoundError(f"{path} has no *.safetensors weights{hint}")

@@ -201,7 +201,8 @@ def fetch_hub(repo: str, progress=None) -> Path:
         from huggingface_hub import snapshot_download
     except ImportError as e:  # pragma: no cover - huggingface-hub is a dependency
         raise ModelNotFoundError(f"{repo!r} looks like a hub id, but huggingface-hub is not installed") from e
-    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken", "drafter/*"]
+    # model*.safetensors: the weights mlx-lm reads (a repo's consolidated.safetensors, Mistral's, is a second copy)
+    patterns = ["*.json", "model*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken", "drafter/*"]
     try:
         return Path(snapshot_download(repo, allow_patterns=patterns, local_files_only=True))
     except Exception:

@@ -81,6 +81,14 @@ def test_folder_without_safetensors(tiny_kit, tmp_path):
     raises(ModelNotFoundError, lambda: load(str(path)), "no *.safetensors", "pytorch", "convert")
 
 
+def test_weights_under_a_name_mlx_lm_does_not_read(tiny_kit, tmp_path):
+    """mlx-lm reads model*.safetensors alone: a folder with its weights under another name passed the check for
+    weights and then failed in mlx-lm, "cannot read the weights ...: No safetensors found"."""
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
+    (path / "model.safetensors").rename(path / "consolidated.safetensors")
+    raises(ModelNotFoundError, lambda: load(str(path)), "no model*.safetensors", "consolidated.safetensors", "rename")
+
+
 def test_a_drafter_and_a_model_given_for_each_other(tiny_kit, tmp_path):
     """A drafter folder as the model said "unsupported architecture 'recurrent_drafting_drafter': mlx-lm has no model
     for it"; a model folder as the drafter, whose sizes fit, that the drafter's weights "do not fit its config"."""
@@ -390,6 +398,29 @@ def test_hub_id_without_network(monkeypatch, tmp_path):
     assert "hub" in msg.lower() and "nor is" in msg and "a local path" in msg  # a mistyped "models/mine" reads as one
     # offline on purpose: no "downloading" line, and the way out is HF_HUB_OFFLINE, not "connect to the network"
     assert "HF_HUB_OFFLINE" in msg and "connect" not in msg and not any("downloading" in s for s in said), (msg, said)
+
+
+def test_a_hub_download_fetches_only_the_weights_mlx_lm_reads(monkeypatch, tmp_path):
+    """"*.safetensors" fetched a repo's consolidated.safetensors too (Mistral's: a second 14 GB copy that mlx-lm never
+    reads, beside the model-0000N shards)."""
+    import fnmatch
+
+    import huggingface_hub
+
+    asked = []
+
+    def snapshot_download(repo, allow_patterns=None, **kw):
+        asked.append(allow_patterns)
+        return str(tmp_path)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    registry.fetch_hub("org/model")
+    patterns = asked[0]
+    fetched = lambda name: any(fnmatch.fnmatch(name, p) for p in patterns)  # noqa: E731
+    assert not fetched("consolidated.safetensors")
+    for name in ("model.safetensors", "model-00001-of-00002.safetensors", "model.safetensors.index.json",
+                 "config.json", "tokenizer.json", "drafter/model.safetensors"):
+        assert fetched(name), name
 
 
 def test_default_model_download_without_network(monkeypatch, tmp_path):
