@@ -232,6 +232,14 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
     if not files:
         hint = " (a PyTorch checkpoint: convert it with `python -m convert`)" if list(path.glob("*.bin")) else ""
         raise ModelNotFoundError(f"{path} has no *.safetensors weights{hint}")
+    index = path / "model.safetensors.index.json"
+    if index.is_file():  # a shard missing read as weights that "do not fit the model config: Missing parameters"
+        shards = read_json_object(index, "safetensors index").get("weight_map")
+        missing = sorted({f for f in shards.values() if isinstance(f, str) and not (path / f).is_file()}) \
+            if isinstance(shards, dict) else []
+        if missing:
+            raise CorruptModelError(f"{path} lacks {', '.join(missing[:3])}{' and more' if len(missing) > 3 else ''}, "
+                                    f"which {index.name} lists (an interrupted download or copy?)")
     model_classes(config, str(cfg_path))  # refuses unsupported families before reading any weights
     from safetensors import safe_open
 

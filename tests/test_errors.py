@@ -89,6 +89,25 @@ def test_weights_under_a_name_mlx_lm_does_not_read(tiny_kit, tmp_path):
     raises(ModelNotFoundError, lambda: load(str(path)), "no model*.safetensors", "consolidated.safetensors", "rename")
 
 
+def test_a_shard_missing_from_the_index(tiny_kit, tmp_path):
+    """It said the weights "do not fit the model config: Missing parameters", of an interrupted download."""
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
+    weights = mx.load(str(path / "model.safetensors"))
+    (path / "model.safetensors").unlink()
+    names = sorted(weights)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for shard, keys in shards.items():
+        mx.save_safetensors(str(path / shard), {k: weights[k] for k in keys})
+    (path / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}))
+    load(str(path), use_drafter=False)  # whole, it loads
+    (path / "model-00002-of-00002.safetensors").unlink()
+    msg = raises(CorruptModelError, lambda: load(str(path)), "model-00002-of-00002.safetensors",
+                 "model.safetensors.index.json", "interrupted")
+    assert "do not fit" not in msg
+
+
 def test_a_drafter_and_a_model_given_for_each_other(tiny_kit, tmp_path):
     """A drafter folder as the model said "unsupported architecture 'recurrent_drafting_drafter': mlx-lm has no model
     for it"; a model folder as the drafter, whose sizes fit, that the drafter's weights "do not fit its config"."""
