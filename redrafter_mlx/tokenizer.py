@@ -66,6 +66,9 @@ def _gguf_tokenizer_object(meta: Dict[str, Any]):
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
     model = meta.get("tokenizer.ggml.model")
+    if model is None or "tokenizer.ggml.tokens" not in meta:  # it said "tokenizer model None is not supported"
+        raise CorruptModelError("the GGUF holds no tokenizer (no tokenizer.ggml.model and tokenizer.ggml.tokens in its "
+                                "metadata): use a GGUF written with its tokenizer, or the model's Hugging Face folder")
     if model != "gpt2":
         raise UnsupportedModelError(
             f"GGUF tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2'); "

@@ -331,6 +331,16 @@ def test_gguf_with_an_unsupported_tokenizer(tiny_kit, tmp_path, meta, words):
     raises(UnsupportedModelError, lambda: load(str(path)), *words)
 
 
+def test_gguf_without_a_tokenizer(tiny_kit, tmp_path):
+    """It said "GGUF tokenizer model None is not supported (only byte-level BPE, 'gpt2')", as if it had one of
+    another kind."""
+    model = tiny_kit.model(seed=0)
+    keys = [k for k in tiny_kit.gguf_metadata(model) if k.startswith("tokenizer.")]
+    path = tiny_kit.write_gguf(tmp_path / "m.gguf", model, drop_meta=keys)
+    msg = raises(CorruptModelError, lambda: load(str(path)), "holds no tokenizer", "tokenizer.ggml.tokens")
+    assert "None" not in msg
+
+
 # ---- drafters ----------------------------------------------------------------------------
 
 def test_drafter_mismatch(tiny_kit, tmp_path):
