@@ -195,10 +195,13 @@ class Tokenizer:
         if not self.has_chat_template:
             # A model without a template: plain concatenation of the contents.
             return self.encode("\n".join(m["content"] for m in messages))
-        from jinja2 import TemplateError
+        from jinja2 import TemplateError, TemplateSyntaxError
 
         try:
             text = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+        except TemplateSyntaxError as e:  # the model's files, not the conversation: it said the template "refused" it
+            raise CorruptModelError(f"the model's chat template is not valid Jinja (line {e.lineno}: {one_line(e)}): "
+                                    "fix chat_template in its tokenizer files") from e
         except TemplateError as e:  # e.g. Mistral's template raises on a system message or two user turns in a row
             raise InvalidPromptError(f"the model's chat template refused this conversation: {one_line(e)}") from e
         return self.hf.encode(text, add_special_tokens=False)

@@ -645,6 +645,22 @@ def test_redrafter_mode_without_its_drafter_says_why(tiny_kit, tmp_path):
            "has no drafter", "--drafter")
 
 
+def test_a_chat_template_that_is_not_valid_jinja(tiny_kit, tmp_path):
+    """It said "the model's chat template refused this conversation", as if the conversation were at fault."""
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
+    broken = "{% for m in messages %}{{ m['content'] }}"  # no endfor
+    for f in path.glob("*.jinja"):
+        f.write_text(broken)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    if "chat_template" in config:
+        (path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": broken}))
+    m = load(str(path), use_drafter=False)
+    assert m.tokenizer.has_chat_template
+    msg = raises(CorruptModelError, lambda: generate(m, "Hi", max_tokens=1), "chat template", "not valid Jinja",
+                 "tokenizer files")
+    assert "refused" not in msg
+
+
 # ---- config files of the wrong shape -----------------------------------------------------
 
 def test_config_files_of_the_wrong_shape(tiny_kit, tmp_path):
