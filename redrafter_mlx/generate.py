@@ -30,7 +30,7 @@ import mlx.core as mx
 import numpy as np
 
 from .beam_search import beam_search
-from .errors import ContextLengthError, InvalidPromptError, RedrafterError, SettingError
+from .errors import ContextLengthError, CorruptModelError, InvalidPromptError, RedrafterError, SettingError
 from .graph import context_only, graft_counts, root_copy, search as graph_search
 from .lookup import ContextIndex, CopyLength, add_beam, copy_taken
 from .sampling import Sampler
@@ -395,6 +395,10 @@ def stream(
     sampler = Sampler(temperature, top_p, seed)
     ids = tok.prompt_ids(prompt, system=system)
     vocab, top = model.args.vocab_size, max(ids)
+    if top >= vocab and (isinstance(prompt, str) or any(isinstance(m, dict) for m in prompt[:1])):
+        # the tokenizer made it: it said "token ids are whole numbers from 0 to ...", of a text prompt
+        raise CorruptModelError(f"the tokenizer of {loaded.name} gave token id {top}, past the model's vocabulary of "
+                                f"{vocab}: its tokenizer files do not belong to its weights")
     if top >= vocab:  # an id past the embedding table crashed the process inside MLX
         raise InvalidPromptError(f"token ids are whole numbers from 0 to {vocab - 1} for {loaded.name}, not {top}")
     limit = loaded.context_length

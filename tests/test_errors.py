@@ -17,6 +17,7 @@ from redrafter_mlx.errors import (
     CorruptModelError,
     DrafterMismatchError,
     EmptyPromptError,
+    InvalidPromptError,
     ModelNotFoundError,
     NetworkError,
     RedrafterError,
@@ -659,6 +660,18 @@ def test_a_chat_template_that_is_not_valid_jinja(tiny_kit, tmp_path):
     msg = raises(CorruptModelError, lambda: generate(m, "Hi", max_tokens=1), "chat template", "not valid Jinja",
                  "tokenizer files")
     assert "refused" not in msg
+
+
+def test_a_tokenizer_with_more_tokens_than_the_model(tiny_kit, tmp_path):
+    """The chat template's special tokens past the model's vocabulary: it said "token ids are whole numbers from 0 to
+    259 ..., not 268", of a text prompt the user wrote."""
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0, vocab_size=260))
+    m = load(str(path), use_drafter=False)
+    for prompt in ("Hi", [{"role": "user", "content": "Hi"}]):
+        msg = raises(CorruptModelError, lambda: generate(m, prompt, max_tokens=1), "tokenizer", "vocabulary of 260",
+                     "do not belong")
+        assert "whole numbers" not in msg
+    raises(InvalidPromptError, lambda: generate(m, [1, 260], max_tokens=1), "0 to 259")  # ids given: the prompt's
 
 
 # ---- config files of the wrong shape -----------------------------------------------------
