@@ -261,6 +261,11 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
         model, config = load_model(path, lazy=True, strict=True, model_config=overrides)
     except (ValueError, FileNotFoundError, RuntimeError, KeyError, TypeError, AttributeError) as e:
         text = one_line(e)
+        if _misfit(text) and "scales" in text and not config.get("quantization"):
+            # it said only "Received 32 parameters not in model: lm_head.biases, lm_head.scales, ..."
+            raise CorruptModelError(f"the weights in {path.name} are quantized (they hold .scales and .biases) but its "
+                                    "config.json has no quantization block (bits, group_size): use the config.json "
+                                    f"written with these weights: {text}") from e
         if _misfit(text):
             raise CorruptModelError(f"weights do not fit the model config: {text}") from e
         if "safetensors" in text:

@@ -177,6 +177,16 @@ def test_broken_or_missing_tokenizer(tiny_kit, tmp_path):
     raises(CorruptModelError, lambda: load(str(path)), "has no tokenizer", "tokenizer.json")
 
 
+def test_quantized_weights_without_their_quantization_block(tiny_kit, tmp_path):
+    """It said only "weights do not fit the model config: Received 32 parameters not in model: lm_head.biases, ..."."""
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0), quantize=(4, 32))
+    config = json.loads((path / "config.json").read_text())
+    del config["quantization"]
+    config.pop("quantization_config", None)
+    (path / "config.json").write_text(json.dumps(config))
+    raises(CorruptModelError, lambda: load(str(path)), "are quantized", "no quantization block", "f")
+
+
 # ---- unsupported models ------------------------------------------------------------------
 
 @pytest.mark.parametrize("model_type,why", [("made_up_arch", "unsupported architecture"),
