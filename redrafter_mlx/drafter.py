@@ -255,6 +255,9 @@ def load_drafter(path: Union[str, Path], base=None) -> Drafter:
     """Load a drafter folder; when `base` is given, refuse one that does not fit it."""
     path = Path(path).expanduser()
     cfg_path = path / "config.json"
+    if path.is_file():  # it said "no drafter at d/config.json: expected d/config.json/config.json"
+        raise ModelNotFoundError(f"{path} is a file: a drafter is the folder that holds config.json and "
+                                 "model.safetensors")
     if not cfg_path.is_file():
         raise ModelNotFoundError(f"no drafter at {path}: expected {cfg_path}")
     args = drafter_args(read_json_object(cfg_path, "drafter config"), cfg_path)

@@ -187,6 +187,15 @@ def test_quantized_weights_without_their_quantization_block(tiny_kit, tmp_path):
     raises(CorruptModelError, lambda: load(str(path)), "are quantized", "no quantization block", "f")
 
 
+def test_a_drafter_path_that_is_a_file(tiny_kit, tmp_path):
+    """It said "no drafter at d/config.json: expected d/config.json/config.json"."""
+    base = tiny_kit.model(seed=0)
+    save_drafter(new_drafter(base.args), tmp_path / "d")
+    msg = raises(ModelNotFoundError, lambda: load_drafter(tmp_path / "d" / "config.json", base), "is a file",
+                 "folder")
+    assert "config.json/config.json" not in msg
+
+
 # ---- unsupported models ------------------------------------------------------------------
 
 @pytest.mark.parametrize("model_type,why", [("made_up_arch", "unsupported architecture"),
