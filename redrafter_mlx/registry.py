@@ -39,7 +39,8 @@ class ResolvedModel:
 
     @property
     def kind(self) -> str:
-        return "gguf" if self.path.suffix == ".gguf" else "folder"
+        # (a folder named x.gguf is a model folder: it was read as a GGUF file, "GGUF file not found")
+        return "gguf" if self.path.suffix == ".gguf" and not self.path.is_dir() else "folder"
 
     @property
     def hub_folder(self) -> Optional[str]:

@@ -67,6 +67,13 @@ def test_file_that_is_not_a_model(tmp_path):
     raises(ModelNotFoundError, lambda: load(str(tmp_path / "notes.txt")), "notes.txt", "not a .gguf")
 
 
+def test_a_model_folder_named_like_a_gguf_file(tiny_kit, tmp_path):
+    """A folder named x.gguf was read as a GGUF file: "GGUF file not found"."""
+    path = tiny_kit.write_folder(tmp_path / "tiny.gguf", tiny_kit.model(seed=0))
+    m = load(str(path), use_drafter=False)
+    assert m.path == path and m.resolved.kind == "folder" and m.resolved.drafter_home == path / "drafter"
+
+
 def test_folder_without_config(tiny_kit, tmp_path):
     raises(ModelNotFoundError, lambda: load(str(tmp_path)), "no config.json", str(tmp_path))
     path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
