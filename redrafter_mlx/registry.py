@@ -246,6 +246,9 @@ def resolve(name: Optional[str] = None, progress=None) -> ResolvedModel:
         tidy(local)
     if path.exists():
         if path.is_file() and path.suffix != ".gguf":
+            if _gguf_magic(path):  # it said "not a .gguf model" of one (M.GGUF, or a download saved without its suffix)
+                raise ModelNotFoundError(f"{path} is a GGUF file without the .gguf suffix: rename it to "
+                                         f"{path.stem}.gguf")
             raise ModelNotFoundError(f"{path} is a file but not a .gguf model; pass a .gguf file or a model folder")
         return ResolvedModel(name, path.resolve())
     if path.suffix == ".gguf":  # a missing file, not a hub id: never ask the network about it
@@ -260,6 +263,14 @@ def resolve(name: Optional[str] = None, progress=None) -> ResolvedModel:
         f"unknown model {name!r}: not a known name ({', '.join(sorted(models))}), "
         "an existing .gguf file or folder, or a Hugging Face hub id (org/name)"
     )
+
+
+def _gguf_magic(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
 
 
 def shipped_drafter(entry: Dict[str, Any]) -> Optional[Path]:

@@ -67,6 +67,16 @@ def test_file_that_is_not_a_model(tmp_path):
     raises(ModelNotFoundError, lambda: load(str(tmp_path / "notes.txt")), "notes.txt", "not a .gguf")
 
 
+def test_a_gguf_file_without_its_suffix(tiny_kit, tmp_path):
+    """It said "is a file but not a .gguf model" of a GGUF file named M.GGUF or saved without its suffix."""
+    gguf = tiny_kit.write_gguf(tmp_path / "m.gguf", tiny_kit.model(seed=0))
+    for name in ("M.GGUF", "model"):
+        (tmp_path / name).write_bytes(gguf.read_bytes())
+        msg = raises(ModelNotFoundError, lambda: load(str(tmp_path / name)), "is a GGUF file without the .gguf suffix",
+                     f"rename it to {Path(name).stem}.gguf")
+        assert "not a .gguf model" not in msg
+
+
 def test_a_model_folder_named_like_a_gguf_file(tiny_kit, tmp_path):
     """A folder named x.gguf was read as a GGUF file: "GGUF file not found"."""
     path = tiny_kit.write_folder(tmp_path / "tiny.gguf", tiny_kit.model(seed=0))
