@@ -309,6 +309,9 @@ def load(
         raise SettingError("the model name is empty: give a registry name, a path or a hub id (None: the default)")
     if drafter is not None and not isinstance(drafter, (str, os.PathLike)):
         raise SettingError(f"a drafter is a folder's path, not {type(drafter).__name__}")
+    if isinstance(drafter, str) and not drafter.strip():  # "" took the drafter found beside the model, saying nothing
+        raise SettingError("the drafter path is empty: give a drafter folder (None: the one found beside the model; "
+                           "use_drafter=False: none)")
     if progress is not None and not callable(progress):  # it failed inside, "'int' object is not callable"
         raise SettingError(f"progress must be a function (str) -> None or None, not {type(progress).__name__}")
     _resolve_format(weight_format)  # a bad format fails before any work

@@ -204,6 +204,16 @@ def test_quantized_weights_without_their_quantization_block(tiny_kit, tmp_path):
     raises(CorruptModelError, lambda: load(str(path)), "are quantized", "no quantization block", "f")
 
 
+def test_an_empty_drafter_path(tiny_kit, tmp_path):
+    """drafter="" loaded the drafter found beside the model, saying nothing; " " said "no drafter at  "."""
+    base = tiny_kit.model(seed=0)
+    path = tiny_kit.write_folder(tmp_path / "f", base)
+    save_drafter(new_drafter(base.args), path / "drafter")
+    for empty in ("", " "):
+        raises(SettingError, lambda: load(str(path), drafter=empty), "drafter path is empty", "use_drafter=False")
+    assert load(str(path)).drafter_path == path / "drafter"
+
+
 def test_a_drafter_path_that_is_a_file(tiny_kit, tmp_path):
     """It said "no drafter at d/config.json: expected d/config.json/config.json"."""
     base = tiny_kit.model(seed=0)
