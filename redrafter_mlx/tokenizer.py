@@ -85,7 +85,10 @@ def _gguf_tokenizer_object(meta: Dict[str, Any]):
     vocab = {t: i for i, t in enumerate(tokens)}
     if len(vocab) != len(tokens):
         raise CorruptModelError("GGUF tokenizer has duplicate tokens")
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=(kind == "llama3")))
+    try:
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=(kind == "llama3")))
+    except Exception as e:  # tokenizers raises a bare Exception ("Token `zzz` out of vocabulary"): it was a traceback
+        raise CorruptModelError(f"the GGUF's tokenizer cannot be built from its tokens and merges: {one_line(e)}") from e
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=(kind != "llama3"))
     if kind == "digits":
         tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])

@@ -378,6 +378,14 @@ def test_gguf_with_an_unsupported_tokenizer(tiny_kit, tmp_path, meta, words):
     raises(UnsupportedModelError, lambda: load(str(path)), *words)
 
 
+def test_gguf_merges_of_tokens_it_does_not_have(tiny_kit, tmp_path):
+    """tokenizers raises a bare Exception ("Error while initializing BPE: Token `zzz` out of vocabulary"), which went
+    through load() and the command lines as a traceback."""
+    path = tiny_kit.write_gguf(tmp_path / "m.gguf", tiny_kit.model(seed=0),
+                               meta_extra={"tokenizer.ggml.merges": ["zzz yyy"]})
+    raises(CorruptModelError, lambda: load(str(path)), "tokenizer cannot be built", "zzz")
+
+
 def test_gguf_without_a_tokenizer(tiny_kit, tmp_path):
     """It said "GGUF tokenizer model None is not supported (only byte-level BPE, 'gpt2')", as if it had one of
     another kind."""
