@@ -229,7 +229,8 @@ def parse_args(argv=None):
     p.add_argument("--eval-prompts", type=Path, default=None, metavar="FILE.jsonl",
                    help="held-out prompts for the evaluation, in the same format (default: the shipped held-out set)")
     p.add_argument("--work", type=cli.work_folder, default=None,
-                   help="folder for the resumable work (default: the package cache, train/<model>)")
+                   help="folder for the resumable work (default: the package cache, train/<model>); a run on other "
+                        "prompts, another model or other settings starts it afresh, deleting the earlier run's work")
     p.add_argument("--force", action="store_true",
                    help="install even when the drafter in place drafts more tokens per step, or when none of the "
                         "new drafter's drafts were accepted")
@@ -268,6 +269,25 @@ def _check_installable(home: Path):
                              "write access there")
 
 
+WORK_NAMES = ("prompts.json", "distill", "train", "state.json")  # what a run keeps in its work folder
+
+
+def _check_work_folder(work: Path):
+    """Refuse a --work folder that holds names a run keeps there (distill/, train/, ...) but that no run
+    made: starting afresh deleted them (`--work .` in a project with its own train/ folder lost it)."""
+    if not work.is_dir() or (work / "data_key.txt").is_file():
+        return
+    try:  # a run from before data_key.txt: its state.json
+        ours = isinstance(json.loads((work / "state.json").read_text()).get("seconds"), dict)
+    except (OSError, ValueError, AttributeError):
+        ours = False
+    theirs = [f"{name}/" if (work / name).is_dir() else name for name in WORK_NAMES if (work / name).exists()]
+    if theirs and not ours:
+        raise RedrafterError(f"--work {work} holds {', '.join(theirs)}, which redrafter-train did not write, and a run "
+                             "there would delete them: give a new or empty folder, or the work folder of an earlier "
+                             "run")
+
+
 def _start_afresh_if_other_data(work: Path, groups: List[List[str]], model: str, settings: str):
     """A work folder holds one run's data: replies distilled from other prompts or by another model
     (`model`: a digest of its weight files), and a drafter trained on them, would be resumed as if
@@ -277,7 +297,7 @@ def _start_afresh_if_other_data(work: Path, groups: List[List[str]], model: str,
     quick run's 128-token replies and resumed its training, while its manifest said standard."""
     key = hashlib.sha256(json.dumps([groups, model, settings]).encode()).hexdigest()[:16]
     mark = work / "data_key.txt"
-    stale = [work / name for name in ("prompts.json", "distill", "train", "state.json") if (work / name).exists()]
+    stale = [work / name for name in WORK_NAMES if (work / name).exists()]
     if stale and (not mark.is_file() or mark.read_text().strip() != key):
         print(f"redrafter-train: {work} holds a run on other prompts, another model or other settings (--budget, "
               "--weight-format): starting afresh there",
@@ -304,6 +324,7 @@ def run(args) -> Dict:
     check_seeds(seeds)  # before the model loads
     resolved = registry.resolve(args.model)
     work = args.work or registry.cache_dir() / "train" / _safe(resolved.name)
+    _check_work_folder(work)  # before the model loads
     loaded = load(args.model, weight_format=args.weight_format, use_drafter=False,
                   progress=lambda m: print(m, file=sys.stderr))
     eval_set = _fitting(loaded, eval_set, args.eval_prompts or EVAL_PROMPTS, budget.eval_tokens)

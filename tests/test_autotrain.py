@@ -229,3 +229,26 @@ def test_a_run_refused_after_parsing_leaves_no_work_folder(tiny_model_dir, tmp_p
             autotrain.main(["--model", str(tiny_model_dir), "--work", str(work), *argv])
         assert stopped.value.code == 2 and said in capsys.readouterr().err
         assert not (tmp_path / "new").exists()
+
+
+def test_a_work_folder_holding_someone_elses_train_folder_is_refused_not_emptied(tiny_model_dir, tmp_path, capsys,
+                                                                                  monkeypatch):
+    """`--work .` in a project with its own train/ folder: "starting afresh" deleted it (no data_key.txt there,
+    so it read as another run's work). A folder no run made is refused before the model loads, and kept."""
+    from redrafter_mlx import loader
+
+    monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("loaded the model for a --work it must refuse"))
+    project = tmp_path / "project"
+    (project / "train").mkdir(parents=True)
+    (project / "train" / "data.csv").write_text("mine\n")
+    (project / "state.json").write_text('{"mine": 1}')
+    with pytest.raises(SystemExit) as stopped:
+        autotrain.main(["--model", str(tiny_model_dir), "--work", str(project)])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1, err
+    assert "train/, state.json, which redrafter-train did not write" in err
+    assert (project / "train" / "data.csv").read_text() == "mine\n" and (project / "state.json").is_file()
+    # an earlier run's folder (state.json with its figures, from before data_key.txt) is its own, and no refusal
+    autotrain._check_work_folder(project / "absent")
+    (project / "state.json").write_text('{"seconds": {}}')
+    autotrain._check_work_folder(project)
