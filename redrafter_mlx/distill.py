@@ -148,6 +148,14 @@ def generate_batch(
             for r, hs, g in zip(replies, hiddens, greedy)]
 
 
+def next_shard_index(out: Path) -> int:
+    """One past the highest shard number in `out`. (The count of shards was used: after a damaged shard was
+    deleted, as read_shards advises, the next batch was written over the last shard, losing its replies
+    while done.txt still listed them as answered.)"""
+    numbers = [int(f.stem[len("shard-"):]) for f in out.glob("shard-*.npz") if f.stem[len("shard-"):].isdigit()]
+    return max(numbers, default=-1) + 1
+
+
 def write_shard(out: Path, index: int, samples: List[dict]):
     arrays = {}
     for j, s in enumerate(samples):
@@ -256,7 +264,7 @@ def distill(loaded, prompts: List[str], out: Path, batch_size: int = 16, max_tok
     done_file = out / "done.txt"
     done = set(done_file.read_text().split()) if done_file.exists() else set()
     todo = [(key_of(p), p) for p in prompts if key_of(p) not in done]
-    index = len(list(out.glob("shard-*.npz")))
+    index = next_shard_index(out)
     tok = loaded.tokenizer
     encoded = [(k, tok.prompt_ids(p)) for k, p in todo]
     limit = min(loaded.context_length - max_tokens - 1, max_prompt_tokens or loaded.context_length)

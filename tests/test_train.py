@@ -261,6 +261,22 @@ def test_a_damaged_shard_is_named(tmp_path):
         list(read_shards(tmp_path))
 
 
+def test_a_run_after_a_damaged_shard_was_deleted_writes_over_no_other_shard(tmp_path):
+    """The next shard's number was the count of shards: with shard 0 deleted (as a damaged one is, on the
+    error's advice), new replies went to shard-00001.npz over the last batch's, whose prompts done.txt still
+    listed as answered, so they were lost for good."""
+    model = tiny_model()
+    prompts = [f"question {i} about {w}" for i, w in enumerate(["cats", "dogs", "rivers"] * 2)]
+    assert distill(TinyLoaded(model), prompts, tmp_path, batch_size=3, max_tokens=6, progress=False) == 6
+    assert sorted(f.name for f in tmp_path.glob("shard-*.npz")) == ["shard-00000.npz", "shard-00001.npz"]
+    kept = [s["reply"].tolist() for s in read_shards(tmp_path)][3:]  # shard 1's
+    (tmp_path / "shard-00000.npz").unlink()
+    assert distill(TinyLoaded(model), prompts + ["one more"], tmp_path, batch_size=3, max_tokens=6,
+                   progress=False) == 1
+    assert sorted(f.name for f in tmp_path.glob("shard-*.npz")) == ["shard-00001.npz", "shard-00002.npz"]
+    assert [s["reply"].tolist() for s in read_shards(tmp_path)][:3] == kept
+
+
 def test_prompt_rows_of_the_wrong_shape_and_lone_surrogates(tmp_path):
     """A lone surrogate (JSON "\\ud800", common in scraped data) failed in distill's hash or the
     tokenizer; instances that are not a list failed with a KeyError."""
