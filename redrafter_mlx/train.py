@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import math
+import shutil
 import sys
 import time
 import zlib
@@ -41,7 +42,7 @@ from . import cli  # noqa: E402
 from .config import DrafterArgs  # noqa: E402
 from .drafter import Drafter, load_drafter, save_drafter  # noqa: E402
 from .errors import RedrafterError  # noqa: E402
-from .files import read_json_object, write_json  # noqa: E402
+from .files import read_json_object, replace_folder, staging_folder, write_json  # noqa: E402
 from .tuning import parse_shapes  # noqa: E402
 
 
@@ -174,13 +175,23 @@ def lr_schedule(peak: float, warmup: int, total: int):
 
 
 def save_checkpoint(folder: Path, drafter: Drafter, opt, step: int, rng: np.random.Generator, extra: dict = None):
-    folder.mkdir(parents=True, exist_ok=True)
-    save_drafter(drafter, folder / "drafter")
-    state = dict(tree_flatten(opt.state))
-    mx.save_safetensors(str(folder / "optimizer.tmp.safetensors"), {k: v for k, v in state.items() if isinstance(v, mx.array)})
-    (folder / "optimizer.tmp.safetensors").replace(folder / "optimizer.safetensors")
-    meta = {"step": step, "rng": rng.bit_generator.state, **(extra or {})}
-    write_json(folder / "state.json", meta, indent=None)
+    """The drafter, optimizer state, step and RNG, written into a staging folder that then replaces
+    `folder` whole. (Written in place one file after another, Ctrl-C between them left a new
+    drafter beside the previous checkpoint's step: the resumed run trained those steps again on
+    weights that had already had them.)"""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = staging_folder(folder)
+    try:
+        save_drafter(drafter, tmp / "drafter")
+        state = dict(tree_flatten(opt.state))
+        mx.save_safetensors(str(tmp / "optimizer.safetensors"), {k: v for k, v in state.items() if isinstance(v, mx.array)})
+        meta = {"step": step, "rng": rng.bit_generator.state, **(extra or {})}
+        write_json(tmp / "state.json", meta, indent=None)
+        replace_folder(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def checkpoint_step(ckpt: Path) -> int:

@@ -347,6 +347,36 @@ def test_resume_gives_the_same_next_losses(patterned, tmp_path):
     assert np.allclose(_losses(first) + _losses(second), _losses(straight), rtol=1e-4)
 
 
+def test_ctrl_c_while_a_checkpoint_is_saved_leaves_the_previous_one_whole(patterned, tmp_path, monkeypatch):
+    """The drafter, the optimizer and the step were written in place one after another: Ctrl-C before the
+    step left step 2's state beside step 4's weights, and the resumed run trained steps 3-4 again on them."""
+    from redrafter_mlx import train as train_module
+
+    model, data = patterned
+    kw = dict(depth=3, batch=32, lr=3e-3, warmup=2, draft_vocab=0, progress=False, save_every=2)
+    straight = io.StringIO()
+    train(model, data, tmp_path / "a", steps=6, log=straight, **kw)
+    write_json, saves = train_module.write_json, []
+
+    def interrupted(path, *a, **k):  # Ctrl-C as the second checkpoint's step is written
+        saves.append(path)
+        if len(saves) == 2:
+            raise KeyboardInterrupt
+        return write_json(path, *a, **k)
+
+    monkeypatch.setattr(train_module, "write_json", interrupted)
+    first = io.StringIO()
+    with pytest.raises(KeyboardInterrupt):
+        train(model, data, tmp_path / "b", steps=6, log=first, **kw)
+    monkeypatch.undo()
+    ckpt = tmp_path / "b" / "checkpoint"
+    assert json.loads((ckpt / "state.json").read_text())["step"] == 2
+    assert not [p.name for p in (tmp_path / "b").iterdir() if p.name.startswith(".")]  # no staging folder left
+    second = io.StringIO()
+    train(model, data, tmp_path / "b", steps=6, log=second, **kw)  # resumes at step 2
+    assert np.allclose(_losses(first)[:2] + _losses(second), _losses(straight), rtol=1e-4)
+
+
 def test_reload_follows_a_growing_data_folder(patterned, tmp_path):
     """A run can re-read its (growing) data and resume on more data than it started with;
     the draft vocabulary follows the data at hand."""
