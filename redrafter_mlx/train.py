@@ -531,6 +531,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     if not args.eval_only and args.data is None:
         p.error("--data is required for training")
+    not_folders = [str(folder) for folder in args.data or () if not folder.is_dir()]
+    if not args.eval_only and not_folders:  # said after the model had loaded, as "no distillation shards"
+        p.error(f"--data {' '.join(not_folders)}: not a folder; give the --out folder of python -m redrafter_mlx.distill")
     bad_out = cli.run_folder_error("--out", args.out)
     if bad_out:
         p.error(bad_out)
@@ -562,19 +565,19 @@ def _train(args):
     if done > args.steps:  # it saved the checkpoint's drafter as a --steps one, saying nothing
         raise RedrafterError(f"{args.out / 'checkpoint'} holds step {done}, past --steps {args.steps}: give --steps "
                              f"{done} or more to resume it, or another --out to start anew")
-    loaded = load(args.model, use_drafter=False)
-    args.out.mkdir(parents=True, exist_ok=True)
-    if not args.eval_only:
+    latest = {}
 
-        latest = {}
+    def samples_now():
+        latest["samples"] = [s for folder in args.data for s in read_shards(folder)]
+        return latest["samples"]
 
-        def samples_now():
-            latest["samples"] = [s for folder in args.data for s in read_shards(folder)]
-            return latest["samples"]
-
+    if not args.eval_only:  # the data before the model: a folder with none was said after a load (minutes)
         samples = samples_now()
         if not samples:
             raise RedrafterError(f"no distillation shards in {' '.join(map(str, args.data))}")
+    loaded = load(args.model, use_drafter=False)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.eval_only:
         print(f"{len(samples)} replies, {sum(len(s['reply']) for s in samples)} tokens", file=sys.stderr)
         t0 = time.perf_counter()
         with open_log(args.out) as log, _says_where_it_stopped(args.out / "checkpoint", args.steps):

@@ -663,6 +663,7 @@ def test_steps_below_the_checkpoints_are_refused_before_loading(tmp_path, capsys
     saying nothing."""
     from redrafter_mlx import loader
     from redrafter_mlx import train as train_module
+    from redrafter_mlx.distill import write_shard
 
     class Loading(Exception):
         pass
@@ -673,7 +674,8 @@ def test_steps_below_the_checkpoints_are_refused_before_loading(tmp_path, capsys
     monkeypatch.setattr(loader, "load", load)
     (tmp_path / "run" / "checkpoint").mkdir(parents=True)
     (tmp_path / "run" / "checkpoint" / "state.json").write_text(json.dumps({"step": 6}))
-    argv = ["--out", str(tmp_path / "run"), "--data", str(tmp_path)]
+    write_shard(tmp_path / "run", 0, [{"key": "k", "prompt": [2], "reply": [3, 4], "hidden": np.zeros((2, 32), np.float16)}])
+    argv = ["--out", str(tmp_path / "run"), "--data", str(tmp_path / "run")]
     assert train_module.main([*argv, "--steps", "3"]) == 2
     err = capsys.readouterr().err
     assert err == (f"python -m redrafter_mlx.train: error: {tmp_path / 'run' / 'checkpoint'} holds step 6, past "
@@ -732,3 +734,25 @@ def test_checkpoint_state_is_strict_json_and_old_files_still_resume(patterned, t
     assert "-Infinity" in state.read_text()
     train(model, data, tmp_path / "run", steps=6, val_every=2, val_fraction=0.2, **kw)
     assert strict(state)["step"] == 6 and (tmp_path / "run" / "best" / "config.json").is_file()
+
+
+def test_data_that_is_no_distillation_folder_is_refused_before_loading(tmp_path, capsys, monkeypatch):
+    """A missing --data folder, a prompts file given as --data, or a folder without shards was said after the model
+    had loaded (minutes for a large one), the first two as "no distillation shards"."""
+    from redrafter_mlx import loader
+    from redrafter_mlx import train as train_module
+
+    monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("loaded the model for --data it cannot use"))
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "hi"}\n')
+    (tmp_path / "empty").mkdir()
+    out = ["--out", str(tmp_path / "run")]
+    for data in (tmp_path / "none", tmp_path / "prompts.jsonl"):
+        with pytest.raises(SystemExit) as stopped:
+            train_module.main(["--data", str(data), *out])
+        assert stopped.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--data {data}: not a folder; give the --out folder of" in err, err
+    assert train_module.main(["--data", str(tmp_path / "empty"), *out]) == 2
+    assert capsys.readouterr().err == (f"python -m redrafter_mlx.train: error: no distillation shards in "
+                                       f"{tmp_path / 'empty'}\n")
+    assert not (tmp_path / "run").exists()
