@@ -325,10 +325,10 @@ def run(args) -> Dict:
     resolved = registry.resolve(args.model)
     work = args.work or registry.cache_dir() / "train" / _safe(resolved.name)
     _check_work_folder(work)  # before the model loads
+    _check_installable(resolved.drafter_home)
     loaded = load(args.model, weight_format=args.weight_format, use_drafter=False,
                   progress=lambda m: print(m, file=sys.stderr))
     eval_set = _fitting(loaded, eval_set, args.eval_prompts or EVAL_PROMPTS, budget.eval_tokens)
-    _check_installable(resolved.drafter_home)
     work.mkdir(parents=True, exist_ok=True)
     from .costs import model_files_digest
 

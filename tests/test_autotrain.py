@@ -252,3 +252,16 @@ def test_a_work_folder_holding_someone_elses_train_folder_is_refused_not_emptied
     autotrain._check_work_folder(project / "absent")
     (project / "state.json").write_text('{"seconds": {}}')
     autotrain._check_work_folder(project)
+
+
+def test_a_drafter_place_that_cannot_be_written_is_refused_before_loading(tiny_model_dir, tmp_path, capsys,
+                                                                          monkeypatch):
+    """It was checked after the model had loaded (minutes for a large model)."""
+    from redrafter_mlx import loader
+
+    monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("loaded the model before checking its drafter place"))
+    monkeypatch.setattr(autotrain, "unwritable_ancestor", lambda path: path.parent)
+    with pytest.raises(SystemExit) as stopped:
+        autotrain.main(["--model", str(tiny_model_dir), "--work", str(tmp_path / "work")])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1 and "cannot be written" in err, err
