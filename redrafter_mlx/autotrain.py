@@ -458,6 +458,11 @@ def main(argv=None):
         from .cli import describe
 
         sys.exit(f"redrafter-train: error: {describe(e)}; run the same command again to resume")
+    except RuntimeError as e:  # MLX's own writes (a checkpoint, a drafter) on a full disk: it ended in a traceback
+        said = cli.write_failure(e)
+        if said is None:
+            raise
+        sys.exit(f"redrafter-train: error: {said} (then run the same command again to resume)")
 
 
 if __name__ == "__main__":

@@ -265,3 +265,22 @@ def test_a_drafter_place_that_cannot_be_written_is_refused_before_loading(tiny_m
         autotrain.main(["--model", str(tiny_model_dir), "--work", str(tmp_path / "work")])
     err = capsys.readouterr().err
     assert stopped.value.code == 2 and err.count("\n") == 1 and "cannot be written" in err, err
+
+
+def test_a_full_disk_while_mlx_writes_is_one_line(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """MLX's writes fail with a RuntimeError, which redrafter-train let out as a traceback."""
+    def full(args):
+        raise RuntimeError("[save_safetensors] Unable to write 1441433 bytes to file.")
+
+    monkeypatch.setattr(autotrain, "run", full)
+    with pytest.raises(SystemExit) as stopped:
+        autotrain.main(["--model", str(tiny_model_dir), "--work", str(tmp_path / "work")])
+    assert stopped.value.code == ("redrafter-train: error: Unable to write 1441433 bytes to file: is the disk full, or "
+                                  "the folder not writable? (then run the same command again to resume)")
+
+    def bug(args):
+        raise RuntimeError("something else")
+
+    monkeypatch.setattr(autotrain, "run", bug)
+    with pytest.raises(RuntimeError, match="something else"):  # a bug keeps its traceback
+        autotrain.main(["--model", str(tiny_model_dir), "--work", str(tmp_path / "work")])
