@@ -227,7 +227,9 @@ def parse_args(argv=None):
                    help="your own training prompts (JSONL lines with 'prompt', 'instruction', 'question' or 'turns'), "
                         "instead of the shipped seed tasks and GSM8K questions; never MT-Bench")
     p.add_argument("--eval-prompts", type=Path, default=None, metavar="FILE.jsonl",
-                   help="held-out prompts for the evaluation, in the same format (default: the shipped held-out set)")
+                   help="held-out prompts for the evaluation, in the same format: the first "
+                        f"{BUDGETS['quick'].eval_prompts} (--budget quick) or {BUDGETS['standard'].eval_prompts} "
+                        "(standard) that are not training prompts too (default: the shipped held-out set)")
     p.add_argument("--work", type=cli.work_folder, default=None,
                    help="folder for the resumable work (default: the package cache, train/<model>); a run on other "
                         "prompts, another model or other settings starts it afresh, deleting the earlier run's work")
@@ -243,6 +245,21 @@ def parse_args(argv=None):
     if args.batch_size is not None and args.batch_size < 1:
         p.error("--batch-size must be at least 1")
     return args
+
+
+def _held_out(prompts: List[str], groups: List[List[str]], source) -> List[str]:
+    """The evaluation prompts that are not training prompts too: the same file as --prompts and
+    --eval-prompts measured the drafter on replies it had learned, and the inflated tokens/step
+    decided whether it replaced the drafter in place."""
+    training = {p for g in groups for p in g}
+    kept = [p for p in prompts if p not in training]
+    if not kept:
+        raise RedrafterError(f"every evaluation prompt in {source} is a training prompt too: give held-out ones "
+                             "(--eval-prompts) that --prompts does not hold")
+    if len(kept) < len(prompts):
+        print(f"evaluation: {len(prompts) - len(kept)} of {len(prompts)} prompts in {source} are training prompts too, "
+              "and are left out", file=sys.stderr)
+    return kept
 
 
 def _fitting(loaded, prompts: List[str], source, reply: int) -> List[str]:
@@ -317,7 +334,8 @@ def run(args) -> Dict:
     budget = BUDGETS[args.budget]
     user_prompts = args.prompts is not None
     groups = read_prompt_files(args.prompts) if user_prompts else shipped_groups()
-    eval_set = read_prompt_files([args.eval_prompts or EVAL_PROMPTS])[0][: budget.eval_prompts]
+    eval_source = args.eval_prompts or EVAL_PROMPTS
+    eval_set = _held_out(read_prompt_files([eval_source])[0], groups, eval_source)[: budget.eval_prompts]
     # self-instruct's seeds: every prompt the user gave (the first file's alone were, so the order of the
     # files decided whether a run was refused), else the shipped seed tasks
     seeds = [p for g in groups for p in g] if user_prompts else groups[0]
@@ -328,7 +346,7 @@ def run(args) -> Dict:
     _check_installable(resolved.drafter_home)
     loaded = load(args.model, weight_format=args.weight_format, use_drafter=False,
                   progress=lambda m: print(m, file=sys.stderr))
-    eval_set = _fitting(loaded, eval_set, args.eval_prompts or EVAL_PROMPTS, budget.eval_tokens)
+    eval_set = _fitting(loaded, eval_set, eval_source, budget.eval_tokens)
     work.mkdir(parents=True, exist_ok=True)
     from .costs import model_files_digest
 

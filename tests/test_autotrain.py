@@ -284,3 +284,21 @@ def test_a_full_disk_while_mlx_writes_is_one_line(tiny_model_dir, tmp_path, caps
     monkeypatch.setattr(autotrain, "run", bug)
     with pytest.raises(RuntimeError, match="something else"):  # a bug keeps its traceback
         autotrain.main(["--model", str(tiny_model_dir), "--work", str(tmp_path / "work")])
+
+
+def test_evaluation_prompts_that_are_training_prompts_are_left_out(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """The same file as --prompts and --eval-prompts evaluated the drafter on replies it had learned: the inflated
+    tokens/step decided whether it replaced the drafter in place (the README promises never the training ones)."""
+    from redrafter_mlx import loader
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"task {i}"}) + "\n" for i in range(5)))
+    monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("loaded the model for no evaluation prompts"))
+    with pytest.raises(SystemExit) as stopped:
+        autotrain.main(["--model", str(tiny_model_dir), "--prompts", str(prompts), "--eval-prompts", str(prompts)])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1, err
+    assert f"every evaluation prompt in {prompts} is a training prompt too" in err
+    kept = autotrain._held_out(["task 1", "say hi", "task 4", "say bye"], [["task 0", "task 1"], ["task 4"]], "e.jsonl")
+    assert kept == ["say hi", "say bye"]
+    assert "evaluation: 2 of 4 prompts in e.jsonl are training prompts too, and are left out" in capsys.readouterr().err
