@@ -35,7 +35,7 @@ import mlx.core as mx  # noqa: E402
 from . import cli  # noqa: E402
 from .errors import RedrafterError  # noqa: E402
 from .config import WEIGHT_FORMATS  # noqa: E402
-from .files import signals_held  # noqa: E402
+from .files import signals_held, write_json  # noqa: E402
 
 
 def read_prompts(paths: Sequence[Path]) -> List[str]:
@@ -382,7 +382,8 @@ def main(argv=None):
     p.add_argument("--data", nargs="+", type=Path,
                    help="prompt JSONL files (never MT-Bench); required unless --backfill-greedy")
     p.add_argument("--out", type=Path, required=True,
-                   help="folder for the replies and hidden states (shards); a run stopped early resumes there")
+                   help="folder for the replies and hidden states (shards); a run stopped early resumes there (the same "
+                        "--model and --temperature: another's is refused)")
     p.add_argument("--offset", type=cli.non_negative, default=0,
                    help="skip the first N prompts (interleaved across files; default: 0)")
     p.add_argument("--limit", type=cli.positive, default=None,
@@ -402,7 +403,7 @@ def main(argv=None):
                         "else all --data) into OUT/self_instruct.jsonl, and answer them too")
     p.add_argument("--temperature", type=cli.temperature, default=0.0, metavar="T",
                    help="sample replies at T instead of greedy ones: more varied contexts, still the model's own "
-                        "text (answers are keyed by prompt, so use another --out than the greedy run)")
+                        "text (answers are keyed by prompt: use another --out than the greedy run)")
     p.add_argument("--seed", type=cli.seed, default=None, help="sampling seed with --temperature (default: 0)")
     p.add_argument("--backfill-greedy", action="store_true",
                    help="only add the greedy tokens to the shards of an older sampled run in OUT, then stop")
@@ -436,7 +437,11 @@ def _distill(args):
         print(f"added greedy tokens to {backfill_greedy(loaded.model, args.out)} shards", file=sys.stderr)
         return
     per_file = read_prompt_files(args.data)
+    source = same_source(args.out, args.model, args.temperature)  # before the model loads
     loaded = load(args.model, weight_format=args.weight_format, use_drafter=False)
+    if source is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_json(args.out / "source.json", source)
     if args.self_instruct:
         seeds = [q for f, qs in zip(args.data, per_file) if "seed_tasks" in Path(f).name for q in qs]
         seeds = seeds or [q for qs in per_file for q in qs]
@@ -452,6 +457,33 @@ def _distill(args):
         raise KeyboardInterrupt(f"cancelled; the replies written so far are in {args.out}: the same command "
                                 "answers the rest") from e
     print(f"answered {n} prompts into {args.out}", file=sys.stderr)
+
+
+def same_source(out: Path, model: Optional[str], temperature: float) -> Optional[dict]:
+    """Refuse to add to `out` replies from another model or at another temperature: its prompts already
+    answered were skipped, and the run said "answered 0 prompts" and left the first model's replies to
+    train the second's drafter. Returns what a first run records in OUT/source.json (None: recorded
+    already); a folder from before it was recorded is taken as this run's."""
+    from . import registry
+    from .files import read_json_object
+    from .train import weights_fingerprint
+
+    resolved = registry.resolve(model)
+    here = {"model": resolved.name, "weights": weights_fingerprint(resolved.path), "temperature": temperature}
+    record = out / "source.json"
+    if not record.is_file():
+        return here
+    there = read_json_object(record, "distillation record")
+    diffs = []
+    if there.get("weights") != here["weights"]:  # the same weights under another name are the same
+        diffs.append(f"model {there.get('model')} there, {here['model']} here" if there.get("model") != here["model"]
+                     else f"other weights in {here['model']} now")
+    if there.get("temperature") != temperature:
+        diffs.append(f"--temperature {there.get('temperature')} there, {temperature} here")
+    if diffs:
+        raise RedrafterError(f"{out} holds the replies of another run ({'; '.join(diffs)}), whose prompts would count "
+                             "as answered: give the same --model and --temperature to add to them, or another --out")
+    return None
 
 
 def read_prompt_files(paths: List[Path]) -> List[List[str]]:

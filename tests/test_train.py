@@ -756,3 +756,27 @@ def test_data_that_is_no_distillation_folder_is_refused_before_loading(tmp_path,
     assert capsys.readouterr().err == (f"python -m redrafter_mlx.train: error: no distillation shards in "
                                        f"{tmp_path / 'empty'}\n")
     assert not (tmp_path / "run").exists()
+
+
+def test_distilling_into_another_runs_folder_is_refused(tiny_kit, tiny_model_dir, tmp_path, capsys):
+    """The same --out with another --model (or --temperature) skipped every prompt already answered, said "answered
+    0 prompts", and left the first model's replies to train the second model's drafter."""
+    import shutil
+
+    from redrafter_mlx.distill import main
+
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"say {w}"}) + "\n" for w in ("hi", "bye")))
+    out = tmp_path / "run"
+    argv = ["--data", str(data), "--out", str(out), "--max-tokens", "4"]
+    assert main(["--model", str(tiny_model_dir), *argv]) == 0
+    copy = shutil.copytree(tiny_model_dir, tmp_path / "copy")  # the same weights elsewhere: the same source
+    assert main(["--model", str(copy), *argv, "--limit", "3"]) == 0
+    other = tiny_kit.write_folder(tmp_path / "other", tiny_kit.model(seed=2))
+    capsys.readouterr()
+    for extra, said in ((["--model", str(other)], f"(model {tiny_model_dir} there, {other} here)"),
+                        (["--model", str(copy), "--temperature", "0.5"], "(--temperature 0.0 there, 0.5 here)")):
+        assert main([*extra, *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{out} holds the replies of another run {said}" in err, err
+    assert sorted(p.name for p in out.iterdir()) == ["done.txt", "shard-00000.npz", "source.json"]
