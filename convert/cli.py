@@ -92,6 +92,10 @@ class Reporter:
         if not self.quiet:
             print(f"[convert] {text}", file=sys.stderr, flush=True)
 
+    def note(self, text: str):
+        """What the user should know of the result, said with --quiet too."""
+        print(f"[convert] note: {text}", file=sys.stderr, flush=True)
+
     def bar(self, total=None, desc="", unit="tensor"):
         from tqdm import tqdm
 
@@ -182,6 +186,9 @@ def run(args, report: Reporter) -> Path:
         if base is not None:
             base_info = convert_base(base, tmp, args.dtype, args.quantize, args.q_bits, args.q_group_size, template,
                                      report)
+            if not base_info["chat_template"]:  # a chat model's messages then go to it as bare text, saying nothing
+                report.note(f"{base.path} has no chat template, so chat messages reach the model as plain text: for a "
+                            "chat model give --chat-template (vicuna, or a Jinja file)")
             report.say("hashing inputs for the manifest")
             base_info = _files_info(base_info, base.path if base.path.is_dir() else None)
         write_manifest(tmp, base_info, drafter_info)

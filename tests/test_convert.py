@@ -758,3 +758,22 @@ def test_a_full_disk_is_one_line_and_nothing_is_written(tmp_path, capsys, monkey
                          "(nothing was written)")
     assert "RuntimeError" not in lines[0] and "CONVERT_DEBUG" not in lines[0]
     assert list(tmp_path.iterdir()) == []  # no staging folder left either
+
+
+def test_a_model_without_a_chat_template_is_noted(tmp_path, capsys, mlx_ckpt):
+    """A checkpoint without a chat template (Vicuna, a base model) converted without --chat-template said nothing,
+    and every chat message then went to the model as bare text. It is one note line, --quiet or not."""
+    import shutil
+
+    src = shutil.copytree(mlx_ckpt[0], tmp_path / "plain")
+    config = json.loads((src / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (src / "tokenizer_config.json").write_text(json.dumps(config))
+    (src / "chat_template.jinja").unlink(missing_ok=True)
+    rc, lines = run_convert(capsys, "--model", src, "--out", tmp_path / "out")
+    assert rc == 0 and lines == [f"[convert] note: {src} has no chat template, so chat messages reach the model as "
+                                 "plain text: for a chat model give --chat-template (vicuna, or a Jinja file)"], lines
+    assert not load(str(tmp_path / "out")).tokenizer.has_chat_template
+    rc, lines = run_convert(capsys, "--model", src, "--chat-template", "vicuna", "--out", tmp_path / "chat")
+    assert rc == 0 and lines == [], lines
+    assert load(str(tmp_path / "chat")).tokenizer.has_chat_template
