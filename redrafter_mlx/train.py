@@ -419,8 +419,9 @@ def train(
                 log.write(json.dumps({"step": step, "val_loss": vloss, "val_acc": vacc,
                                       "val_accepted_drafts": score}) + "\n")
                 log.flush()
+            # on stderr with the bar (tqdm's default, stdout, put progress among redrafter-train's results)
             bar.write(f"step {step}: held-out loss {vloss:.3f} acc {' '.join(f'{a:.2f}' for a in vacc)}"
-                      f" accepted drafts {score:.3f}")
+                      f" accepted drafts {score:.3f}", file=sys.stderr)
             if score > val["best"]:
                 val["best"] = score
                 save_copy(drafter, out / "best", save_dtype, {"training": {

@@ -429,6 +429,15 @@ def test_held_out_validation_keeps_the_best(patterned, tmp_path):
     load_drafter(tmp_path / "v" / "best", model)
 
 
+def test_held_out_scores_go_to_stderr_with_the_progress(patterned, tmp_path, capsys):
+    """They went to stdout (tqdm.write's default), among the results redrafter-train prints there."""
+    model, data = patterned
+    train(model, data, tmp_path / "run", depth=3, steps=2, batch=16, lr=3e-3, warmup=1, draft_vocab=16,
+          progress=False, save_every=100, val_every=2, val_fraction=0.2)
+    out, err = capsys.readouterr()
+    assert out == "" and "step 2: held-out loss" in err
+
+
 def test_resume_on_new_data_does_not_keep_an_incomparable_best(patterned, tmp_path):
     """A best score measured on another held-out set must not block saving the new run's best."""
     model, data = patterned
@@ -698,9 +707,10 @@ def test_validation_with_nothing_held_out_says_so(patterned, tmp_path, capsys):
     reloads = iter([few, data])  # still nothing held out at the first reload (not said again), then some
     train(model, few, tmp_path / "few", steps=6, val_fraction=0.05, log=log, reload=lambda: next(reloads),
           reload_every=2, **kw)
-    err = capsys.readouterr().err
-    assert err == ("validation: none of the 2 replies is held out at a share of 0.05, so nothing is validated and no "
-                   "best drafter kept: give more replies or a larger share (--val-fraction)\n")
+    err = capsys.readouterr().err  # (and step 6's held-out scores)
+    assert [line for line in err.splitlines() if line.startswith("validation")] == [
+        "validation: none of the 2 replies is held out at a share of 0.05, so nothing is validated and no best "
+        "drafter kept: give more replies or a larger share (--val-fraction)"]
     vals = [json.loads(line)["step"] for line in log.getvalue().splitlines() if "val_loss" in line]
     assert vals == [6]  # none before the second reload brought replies to hold out
     cut = [dict(s, reply=s["reply"][:1], hidden=s["hidden"][:1]) for s in data]  # held out by their own hash
