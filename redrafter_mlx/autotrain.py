@@ -470,7 +470,8 @@ def main(argv=None):
         print(f"redrafter-train: error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
-        print("redrafter-train: interrupted; run the same command again to resume", file=sys.stderr)
+        # on a line of its own: the interrupted stage's progress bar was left mid-line
+        print("\nredrafter-train: interrupted; run the same command again to resume", file=sys.stderr)
         sys.exit(130)
     except OSError as e:  # a folder that cannot be written, a full disk: the stages done so far are kept
         from .cli import describe

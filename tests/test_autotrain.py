@@ -302,3 +302,20 @@ def test_evaluation_prompts_that_are_training_prompts_are_left_out(tiny_model_di
     kept = autotrain._held_out(["task 1", "say hi", "task 4", "say bye"], [["task 0", "task 1"], ["task 4"]], "e.jsonl")
     assert kept == ["say hi", "say bye"]
     assert "evaluation: 2 of 4 prompts in e.jsonl are training prompts too, and are left out" in capsys.readouterr().err
+
+
+def test_ctrl_c_is_said_on_a_line_of_its_own(tiny_model_dir, capsys, monkeypatch):
+    """The interrupted stage's progress bar is left mid-line, and the message ran on after it
+    ("distill:  20%|██  | 29/143 [...]redrafter-train: interrupted; ...")."""
+    import sys
+
+    def interrupted(args):
+        print("\rdistill:  20%|##  | 29/143", end="", file=sys.stderr)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(autotrain, "run", interrupted)
+    with pytest.raises(SystemExit) as stopped:
+        autotrain.main(["--model", str(tiny_model_dir)])
+    assert stopped.value.code == 130
+    assert capsys.readouterr().err.endswith("29/143\nredrafter-train: interrupted; run the same command again to "
+                                            "resume\n")
