@@ -437,17 +437,20 @@ def train(
 
 def evaluate(loaded, prompts: List[str], width: int, length: int, max_tokens: int = 128) -> Dict[str, float]:
     """Real ReDrafter decoding (greedy) of `prompts`; tokens/step = tokens emitted by decode
-    steps / decode steps (the prefill's first token is not counted)."""
+    steps, the end-of-turn token a step stopped at included, / decode steps (the prefill's first
+    token is not counted), as RunStats.tokens_per_step: without the end tokens a reply that ended
+    early read as under 1 token a step (0.917 for MT-Bench coding at 16 tokens)."""
     from .generate import generate
 
-    steps = tokens = 0
+    steps = tokens = ends = 0
     seconds = 0.0
     for p in prompts:
         g = generate(loaded, p, mode="redrafter", max_tokens=max_tokens, beam_width=width, beam_length=length)
         steps += g.stats.steps
         tokens += g.stats.step_tokens
+        ends += g.stats.end_tokens
         seconds += g.stats.decode_seconds
-    return {"tokens_per_step": tokens / max(steps, 1), "steps": steps, "tokens": tokens,
+    return {"tokens_per_step": (tokens + ends) / max(steps, 1), "steps": steps, "tokens": tokens, "end_tokens": ends,
             "tokens_per_second": tokens / max(seconds, 1e-9)}
 
 
@@ -472,7 +475,7 @@ def evaluate_shapes(loaded, questions: List[dict], shapes, max_tokens: int = 128
         t0 = time.perf_counter()
         for cat in dict.fromkeys(q["category"] for q in questions):
             r = evaluate(loaded, [q["prompt"] for q in questions if q["category"] == cat], width, length, max_tokens)
-            per_cat[cat] = [r["tokens"], r["steps"]]
+            per_cat[cat] = [r["tokens"] + r["end_tokens"], r["steps"]]
         tokens = sum(t for t, _ in per_cat.values())
         steps = sum(n for _, n in per_cat.values())
         row = {"beam_width": width, "beam_length": length, "questions": len(questions), "max_tokens": max_tokens,

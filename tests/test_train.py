@@ -406,6 +406,22 @@ def test_eval_helpers(tmp_path):
     assert [q["prompt"] for q in eval_prompts(f, 2)] == ["q0", "q1", "q3", "q4", "q5"]
 
 
+def test_evaluation_counts_the_end_token_a_step_stopped_at(monkeypatch):
+    """train's evaluation left out the end-of-turn token a step emitted, which RunStats.tokens_per_step and
+    redrafter-train count: replies that ended early read as under 1 token a step (0.917 for MT-Bench coding)."""
+    import importlib
+    from types import SimpleNamespace
+
+    from redrafter_mlx.stats import RunStats
+    from redrafter_mlx.train import evaluate, evaluate_shapes
+
+    stats = RunStats(step_tokens=10, end_tokens=1, steps=11, decode_seconds=1.0)  # plain-like: 1 token a step
+    monkeypatch.setattr(importlib.import_module("redrafter_mlx.generate"), "generate", lambda *a, **k: SimpleNamespace(stats=stats))
+    assert evaluate(None, ["q"], 4, 5)["tokens_per_step"] == stats.tokens_per_step == 1.0
+    rows = evaluate_shapes(None, [{"prompt": "q", "category": "coding"}], [(4, 5)], out=io.StringIO())
+    assert rows[0]["tokens_per_step"] == rows[0]["per_category"]["coding"] == 1.0
+
+
 def test_held_out_validation_keeps_the_best(patterned, tmp_path):
     from redrafter_mlx.drafter import load_drafter
     from redrafter_mlx.train import is_held_out
