@@ -346,6 +346,10 @@ def run(args) -> Dict:
     _check_installable(resolved.drafter_home)
     loaded = load(args.model, weight_format=args.weight_format, use_drafter=False,
                   progress=lambda m: print(m, file=sys.stderr))
+    if not loaded.tokenizer.has_chat_template:  # trained on that, saying nothing
+        print(f"redrafter-train: note: {resolved.name} has no chat template, so the prompts reach it as plain text to "
+              "continue (as chat messages will): for a chat model, give it one (python -m convert --chat-template)",
+              file=sys.stderr)
     eval_set = _fitting(loaded, eval_set, eval_source, budget.eval_tokens)
     work.mkdir(parents=True, exist_ok=True)
     from .costs import model_files_digest

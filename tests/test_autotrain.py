@@ -319,3 +319,20 @@ def test_ctrl_c_is_said_on_a_line_of_its_own(tiny_model_dir, capsys, monkeypatch
     assert stopped.value.code == 130
     assert capsys.readouterr().err.endswith("29/143\nredrafter-train: interrupted; run the same command again to "
                                             "resume\n")
+
+
+def test_a_model_without_a_chat_template_is_noted(tiny_model_dir, tmp_path, capsys):
+    """Its prompts reach it as plain text to continue, and the drafter is trained on that, which the run did
+    not say. (Stopped at the evaluation prompts, which leave no room in its context.)"""
+    (tiny_model_dir / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((tiny_model_dir / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (tiny_model_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"prompt": "word " * 600}) + "\n")
+    with pytest.raises(SystemExit):
+        autotrain.main(["--model", str(tiny_model_dir), "--work", str(tmp_path / "w"), "--eval-prompts", str(long)])
+    notes = [line for line in capsys.readouterr().err.splitlines() if "note:" in line]
+    assert notes == [f"redrafter-train: note: {tiny_model_dir} has no chat template, so the prompts reach it as plain "
+                     "text to continue (as chat messages will): for a chat model, give it one (python -m convert "
+                     "--chat-template)"], notes
