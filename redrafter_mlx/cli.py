@@ -212,7 +212,7 @@ def work_folder(text: str):
     above = None if path.exists() else unwritable_ancestor(path)
     if above is not None:
         raise argparse.ArgumentTypeError(f"cannot make the folder {path}: {above} is not a folder you can write")
-    if path.exists() and not os.access(path, os.W_OK):
+    if path.is_dir() and unwritable_ancestor(path / "work") is not None:  # (a real probe: root passes os.access)
         raise argparse.ArgumentTypeError(f"folder {path} cannot be written")
     return path
 

@@ -102,7 +102,15 @@ def unwritable_ancestor(target: Path) -> Optional[Path]:
     """The nearest existing path above `target` when it is not a folder that can be written (so
     `target` cannot be made), else None: checked before long work whose result would go there."""
     above = next((p for p in Path(target).parents if p.exists()), None)
-    if above is not None and (not above.is_dir() or not os.access(above, os.W_OK)):
+    if above is None:
+        return None
+    if not above.is_dir() or not os.access(above, os.W_OK):
+        return above
+    # os.access passes everything for root: /proc passed, and a run then failed after the model had loaded
+    # ("No such file or directory", and "run the same command again to resume"). A folder made there and removed:
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".probe-", dir=above))
+    except OSError:
         return above
     return None
 

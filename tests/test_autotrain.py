@@ -3,6 +3,7 @@ resumed, installed where load() finds it, and not overwriting a drafter as good 
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -336,3 +337,33 @@ def test_a_model_without_a_chat_template_is_noted(tiny_model_dir, tmp_path, caps
     assert notes == [f"redrafter-train: note: {tiny_model_dir} has no chat template, so the prompts reach it as plain "
                      "text to continue (as chat messages will): for a chat model, give it one (python -m convert "
                      "--chat-template)"], notes
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, a folder no one can write in")
+def test_a_work_or_out_folder_where_nothing_can_be_written_is_refused_while_parsing(tiny_model_dir, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """Writability was asked of os.access, which passes everything for root: --work /proc/x loaded the model and
+    then failed with "No such file or directory ...; run the same command again to resume" (distill and train's
+    --out the same). A folder is made there and removed instead."""
+    from redrafter_mlx import distill as distill_module
+    from redrafter_mlx import loader
+    from redrafter_mlx import train as train_module
+    from redrafter_mlx.files import unwritable_ancestor
+
+    assert unwritable_ancestor(Path("/proc/redrafter-x/y")) == Path("/proc")
+    before = sorted(tmp_path.iterdir())
+    assert unwritable_ancestor(tmp_path / "a" / "b") is None and sorted(tmp_path.iterdir()) == before  # no probe left
+    monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("loaded the model for a folder it cannot write"))
+    for argv in (["--work", "/proc/redrafter-x"], ["--work", "/proc"]):
+        with pytest.raises(SystemExit) as stopped:
+            autotrain.main(["--model", str(tiny_model_dir), *argv])
+        err = capsys.readouterr().err
+        assert stopped.value.code == 2 and "argument --work" in err and "again" not in err, err
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "hi"}) + "\n")
+    for main, data in ((distill_module.main, prompts), (train_module.main, tmp_path)):
+        with pytest.raises(SystemExit) as stopped:
+            main(["--model", str(tiny_model_dir), "--data", str(data), "--out", "/proc/redrafter-x"])
+        err = capsys.readouterr().err
+        assert stopped.value.code == 2 and "--out /proc/redrafter-x cannot be made: /proc is not a folder you can write" \
+            in err, err
