@@ -560,6 +560,25 @@ def _says_where_it_stopped(ckpt: Path, steps: int):
             if done else "cancelled before the first checkpoint (--save-every): the same command starts over") from e
 
 
+def _check_data_source(folders: List[Path], model: Optional[str]):
+    """Refuse data distilled from another model than --model, by the weights distill recorded in
+    OUT/source.json (folders from before it was recorded are not checked): a model of the same width
+    and vocabulary (a fine-tune, the base of an instruct model) trained on the other's replies, saying
+    nothing."""
+    from . import registry
+
+    recorded = {f: read_json_object(f / "source.json", "distillation record") for f in folders
+                if (f / "source.json").is_file()}
+    if not recorded:
+        return
+    resolved = registry.resolve(model)
+    weights = weights_fingerprint(resolved.path)
+    for folder, source in recorded.items():
+        if source.get("weights") != weights:
+            raise RedrafterError(f"{folder} was distilled from {source.get('model')}, not {resolved.name}: train "
+                                 "with the model the data was distilled from (--model)")
+
+
 def _train(args):
     from .distill import read_shards
     from .loader import load
@@ -579,6 +598,7 @@ def _train(args):
         samples = samples_now()
         if not samples:
             raise RedrafterError(f"no distillation shards in {' '.join(map(str, args.data))}")
+        _check_data_source(args.data, args.model)
     loaded = load(args.model, use_drafter=False)
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.eval_only:

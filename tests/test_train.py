@@ -806,3 +806,27 @@ def test_distilling_into_another_runs_folder_is_refused(tiny_kit, tiny_model_dir
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"{out} holds the replies of another run {said}" in err, err
     assert sorted(p.name for p in out.iterdir()) == ["done.txt", "shard-00000.npz", "source.json"]
+
+
+def test_training_on_data_distilled_from_another_model_is_refused(tiny_kit, tiny_model_dir, tmp_path, capsys):
+    """The README says a mismatch is refused, but only another width or vocabulary was: a model of the same shape
+    trained on the other model's replies, saying nothing. distill's record of its model now says which."""
+    import shutil
+
+    from redrafter_mlx import train as train_module
+    from redrafter_mlx.distill import main as distill_main
+
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"say {w}"}) + "\n" for w in ("hi", "bye", "yes")))
+    assert distill_main(["--model", str(tiny_model_dir), "--data", str(data), "--out", str(tmp_path / "d"),
+                         "--max-tokens", "6"]) == 0
+    other = tiny_kit.write_folder(tmp_path / "other", tiny_kit.model(seed=2))  # the same shape, other weights
+    argv = ["--data", str(tmp_path / "d"), "--out", str(tmp_path / "run"), "--steps", "1", "--batch", "8",
+            "--draft-vocab", "16"]
+    capsys.readouterr()
+    assert train_module.main(["--model", str(other), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"python -m redrafter_mlx.train: error: {tmp_path / 'd'} was distilled from {tiny_model_dir}, not "
+                   f"{other}: train with the model the data was distilled from (--model)\n")
+    copy = shutil.copytree(tiny_model_dir, tmp_path / "copy")  # the same weights elsewhere
+    assert train_module.main(["--model", str(copy), *argv]) == 0
