@@ -29,6 +29,7 @@ redrafter_mlx/data/README.md. `--prompts` uses your own instead.
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import sys
@@ -477,6 +478,12 @@ def main(argv=None):
         # on a line of its own: the interrupted stage's progress bar was left mid-line
         print("\nredrafter-train: interrupted; run the same command again to resume", file=sys.stderr)
         sys.exit(130)
+    except BrokenPipeError:  # the reader of the report is gone (`| head -1`): quietly, as the other commands end
+        try:  # (it said "error: Broken pipe; run the same command again to resume" after a finished run)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        sys.exit(1)
     except OSError as e:  # a folder that cannot be written, a full disk: the stages done so far are kept
         from .cli import describe
 

@@ -367,3 +367,16 @@ def test_a_work_or_out_folder_where_nothing_can_be_written_is_refused_while_pars
         err = capsys.readouterr().err
         assert stopped.value.code == 2 and "--out /proc/redrafter-x cannot be made: /proc is not a folder you can write" \
             in err, err
+
+
+def test_a_reader_gone_from_the_report_ends_quietly(tiny_model_dir, capsys, monkeypatch):
+    """`redrafter-train ... | head -1`: the finished run said "error: Broken pipe; run the same command again to
+    resume", which would have done the evaluation again for nothing."""
+    def gone(manifest, out=None):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(autotrain, "run", lambda args: {})
+    monkeypatch.setattr(autotrain, "report", gone)
+    with pytest.raises(SystemExit) as stopped:
+        autotrain.main(["--model", str(tiny_model_dir)])
+    assert stopped.value.code == 1 and capsys.readouterr().err == ""
