@@ -365,7 +365,10 @@ def run(args) -> Dict:
     # prompt list is fixed once made, so a resumed run answers the same prompts.
     chosen = work / "prompts.json"
     key = hashlib.sha256(json.dumps([groups, asdict(budget)]).encode()).hexdigest()[:16]
-    kept = json.loads(chosen.read_text()) if chosen.is_file() else {}
+    try:  # (one cut short by a crash in an older version's write: chosen again, from the tasks kept)
+        kept = json.loads(chosen.read_text()) if chosen.is_file() else {}
+    except ValueError:
+        kept = {}
     log.stage(1, "self-instruct", f"{budget.self_instruct} new tasks from {len(seeds)} seed prompts")
     if kept.get("key") == key:
         tasks, prompts = kept["tasks"], kept["prompts"]
@@ -373,7 +376,7 @@ def run(args) -> Dict:
         tasks = self_instruct(loaded, seeds, budget.self_instruct, work / "distill" / "self_instruct.jsonl",
                               batch_size=min(batch_size, 16))
         prompts = interleave(groups + [tasks])[: budget.prompts]
-        chosen.write_text(json.dumps({"key": key, "tasks": tasks, "prompts": prompts}))
+        write_json(chosen, {"key": key, "tasks": tasks, "prompts": prompts}, indent=None)  # whole or not at all
     log.done()
 
     # 2. distill: the model's own replies

@@ -380,3 +380,17 @@ def test_a_reader_gone_from_the_report_ends_quietly(tiny_model_dir, capsys, monk
     with pytest.raises(SystemExit) as stopped:
         autotrain.main(["--model", str(tiny_model_dir)])
     assert stopped.value.code == 1 and capsys.readouterr().err == ""
+
+
+def test_a_prompt_list_cut_short_does_not_stop_every_later_run(tiny_model_dir, tmp_path, tiny_budget, capsys):
+    """prompts.json was written in place: cut short (Ctrl-C, a full disk), every later run of the command ended in
+    a JSONDecodeError traceback. It is written whole or not at all, and one cut short is chosen again."""
+    work, argv = tiny_run(tiny_model_dir, tmp_path)
+    autotrain.main(argv)
+    chosen = json.loads((work / "prompts.json").read_text())
+    (work / "prompts.json").write_text(json.dumps(chosen)[:50])
+    autotrain.main(argv)
+    again = json.loads((work / "prompts.json").read_text())  # from the tasks kept (and any more written now)
+    assert again["key"] == chosen["key"] and again["tasks"][: len(chosen["tasks"])] == chosen["tasks"]
+    assert not [p.name for p in work.iterdir() if p.name.startswith(".")]
+
