@@ -161,11 +161,13 @@ def measure(loaded, drafters: Dict[str, object], prompts: List[str], max_tokens:
 
 def held_out_accuracy(train_dir: Path) -> Optional[Dict]:
     """The best held-out validation line of the training log (accuracy per depth)."""
+    from .train import log_row
+
     best = None
     log = train_dir / "train_log.jsonl"
     if log.is_file():
         for line in log.read_text().splitlines():
-            row = json.loads(line) if line.strip() else {}
+            row = log_row(line) or {}  # (a line cut short: skipped)
             if "val_acc" in row and (best is None or row["val_accepted_drafts"] > best["val_accepted_drafts"]):
                 best = row
     return best

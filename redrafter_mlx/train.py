@@ -200,6 +200,15 @@ def checkpoint_step(ckpt: Path) -> int:
     return json.loads(state.read_text())["step"] if state.is_file() else 0
 
 
+def log_row(line: str) -> Optional[dict]:
+    """One train_log.jsonl row; None for a line that is not a JSON object (cut short)."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) else None
+
+
 def open_log(out: Path):
     """OUT/train_log.jsonl for appending, without the rows of steps after OUT's checkpoint: a
     stopped run logged them, and the resumed run trains and logs those steps again (a log read
@@ -208,7 +217,8 @@ def open_log(out: Path):
     if path.is_file():
         done = checkpoint_step(Path(out) / "checkpoint")
         rows = [line for line in path.read_text().splitlines() if line.strip()]
-        kept = [line for line in rows if json.loads(line).get("step", 0) <= done]
+        # a line cut short (a full disk, a killed process) is dropped: it stopped every later run with a traceback
+        kept = [line for line in rows if (row := log_row(line)) is not None and row.get("step", 0) <= done]
         if len(kept) < len(rows):
             path.write_text("".join(line + "\n" for line in kept))
     path.parent.mkdir(parents=True, exist_ok=True)

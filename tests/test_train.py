@@ -615,6 +615,27 @@ def test_a_resumed_log_drops_the_steps_after_the_checkpoint(tmp_path):
     assert (tmp_path / "fresh" / "train_log.jsonl").read_text() == "{}\n"
 
 
+def test_a_log_line_cut_short_does_not_stop_every_later_run(patterned, tmp_path):
+    """A train_log.jsonl whose last line was cut short (a full disk, a killed process) stopped every later run, and
+    redrafter-train's report, with a JSONDecodeError traceback; the line is dropped."""
+    from redrafter_mlx.autotrain import held_out_accuracy
+    from redrafter_mlx.train import open_log
+
+    model, data = patterned
+    kw = dict(depth=3, batch=16, lr=3e-3, warmup=1, draft_vocab=16, progress=False, save_every=2, val_every=2,
+              val_fraction=0.2)
+    with open_log(tmp_path) as log:
+        train(model, data, tmp_path, steps=2, log=log, **kw)
+    with open(tmp_path / "train_log.jsonl", "a") as f:
+        f.write('{"step": 3, "lo')
+    assert held_out_accuracy(tmp_path)["step"] == 2
+    with open_log(tmp_path) as log:
+        train(model, data, tmp_path, steps=4, log=log, **kw)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "train_log.jsonl").read_text().splitlines()
+             if '"loss"' in line]
+    assert steps == [1, 2, 3, 4]
+
+
 def test_ctrl_c_while_training_says_which_checkpoint_resumes(tmp_path):
     """`train` said only "cancelled" on Ctrl-C; it names the checkpoint's step the same command resumes from."""
     from redrafter_mlx.train import _says_where_it_stopped
