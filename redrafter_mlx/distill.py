@@ -329,6 +329,22 @@ def _shortened(task: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."
 
 
+def _tasks_in(path: Path) -> List[str]:
+    """The tasks a self-instruct file holds. A line cut short (a full disk, a killed process) is dropped, and the
+    file rewritten without it: it stopped every later run with a JSONDecodeError traceback."""
+    tasks, lines = [], [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    for line in lines:
+        try:
+            task = json.loads(line)["instruction"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if isinstance(task, str):
+            tasks.append(task)
+    if len(tasks) < len(lines):  # (appended to below: a line cut short would run into the next)
+        path.write_text("".join(json.dumps({"instruction": t}) + "\n" for t in tasks))
+    return tasks
+
+
 def self_instruct(loaded, seeds: List[str], n: int, path: Path, batch_size: int = 16, seed: int = 0,
                   progress=True) -> List[str]:
     """Widen the prompt set (self-instruct, Wang et al. 2022): the base model writes new tasks,
@@ -340,7 +356,7 @@ def self_instruct(loaded, seeds: List[str], n: int, path: Path, batch_size: int 
 
     check_seeds(seeds)
     path.parent.mkdir(parents=True, exist_ok=True)
-    have = [json.loads(l)["instruction"] for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
+    have = _tasks_in(path) if path.exists() else []
     seen = set(have) | set(seeds)
     rng = np.random.default_rng(seed + len(have))
     mx.random.seed(seed + len(have))

@@ -242,6 +242,21 @@ def test_self_instruct_writes_new_tasks_and_resumes(tmp_path):
     assert clean_task("Here's a new task for you") == "" and clean_task("short") == ""
 
 
+def test_a_self_instruct_line_cut_short_does_not_stop_every_later_run(tmp_path):
+    """A task line cut short (a full disk, a killed process) stopped every later run with a JSONDecodeError
+    traceback; it is dropped, and the tasks after it are whole lines."""
+    loaded = TinyLoaded(tiny_model(1))
+    loaded.tokenizer = WordTokenizer()
+    seeds = ["Write a poem about the sea.", "Sort these numbers: 3, 1, 2.", "Explain photosynthesis.", "Name a color."]
+    path = tmp_path / "si.jsonl"
+    first = self_instruct(loaded, seeds, 2, path, batch_size=8, progress=False)
+    with open(path, "a") as f:
+        f.write('{"instruction": "Cut sh')
+    more = self_instruct(loaded, seeds, 4, path, batch_size=8, progress=False)
+    assert more[:2] == first and len(more) == 4
+    assert [json.loads(line)["instruction"] for line in path.read_text().splitlines()] == more
+
+
 def test_mt_bench_is_refused(tmp_path):
     f = tmp_path / "mt_bench.jsonl"
     f.write_text(json.dumps({"turns": ["x"]}) + "\n")
