@@ -356,7 +356,14 @@ def load(
     if use_drafter:
         drafter_path = drafter if drafter else find_drafter(resolved)
         if drafter_path is not None:
-            attach_drafter(loaded, drafter_path, progress)
+            try:
+                attach_drafter(loaded, drafter_path, progress)
+            except RedrafterError as e:
+                if drafter:
+                    raise
+                # found, not asked for: the error named a folder the user never gave, and no way past it
+                raise type(e)(f"{e} (the drafter found for {resolved.name}; use_drafter=False, --no-drafter on the "
+                              "command line, loads the model without it)") from e
     loaded.info["load_seconds"] = time.perf_counter() - t0
     return loaded
 

@@ -214,6 +214,23 @@ def test_an_empty_drafter_path(tiny_kit, tmp_path):
     assert load(str(path)).drafter_path == path / "drafter"
 
 
+def test_a_broken_drafter_found_beside_the_model_says_how_to_load_without_it(tiny_kit, tmp_path):
+    """A drafter/ folder found beside the model (not given) without its weights failed the whole load with
+    "drafter at .../drafter has no model.safetensors", naming a folder the user never gave and no way past it.
+    It says now that it was the one found, and that use_drafter=False (--no-drafter) loads the model alone;
+    a drafter given by path keeps the plain message."""
+    base = tiny_kit.model(seed=0)
+    path = tiny_kit.write_folder(tmp_path / "f", base)
+    save_drafter(new_drafter(base.args), path / "drafter")
+    (path / "drafter" / "model.safetensors").unlink()
+    msg = raises(ModelNotFoundError, lambda: load(str(path)), "has no model.safetensors", "the drafter found for",
+                 "use_drafter=False", "--no-drafter")
+    assert "\n" not in msg
+    msg = raises(ModelNotFoundError, lambda: load(str(path), drafter=str(path / "drafter")), "has no model.safetensors")
+    assert "--no-drafter" not in msg
+    assert load(str(path), use_drafter=False).drafter is None
+
+
 def test_a_drafter_path_that_is_a_file(tiny_kit, tmp_path):
     """It said "no drafter at d/config.json: expected d/config.json/config.json"."""
     base = tiny_kit.model(seed=0)
