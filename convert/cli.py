@@ -37,7 +37,8 @@ examples:
   redrafter-chat --model models/vicuna-7b
 
 The output folder holds config.json, model*.safetensors, the tokenizer (tokenizer.json,
-tokenizer_config.json with the chat template), generation_config.json, optionally drafter/,
+tokenizer_config.json with the chat template), generation_config.json (the source's, where it
+has one; a GGUF's is written from its tokenizer), optionally drafter/,
 and manifest.json (sources, sha256 of the inputs, dtype, quantization, tool versions).
 It loads with redrafter_mlx.load(PATH) and with mlx_lm.load(PATH).
 .bin/.pt inputs are read with torch.load(weights_only=True) (pip install 'redrafter-mlx[convert]');
