@@ -128,7 +128,7 @@ class Generation:
 def _prefill(model, pc: PromptCache, prompt: List[int], stopped: Callable[[], bool],
              progress: Optional[Callable[[str], None]] = None):
     """Run the uncached part of the prompt. Returns (logits (V,), hidden (H,)) of its last token,
-    or None when `stopped()` turns true between chunks (the chunks done stay cached: a valid
+    or None when `stopped()` is true before a chunk (the chunks done stay cached: a valid
     prefix that the next prompt can reuse). `progress` hears of each chunk of a prompt longer
     than one. A chunk that took longer than PREFILL_SECONDS makes the next ones smaller (halved
     until they would fit it, down to PREFILL_MIN_CHUNK; they grow back where fast), so a cancel
@@ -141,7 +141,7 @@ def _prefill(model, pc: PromptCache, prompt: List[int], stopped: Callable[[], bo
     todo = prompt[start:]
     i, size = 0, min(pc.prefill_chunk or PREFILL_CHUNK, PREFILL_CHUNK)
     while i < len(todo):
-        if i and stopped():
+        if stopped():  # (before the first chunk too: a call stopped already read a short prompt and gave a token)
             return None
         if progress is not None and len(todo) > PREFILL_CHUNK:
             progress(f"reading the prompt: {i} of {len(todo)} tokens")

@@ -64,6 +64,10 @@ def test_long_prompt_prefills_in_chunks(tiny_loaded):
     # cancelled between chunks: the time spent reading is reported with it
     g = generate(m, [1] + ids, max_tokens=4, mode="ar", should_stop=lambda: True)
     assert g.finish_reason == "cancelled" and g.tokens == [] and g.stats.prefill_seconds > 0
+    # stopped before it starts: nothing is read or emitted (a prompt of one chunk was read and gave a token)
+    pc = PromptCache(m.model)
+    g = generate(m, ids[:8], max_tokens=4, mode="ar", should_stop=lambda: True, prompt_cache=pc)
+    assert g.finish_reason == "cancelled" and g.tokens == [] and g.stats.new_tokens == 0 and pc.ids == []
 
 
 def test_stream_events(tiny_loaded):
@@ -281,7 +285,8 @@ def test_should_stop_cancels_and_keeps_the_cache_consistent(tiny_loaded):
     free = generate(m, PROMPT, max_tokens=30)
     pc = PromptCache(m.model)
     part = generate(m, PROMPT, max_tokens=30, prompt_cache=pc, should_stop=stop_after(5))
-    assert part.finish_reason == "cancelled" and part.tokens == free.tokens[:6]
+    # asked before the prompt is read, then before each decode step: the prefill's token and 4 steps'
+    assert part.finish_reason == "cancelled" and part.tokens == free.tokens[:5]
     assert pc.ids[: len(free.prompt_tokens)] == free.prompt_tokens
     assert pc.ids[len(free.prompt_tokens):] == part.tokens[: len(pc.ids) - len(free.prompt_tokens)]
     assert_cache_holds(m.model, pc)
@@ -342,7 +347,7 @@ def test_cancel_during_a_long_prefill(tiny_loaded, monkeypatch):
     pc = PromptCache(m.model)
     part = generate(m, PROMPT, max_tokens=10, prompt_cache=pc, should_stop=stop_after(1))
     assert part.finish_reason == "cancelled" and part.tokens == []
-    assert pc.ids == free.prompt_tokens[:8]  # two chunks ran, then the stop was seen
+    assert pc.ids == free.prompt_tokens[:4]  # asked before each chunk: one ran, then the stop was seen
     assert_cache_holds(m.model, pc)
     assert generate(m, PROMPT, max_tokens=10, prompt_cache=pc).tokens == free.tokens
 
