@@ -8,7 +8,7 @@ share of time spent drafting vs verifying.
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 
 @dataclass
@@ -162,20 +162,3 @@ class RunStats:
             "peak_memory_mb": self.peak_memory_mb,
             "accepted_length_histogram": self.histogram(),
         }
-
-
-def merge(stats: List[RunStats]) -> Optional[RunStats]:
-    """Sum several runs (e.g. the turns of a chat) into one."""
-    if not stats:
-        return None
-    last = stats[-1]
-    out = RunStats(mode=last.mode, beam_width=last.beam_width, beam_length=last.beam_length, tree=last.tree,
-                   adaptive=last.adaptive, controller=dict(last.controller))
-    for s in stats:
-        for name in ("prompt_tokens", "new_tokens", "step_tokens", "end_tokens", "steps", "prefill_seconds", "decode_seconds", "draft_seconds",
-                     "verify_seconds", "drafted_tokens", "packed_tokens", "accepted_tokens", "draft_depth",
-                     "looked_up_tokens", "parked_steps", "aliases", "grafted_tokens", "graft_accepted_tokens"):
-            setattr(out, name, getattr(out, name) + getattr(s, name))
-        out.accepted_lengths += s.accepted_lengths
-        out.peak_memory_mb = max(out.peak_memory_mb, s.peak_memory_mb)
-    return out
