@@ -68,6 +68,15 @@ def blank(text: str) -> bool:
     return all(ch.isspace() or unicodedata.category(ch) in ("Cf", "Cc") for ch in text)
 
 
+def trimmed(text: str) -> str:
+    """A message as typed, less its leading blank lines and trailing whitespace: the first line's
+    indentation stays (strip() took it, so pasted code lost it)."""
+    lines = text.rstrip().split("\n")
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    return "\n".join(lines)
+
+
 class ChatApp(App):
     CSS_PATH = "chat.tcss"
     TITLE = "redrafter-chat"
@@ -248,17 +257,19 @@ class ChatApp(App):
 
     async def on_input_submitted(self, event: PromptInput.Submitted):
         prompt = self.query_one(PromptInput)
-        typed = event.value.strip()
-        if blank(PromptInput.message(typed)):  # a pasted run of blank lines shows as "⏎", not as space
+        text = trimmed(PromptInput.message(event.value))
+        if blank(text):  # a pasted run of blank lines shows as "⏎", not as space
             prompt.value = ""
             self.notify("The message is empty: type something first.", severity="warning")
             return
-        if typed.startswith("/") and not typed.startswith("//"):
+        typed, head = PromptInput.shown(text), text.lstrip()  # typed: what ↑ brings back
+        if head.startswith("/") and not head.startswith("//"):
             prompt.remember(typed)
             prompt.value = ""
-            await self.run_command(typed)
+            await self.run_command(head)
             return
-        text = PromptInput.message(typed[1:] if typed.startswith("//") else typed)
+        if head.startswith("//"):
+            text = text[: len(text) - len(head)] + head[1:]
         if not self.ready:
             if self.status != "loading":
                 return

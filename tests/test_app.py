@@ -644,6 +644,35 @@ async def test_a_pasted_text_keeps_its_line_breaks():
         assert len(engine.calls) == calls and len(app.query(UserMessage)) == 1
 
 
+async def test_a_message_keeps_its_first_lines_indentation():
+    """Sending stripped all surrounding whitespace: pasted code lost its first line's indentation. Leading
+    blank lines and trailing whitespace go; the rest is sent as pasted, and ↑ brings it back so."""
+    from textual import events
+
+    engine = FakeEngine(["ok", "ok", "ok"])
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        box = app.query_one(PromptInput)
+        box.post_message(events.Paste("\n    x = f(1)\n    return x  \n\n"))
+        await pilot.pause()
+        assert box.value == "    x = f(1)⏎    return x  "
+        await pilot.press("enter")
+        await finished(pilot)
+        assert engine.calls[-1][0][-1]["content"] == "    x = f(1)\n    return x"
+        await pilot.press("up")
+        assert box.value == "    x = f(1)⏎    return x"
+        await ask(pilot, "  ⏎  \tindented  ")  # a blank first line goes, the next one's indentation stays
+        await finished(pilot)
+        assert engine.calls[-1][0][-1]["content"] == "  \tindented"
+        await ask(pilot, "  //etc/hosts")  # // still sends a message that starts with /
+        await finished(pilot)
+        assert engine.calls[-1][0][-1]["content"] == "  /etc/hosts"
+        await ask(pilot, "  ⏎ \t ")
+        await pilot.pause()
+        assert len(engine.calls) == 3 and "empty" in str(list(app._notifications)[-1].message)
+
+
 async def test_a_fixed_beam_without_a_drafter_says_it_stays_adaptive():
     app = create_app(FakeEngine(["x"], drafter=None), Settings(adaptive=False, beam_width=8, beam_tuned=False))
     async with app.run_test(size=SIZE) as pilot:
