@@ -444,6 +444,14 @@ class ChatApp(App):
         self._refresh()
 
     def action_copy_reply(self):
+        if self.reply_view is not None:  # a reply runs: it is the one on screen, not the one before it
+            so_far = self._pending.text if self._pending is not None else self.reply_view.text
+            if not so_far:
+                self.notify("Nothing to copy yet: the reply has not begun.", severity="warning")
+                return
+            self.copy_to_clipboard(so_far)
+            self.notify(f"Copied the reply so far ({len(so_far)} characters; it is still running).")
+            return
         last = next((m["content"] for m in reversed(self.messages) if m["role"] == "assistant" and m["content"]), None)
         if last is None:
             self.notify("No reply to copy yet.", severity="warning")

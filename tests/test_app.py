@@ -381,6 +381,36 @@ async def test_prompt_history_and_copy():
         assert app.clipboard == "Second."
 
 
+async def test_copy_while_a_reply_runs_copies_that_reply_so_far():
+    """Ctrl+Y during a reply copied the reply before it, saying "Copied the last reply": it copies the
+    running reply's text so far and says so, or that there is nothing yet before its first word."""
+    engine = FakeEngine(["First.", REPLY, "x"], hold_after=3)
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        engine.hold_after = None
+        await ask(pilot, "one")
+        await finished(pilot)
+        engine.hold_after = 3
+        await ask(pilot, "Explain.")
+        partial = "Speculative decoding drafts **several** tokens "
+        await wait_for(pilot, lambda: transcript_replies(app)[-1:] == [partial])
+        await pilot.press("ctrl+y")
+        assert app.clipboard == partial
+        assert str(list(app._notifications)[-1].message) == \
+            f"Copied the reply so far ({len(partial)} characters; it is still running)."
+        await pilot.press("escape")
+        await finished(pilot)
+        engine.hold_after = 0  # held before its first word
+        await ask(pilot, "again")
+        await wait_for(pilot, lambda: app.generating)
+        await pilot.press("ctrl+y")
+        assert app.clipboard == partial
+        assert str(list(app._notifications)[-1].message) == "Nothing to copy yet: the reply has not begun."
+        await pilot.press("escape")
+        await finished(pilot)
+
+
 async def test_missing_drafter_means_plain_decoding_with_a_notice():
     engine = FakeEngine(["Plain."], drafter=None)
     app = create_app(engine)
