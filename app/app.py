@@ -111,6 +111,7 @@ class ChatApp(App):
         self._drawn_at = 0.0  # time.monotonic() of the last streamed redraw
         self._footer_cancellable: Optional[bool] = None  # the state the footer's bindings show
         self._queued: Optional[str] = None  # a message sent while the model was loading
+        self._before = ("ready", None)  # status and stats before the running reply
         self.user_view: Optional[UserMessage] = None  # the prompt bubble of the reply that runs
         self.load_error: Optional[str] = None  # why the model did not load (main() prints it after the app)
         self._stats_shown: Optional[bool] = None  # the user's choice (F2, /stats); None: by the terminal's width
@@ -298,6 +299,7 @@ class ChatApp(App):
         self.reply_view = await self._add(AssistantMessage())
         self.reply_id += 1
         self._cancel = threading.Event()
+        self._before = self.status, self.stats  # what the panel showed, for a reply withdrawn before a word
         self.status, self.stats = "generating", None
         self._refresh()
         self._reply(self.reply_id, list(self.messages), replace(self.settings), self._cancel)
@@ -334,12 +336,13 @@ class ChatApp(App):
             self._pending = msg
             return
         self._pending = None  # the final message holds everything
-        self.stats = msg.stats
         if msg.finish_reason == "cancelled" and not msg.text:  # cancelled before a word: as if never sent
             await self._withdraw()
-            self.status = "cancelled"
+            # the panel as it was before it: that reply's prefill-only figures stayed, of a reply that is gone
+            self.status, self.stats = self._before
             await self._reply_ended()
             return
+        self.stats = msg.stats
         await self.reply_view.show(msg.text)
         note = FINISH_NOTES.get(msg.finish_reason, msg.finish_reason)
         if blank(msg.text):  # an empty bubble said nothing at all (a model that ends its turn at once)

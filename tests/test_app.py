@@ -643,9 +643,30 @@ async def test_a_long_prompt_shows_its_reading_and_a_cancel_then_withdraws_it():
                        and app.reply_view.border_subtitle == "reading the prompt: 512 of 2048 tokens")
         await pilot.press("escape")
         await finished(pilot)
-        assert app.status == "cancelled" and app.messages == []
+        assert app.status == "ready" and app.messages == []  # (as before it: the reply is withdrawn)
         assert not app.query(UserMessage) and not app.query(AssistantMessage)
         assert app.query_one(PromptInput).value == "a pasted document"
+
+
+async def test_a_reply_cancelled_before_a_word_leaves_the_stats_panel_as_it_was():
+    """A reply cancelled before its first word is withdrawn, but its prefill-only figures (prefill, peak
+    memory, "generated 0 tokens") stayed in the panel, of a reply that is gone: the panel shows what it
+    showed before that reply, the previous reply's figures and status."""
+    engine = FakeEngine(["First answer.", "x"])
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "one")
+        await finished(pilot)
+        before = panel(app)
+        assert "status       done (eos)" in before and "generated" in before
+        engine.hold_after = 0
+        await ask(pilot, "a pasted document")
+        await wait_for(pilot, lambda: "status       generating…" in panel(app))
+        await pilot.press("escape")
+        await finished(pilot)
+        assert app.messages[-1]["role"] == "assistant" and not app.query(UserMessage)[1:]
+        assert panel(app) == before
 
 
 async def test_a_pasted_text_keeps_its_line_breaks():
