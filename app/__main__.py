@@ -27,7 +27,8 @@ examples:
   redrafter-chat --temperature 0.7 --top-p 0.9 --max-tokens 512 --system "Answer briefly."
 
 in the app:
-  Enter send · Up/Down prompt history · Esc or Ctrl+C cancel the reply (the streamed part stays)
+  Enter send · Up/Down prompt history
+  Esc or Ctrl+C cancel the reply (the streamed part stays) or a message waiting for the model to load
   Ctrl+N new chat · Ctrl+Y copy the last reply · Ctrl+T speculative decoding on/off
   F5/F6 beam width -/+ · F7/F8 beam length -/+ (a fixed beam) · /auto adaptive again
   F2 stats panel on/off · Ctrl+P all commands · /help lists the /commands · Ctrl+Q quits

@@ -47,7 +47,8 @@ FINISH_NOTES = {
 }
 HELP = """\
 Keys
-  Enter send · ↑/↓ prompt history · Esc or Ctrl+C cancel the reply
+  Enter send · ↑/↓ prompt history
+  Esc or Ctrl+C cancel the reply, or a message waiting for the model to load
   Ctrl+N new chat · Ctrl+Y copy the last reply · Ctrl+Q quit
   Ctrl+T speculative decoding on/off · F2 stats panel on/off
   F5/F6 beam width −/+ · F7/F8 beam length −/+ · Ctrl+P all commands

@@ -526,6 +526,22 @@ async def test_real_engine_load_error_is_one_readable_line():
         assert "Traceback" not in text
 
 
+async def test_help_says_esc_also_cancels_a_waiting_message():
+    """Esc and Ctrl+C also cancel a message waiting for the model to load; /help and --help said "the reply"
+    alone."""
+    assert "a message waiting for the model to load" in " ".join(configure_parser().format_help().split())
+    gate = threading.Event()
+    app = create_app(FakeEngine(["x"], load_gate=gate))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await ask(pilot, "/help")  # (while the model loads)
+        await pilot.pause()
+        help_text = " ".join(str(app.query(Notice).last().render()).split())
+        gate.set()
+        await ready(pilot)
+        assert "Esc or Ctrl+C cancel the reply, or a message waiting for the model to load" in help_text
+
+
 def test_command_line():
     p = configure_parser()
     a = p.parse_args([])
