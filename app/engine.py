@@ -72,6 +72,7 @@ class Stats:
 
     mode: str = "ar"  # "ar" (plain decoding), "redrafter" (fixed drafting) or "auto" (the adaptive controller)
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt's tokens, those the KV cache held from the turns before (not read again)
     new_tokens: int = 0
     steps: int = 0
     tokens_per_second: float = 0.0  # decode steps only, prefill excluded
@@ -404,6 +405,7 @@ class Engine(EngineThread):
             stats = Stats(
                 mode=s.mode,
                 prompt_tokens=s.prompt_tokens,
+                cached_tokens=s.cached_tokens,
                 new_tokens=s.new_tokens,
                 steps=s.steps,
                 tokens_per_second=s.tokens_per_second,
@@ -477,6 +479,7 @@ class FakeEngine(EngineThread):
         self.hold_after, self.step_delay = hold_after, step_delay
         self.calls: List[Tuple[Messages, Settings]] = []
         self.new_chats = 0
+        self.cached = 0  # prompt tokens the "KV cache" holds: the last prompt's (the next one starts with it)
         self.loaded = False
 
     @property
@@ -498,6 +501,7 @@ class FakeEngine(EngineThread):
     def new_chat(self):
         def reset():
             self.new_chats += 1
+            self.cached = 0
 
         self.submit(reset)
 
@@ -537,9 +541,10 @@ class FakeEngine(EngineThread):
         adaptive = spec and settings.adaptive
         W, L = (settings.beam_width, settings.beam_length) if spec else (0, 0)
         prompt_tokens = sum(len(m["content"].split()) + 4 for m in messages)
+        cached, self.cached = min(self.cached, prompt_tokens - 1), prompt_tokens
         run = dict(mode="auto" if adaptive else "redrafter" if spec else "ar", prompt_tokens=prompt_tokens,
-                   beam_width=0 if adaptive else W, beam_length=0 if adaptive else L,
-                   prefill_seconds=0.01 * prompt_tokens, peak_memory_mb=512.0,
+                   cached_tokens=cached, beam_width=0 if adaptive else W, beam_length=0 if adaptive else L,
+                   prefill_seconds=0.01 * (prompt_tokens - cached), peak_memory_mb=512.0,
                    packed_per_step=float(L) if spec else 1.0,
                    controller=dict(FAKE_COSTS) if adaptive else None)
         lengths: List[int] = []

@@ -132,7 +132,11 @@ def reply_rows(stats: Optional[Stats], baseline: Baseline, status: str) -> List[
     if spec and stats.decode_seconds > 0:
         d, v = stats.draft_seconds / stats.decode_seconds, stats.verify_seconds / stats.decode_seconds
         rows.append(("draft/verify", f"{d:.0%} / {v:.0%} of decode"))
-    rows.append(("prefill", f"{stats.prefill_seconds:.2f} s · {stats.prompt_tokens} tokens"))
+    # the seconds are those of the tokens read: the ones the KV cache held from the turns before are not
+    # (it read "0.05 s · 1500 tokens" on a later turn, an impossibly fast prefill)
+    read = stats.prompt_tokens - stats.cached_tokens
+    rows.append(("prefill", f"{stats.prefill_seconds:.2f} s · {read:,} tokens"
+                 + (f" read + {stats.cached_tokens:,} cached" if stats.cached_tokens else "")))
     rows.append(("peak memory", f"{stats.peak_memory_mb:,.0f} MB"))
     rows.append(("generated", f"{stats.new_tokens} tokens · {stats.steps} steps"))
     return rows

@@ -431,6 +431,7 @@ def stream(
     saved = len(pc.ids)
     try:
         t0 = time.perf_counter()
+        stats.cached_tokens = pc.reuse(ids)  # (_prefill's own reuse then keeps them all)
         prefilled = _prefill(model, pc, ids, stopped, progress)
         if prefilled is None:
             stats.prefill_seconds = time.perf_counter() - t0

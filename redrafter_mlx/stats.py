@@ -38,6 +38,7 @@ class StepStats:
 class RunStats:
     mode: str = "ar"
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of those, the ones a PromptCache held (not read: prefill_seconds is the rest's)
     new_tokens: int = 0  # all generated tokens, the one sampled from the prefill included
     step_tokens: int = 0  # tokens emitted by decode steps (new_tokens minus the prefill's)
     end_tokens: int = 0  # end-of-turn tokens decode steps produced (not in the output)

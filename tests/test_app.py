@@ -1070,6 +1070,44 @@ def test_the_engine_drafts_the_copy_alone_without_a_drafter(tiny_loaded):
         engine.wait(10)
 
 
+async def test_the_prefill_row_says_how_many_tokens_it_read():
+    """On later turns the prefill's seconds cover only the prompt's part the KV cache did not hold, while the
+    row gave the whole prompt's tokens ("0.05 s · 1500 tokens", an impossibly fast prefill): it says the
+    tokens read and the ones cached."""
+    app = create_app(FakeEngine(["First.", "Second."]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "one two")
+        await finished(pilot)
+        assert "prefill      0.06 s · 6 tokens\n" in panel(app)  # nothing cached yet
+        await ask(pilot, "three")
+        await finished(pilot)
+        assert "prefill      0.10 s · 10 tokens read + 6 cached\n" in panel(app)
+        assert app.stats.prompt_tokens == 16 and app.stats.cached_tokens == 6
+
+
+def test_the_engine_reports_the_prompt_tokens_the_cache_held(tiny_loaded):
+    """The real engine's figure: a second turn's prompt starts with the first turn's tokens, which the
+    conversation's PromptCache holds; a new chat holds none."""
+    from redrafter_mlx import PromptCache
+
+    engine = Engine("unused", warm_up=False)
+    try:
+        engine._m, engine._cache = tiny_loaded, PromptCache(tiny_loaded.model)
+        turn = [{"role": "user", "content": "a b c d"}]
+        first = list(engine.reply(turn, Settings(max_tokens=4, speculative=False), lambda: False))
+        assert first[-1].stats.cached_tokens == 0
+        turn += [{"role": "assistant", "content": "".join(c.text for c in first)}, {"role": "user", "content": "e"}]
+        second = list(engine.reply(turn, Settings(max_tokens=4, speculative=False), lambda: False))[-1].stats
+        assert 0 < second.cached_tokens < second.prompt_tokens
+        engine.new_chat()
+        third = list(engine.reply(turn, Settings(max_tokens=4, speculative=False), lambda: False))[-1].stats
+        assert third.cached_tokens == 0 and third.prompt_tokens == second.prompt_tokens
+    finally:
+        engine.close()
+        engine.wait(10)
+
+
 async def test_a_tree_floor_without_a_tree_is_said():
     """`redrafter-chat --tree-min-prob P` alone counts on a tree tuned for the device; where none is, the
     beams drafted have no floor to apply (the library refuses one there): the chat says so at load, and
