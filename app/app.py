@@ -252,7 +252,7 @@ class ChatApp(App):
         prompt.placeholder = "No model loaded (Ctrl+Q quits)"
         prompt.disabled = True
         if self._queued is not None:  # never sent: give it back, as the box shows it
-            prompt.value, self._queued = PromptInput.shown(self._queued), None
+            prompt.value, self._queued = PromptInput.given_back(self._queued), None
         self._refresh()
 
     # ---- sending and streaming -------------------------------------------------------------
@@ -386,7 +386,7 @@ class ChatApp(App):
                 await view.remove()
         prompt = self.query_one(PromptInput)
         if not prompt.value:
-            prompt.value = PromptInput.shown(turn["content"])
+            prompt.value = PromptInput.given_back(turn["content"])
             prompt.cursor_position = len(prompt.value)
 
     async def _reply_ended(self):
@@ -408,9 +408,9 @@ class ChatApp(App):
             text, self._queued = self._queued, None
             prompt = self.query_one(PromptInput)
             if not prompt.value:
-                prompt.value = PromptInput.shown(text)
+                prompt.value = PromptInput.given_back(text)
                 prompt.cursor_position = len(prompt.value)
-            back = "it is back in the box" if prompt.value == PromptInput.shown(text) else "↑ brings it back"
+            back = "it is back in the box" if prompt.value == PromptInput.given_back(text) else "↑ brings it back"
             self.notify(f"The waiting message is cancelled, not sent: {back}.")
             self._refresh()
             return
@@ -431,7 +431,7 @@ class ChatApp(App):
             # The transcript holds the load status (and a failure's reason): clearing it hid both, and a
             # message typed while loading was still sent after "New chat.".
             if self._queued is not None:
-                self.query_one(PromptInput).value, self._queued = PromptInput.shown(self._queued), None
+                self.query_one(PromptInput).value, self._queued = PromptInput.given_back(self._queued), None
                 self._refresh()  # (the footer's Cancel)
                 self.notify("Your message was taken back into the box: the model is still loading.")
             else:

@@ -133,6 +133,14 @@ class PromptInput(Input):
             lines.pop()
         return cls.NEWLINE.join(lines)
 
+    @classmethod
+    def given_back(cls, text: str) -> str:
+        """What the box shows for a message handed back unsent (withdrawn, or cancelled while it waited):
+        one that starts with / gets the // it was typed with again (Enter ran it as a command)."""
+        shown = cls.shown(text)
+        head = shown.lstrip()
+        return shown[: len(shown) - len(head)] + "/" + head if head.startswith("/") else shown
+
     def _on_paste(self, event: events.Paste) -> None:
         # Terminals send a pasted line break as "\r" (what Enter sends: VTE, xterm, iTerm2, Windows Terminal),
         # so "\n" alone is not the test.

@@ -740,6 +740,29 @@ async def test_a_message_keeps_its_first_lines_indentation():
         assert len(engine.calls) == 3 and "empty" in str(list(app._notifications)[-1].message)
 
 
+async def test_a_message_given_back_unsent_keeps_its_double_slash():
+    """//x sends "/x"; handed back unsent (cancelled while it waited for the model, or before the reply's
+    first word) the box showed "/x", which Enter then ran as a command: it shows "//x" again."""
+    gate = threading.Event()
+    engine = FakeEngine(["x"], hold_after=0, load_gate=gate)
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await ask(pilot, "//etc/hosts is empty")
+        await pilot.pause()
+        await pilot.press("escape")  # the message waiting for the model
+        box = app.query_one(PromptInput)
+        assert box.value == "//etc/hosts is empty"
+        gate.set()
+        await ready(pilot)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.generating)
+        assert engine.calls[-1][0][-1]["content"] == "/etc/hosts is empty"
+        await pilot.press("escape")  # before its first word: withdrawn
+        await finished(pilot)
+        assert box.value == "//etc/hosts is empty"
+
+
 async def test_a_fixed_beam_without_a_drafter_says_it_stays_adaptive():
     app = create_app(FakeEngine(["x"], drafter=None), Settings(adaptive=False, beam_width=8, beam_tuned=False))
     async with app.run_test(size=SIZE) as pilot:
