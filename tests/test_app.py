@@ -41,6 +41,16 @@ async def ask(pilot, text):
     await pilot.press("enter")
 
 
+async def paste(pilot, text) -> str:
+    """Paste `text` into the prompt box as a terminal does; the box's value after it."""
+    from textual import events
+
+    box = pilot.app.query_one(PromptInput)
+    box.post_message(events.Paste(text))
+    await pilot.pause()
+    return box.value
+
+
 async def finished(pilot):
     await wait_for(pilot, lambda: pilot.app.status not in ("generating", "cancelling"))
     await pilot.pause()
@@ -686,25 +696,19 @@ async def test_a_reply_cancelled_before_a_word_leaves_the_stats_panel_as_it_was(
 
 
 async def test_a_pasted_text_keeps_its_line_breaks():
-    from textual import events
-
     engine = FakeEngine(["ok"])
     app = create_app(engine)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         box = app.query_one(PromptInput)
-        box.post_message(events.Paste("Fix this code:\ndef add(a, b):\n    return a - b\n"))
-        await pilot.pause()
-        assert box.value == "Fix this code:⏎def add(a, b):⏎    return a - b"
+        shown = await paste(pilot, "Fix this code:\ndef add(a, b):\n    return a - b\n")
+        assert shown == "Fix this code:⏎def add(a, b):⏎    return a - b"
         await pilot.press("enter")
         await finished(pilot)
         assert engine.calls[-1][0][-1]["content"] == "Fix this code:\ndef add(a, b):\n    return a - b"
-        box.post_message(events.Paste("one line"))
-        await pilot.pause()
-        assert box.value == "one line"  # Input's own paste
+        assert await paste(pilot, "one line") == "one line"  # Input's own paste
         box.value = ""
-        box.post_message(events.Paste(" \n \n "))  # blank lines show as "⏎": still an empty message
-        await pilot.pause()
+        await paste(pilot, " \n \n ")  # blank lines show as "⏎": still an empty message
         calls = len(engine.calls)
         await pilot.press("enter")
         await pilot.pause()
@@ -714,16 +718,12 @@ async def test_a_pasted_text_keeps_its_line_breaks():
 async def test_a_message_keeps_its_first_lines_indentation():
     """Sending stripped all surrounding whitespace: pasted code lost its first line's indentation. Leading
     blank lines and trailing whitespace go; the rest is sent as pasted, and ↑ brings it back so."""
-    from textual import events
-
     engine = FakeEngine(["ok", "ok", "ok"])
     app = create_app(engine)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         box = app.query_one(PromptInput)
-        box.post_message(events.Paste("\n    x = f(1)\n    return x  \n\n"))
-        await pilot.pause()
-        assert box.value == "    x = f(1)⏎    return x  "
+        assert await paste(pilot, "\n    x = f(1)\n    return x  \n\n") == "    x = f(1)⏎    return x  "
         await pilot.press("enter")
         await finished(pilot)
         assert engine.calls[-1][0][-1]["content"] == "    x = f(1)\n    return x"
@@ -1359,8 +1359,6 @@ async def test_a_paste_with_carriage_returns_keeps_every_line():
     what Enter sends), which the prompt box did not take for line breaks: Input's own paste kept the first
     line and dropped the rest (a paste that began with a break, nothing). Every line break str.splitlines()
     knows now shows as ⏎ and is sent as one."""
-    from textual import events
-
     engine = FakeEngine(["ok"])
     app = create_app(engine)
     async with app.run_test(size=SIZE) as pilot:
@@ -1369,13 +1367,9 @@ async def test_a_paste_with_carriage_returns_keeps_every_line():
         for pasted in ("Fix this:\rdef f():\r    return 1\r", "Fix this:\r\ndef f():\r\n    return 1",
                        "Fix this:\u2028def f():\x0b    return 1"):
             box.value = ""
-            box.post_message(events.Paste(pasted))
-            await pilot.pause()
-            assert box.value == "Fix this:⏎def f():⏎    return 1", repr(pasted)
+            assert await paste(pilot, pasted) == "Fix this:⏎def f():⏎    return 1", repr(pasted)
         box.value = ""
-        box.post_message(events.Paste("\r\rone line\r"))  # Input's paste kept the first line: none at all
-        await pilot.pause()
-        assert box.value == "one line"
+        assert await paste(pilot, "\r\rone line\r") == "one line"  # Input's paste kept the first line: none at all
         box.value = "Fix this:⏎def f():⏎    return 1"
         await pilot.press("enter")
         await finished(pilot)
