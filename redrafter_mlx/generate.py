@@ -125,19 +125,18 @@ class Generation:
     step_stats: List[StepStats] = field(default_factory=list)  # one per decode step (stats.steps of them)
 
 
-def _prefill(model, pc: PromptCache, prompt: List[int], stopped: Callable[[], bool],
+def _prefill(model, pc: PromptCache, prompt: List[int], start: int, stopped: Callable[[], bool],
              progress: Optional[Callable[[str], None]] = None):
-    """Run the uncached part of the prompt. Returns (logits (V,), hidden (H,)) of its last token,
-    or None when `stopped()` is true before a chunk (the chunks done stay cached: a valid
-    prefix that the next prompt can reuse). `progress` hears of each chunk of a prompt longer
-    than one. A chunk that took longer than PREFILL_SECONDS makes the next ones smaller (halved
-    until they would fit it, down to PREFILL_MIN_CHUNK; they grow back where fast), so a cancel
-    is seen within a few seconds: on the 2-core CPU a 512-token chunk of the default model took
-    3 s at the start of a prompt and 8-15 s after 1,500 tokens (attention's exp over the cached
-    keys), while 128-token chunks read a long prompt as fast. The size found is kept on `pc`: the
-    next prompt of a conversation starts there (its first chunk at 512 took 8 s to cancel in the
+    """Run the prompt past `start`, the tokens `pc` holds already (pc.reuse). Returns (logits (V,),
+    hidden (H,)) of its last token, or None when `stopped()` is true before a chunk (the chunks done
+    stay cached: a valid prefix that the next prompt can reuse). `progress` hears of each chunk of a
+    prompt longer than one. A chunk that took longer than PREFILL_SECONDS makes the next ones
+    smaller (halved until they would fit it, down to PREFILL_MIN_CHUNK; they grow back where fast),
+    so a cancel is seen within a few seconds: on the 2-core CPU a 512-token chunk of the default
+    model took 3 s at the start of a prompt and 8-15 s after 1,500 tokens (attention's exp over the
+    cached keys), while 128-token chunks read a long prompt as fast. The size found is kept on `pc`:
+    the next prompt of a conversation starts there (its first chunk at 512 took 8 s to cancel in the
     chat, past 2,000 tokens of conversation)."""
-    start = pc.reuse(prompt)
     todo = prompt[start:]
     i, size = 0, min(pc.prefill_chunk or PREFILL_CHUNK, PREFILL_CHUNK)
     while i < len(todo):
@@ -431,8 +430,8 @@ def stream(
     saved = len(pc.ids)
     try:
         t0 = time.perf_counter()
-        stats.cached_tokens = pc.reuse(ids)  # (_prefill's own reuse then keeps them all)
-        prefilled = _prefill(model, pc, ids, stopped, progress)
+        stats.cached_tokens = pc.reuse(ids)
+        prefilled = _prefill(model, pc, ids, stats.cached_tokens, stopped, progress)
         if prefilled is None:
             stats.prefill_seconds = time.perf_counter() - t0
             yield event([], None, "cancelled")
