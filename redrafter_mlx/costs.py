@@ -518,11 +518,7 @@ def read_cached(loaded) -> Optional[CostModel]:
 
 def can_cache(loaded) -> bool:
     """Whether a place `write_cached` tries can be written (checked before measuring, to say so)."""
-    for path in cache_paths(loaded):
-        folder = path.parent
-        if (os.access(folder, os.W_OK) if folder.is_dir() else unwritable_ancestor(folder) is None):
-            return True
-    return False
+    return any(unwritable_ancestor(path) is None for path in cache_paths(loaded))
 
 
 def write_cached(loaded, costs: CostModel) -> Optional[Path]:
