@@ -133,6 +133,7 @@ class RunStats:
         return {
             "mode": self.mode,
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "new_tokens": self.new_tokens,
             "step_tokens": self.step_tokens,
             "end_tokens": self.end_tokens,

@@ -9,6 +9,7 @@ from redrafter_mlx import generate, stream
 from redrafter_mlx.errors import ContextLengthError, RedrafterError
 from redrafter_mlx.generate import PREFILL_CHUNK, PromptCache
 from redrafter_mlx.sampling import Sampler, apply_top_p
+from redrafter_mlx.stats import RunStats
 
 PROMPT = "the cat"
 
@@ -106,6 +107,19 @@ def test_numpy_settings_give_stats_json_can_write(tiny_kit, tmp_path):
     assert json.loads(json.dumps(g.stats.to_dict()))["beam_length"] == 3
     g = generate(m, PROMPT, mode="redrafter", max_tokens=6, tree=np.int64(8), tree_min_prob=np.float32(0.2))
     assert json.loads(json.dumps(g.stats.to_dict()))["tree"] == 8
+
+
+def test_stats_to_dict_holds_every_figure(tiny_loaded):
+    """to_dict() left out cached_tokens (the prompt tokens a PromptCache held), so a JSON record of a
+    chat's later turn could not tell what was read from what was reused."""
+    import dataclasses
+
+    pc = PromptCache(tiny_loaded.model)
+    generate(tiny_loaded, PROMPT, max_tokens=4, mode="ar", prompt_cache=pc)
+    d = generate(tiny_loaded, PROMPT + " more", max_tokens=4, mode="ar", prompt_cache=pc).stats.to_dict()
+    assert d["cached_tokens"] > 0 and d["cached_tokens"] < d["prompt_tokens"]
+    as_histogram = {"accepted_lengths": "accepted_length_histogram"}
+    assert [f.name for f in dataclasses.fields(RunStats) if as_histogram.get(f.name, f.name) not in d] == []
 
 
 def test_merged_tokens_counts_the_drafts_the_prefix_merge_removed(tiny_kit, tmp_path):
