@@ -338,7 +338,10 @@ class ChatApp(App):
             return
         self._pending = None  # the final message holds everything
         if msg.finish_reason == "cancelled" and not msg.text:  # cancelled before a word: as if never sent
-            await self._withdraw()
+            back = await self._withdraw()
+            self._note("Cancelled before the reply began: the message was taken back"
+                       + (" into the prompt box (Enter sends it again)." if back else
+                          " (the prompt box held other text: ↑ finds it in the history)."))
             # the panel as it was before it: that reply's prefill-only figures stayed, of a reply that is gone
             self.status, self.stats = self._before
             await self._reply_ended()
@@ -379,15 +382,18 @@ class ChatApp(App):
 
     async def _withdraw(self):
         """Take back the user turn whose reply never began: out of the conversation and the
-        transcript, its text back in the prompt box (unless something else was typed there)."""
+        transcript, its text back in the prompt box (unless something else was typed there: then
+        False)."""
         turn = self.messages.pop()
         for view in (self.reply_view, self.user_view):
             if view is not None:
                 await view.remove()
         prompt = self.query_one(PromptInput)
-        if not prompt.value:
-            prompt.value = PromptInput.given_back(turn["content"])
-            prompt.cursor_position = len(prompt.value)
+        if prompt.value:
+            return False
+        prompt.value = PromptInput.given_back(turn["content"])
+        prompt.cursor_position = len(prompt.value)
+        return True
 
     async def _reply_ended(self):
         self.reply_view, self.user_view, self._cancel = None, None, None

@@ -672,6 +672,8 @@ async def test_a_long_prompt_shows_its_reading_and_a_cancel_then_withdraws_it():
         assert app.status == "ready" and app.messages == []  # (as before it: the reply is withdrawn)
         assert not app.query(UserMessage) and not app.query(AssistantMessage)
         assert app.query_one(PromptInput).value == "a pasted document"
+        await pilot.pause()  # it said nothing: the message vanished from the transcript unexplained
+        assert any("taken back into the prompt box" in str(n.render()) for n in app.query(Notice))
 
 
 async def test_a_reply_cancelled_before_a_word_leaves_the_stats_panel_as_it_was():
