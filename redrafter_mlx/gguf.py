@@ -77,15 +77,24 @@ def _rename(name: str) -> str:
 
 # GGUF metadata value types: fixed sizes in bytes (8: string, 9: array, read apart)
 _VALUE_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-# ggml tensor types MLX reads: (bytes, elements) per block
-_TENSOR_BLOCKS = {0: (4, 1), 1: (2, 1), 2: (18, 32), 3: (20, 32), 8: (34, 32), 30: (2, 1)}
+# ggml tensor types (ggml.h's ggml_type): id -> (name, bytes per block, values per block)
+GGML_TYPES = {
+    0: ("F32", 4, 1), 1: ("F16", 2, 1), 2: ("Q4_0", 18, 32), 3: ("Q4_1", 20, 32), 6: ("Q5_0", 22, 32),
+    7: ("Q5_1", 24, 32), 8: ("Q8_0", 34, 32), 9: ("Q8_1", 36, 32), 10: ("Q2_K", 84, 256), 11: ("Q3_K", 110, 256),
+    12: ("Q4_K", 144, 256), 13: ("Q5_K", 176, 256), 14: ("Q6_K", 210, 256), 15: ("Q8_K", 292, 256),
+    16: ("IQ2_XXS", 66, 256), 17: ("IQ2_XS", 74, 256), 18: ("IQ3_XXS", 98, 256), 19: ("IQ1_S", 50, 256),
+    20: ("IQ4_NL", 18, 32), 21: ("IQ3_S", 110, 256), 22: ("IQ2_S", 82, 256), 23: ("IQ4_XS", 136, 256),
+    24: ("I8", 1, 1), 25: ("I16", 2, 1), 26: ("I32", 4, 1), 27: ("I64", 8, 1), 28: ("F64", 8, 1),
+    29: ("IQ1_M", 56, 256), 30: ("BF16", 2, 1), 34: ("TQ1_0", 54, 256), 35: ("TQ2_0", 66, 256),
+    39: ("MXFP4", 17, 32),
+}
 _MAX_DIMS = 4  # GGML_MAX_DIMS
 
 
 def check_layout(path) -> None:
     """Walk a GGUF file's header (counts, strings, metadata values, tensor infos) and check each
-    piece lies inside the file, every tensor has 1 to 4 dimensions and, for the types MLX reads,
-    its data fits after its offset. MLX's reader trusts them: a damaged header crashed the process
+    piece lies inside the file, every tensor has 1 to 4 dimensions, a type ggml knows and rows of
+    whole blocks, and its data fits after its offset. MLX's reader trusts them: a damaged header crashed the process
     (a segmentation fault, or an assertion's abort) instead of raising. Raises CorruptModelError."""
     import mmap
     import struct
@@ -186,22 +195,25 @@ def _walk(buf, size: int, path: Path, struct) -> None:
         count = 1
         for d in dims:
             count *= d
-        block = _TENSOR_BLOCKS.get(kind)
-        need = count // block[1] * block[0] if block else 0
-        if count > 2**48 or (block and count % block[1]):
-            bad(f"tensor {name!r} of shape {dims}, not whole blocks of its type {kind}", min(data + offset, size))
-        if data + offset + need > size:
-            bad(f"tensor {name!r} of shape {dims} and type {kind} at data offset {offset}, past the end of the file",
+        if kind not in GGML_TYPES:
+            bad(f"tensor {name!r} of type {kind}, no ggml type this loader knows (or a type newer than it)",
                 min(data + offset, size))
+        type_name, block_bytes, block_values = GGML_TYPES[kind]
+        need = count // block_values * block_bytes
+        if count > 2**48 or dims[0] % block_values:  # ggml: each row is whole blocks
+            bad(f"tensor {name!r} of shape {dims}, not whole blocks of its type {type_name}", min(data + offset, size))
+        if data + offset + need > size:
+            bad(f"tensor {name!r} of shape {dims} and type {type_name} at data offset {offset}, past the end of "
+                "the file", min(data + offset, size))
         if offset % alignment:
             bad(f"tensor {name!r} at data offset {offset}, not a multiple of the alignment {alignment}", data + offset)
-        spans.append((offset, need, block is not None, name))
+        spans.append((offset, need, name))
     # Writers lay tensors out one after another, each padded to the alignment. A tensor whose type
     # or offset was changed reads another's bytes, or leaves bytes no tensor uses: MLX loaded such
     # a file as garbage weights without a word (GGUF has no checksum).
     spans.sort()
-    for (offset, need, known, name), (after, _, known_after, name_after) in zip(spans, spans[1:]):
-        if known and known_after and not 0 <= after - (offset + need) < alignment:
+    for (offset, need, name), (after, _, name_after) in zip(spans, spans[1:]):
+        if not 0 <= after - (offset + need) < alignment:
             what = "overlaps" if after < offset + need else "leaves unused bytes before"
             bad(f"tensor {name!r} (data offset {offset}, {need} bytes) {what} tensor {name_after!r} at data offset "
                 f"{after} (a tensor's type or offset changed?)", data + offset)
