@@ -12,7 +12,7 @@ model read from GGUF runs with `rope_traditional=True`.
 
 import re
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import mlx.core as mx
 
@@ -89,13 +89,24 @@ GGML_TYPES = {
     39: ("MXFP4", 17, 32),
 }
 _MAX_DIMS = 4  # GGML_MAX_DIMS
+# The types read: MLX keeps Q4_0, Q4_1 and Q8_0 quantized and dequantizes Q2_K and Q6_K to float16
+# (gguflib); every other type failed inside MLX ("gguf_tensor_to_f16 failed", called a damaged
+# file), was taken for a truncated file (Q8_1, IQ1_S) or vanished from the tensors (TQ2_0, MXFP4).
+READ_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q2_K", "Q4_K", "Q6_K")
 
 
-def check_layout(path) -> None:
+class Layout(NamedTuple):
+    architecture: str  # general.architecture ("" when absent)
+    tensors: List[Tuple[str, List[int], int, int]]  # (name, dims in ggml order (row length first), type id, offset)
+    data: int  # where the data section starts; a tensor's offset counts from here
+
+
+def check_layout(path) -> Layout:
     """Walk a GGUF file's header (counts, strings, metadata values, tensor infos) and check each
     piece lies inside the file, every tensor has 1 to 4 dimensions, a type ggml knows and rows of
-    whole blocks, and its data fits after its offset. MLX's reader trusts them: a damaged header crashed the process
-    (a segmentation fault, or an assertion's abort) instead of raising. Raises CorruptModelError."""
+    whole blocks, and its data fits after its offset. MLX's reader trusts them: a damaged header
+    crashed the process (a segmentation fault, or an assertion's abort) instead of raising.
+    Raises CorruptModelError; returns the architecture and the tensor table."""
     import mmap
     import struct
 
@@ -106,12 +117,12 @@ def check_layout(path) -> None:
             raise CorruptModelError(f"{path} is not a GGUF file: {size} bytes")
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         try:
-            _walk(buf, size, path, struct)
+            return _walk(buf, size, path, struct)
         finally:
             buf.close()
 
 
-def _walk(buf, size: int, path: Path, struct) -> None:
+def _walk(buf, size: int, path: Path, struct) -> Layout:
     pos = 0
 
     def bad(what: str, at: Optional[int] = None):
@@ -170,14 +181,16 @@ def _walk(buf, size: int, path: Path, struct) -> None:
     n_tensors, n_values = take("<Q"), take("<Q")
     if n_tensors > size // 24 or n_values > size // 13:  # the smallest tensor info and key-value pair
         bad(f"{n_tensors} tensors and {n_values} metadata values in {size} bytes")
-    alignment = 32
+    alignment, arch = 32, b""
     for _ in range(n_values):
-        key = read_string(len(b"general.alignment") + 1)
+        key = read_string(len(b"general.architecture") + 1)
         kind = take("<I")
         if key == b"general.alignment" and kind == 4:
             alignment = take("<I")
             if alignment == 0 or alignment & (alignment - 1):
                 bad(f"an alignment of {alignment}")
+        elif key == b"general.architecture" and kind == 8:
+            arch = read_string(64)
         else:
             skip_value(kind)
     infos = []
@@ -217,6 +230,18 @@ def _walk(buf, size: int, path: Path, struct) -> None:
             what = "overlaps" if after < offset + need else "leaves unused bytes before"
             bad(f"tensor {name!r} (data offset {offset}, {need} bytes) {what} tensor {name_after!r} at data offset "
                 f"{after} (a tensor's type or offset changed?)", data + offset)
+    return Layout(arch.decode("utf-8", "replace"), infos, data)
+
+
+def check_types(path: Path, layout: Layout) -> None:
+    """Refuse, by name, tensors of a type this loader cannot read (before MLX reads any)."""
+    unread = [(name, GGML_TYPES[kind][0]) for name, _, kind, _ in layout.tensors if GGML_TYPES[kind][0] not in READ_TYPES]
+    if unread:
+        name, kind = unread[0]
+        more = f" (and {len(unread) - 1} more: {', '.join(sorted({k for _, k in unread[1:]}))})" if unread[1:] else ""
+        raise UnsupportedModelError(
+            f"{path.name}: tensor {name!r} is {kind}{more}, a GGUF type this loader cannot read (it reads "
+            f"{', '.join(READ_TYPES)}): use a Q4_K_M, Q4_0 or Q8_0 GGUF of the model, or its Hugging Face folder")
 
 
 def read_gguf(path) -> Tuple[Dict[str, Any], Dict[str, mx.array], Dict[str, Any]]:
@@ -224,13 +249,14 @@ def read_gguf(path) -> Tuple[Dict[str, Any], Dict[str, mx.array], Dict[str, Any]
     path = Path(path)
     if not path.is_file():
         raise ModelNotFoundError(f"GGUF file not found: {path}")
-    check_layout(path)
+    layout = check_layout(path)
+    check_types(path, layout)
     try:
         tensors, meta = mx.load(str(path), return_metadata=True)
     except Exception as e:  # MLX raises ValueError/RuntimeError with its own text
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         if "type" in msg.lower() and "support" in msg.lower():
-            raise UnsupportedModelError(f"{path.name}: {msg} (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0)") from e
+            raise UnsupportedModelError(f"{path.name}: {msg} (supported: {', '.join(READ_TYPES)})") from e
         raise CorruptModelError(f"cannot read GGUF file {path}: {msg}") from e
     arch = _value(meta.get("general.architecture", ""))
     if arch not in SUPPORTED_ARCHITECTURES:

@@ -110,3 +110,18 @@ def test_a_k_quant_tensor_cut_short_or_retyped_is_an_error(tiny_kit, tmp_path):
         bad = tmp_path / f"{name}.gguf"
         bad.write_bytes(damage(good))
         raises(CorruptModelError, lambda: load(str(bad), use_drafter=False), f"{name}.gguf", "damaged", *words)
+
+
+@pytest.mark.parametrize("kind", ["Q5_0", "Q5_1", "Q3_K", "Q5_K", "Q8_K", "Q8_1", "IQ1_S", "IQ4_NL", "IQ4_XS",
+                                  "TQ2_0", "MXFP4"])
+def test_a_type_the_loader_cannot_read_is_named(tiny_kit, tmp_path, kind):
+    """MLX failed on these with "gguf_tensor_to_f16 failed" (said as a damaged file), took a valid
+    file for a truncated one (Q8_1, IQ1_S), or dropped the tensors without a word (TQ2_0, MXFP4)."""
+    path, _ = kquant_gguf(tiny_kit, tmp_path / "m.gguf", {"blk.0.ffn_down.weight": kind, "blk.0.attn_v.weight": "Q4_0"})
+    raises(UnsupportedModelError, lambda: load(str(path), use_drafter=False), "m.gguf", "'blk.0.ffn_down.weight'",
+           f"is {kind}", "cannot read", "Q4_K")
+    # A mixed file (Q4_K_M of a model whose rows are not whole 256-value blocks: Q5_0 and Q8_0 beside Q4_K)
+    path, _ = kquant_gguf(tiny_kit, tmp_path / "mixed.gguf", {"blk.0.attn_q.weight": kind, "blk.0.attn_k.weight": "Q5_1",
+                                                                "blk.0.ffn_up.weight": kind})
+    raises(UnsupportedModelError, lambda: load(str(path), use_drafter=False), f"'blk.0.attn_q.weight' is {kind} (and 2 "
+           f"more: {', '.join(sorted({kind, 'Q5_1'}))})")
