@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import mlx.core as mx
+import numpy as np
 
 from .errors import CorruptModelError, ModelNotFoundError, UnsupportedModelError
 
@@ -244,6 +245,36 @@ def check_types(path: Path, layout: Layout) -> None:
             f"{', '.join(READ_TYPES)}): use a Q4_K_M, Q4_0 or Q8_0 GGUF of the model, or its Hugging Face folder")
 
 
+def _q4_k(path: Path, name: str, dims: List[int], start: int) -> Dict[str, mx.array]:
+    """A Q4_K tensor as MLX's affine 4-bit triplet, group size 32 (packed `.weight`, `.scales`,
+    `.biases`), read from the file here: MLX's reader (gguflib) gave each second 32-value group of
+    a Q4_K block the first one's scale and minimum, so its weights were garbage.
+
+    A 144-byte block holds 256 values: d and dmin (float16), twelve bytes packing eight 6-bit
+    (scale, min) pairs, then 128 bytes of 4-bit q, each 32 bytes the low nibbles of one group and
+    the high nibbles of the next. Value = d*scale_j * q - dmin*min_j (llama.cpp's
+    dequantize_row_q4_K): MLX's scales * q + biases, with float32 scales and biases, exactly."""
+    rows = int(np.prod(dims[1:]))
+    n = rows * dims[0] // 256
+    blocks = np.memmap(path, dtype=np.uint8, mode="r", offset=start, shape=(n, 144))
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)  # (n, 1)
+    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    s = blocks[:, 4:16]
+    scale = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 15) | (s[:, 0:4] >> 6 << 4)], axis=1)  # (n, 8)
+    low = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | (s[:, 4:8] >> 6 << 4)], axis=1)
+    q = blocks[:, 16:].reshape(n, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    q = (q & 15).reshape(n, 256)  # the values in order
+    packed = (q[:, 0::2] | (q[:, 1::2] << 4)).view(np.uint32)  # MLX: value i in bits 4*(i%8) of word i//8
+    shape = [int(x) for x in reversed(dims[1:])]
+    base = name[: -len(".weight")] if name.endswith(".weight") else name  # MLX's names for its triplets
+    del blocks
+    return {
+        name: mx.array(packed.reshape(*shape, dims[0] // 8)),
+        f"{base}.scales": mx.array((d * scale).reshape(*shape, dims[0] // 32)),
+        f"{base}.biases": mx.array((-dmin * low).reshape(*shape, dims[0] // 32)),
+    }
+
+
 def read_gguf(path) -> Tuple[Dict[str, Any], Dict[str, mx.array], Dict[str, Any]]:
     """Return (config dict in config.json form, weights with HF names, raw metadata)."""
     path = Path(path)
@@ -258,6 +289,9 @@ def read_gguf(path) -> Tuple[Dict[str, Any], Dict[str, mx.array], Dict[str, Any]
         if "type" in msg.lower() and "support" in msg.lower():
             raise UnsupportedModelError(f"{path.name}: {msg} (supported: {', '.join(READ_TYPES)})") from e
         raise CorruptModelError(f"cannot read GGUF file {path}: {msg}") from e
+    for name, dims, kind, offset in layout.tensors:
+        if GGML_TYPES[kind][0] == "Q4_K":
+            tensors.update(_q4_k(path, name, dims, layout.data + offset))
     arch = _value(meta.get("general.architecture", ""))
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedModelError(

@@ -9,8 +9,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from mlx.utils import tree_flatten
+
 from redrafter_mlx import load
 from redrafter_mlx.errors import CorruptModelError, RedrafterError, UnsupportedModelError
+from redrafter_mlx.gguf import TENSOR_NAMES
 
 # name -> (ggml type id, bytes per block, values per block)
 TYPES = {"F32": (0, 4, 1), "F16": (1, 2, 1), "Q4_0": (2, 18, 32), "Q4_1": (3, 20, 32), "Q5_0": (6, 22, 32),
@@ -91,6 +94,110 @@ def kquant_gguf(tiny_kit, path, kinds, seed=0):
         else:
             tensors[name] = ("F32", v.shape, np.array(v, dtype=np.float32).tobytes())
     return write_blocks_gguf(path, tiny_kit.gguf_metadata(model), tensors), blocks
+
+
+# ---- llama.cpp's dequantization (ggml-quants.c, dequantize_row_*), in numpy ---------------------
+
+def _f16(b):
+    return b.copy().view(np.float16).astype(np.float32)
+
+
+def _k4_scales(s):
+    """get_scale_min_k4: twelve bytes -> eight 6-bit scales and eight 6-bit mins."""
+    sc = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 0xF) | ((s[:, 0:4] >> 6) << 4)], 1)
+    mn = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], 1)
+    return sc.astype(np.float32), mn.astype(np.float32)
+
+
+def dequantize(kind, raw, shape):
+    b = np.frombuffer(raw, np.uint8).reshape(-1, TYPES[kind][1])
+    if kind in ("Q4_0", "Q4_1"):
+        o = 2 if kind == "Q4_0" else 4
+        q = np.concatenate([b[:, o:] & 0xF, b[:, o:] >> 4], 1).astype(np.float32)  # y[j], y[j + 16]
+        y = (q - 8) * _f16(b[:, 0:2]) if kind == "Q4_0" else q * _f16(b[:, 0:2]) + _f16(b[:, 2:4])
+    elif kind == "Q8_0":
+        y = b[:, 2:].view(np.int8).astype(np.float32) * _f16(b[:, 0:2])
+    elif kind == "Q2_K":  # scales[16], qs[64], d, dmin
+        d, dmin = _f16(b[:, 80:82]), _f16(b[:, 82:84])
+        y, i = [], 0
+        for n in (0, 32):
+            for shift in (0, 2, 4, 6):
+                for half in (0, 16):
+                    sc = b[:, i:i + 1]
+                    i += 1
+                    q = (b[:, 16 + n + half:16 + n + half + 16] >> shift) & 3
+                    y.append(d * (sc & 0xF) * q - dmin * (sc >> 4))
+        y = np.concatenate(y, 1)
+    elif kind == "Q4_K":  # d, dmin, scales[12], qs[128]
+        d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+        sc, mn = _k4_scales(b[:, 4:16])
+        y = []
+        for j in range(4):
+            q = b[:, 16 + 32 * j:48 + 32 * j]
+            y.append(d * sc[:, 2 * j:2 * j + 1] * (q & 0xF) - dmin * mn[:, 2 * j:2 * j + 1])
+            y.append(d * sc[:, 2 * j + 1:2 * j + 2] * (q >> 4) - dmin * mn[:, 2 * j + 1:2 * j + 2])
+        y = np.concatenate(y, 1)
+    elif kind == "Q6_K":  # ql[128], qh[64], scales[16] (int8), d
+        d, sc = _f16(b[:, 208:210]), b[:, 192:208].view(np.int8).astype(np.float32)
+        y = np.zeros((len(b), 256), np.float32)
+        for n in (0, 1):
+            ql, qh, s = b[:, 64 * n:64 * n + 64], b[:, 128 + 32 * n:160 + 32 * n], sc[:, 8 * n:8 * n + 8]
+            for l in range(32):
+                for k, (low, shift) in enumerate(((ql[:, l] & 0xF, 0), (ql[:, l + 32] & 0xF, 2), (ql[:, l] >> 4, 4),
+                                                  (ql[:, l + 32] >> 4, 6))):
+                    q = (low | (((qh[:, l] >> shift) & 3) << 4)).astype(np.float32) - 32
+                    y[:, 128 * n + l + 32 * k] = d[:, 0] * s[:, l // 16 + 2 * k] * q
+    else:
+        raise KeyError(kind)
+    return y.reshape(shape)
+
+
+def hf_name(gguf_name):
+    """blk.0.attn_q.weight -> model.layers.0.self_attn.q_proj.weight (the loader's own table)."""
+    base, layer = gguf_name[: -len(".weight")], None
+    if base.startswith("blk."):
+        _, layer, rest = base.split(".", 2)
+        base = "blk.{}." + rest
+    return TENSOR_NAMES[base].format(layer) + ".weight"
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q2_K", "Q4_0", "Q4_1", "Q8_0"])
+def test_quantized_gguf_weights_are_what_llama_cpp_computes(tiny_kit, tmp_path, kind):
+    """Q4_K loaded as garbage (max error 80% of the largest weight): MLX's reader (gguflib) gave each
+    second 32-value group of a block the first one's scale and minimum. Q4_K is read here now, as
+    4-bit triplets with float32 scales: exact in float32. Q2_K and Q6_K come from MLX in float16."""
+    path, blocks = kquant_gguf(tiny_kit, tmp_path / "m.gguf", kind)
+    m = load(str(path), weight_format="float32", use_drafter=False)
+    params = dict(tree_flatten(m.model.parameters()))
+    tol = 1e-3 if kind in ("Q2_K", "Q6_K") else 1e-6  # float16's rounding, or none
+    for name, (_, shape, raw) in blocks.items():
+        want, got = dequantize(kind, raw, shape), np.array(params[hf_name(name)])
+        assert np.allclose(got, want, rtol=tol, atol=1e-7), (name, float(np.abs(got - want).max()))
+    if kind in ("Q4_K", "Q4_0", "Q4_1"):
+        stored = load(str(path), weight_format="stored", use_drafter=False)
+        assert stored.weight_format == "4-bit (group 32)", stored.weight_format
+
+
+def test_a_q4_k_m_gguf_computes_what_its_float_weights_compute(tiny_kit, tmp_path):
+    """Q4_K_M's mix (Q4_K, with Q6_K for the embeddings, output, attn_v and ffn_down) against a
+    float32 GGUF of the reference dequantization: the same logits."""
+    kinds = {name: "Q6_K" if any(k in name for k in ("token_embd", "output.", "attn_v", "ffn_down")) else "Q4_K"
+             for name in ("token_embd.weight", "output.weight", "blk.0.attn_q.weight", "blk.0.attn_k.weight",
+                          "blk.0.attn_v.weight", "blk.0.attn_output.weight", "blk.0.ffn_gate.weight",
+                          "blk.0.ffn_up.weight", "blk.0.ffn_down.weight")}
+    path, blocks = kquant_gguf(tiny_kit, tmp_path / "q4km.gguf", kinds)
+    model = tiny_kit.model(seed=0, hidden_size=256, intermediate_size=256, num_hidden_layers=1)
+    tensors = {name: ("F32", v.shape, np.array(v, dtype=np.float32).tobytes())
+               for name, v in tiny_kit.gguf_tensors(model).items()}
+    for name, (kind, shape, raw) in blocks.items():
+        # float16 as MLX gives Q6_K: the comparison is then of the arithmetic, not of the rounding
+        want = dequantize(kind, raw, shape)
+        tensors[name] = ("F32", shape, (want.astype(np.float16) if kind == "Q6_K" else want).astype(np.float32).tobytes())
+    ref = write_blocks_gguf(tmp_path / "f32.gguf", tiny_kit.gguf_metadata(model), tensors)
+    a, b = (load(str(p), weight_format="float32", use_drafter=False) for p in (path, ref))
+    ids = mx.array([[5, 9, 77, 100, 3, 200, 42]])
+    la, lb = (np.array(x.model(ids)[0]) for x in (a, b))
+    assert np.abs(la - lb).max() <= 1e-4 * np.abs(lb).max(), float(np.abs(la - lb).max())
 
 
 # ---- damaged and unreadable tensors ------------------------------------------------------------
