@@ -91,7 +91,7 @@ GGML_TYPES = {
 }
 _MAX_DIMS = 4  # GGML_MAX_DIMS
 # The types read: MLX keeps Q4_0, Q4_1 and Q8_0 quantized and dequantizes Q2_K and Q6_K to float16
-# (gguflib); every other type failed inside MLX ("gguf_tensor_to_f16 failed", called a damaged
+# (gguflib); Q4_K and BF16 are read here (see read_gguf); every other type failed inside MLX ("gguf_tensor_to_f16 failed", called a damaged
 # file), was taken for a truncated file (Q8_1, IQ1_S) or vanished from the tensors (TQ2_0, MXFP4).
 READ_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q2_K", "Q4_K", "Q6_K")
 
@@ -292,6 +292,10 @@ def read_gguf(path) -> Tuple[Dict[str, Any], Dict[str, mx.array], Dict[str, Any]
     for name, dims, kind, offset in layout.tensors:
         if GGML_TYPES[kind][0] == "Q4_K":
             tensors.update(_q4_k(path, name, dims, layout.data + offset))
+        elif GGML_TYPES[kind][0] == "BF16":  # MLX gives float16: weights past 65504 became inf, tiny ones lost bits
+            raw = np.memmap(path, dtype=np.uint16, mode="r", offset=layout.data + offset, shape=(int(np.prod(dims)),))
+            tensors[name] = mx.view(mx.array(raw), mx.bfloat16).reshape([int(x) for x in reversed(dims)])
+            del raw
     arch = _value(meta.get("general.architecture", ""))
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedModelError(

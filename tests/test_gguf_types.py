@@ -232,3 +232,24 @@ def test_a_type_the_loader_cannot_read_is_named(tiny_kit, tmp_path, kind):
                                                                 "blk.0.ffn_up.weight": kind})
     raises(UnsupportedModelError, lambda: load(str(path), use_drafter=False), f"'blk.0.attn_q.weight' is {kind} (and 2 "
            f"more: {', '.join(sorted({kind, 'Q5_1'}))})")
+
+
+def test_bf16_weights_keep_their_values(tiny_kit, tmp_path):
+    """MLX's reader turned BF16 into float16: a weight of 99840 became inf, one of 3e-7 lost its bits."""
+    model = tiny_kit.model(seed=0)
+    tensors = {}
+    for name, v in tiny_kit.gguf_tensors(model).items():
+        v = np.array(v, dtype=np.float32)
+        if name == "blk.0.ffn_up.weight":
+            v[0, :3] = [99840.0, 2.9988587e-07, -2.4914742e-05]  # each a bfloat16 value
+        if v.ndim == 2:
+            tensors[name] = ("BF16", v.shape, (v.view(np.uint32) >> 16).astype(np.uint16).tobytes())
+        else:
+            tensors[name] = ("F32", v.shape, v.tobytes())
+    path = write_blocks_gguf(tmp_path / "bf16.gguf", tiny_kit.gguf_metadata(model), tensors)
+    for fmt, dtype in (("stored", mx.bfloat16), ("float32", mx.float32)):
+        m = load(str(path), weight_format=fmt, use_drafter=False)
+        w = m.model.layers[0].mlp.up_proj.weight
+        assert w.dtype == dtype
+        assert np.array(w[0, :3].astype(mx.float32)).tolist() == pytest.approx([99840.0, 2.9988587e-07, -2.4914742e-05],
+                                                                                 rel=1e-7)
