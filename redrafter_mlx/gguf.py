@@ -281,6 +281,11 @@ def read_gguf(path) -> Tuple[Dict[str, Any], Dict[str, mx.array], Dict[str, Any]
     if not path.is_file():
         raise ModelNotFoundError(f"GGUF file not found: {path}")
     layout = check_layout(path)
+    arch = layout.architecture  # before the tensors: a qwen2 file's Q5_0 tensors are not its problem
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"{path.name}: GGUF architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+        )
     check_types(path, layout)
     try:
         tensors, meta = mx.load(str(path), return_metadata=True)
@@ -296,11 +301,6 @@ def read_gguf(path) -> Tuple[Dict[str, Any], Dict[str, mx.array], Dict[str, Any]
             raw = np.memmap(path, dtype=np.uint16, mode="r", offset=layout.data + offset, shape=(int(np.prod(dims)),))
             tensors[name] = mx.view(mx.array(raw), mx.bfloat16).reshape([int(x) for x in reversed(dims)])
             del raw
-    arch = _value(meta.get("general.architecture", ""))
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedModelError(
-            f"{path.name}: GGUF architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-        )
 
     # mlx-lm's llama module runs it; rms_norm_eps is required there, llama.cpp may omit it.
     config: Dict[str, Any] = {"model_type": "llama", "rope_traditional": True, "rms_norm_eps": 1e-5}

@@ -80,7 +80,7 @@ def random_blocks(kind, n_values, rng):
     return blocks.tobytes()
 
 
-def kquant_gguf(tiny_kit, path, kinds, seed=0):
+def kquant_gguf(tiny_kit, path, kinds, seed=0, arch="llama"):
     """A one-layer llama (hidden 256, so rows are whole 256-value super-blocks) whose matrices are
     random blocks of `kinds` (one type, or tensor name -> type); norms stay float32. Returns the
     path and the tensors' raw blocks {name: (type, shape, bytes)}."""
@@ -93,7 +93,7 @@ def kquant_gguf(tiny_kit, path, kinds, seed=0):
             blocks[name] = tensors[name] = (kind, v.shape, random_blocks(kind, v.size, rng))
         else:
             tensors[name] = ("F32", v.shape, np.array(v, dtype=np.float32).tobytes())
-    return write_blocks_gguf(path, tiny_kit.gguf_metadata(model), tensors), blocks
+    return write_blocks_gguf(path, tiny_kit.gguf_metadata(model, arch), tensors), blocks
 
 
 # ---- llama.cpp's dequantization (ggml-quants.c, dequantize_row_*), in numpy ---------------------
@@ -253,3 +253,13 @@ def test_bf16_weights_keep_their_values(tiny_kit, tmp_path):
         assert w.dtype == dtype
         assert np.array(w[0, :3].astype(mx.float32)).tolist() == pytest.approx([99840.0, 2.9988587e-07, -2.4914742e-05],
                                                                                  rel=1e-7)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "gemma", "gemma3", "phi3", "mistral3", ""])
+def test_a_gguf_of_another_architecture_is_refused_before_its_tensors(tiny_kit, tmp_path, arch):
+    """The architecture was checked after MLX had read every tensor: a qwen2 Q4_K_M (Q5_0 and Q8_0
+    beside Q4_K, its rows not being whole 256-value blocks) was refused for its Q5_0 tensors."""
+    path, _ = kquant_gguf(tiny_kit, tmp_path / "m.gguf", {"blk.0.ffn_down.weight": "Q5_0"}, arch=arch)
+    msg = raises(UnsupportedModelError, lambda: load(str(path), use_drafter=False), "m.gguf",
+                 f"architecture {arch!r} is not supported", "supported: llama")
+    assert "Q5_0" not in msg
