@@ -1,10 +1,10 @@
 """Read a llama-architecture GGUF file: config, weights and tokenizer, all from the file.
 
-`mx.load(path, return_metadata=True)` does the parsing: Q4_0, Q4_1 and Q8_0 tensors arrive
-as MLX affine-quantized triplets (`.weight` packed uint32, `.scales`, `.biases`; group size
-32) and the metadata carries the hyper-parameters and the tokenizer. This module only
-renames: GGUF tensor names -> Hugging Face / mlx-lm names (a lookup table, one place), GGUF
-keys -> a config.json-style dict.
+The file is read here, not by mx.load (see _read_tensors): its header walked and checked
+(check_layout), its metadata in mx.load's form, its tensors with numpy: Q4_0, Q4_1, Q5_0, Q5_1,
+Q8_0, Q4_K and Q5_K as MLX affine-quantized triplets (`.weight` packed uint32, `.scales`,
+`.biases`; group size 32), exactly llama.cpp's values. The rest renames: GGUF tensor names ->
+Hugging Face / mlx-lm names (a lookup table, one place), GGUF keys -> a config.json-style dict.
 
 GGUF stores the Q and K projections permuted for interleaved rotary embeddings, so a
 model read from GGUF runs with `rope_traditional=True`.
@@ -90,16 +90,17 @@ GGML_TYPES = {
     39: ("MXFP4", 17, 32),
 }
 _MAX_DIMS = 4  # GGML_MAX_DIMS
-# The types read: MLX keeps Q4_0, Q4_1 and Q8_0 quantized and dequantizes Q2_K and Q6_K to float16
-# (gguflib); Q4_K and BF16 are read here (see read_gguf); every other type failed inside MLX ("gguf_tensor_to_f16 failed", called a damaged
-# file), was taken for a truncated file (Q8_1, IQ1_S) or vanished from the tensors (TQ2_0, MXFP4).
-READ_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q2_K", "Q4_K", "Q6_K")
+# The types read (see _read_tensors). mx.load failed on the others inside MLX ("gguf_tensor_to_f16
+# failed", said as a damaged file), took a file for a truncated one (Q8_1, IQ1_S) or dropped their
+# tensors (TQ2_0, MXFP4).
+READ_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q4_K", "Q5_K", "Q6_K")
 
 
 class Layout(NamedTuple):
     architecture: str  # general.architecture ("" when absent)
     tensors: List[Tuple[str, List[int], int, int]]  # (name, dims in ggml order (row length first), type id, offset)
     data: int  # where the data section starts; a tensor's offset counts from here
+    meta: Dict[str, Any]  # the metadata in mx.load's form (see _decode)
 
 
 def check_layout(path) -> Layout:
@@ -107,7 +108,7 @@ def check_layout(path) -> Layout:
     piece lies inside the file, every tensor has 1 to 4 dimensions, a type ggml knows and rows of
     whole blocks, and its data fits after its offset. MLX's reader trusts them: a damaged header
     crashed the process (a segmentation fault, or an assertion's abort) instead of raising.
-    Raises CorruptModelError; returns the architecture and the tensor table."""
+    Raises CorruptModelError; returns the metadata and the tensor table."""
     import mmap
     import struct
 
@@ -182,18 +183,19 @@ def _walk(buf, size: int, path: Path, struct) -> Layout:
     n_tensors, n_values = take("<Q"), take("<Q")
     if n_tensors > size // 24 or n_values > size // 13:  # the smallest tensor info and key-value pair
         bad(f"{n_tensors} tensors and {n_values} metadata values in {size} bytes")
-    alignment, arch = 32, b""
+    alignment, meta = 32, {}
     for _ in range(n_values):
-        key = read_string(len(b"general.architecture") + 1)
+        key = read_string(1 << 16)
         kind = take("<I")
+        start = pos
+        skip_value(kind)
+        value = _decode(kind, bytes(buf[start:pos]))
         if key == b"general.alignment" and kind == 4:
-            alignment = take("<I")
+            alignment = int(value.item())
             if alignment == 0 or alignment & (alignment - 1):
                 bad(f"an alignment of {alignment}")
-        elif key == b"general.architecture" and kind == 8:
-            arch = read_string(64)
-        else:
-            skip_value(kind)
+        if value is not None:  # (an array of arrays: mx.load refused those)
+            meta[key.decode("utf-8", "replace")] = value
     infos = []
     for _ in range(n_tensors):
         name = read_string(80).decode("utf-8", "replace")
@@ -231,7 +233,38 @@ def _walk(buf, size: int, path: Path, struct) -> Layout:
             what = "overlaps" if after < offset + need else "leaves unused bytes before"
             bad(f"tensor {name!r} (data offset {offset}, {need} bytes) {what} tensor {name_after!r} at data offset "
                 f"{after} (a tensor's type or offset changed?)", data + offset)
-    return Layout(arch.decode("utf-8", "replace"), infos, data)
+    arch = meta.get("general.architecture", "")
+    return Layout(arch if isinstance(arch, str) else "", infos, data, meta)
+
+
+# GGUF metadata value type -> numpy dtype (8: string, 9: array)
+_NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32, 7: np.bool_,
+          10: np.uint64, 11: np.int64, 12: np.float64}
+
+
+def _decode(kind: int, raw: bytes) -> Any:
+    """One metadata value (its bytes, already bounds-checked) as mx.load gave it: a number as a 0-d
+    mx array, an array of numbers as a 1-d one (float64 as float32), a string as str, an array of
+    strings as a list; None for an array of arrays."""
+    import struct
+
+    if kind in _NUMPY:
+        a = np.frombuffer(raw, _NUMPY[kind])
+        return mx.array(a.astype(np.float32) if kind == 12 else a)[0]
+    if kind == 8:
+        return raw[8:].decode("utf-8", "replace")
+    inner, count = struct.unpack_from("<IQ", raw)
+    if inner in _NUMPY:
+        a = np.frombuffer(raw, _NUMPY[inner], count, 12)
+        return mx.array(a.astype(np.float32) if inner == 12 else a)
+    if inner != 8:
+        return None
+    out, at = [], 12
+    for _ in range(count):
+        n = struct.unpack_from("<Q", raw, at)[0]
+        out.append(raw[at + 8 : at + 8 + n].decode("utf-8", "replace"))
+        at += 8 + n
+    return out
 
 
 def check_types(path: Path, layout: Layout) -> None:
@@ -245,34 +278,120 @@ def check_types(path: Path, layout: Layout) -> None:
             f"{', '.join(READ_TYPES)}): use a Q4_K_M, Q4_0 or Q8_0 GGUF of the model, or its Hugging Face folder")
 
 
-def _q4_k(path: Path, name: str, dims: List[int], start: int) -> Dict[str, mx.array]:
-    """A Q4_K tensor as MLX's affine 4-bit triplet, group size 32 (packed `.weight`, `.scales`,
-    `.biases`), read from the file here: MLX's reader (gguflib) gave each second 32-value group of
-    a Q4_K block the first one's scale and minimum, so its weights were garbage.
-
-    A 144-byte block holds 256 values: d and dmin (float16), twelve bytes packing eight 6-bit
-    (scale, min) pairs, then 128 bytes of 4-bit q, each 32 bytes the low nibbles of one group and
-    the high nibbles of the next. Value = d*scale_j * q - dmin*min_j (llama.cpp's
-    dequantize_row_q4_K): MLX's scales * q + biases, with float32 scales and biases, exactly."""
-    rows = int(np.prod(dims[1:]))
-    n = rows * dims[0] // 256
-    blocks = np.memmap(path, dtype=np.uint8, mode="r", offset=start, shape=(n, 144))
-    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)  # (n, 1)
-    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
-    s = blocks[:, 4:16]
-    scale = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 15) | (s[:, 0:4] >> 6 << 4)], axis=1)  # (n, 8)
+def _k_scales(s: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """Q4_K's and Q5_K's twelve bytes (n, 12) -> eight 6-bit scales and eight 6-bit mins (n, 8)
+    (llama.cpp's get_scale_min_k4)."""
+    scale = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 15) | (s[:, 0:4] >> 6 << 4)], axis=1)
     low = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | (s[:, 4:8] >> 6 << 4)], axis=1)
-    q = blocks[:, 16:].reshape(n, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
-    q = (q & 15).reshape(n, 256)  # the values in order
-    packed = (q[:, 0::2] | (q[:, 1::2] << 4)).view(np.uint32)  # MLX: value i in bits 4*(i%8) of word i//8
-    shape = [int(x) for x in reversed(dims[1:])]
-    base = name[: -len(".weight")] if name.endswith(".weight") else name  # MLX's names for its triplets
-    del blocks
-    return {
-        name: mx.array(packed.reshape(*shape, dims[0] // 8)),
-        f"{base}.scales": mx.array((d * scale).reshape(*shape, dims[0] // 32)),
-        f"{base}.biases": mx.array((-dmin * low).reshape(*shape, dims[0] // 32)),
-    }
+    return scale.astype(np.float32), low.astype(np.float32)
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(b).view(np.float16)
+
+
+def _groups(kind: str, b: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Blocks (n, bytes) -> (codes (groups, 32), scales (groups,), biases (groups,)), each value
+    = scale * code + bias: llama.cpp's dequantize_row_* in MLX's affine form, exactly.
+
+    32-value blocks start with d (and m) in float16: Q4_0 / Q4_1 hold 16 bytes of nibbles (low:
+    values 0-15, high: 16-31), value d * (code - 8) or d * code + m; Q5_0 / Q5_1 put 4 bytes of fifth
+    bits before them, value d * (code - 16) or d * code + m; Q8_0 holds 32 int8, value d * q.
+    Q4_K / Q5_K (256 values, eight groups): d and dmin in float16, twelve bytes of 6-bit (scale,
+    min) pairs, (Q5_K: 32 bytes holding bit g of each value of group g,) 128 bytes of nibbles, each
+    32 the low nibbles of one group and the high nibbles of the next; value = d*scale_g * code -
+    dmin*min_g, kept in float32 (the products are not float16 numbers)."""
+    n = len(b)
+    if kind in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"):
+        d = _f16(b[:, 0:2])[:, 0]
+        if kind == "Q8_0":
+            return b[:, 2:] ^ np.uint8(128), d, d * np.float16(-128)  # int8 + 128
+        at = 4 if kind in ("Q4_1", "Q5_1") else 2
+        if kind in ("Q5_0", "Q5_1"):
+            high = (np.ascontiguousarray(b[:, at : at + 4]).view(np.uint32) >> np.arange(32, dtype=np.uint32)) & 1
+            at += 4
+        nib = b[:, at:]
+        codes = np.concatenate([nib & 15, nib >> 4], axis=1)
+        if kind in ("Q5_0", "Q5_1"):
+            codes |= high.astype(np.uint8) << 4
+        if kind in ("Q4_1", "Q5_1"):
+            return codes, d, _f16(b[:, 2:4])[:, 0]
+        return codes, d, d * np.float16(-8 if kind == "Q4_0" else -16)
+    d = _f16(b[:, 0:2]).astype(np.float32)  # (n, 1)
+    dmin = _f16(b[:, 2:4]).astype(np.float32)
+    scale, low = _k_scales(b[:, 4:16])
+    nib = b[:, -128:].reshape(n, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    codes = (nib & 15).reshape(n, 8, 32)
+    if kind == "Q5_K":
+        codes |= ((b[:, 16:48].reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1) << 4
+    return codes.reshape(n * 8, 32), (d * scale).reshape(-1), (-dmin * low).reshape(-1)
+
+
+def _dense(kind: str, b: np.ndarray) -> np.ndarray:
+    """Q6_K and Q2_K blocks (n, bytes) -> values (n, 256) in float32 (llama.cpp's dequantize_row_*):
+    their 16-value groups are not an MLX quantization.
+
+    Q6_K: 128 bytes of low nibbles, 64 of 2-bit high parts, 16 int8 scales, d; value = d * scale *
+    (q - 32). Q2_K: 16 bytes of 4-bit (scale, min) pairs, 64 bytes of 2-bit q, d, dmin; value =
+    d * scale * q - dmin * min."""
+    n = len(b)
+    if kind == "Q6_K":
+        scale = b[:, 192:208].view(np.int8).astype(np.float32) * _f16(b[:, 208:210]).astype(np.float32)  # (n, 16)
+        low = (b[:, :128].reshape(n, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 15
+        high = (b[:, 128:192].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 3
+        q = low.reshape(n, 2, 4, 32) | (high << 4)  # (half, quarter, 32): value 128*half + 32*quarter + l
+        q = q.astype(np.float32) - 32
+    else:
+        scale = (b[:, :16] & 15) * _f16(b[:, 80:82]).astype(np.float32)
+        mins = (b[:, :16] >> 4) * _f16(b[:, 82:84]).astype(np.float32)
+        q = (b[:, 16:80].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 3
+        q = q.astype(np.float32)
+    y = scale.reshape(n, 16, 1) * q.reshape(n, 16, 16)
+    if kind == "Q2_K":
+        y -= mins.reshape(n, 16, 1)
+    return y.reshape(n, 256)
+
+
+# Types read as MLX's affine triplets (group size 32): their bits; Q4_K and Q5_K with float32 scales.
+AFFINE_TYPES = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q4_K": 4, "Q5_K": 5}
+
+
+def _read_tensors(path: Path, layout: Layout) -> Dict[str, mx.array]:
+    """Every tensor, with GGUF names: F32, F16 and BF16 as they are, the affine types as MLX's
+    quantized triplets (`name`, `<name without .weight>.scales`, `.biases`, as mx.load named them),
+    Q6_K and Q2_K dequantized to float16 (as mx.load gave them).
+
+    mx.load is not used: its reader (gguflib, MLX 0.32) gave each second 32-value group of a Q4_K
+    block the first one's scale and minimum (garbage weights), turned BF16 into float16 (inf past
+    65504), and cannot read Q5_0, Q5_1 or Q5_K."""
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    out: Dict[str, mx.array] = {}
+    for name, dims, kind, offset in layout.tensors:
+        type_name, block_bytes, block_values = GGML_TYPES[kind]
+        count = int(np.prod(dims))
+        start = layout.data + offset
+        raw = data[start : start + count // block_values * block_bytes]
+        shape = [int(x) for x in reversed(dims)]
+        if type_name in ("F32", "F16"):
+            out[name] = mx.array(raw.view(np.float32 if type_name == "F32" else np.float16).reshape(shape))
+        elif type_name == "BF16":
+            out[name] = mx.view(mx.array(raw.view(np.uint16)), mx.bfloat16).reshape(shape)
+        elif type_name in AFFINE_TYPES:
+            codes, scales, biases = _groups(type_name, raw.reshape(-1, block_bytes))
+            bits = AFFINE_TYPES[type_name]
+            if bits == 4:  # MLX: value i in bits 4*(i%8) of word i//8
+                codes = codes[:, 0::2] | (codes[:, 1::2] << 4)
+            elif bits == 5:  # MLX: value i in bits 5i..5i+4 of a little-endian bit stream (8 values, 5 bytes)
+                v = (codes.reshape(-1, 4, 8).astype(np.uint64) << (5 * np.arange(8, dtype=np.uint64))).sum(axis=-1)
+                codes = v[..., None].view(np.uint8)[..., :5]
+            base = name[: -len(".weight")] if name.endswith(".weight") else name
+            out[name] = mx.array(np.ascontiguousarray(codes).reshape(len(scales), -1).view(np.uint32).reshape(*shape[:-1], -1))
+            out[f"{base}.scales"] = mx.array(scales.reshape(*shape[:-1], -1))
+            out[f"{base}.biases"] = mx.array(biases.reshape(*shape[:-1], -1))
+        else:  # Q6_K, Q2_K
+            out[name] = mx.array(_dense(type_name, raw.reshape(-1, block_bytes)).astype(np.float16).reshape(shape))
+    del data
+    return out
 
 
 def read_gguf(path) -> Tuple[Dict[str, Any], Dict[str, mx.array], Dict[str, Any]]:
@@ -287,20 +406,7 @@ def read_gguf(path) -> Tuple[Dict[str, Any], Dict[str, mx.array], Dict[str, Any]
             f"{path.name}: GGUF architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
         )
     check_types(path, layout)
-    try:
-        tensors, meta = mx.load(str(path), return_metadata=True)
-    except Exception as e:  # MLX raises ValueError/RuntimeError with its own text
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        if "type" in msg.lower() and "support" in msg.lower():
-            raise UnsupportedModelError(f"{path.name}: {msg} (supported: {', '.join(READ_TYPES)})") from e
-        raise CorruptModelError(f"cannot read GGUF file {path}: {msg}") from e
-    for name, dims, kind, offset in layout.tensors:
-        if GGML_TYPES[kind][0] == "Q4_K":
-            tensors.update(_q4_k(path, name, dims, layout.data + offset))
-        elif GGML_TYPES[kind][0] == "BF16":  # MLX gives float16: weights past 65504 became inf, tiny ones lost bits
-            raw = np.memmap(path, dtype=np.uint16, mode="r", offset=layout.data + offset, shape=(int(np.prod(dims)),))
-            tensors[name] = mx.view(mx.array(raw), mx.bfloat16).reshape([int(x) for x in reversed(dims)])
-            del raw
+    tensors, meta = _read_tensors(path, layout), layout.meta
 
     # mlx-lm's llama module runs it; rms_norm_eps is required there, llama.cpp may omit it.
     config: Dict[str, Any] = {"model_type": "llama", "rope_traditional": True, "rms_norm_eps": 1e-5}

@@ -111,10 +111,18 @@ def _k4_scales(s):
 
 def dequantize(kind, raw, shape):
     b = np.frombuffer(raw, np.uint8).reshape(-1, TYPES[kind][1])
-    if kind in ("Q4_0", "Q4_1"):
-        o = 2 if kind == "Q4_0" else 4
-        q = np.concatenate([b[:, o:] & 0xF, b[:, o:] >> 4], 1).astype(np.float32)  # y[j], y[j + 16]
-        y = (q - 8) * _f16(b[:, 0:2]) if kind == "Q4_0" else q * _f16(b[:, 0:2]) + _f16(b[:, 2:4])
+    if kind in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):
+        o = 4 if kind in ("Q4_1", "Q5_1") else 2
+        h = o + 4 if kind in ("Q5_0", "Q5_1") else o
+        q = np.concatenate([b[:, h:] & 0xF, b[:, h:] >> 4], 1).astype(np.float32)  # y[j], y[j + 16]
+        if h != o:  # qh: bit j (j < 16) and bit j + 16 are the fifth bits of y[j] and y[j + 16]
+            qh = b[:, o:o + 4].copy().view(np.uint32)
+            q += ((qh >> np.arange(32, dtype=np.uint32)) & 1) * 16
+        d = _f16(b[:, 0:2])
+        if kind in ("Q4_1", "Q5_1"):
+            y = q * d + _f16(b[:, 2:4])
+        else:
+            y = (q - (8 if kind == "Q4_0" else 16)) * d
     elif kind == "Q8_0":
         y = b[:, 2:].view(np.int8).astype(np.float32) * _f16(b[:, 0:2])
     elif kind == "Q2_K":  # scales[16], qs[64], d, dmin
@@ -128,14 +136,18 @@ def dequantize(kind, raw, shape):
                     q = (b[:, 16 + n + half:16 + n + half + 16] >> shift) & 3
                     y.append(d * (sc & 0xF) * q - dmin * (sc >> 4))
         y = np.concatenate(y, 1)
-    elif kind == "Q4_K":  # d, dmin, scales[12], qs[128]
+    elif kind in ("Q4_K", "Q5_K"):  # d, dmin, scales[12], (Q5_K: qh[32],) qs[128]
         d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
         sc, mn = _k4_scales(b[:, 4:16])
         y = []
         for j in range(4):
-            q = b[:, 16 + 32 * j:48 + 32 * j]
-            y.append(d * sc[:, 2 * j:2 * j + 1] * (q & 0xF) - dmin * mn[:, 2 * j:2 * j + 1])
-            y.append(d * sc[:, 2 * j + 1:2 * j + 2] * (q >> 4) - dmin * mn[:, 2 * j + 1:2 * j + 2])
+            q = b[:, -128 + 32 * j:][:, :32].astype(np.float32)
+            low, high = q % 16, q // 16
+            if kind == "Q5_K":  # qh[l] & u1 (u1 = 1 << 2j) adds 16 to the low half, & u2 (2 << 2j) to the high
+                qh = b[:, 16:48]
+                low, high = low + ((qh & (1 << 2 * j)) > 0) * 16, high + ((qh & (2 << 2 * j)) > 0) * 16
+            y.append(d * sc[:, 2 * j:2 * j + 1] * low - dmin * mn[:, 2 * j:2 * j + 1])
+            y.append(d * sc[:, 2 * j + 1:2 * j + 2] * high - dmin * mn[:, 2 * j + 1:2 * j + 2])
         y = np.concatenate(y, 1)
     elif kind == "Q6_K":  # ql[128], qh[64], scales[16] (int8), d
         d, sc = _f16(b[:, 208:210]), b[:, 192:208].view(np.int8).astype(np.float32)
@@ -161,11 +173,12 @@ def hf_name(gguf_name):
     return TENSOR_NAMES[base].format(layer) + ".weight"
 
 
-@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q2_K", "Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("kind", ["Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
 def test_quantized_gguf_weights_are_what_llama_cpp_computes(tiny_kit, tmp_path, kind):
     """Q4_K loaded as garbage (max error 80% of the largest weight): MLX's reader (gguflib) gave each
     second 32-value group of a block the first one's scale and minimum. Q4_K is read here now, as
-    4-bit triplets with float32 scales: exact in float32. Q2_K and Q6_K come from MLX in float16."""
+    4-bit triplets with float32 scales: exact in float32. mx.load could not read Q5_0, Q5_1 and Q5_K;
+    Q2_K and Q6_K arrive in float16, as they did from it."""
     path, blocks = kquant_gguf(tiny_kit, tmp_path / "m.gguf", kind)
     m = load(str(path), weight_format="float32", use_drafter=False)
     params = dict(tree_flatten(m.model.parameters()))
@@ -173,9 +186,9 @@ def test_quantized_gguf_weights_are_what_llama_cpp_computes(tiny_kit, tmp_path, 
     for name, (_, shape, raw) in blocks.items():
         want, got = dequantize(kind, raw, shape), np.array(params[hf_name(name)])
         assert np.allclose(got, want, rtol=tol, atol=1e-7), (name, float(np.abs(got - want).max()))
-    if kind in ("Q4_K", "Q4_0", "Q4_1"):
-        stored = load(str(path), weight_format="stored", use_drafter=False)
-        assert stored.weight_format == "4-bit (group 32)", stored.weight_format
+    stored = load(str(path), weight_format="stored", use_drafter=False)
+    bits = {"Q4_K": 4, "Q4_0": 4, "Q4_1": 4, "Q5_K": 5, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8}.get(kind)
+    assert stored.weight_format == (f"{bits}-bit (group 32)" if bits else "float16"), stored.weight_format
 
 
 def test_a_q4_k_m_gguf_computes_what_its_float_weights_compute(tiny_kit, tmp_path):
@@ -219,8 +232,7 @@ def test_a_k_quant_tensor_cut_short_or_retyped_is_an_error(tiny_kit, tmp_path):
         raises(CorruptModelError, lambda: load(str(bad), use_drafter=False), f"{name}.gguf", "damaged", *words)
 
 
-@pytest.mark.parametrize("kind", ["Q5_0", "Q5_1", "Q3_K", "Q5_K", "Q8_K", "Q8_1", "IQ1_S", "IQ4_NL", "IQ4_XS",
-                                  "TQ2_0", "MXFP4"])
+@pytest.mark.parametrize("kind", ["Q3_K", "Q8_K", "Q8_1", "IQ1_S", "IQ4_NL", "IQ4_XS", "TQ2_0", "MXFP4"])
 def test_a_type_the_loader_cannot_read_is_named(tiny_kit, tmp_path, kind):
     """MLX failed on these with "gguf_tensor_to_f16 failed" (said as a damaged file), took a valid
     file for a truncated one (Q8_1, IQ1_S), or dropped the tensors without a word (TQ2_0, MXFP4)."""
@@ -228,10 +240,10 @@ def test_a_type_the_loader_cannot_read_is_named(tiny_kit, tmp_path, kind):
     raises(UnsupportedModelError, lambda: load(str(path), use_drafter=False), "m.gguf", "'blk.0.ffn_down.weight'",
            f"is {kind}", "cannot read", "Q4_K")
     # A mixed file (Q4_K_M of a model whose rows are not whole 256-value blocks: Q5_0 and Q8_0 beside Q4_K)
-    path, _ = kquant_gguf(tiny_kit, tmp_path / "mixed.gguf", {"blk.0.attn_q.weight": kind, "blk.0.attn_k.weight": "Q5_1",
+    path, _ = kquant_gguf(tiny_kit, tmp_path / "mixed.gguf", {"blk.0.attn_q.weight": kind, "blk.0.attn_k.weight": "Q3_K",
                                                                 "blk.0.ffn_up.weight": kind})
     raises(UnsupportedModelError, lambda: load(str(path), use_drafter=False), f"'blk.0.attn_q.weight' is {kind} (and 2 "
-           f"more: {', '.join(sorted({kind, 'Q5_1'}))})")
+           f"more: {', '.join(sorted({kind, 'Q3_K'}))})")
 
 
 def test_bf16_weights_keep_their_values(tiny_kit, tmp_path):
@@ -259,7 +271,7 @@ def test_bf16_weights_keep_their_values(tiny_kit, tmp_path):
 def test_a_gguf_of_another_architecture_is_refused_before_its_tensors(tiny_kit, tmp_path, arch):
     """The architecture was checked after MLX had read every tensor: a qwen2 Q4_K_M (Q5_0 and Q8_0
     beside Q4_K, its rows not being whole 256-value blocks) was refused for its Q5_0 tensors."""
-    path, _ = kquant_gguf(tiny_kit, tmp_path / "m.gguf", {"blk.0.ffn_down.weight": "Q5_0"}, arch=arch)
+    path, _ = kquant_gguf(tiny_kit, tmp_path / "m.gguf", {"blk.0.ffn_down.weight": "Q3_K"}, arch=arch)
     msg = raises(UnsupportedModelError, lambda: load(str(path), use_drafter=False), "m.gguf",
                  f"architecture {arch!r} is not supported", "supported: llama")
-    assert "Q5_0" not in msg
+    assert "Q3_K" not in msg
