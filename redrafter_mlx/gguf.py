@@ -106,8 +106,9 @@ class Layout(NamedTuple):
 def check_layout(path) -> Layout:
     """Walk a GGUF file's header (counts, strings, metadata values, tensor infos) and check each
     piece lies inside the file, every tensor has 1 to 4 dimensions, a type ggml knows and rows of
-    whole blocks, and its data fits after its offset. MLX's reader trusts them: a damaged header
-    crashed the process (a segmentation fault, or an assertion's abort) instead of raising.
+    whole blocks, and its data fits after its offset. MLX's reader (mx.load, read_gguf's before
+    _read_tensors) trusts them: a damaged header crashed the process (a segmentation fault, or an
+    assertion's abort) instead of raising.
     Raises CorruptModelError; returns the metadata and the tensor table."""
     import mmap
     import struct
@@ -129,7 +130,7 @@ def _walk(buf, size: int, path: Path, struct) -> Layout:
 
     def bad(what: str, at: Optional[int] = None):
         at = pos if at is None else at  # a header field: where the walk stands; a tensor's data: where it lies
-        raise CorruptModelError(f"{path} is damaged (not a GGUF file MLX can read safely): {what} at byte {at}")
+        raise CorruptModelError(f"{path} is damaged (not a GGUF file that can be read safely): {what} at byte {at}")
 
     def take(fmt: str):
         nonlocal pos

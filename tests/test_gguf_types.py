@@ -166,11 +166,11 @@ def dequantize(kind, raw, shape):
 
 def hf_name(gguf_name):
     """blk.0.attn_q.weight -> model.layers.0.self_attn.q_proj.weight (the loader's own table)."""
-    base, layer = gguf_name[: -len(".weight")], None
+    (base, suffix), layer = gguf_name.rsplit(".", 1), None
     if base.startswith("blk."):
         _, layer, rest = base.split(".", 2)
         base = "blk.{}." + rest
-    return TENSOR_NAMES[base].format(layer) + ".weight"
+    return f"{TENSOR_NAMES[base].format(layer)}.{suffix}"
 
 
 @pytest.mark.parametrize("kind", ["Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
@@ -275,3 +275,31 @@ def test_a_gguf_of_another_architecture_is_refused_before_its_tensors(tiny_kit, 
     msg = raises(UnsupportedModelError, lambda: load(str(path), use_drafter=False), "m.gguf",
                  f"architecture {arch!r} is not supported", "supported: llama")
     assert "Q3_K" not in msg
+
+
+def test_the_reader_gives_what_mx_load_gave_for_the_types_it_read_right(tiny_kit, tmp_path):
+    """The GGUF reader replaced mx.load: for F32, F16, Q4_0, Q4_1 and Q8_0 tensors and every kind of
+    metadata value the tests write, the same names, dtypes, shapes and values."""
+    from redrafter_mlx.gguf import check_layout, read_gguf
+
+    kinds = {"token_embd.weight": "Q8_0", "blk.0.attn_q.weight": "Q4_0", "blk.0.attn_k.weight": "Q4_1",
+             "blk.0.ffn_up.weight": "Q8_0", "blk.0.ffn_down.weight": "F16"}
+    path, _ = kquant_gguf(tiny_kit, tmp_path / "m.gguf", {k: v for k, v in kinds.items() if v != "F16"})
+    model = tiny_kit.model(seed=1)
+    f16 = tiny_kit.write_gguf(tmp_path / "h.gguf", model, dtype=mx.float16,
+                              meta_extra={"tokenizer.ggml.add_bos_token": mx.array(True),
+                                          "general.sizes": mx.array([1.5, 2.5], dtype=mx.float32)})
+    for p in (path, f16):
+        want_tensors, want_meta = mx.load(str(p), return_metadata=True)
+        meta = check_layout(p).meta
+        assert set(meta) == set(want_meta)
+        for k, v in want_meta.items():
+            if isinstance(v, mx.array):
+                assert meta[k].dtype == v.dtype and meta[k].shape == v.shape and mx.array_equal(meta[k], v).item(), k
+            else:
+                assert type(meta[k]) is type(v) and meta[k] == v, k
+        _, weights, _ = read_gguf(p)
+        assert len(weights) == len(want_tensors)
+        for name, w in want_tensors.items():
+            got = weights[hf_name(name)]
+            assert got.dtype == w.dtype and got.shape == w.shape and mx.array_equal(got, w).item(), name
