@@ -18,6 +18,7 @@ import mlx.core as mx
 import numpy as np
 
 from .errors import CorruptModelError, ModelNotFoundError, UnsupportedModelError
+from .tokenizer import check_gguf_tokenizer
 
 GGUF_GROUP_SIZE = 32
 
@@ -269,8 +270,9 @@ def _decode(kind: int, raw: bytes) -> Any:
 
 
 def check_types(path: Path, layout: Layout) -> None:
-    """Refuse, by name, tensors of a type this loader cannot read (before MLX reads any)."""
-    unread = [(name, GGML_TYPES[kind][0]) for name, _, kind, _ in layout.tensors if GGML_TYPES[kind][0] not in READ_TYPES]
+    """Refuse, by name, tensors of a type this loader cannot read (before any tensor is read)."""
+    types = [(name, GGML_TYPES[kind][0]) for name, _, kind, _ in layout.tensors]
+    unread = [(name, kind) for name, kind in types if kind not in READ_TYPES]
     if unread:
         name, kind = unread[0]
         more = f" (and {len(unread) - 1} more: {', '.join(sorted({k for _, k in unread[1:]}))})" if unread[1:] else ""
@@ -386,7 +388,8 @@ def _read_tensors(path: Path, layout: Layout) -> Dict[str, mx.array]:
                 v = (codes.reshape(-1, 4, 8).astype(np.uint64) << (5 * np.arange(8, dtype=np.uint64))).sum(axis=-1)
                 codes = v[..., None].view(np.uint8)[..., :5]
             base = name[: -len(".weight")] if name.endswith(".weight") else name
-            out[name] = mx.array(np.ascontiguousarray(codes).reshape(len(scales), -1).view(np.uint32).reshape(*shape[:-1], -1))
+            words = np.ascontiguousarray(codes).reshape(len(scales), -1).view(np.uint32)  # (groups, bits)
+            out[name] = mx.array(words.reshape(*shape[:-1], -1))
             out[f"{base}.scales"] = mx.array(scales.reshape(*shape[:-1], -1))
             out[f"{base}.biases"] = mx.array(biases.reshape(*shape[:-1], -1))
         else:  # Q6_K, Q2_K
@@ -407,6 +410,7 @@ def read_gguf(path) -> Tuple[Dict[str, Any], Dict[str, mx.array], Dict[str, Any]
             f"{path.name}: GGUF architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
         )
     check_types(path, layout)
+    check_gguf_tokenizer(layout.meta)  # a Llama-2 file's SentencePiece tokenizer: said after reading every tensor
     tensors, meta = _read_tensors(path, layout), layout.meta
 
     # mlx-lm's llama module runs it; rms_norm_eps is required there, llama.cpp may omit it.

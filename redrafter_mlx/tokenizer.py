@@ -62,9 +62,9 @@ Messages = List[Dict[str, str]]
 ROLES = ("system", "user", "assistant", "tool")
 
 
-def _gguf_tokenizer_object(meta: Dict[str, Any]):
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-
+def check_gguf_tokenizer(meta: Dict[str, Any]) -> str:
+    """Raise unless the GGUF metadata holds a tokenizer this module builds; return its pre-tokenizer
+    kind. read_gguf asks before it reads the tensors (an 8B file's take a while)."""
     model = meta.get("tokenizer.ggml.model")
     if model is None or "tokenizer.ggml.tokens" not in meta:  # it said "tokenizer model None is not supported"
         raise CorruptModelError("the GGUF holds no tokenizer (no tokenizer.ggml.model and tokenizer.ggml.tokens in its "
@@ -80,6 +80,13 @@ def _gguf_tokenizer_object(meta: Dict[str, Any]):
         raise UnsupportedModelError(
             f"GGUF pre-tokenizer {pre!r} is not supported (known: {', '.join(sorted(GGUF_PRETOKENIZERS))})"
         )
+    return kind
+
+
+def _gguf_tokenizer_object(meta: Dict[str, Any]):
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    kind = check_gguf_tokenizer(meta)
     tokens = list(meta["tokenizer.ggml.tokens"])
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
     vocab = {t: i for i, t in enumerate(tokens)}

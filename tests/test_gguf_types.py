@@ -303,3 +303,20 @@ def test_the_reader_gives_what_mx_load_gave_for_the_types_it_read_right(tiny_kit
         for name, w in want_tensors.items():
             got = weights[hf_name(name)]
             assert got.dtype == w.dtype and got.shape == w.shape and mx.array_equal(got, w).item(), name
+
+
+@pytest.mark.parametrize("meta, words", [({"tokenizer.ggml.model": "llama"}, ["tokenizer model 'llama'"]),
+                                         ({"tokenizer.ggml.pre": "qwen2"}, ["pre-tokenizer 'qwen2'"])])
+def test_a_tokenizer_the_loader_cannot_build_is_refused_before_the_tensors_are_read(tiny_kit, tmp_path, monkeypatch,
+                                                                                    meta, words):
+    """A Llama-2, Mistral or TinyLlama GGUF (SentencePiece, tokenizer.ggml.model 'llama') was refused
+    only after every tensor had been read: for an 8B file, a long wait and gigabytes for nothing."""
+    from redrafter_mlx import gguf
+
+    path = tiny_kit.write_gguf(tmp_path / "m.gguf", tiny_kit.model(seed=0), meta_extra=meta)
+
+    def read_tensors(*a):
+        raise AssertionError("the tensors were read")
+
+    monkeypatch.setattr(gguf, "_read_tensors", read_tensors)
+    raises(UnsupportedModelError, lambda: load(str(path), use_drafter=False), *words)
