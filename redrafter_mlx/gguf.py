@@ -359,6 +359,15 @@ def _dense(kind: str, b: np.ndarray) -> np.ndarray:
 AFFINE_TYPES = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q4_K": 4, "Q5_K": 5}
 
 
+def _check_finite(path: Path, name: str, type_name: str, finite: np.ndarray, groups_per_block: int) -> None:
+    """A quantized block whose float16 scales are inf or NaN (a damaged byte: GGUF has no checksum)
+    made its weights NaN without a word, and the model then generated garbage."""
+    bad = np.flatnonzero(~finite)
+    if len(bad):
+        raise CorruptModelError(f"{path} is damaged: tensor {name!r} ({type_name}) has scales that are not finite "
+                                f"numbers in {len(bad)} of its groups, the first in block {bad[0] // groups_per_block}")
+
+
 def _read_tensors(path: Path, layout: Layout) -> Dict[str, mx.array]:
     """Every tensor, with GGUF names: F32, F16 and BF16 as they are, the affine types as MLX's
     quantized triplets (`name`, `<name without .weight>.scales`, `.biases`, as mx.load named them),
@@ -369,31 +378,35 @@ def _read_tensors(path: Path, layout: Layout) -> Dict[str, mx.array]:
     65504), and cannot read Q5_0, Q5_1 or Q5_K."""
     data = np.memmap(path, dtype=np.uint8, mode="r")
     out: Dict[str, mx.array] = {}
-    for name, dims, kind, offset in layout.tensors:
-        type_name, block_bytes, block_values = GGML_TYPES[kind]
-        count = int(np.prod(dims))
-        start = layout.data + offset
-        raw = data[start : start + count // block_values * block_bytes]
-        shape = [int(x) for x in reversed(dims)]
-        if type_name in ("F32", "F16"):
-            out[name] = mx.array(raw.view(np.float32 if type_name == "F32" else np.float16).reshape(shape))
-        elif type_name == "BF16":
-            out[name] = mx.view(mx.array(raw.view(np.uint16)), mx.bfloat16).reshape(shape)
-        elif type_name in AFFINE_TYPES:
-            codes, scales, biases = _groups(type_name, raw.reshape(-1, block_bytes))
-            bits = AFFINE_TYPES[type_name]
-            if bits == 4:  # MLX: value i in bits 4*(i%8) of word i//8
-                codes = codes[:, 0::2] | (codes[:, 1::2] << 4)
-            elif bits == 5:  # MLX: value i in bits 5i..5i+4 of a little-endian bit stream (8 values, 5 bytes)
-                v = (codes.reshape(-1, 4, 8).astype(np.uint64) << (5 * np.arange(8, dtype=np.uint64))).sum(axis=-1)
-                codes = v[..., None].view(np.uint8)[..., :5]
-            base = name[: -len(".weight")] if name.endswith(".weight") else name
-            words = np.ascontiguousarray(codes).reshape(len(scales), -1).view(np.uint32)  # (groups, bits)
-            out[name] = mx.array(words.reshape(*shape[:-1], -1))
-            out[f"{base}.scales"] = mx.array(scales.reshape(*shape[:-1], -1))
-            out[f"{base}.biases"] = mx.array(biases.reshape(*shape[:-1], -1))
-        else:  # Q6_K, Q2_K
-            out[name] = mx.array(_dense(type_name, raw.reshape(-1, block_bytes)).astype(np.float16).reshape(shape))
+    with np.errstate(invalid="ignore", over="ignore"):  # a damaged scale's inf or NaN: _check_finite says it
+        for name, dims, kind, offset in layout.tensors:
+            type_name, block_bytes, block_values = GGML_TYPES[kind]
+            count = int(np.prod(dims))
+            start = layout.data + offset
+            raw = data[start : start + count // block_values * block_bytes]
+            shape = [int(x) for x in reversed(dims)]
+            if type_name in ("F32", "F16"):
+                out[name] = mx.array(raw.view(np.float32 if type_name == "F32" else np.float16).reshape(shape))
+            elif type_name == "BF16":
+                out[name] = mx.view(mx.array(raw.view(np.uint16)), mx.bfloat16).reshape(shape)
+            elif type_name in AFFINE_TYPES:
+                codes, scales, biases = _groups(type_name, raw.reshape(-1, block_bytes))
+                _check_finite(path, name, type_name, np.isfinite(scales) & np.isfinite(biases), block_values // 32)
+                bits = AFFINE_TYPES[type_name]
+                if bits == 4:  # MLX: value i in bits 4*(i%8) of word i//8
+                    codes = codes[:, 0::2] | (codes[:, 1::2] << 4)
+                elif bits == 5:  # MLX: value i in bits 5i..5i+4 of a little-endian bit stream (8 values, 5 bytes)
+                    v = (codes.reshape(-1, 4, 8).astype(np.uint64) << (5 * np.arange(8, dtype=np.uint64))).sum(axis=-1)
+                    codes = v[..., None].view(np.uint8)[..., :5]
+                base = name[: -len(".weight")] if name.endswith(".weight") else name
+                words = np.ascontiguousarray(codes).reshape(len(scales), -1).view(np.uint32)  # (groups, bits)
+                out[name] = mx.array(words.reshape(*shape[:-1], -1))
+                out[f"{base}.scales"] = mx.array(scales.reshape(*shape[:-1], -1))
+                out[f"{base}.biases"] = mx.array(biases.reshape(*shape[:-1], -1))
+            else:  # Q6_K, Q2_K
+                values = _dense(type_name, raw.reshape(-1, block_bytes))
+                _check_finite(path, name, type_name, np.isfinite(values).all(axis=1), 1)
+                out[name] = mx.array(values.astype(np.float16).reshape(shape))
     del data
     return out
 

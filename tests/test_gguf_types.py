@@ -320,3 +320,17 @@ def test_a_tokenizer_the_loader_cannot_build_is_refused_before_the_tensors_are_r
 
     monkeypatch.setattr(gguf, "_read_tensors", read_tensors)
     raises(UnsupportedModelError, lambda: load(str(path), use_drafter=False), *words)
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q4_0", "Q5_1", "Q8_0"])
+def test_a_block_whose_scale_is_not_a_number_is_an_error(tiny_kit, tmp_path, kind):
+    """A damaged float16 scale (inf or NaN; GGUF has no checksum) gave NaN weights without a word."""
+    path, blocks = kquant_gguf(tiny_kit, tmp_path / "m.gguf", kind)
+    good = path.read_bytes()
+    _, size, _ = TYPES[kind]
+    at = good.find(blocks["blk.0.attn_k.weight"][2]) + 3 * size + SCALE_BYTES[kind][-1]  # block 3's last scale
+    for name, value in (("nan", 0x7E00), ("inf", 0xFC00)):
+        bad = tmp_path / f"{name}.gguf"
+        bad.write_bytes(good[:at] + struct.pack("<H", value) + good[at + 2:])
+        raises(CorruptModelError, lambda: load(str(bad), use_drafter=False), f"{name}.gguf", "damaged",
+               f"'blk.0.attn_k.weight' ({kind})", "not finite", "in block 3")
