@@ -293,9 +293,21 @@ def _f16(b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(b).view(np.float16)
 
 
+def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Codes (groups, 32) -> MLX's packing (groups, 4 * bits) bytes: value i in bits
+    bits*i .. bits*i + bits-1 of the group's little-endian bit stream."""
+    if bits == 8:
+        return codes
+    if bits == 4:
+        return codes[:, 0::2] | (codes[:, 1::2] << 4)
+    v = (codes.reshape(-1, 4, 8).astype(np.uint64) << (5 * np.arange(8, dtype=np.uint64))).sum(axis=-1)  # 8 x 5 bits
+    return np.ascontiguousarray(v[..., None].view(np.uint8)[..., :5]).reshape(len(codes), 20)
+
+
 def _groups(kind: str, b: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Blocks (n, bytes) -> (codes (groups, 32), scales (groups,), biases (groups,)), each value
-    = scale * code + bias: llama.cpp's dequantize_row_* in MLX's affine form, exactly.
+    """Blocks (n, bytes) -> (packed codes (groups, 4 * bits) bytes, scales (groups,), biases
+    (groups,)), each value = scale * code + bias: llama.cpp's dequantize_row_* in MLX's affine
+    form, exactly.
 
     32-value blocks start with d (and m) in float16: Q4_0 / Q4_1 hold 16 bytes of nibbles (low:
     values 0-15, high: 16-31), value d * (code - 8) or d * code + m; Q5_0 / Q5_1 put 4 bytes of fifth
@@ -310,16 +322,16 @@ def _groups(kind: str, b: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarra
         if kind == "Q8_0":
             return b[:, 2:] ^ np.uint8(128), d, d * np.float16(-128)  # int8 + 128
         at = 4 if kind in ("Q4_1", "Q5_1") else 2
+        bias = _f16(b[:, 2:4])[:, 0] if kind in ("Q4_1", "Q5_1") else d * np.float16(-8 if kind == "Q4_0" else -16)
+        if kind in ("Q4_0", "Q4_1"):  # values 2k, 2k+1: byte k's nibbles (k < 8), or byte k-8's high ones
+            even, odd = b[:, at::2], b[:, at + 1 :: 2]
+            return np.concatenate([(even & 15) | (odd << 4), (even >> 4) | (odd & 0xF0)], axis=1), d, bias
         if kind in ("Q5_0", "Q5_1"):
             high = (np.ascontiguousarray(b[:, at : at + 4]).view(np.uint32) >> np.arange(32, dtype=np.uint32)) & 1
             at += 4
         nib = b[:, at:]
-        codes = np.concatenate([nib & 15, nib >> 4], axis=1)
-        if kind in ("Q5_0", "Q5_1"):
-            codes |= high.astype(np.uint8) << 4
-        if kind in ("Q4_1", "Q5_1"):
-            return codes, d, _f16(b[:, 2:4])[:, 0]
-        return codes, d, d * np.float16(-8 if kind == "Q4_0" else -16)
+        codes = np.concatenate([nib & 15, nib >> 4], axis=1) | (high.astype(np.uint8) << 4)
+        return _pack(codes, 5), d, bias
     d = _f16(b[:, 0:2]).astype(np.float32)  # (n, 1)
     dmin = _f16(b[:, 2:4]).astype(np.float32)
     scale, low = _k_scales(b[:, 4:16])
@@ -327,7 +339,7 @@ def _groups(kind: str, b: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarra
     codes = (nib & 15).reshape(n, 8, 32)
     if kind == "Q5_K":
         codes |= ((b[:, 16:48].reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1) << 4
-    return codes.reshape(n * 8, 32), (d * scale).reshape(-1), (-dmin * low).reshape(-1)
+    return _pack(codes.reshape(n * 8, 32), AFFINE_TYPES[kind]), (d * scale).reshape(-1), (-dmin * low).reshape(-1)
 
 
 def _dense(kind: str, b: np.ndarray) -> mx.array:
@@ -390,16 +402,10 @@ def _read_tensors(path: Path, layout: Layout) -> Dict[str, mx.array]:
             elif type_name == "BF16":
                 out[name] = mx.view(mx.array(raw.view(np.uint16)), mx.bfloat16).reshape(shape)
             elif type_name in AFFINE_TYPES:
-                codes, scales, biases = _groups(type_name, raw.reshape(-1, block_bytes))
+                packed, scales, biases = _groups(type_name, raw.reshape(-1, block_bytes))
                 _check_finite(path, name, type_name, np.isfinite(scales) & np.isfinite(biases), block_values // 32)
-                bits = AFFINE_TYPES[type_name]
-                if bits == 4:  # MLX: value i in bits 4*(i%8) of word i//8
-                    codes = codes[:, 0::2] | (codes[:, 1::2] << 4)
-                elif bits == 5:  # MLX: value i in bits 5i..5i+4 of a little-endian bit stream (8 values, 5 bytes)
-                    v = (codes.reshape(-1, 4, 8).astype(np.uint64) << (5 * np.arange(8, dtype=np.uint64))).sum(axis=-1)
-                    codes = v[..., None].view(np.uint8)[..., :5]
                 base = name[: -len(".weight")] if name.endswith(".weight") else name
-                words = np.ascontiguousarray(codes).reshape(len(scales), -1).view(np.uint32)  # (groups, bits)
+                words = np.ascontiguousarray(packed).view(np.uint32)  # (groups, bits)
                 out[name] = mx.array(words.reshape(*shape[:-1], -1))
                 out[f"{base}.scales"] = mx.array(scales.reshape(*shape[:-1], -1))
                 out[f"{base}.biases"] = mx.array(biases.reshape(*shape[:-1], -1))
