@@ -94,7 +94,7 @@ _MAX_DIMS = 4  # GGML_MAX_DIMS
 # The types read (see _read_tensors). mx.load failed on the others inside MLX ("gguf_tensor_to_f16
 # failed", said as a damaged file), took a file for a truncated one (Q8_1, IQ1_S) or dropped their
 # tensors (TQ2_0, MXFP4).
-READ_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q4_K", "Q5_K", "Q6_K")
+READ_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 
 class Layout(NamedTuple):
@@ -343,12 +343,15 @@ def _groups(kind: str, b: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 def _dense(kind: str, b: np.ndarray) -> mx.array:
-    """Q6_K and Q2_K blocks (n, bytes) -> values (n, 256) in float32 (llama.cpp's dequantize_row_*):
-    their 16-value groups are not an MLX quantization. In MLX: numpy took 4x as long as mx.load.
+    """Q6_K, Q3_K and Q2_K blocks (n, bytes) -> values (n, 256) in float32 (llama.cpp's
+    dequantize_row_*): their 16-value groups are not an MLX quantization. In MLX: numpy took 4x as
+    long as mx.load.
 
     Q6_K: 128 bytes of low nibbles, 64 of 2-bit high parts, 16 int8 scales, d; value = d * scale *
-    (q - 32). Q2_K: 16 bytes of 4-bit (scale, min) pairs, 64 bytes of 2-bit q, d, dmin; value =
-    d * scale * q - dmin * min."""
+    (q - 32). Q3_K: 32 bytes whose bit j is clear where value 32j + l is 4 less, 64 bytes of 2-bit q,
+    twelve bytes of sixteen 6-bit scales (low nibbles, then 2-bit high parts), d; value = d *
+    (scale - 32) * (q - 4 * (bit clear)). Q2_K: 16 bytes of 4-bit (scale, min) pairs, 64 bytes of
+    2-bit q, d, dmin; value = d * scale * q - dmin * min."""
     n, b = len(b), mx.array(b)
 
     def f32(x, dtype=mx.float16):
@@ -360,6 +363,15 @@ def _dense(kind: str, b: np.ndarray) -> mx.array:
         low = (b[:, :128].reshape(n, 2, 1, 64) >> mx.array([0, 4], dtype=mx.uint8).reshape(1, 1, 2, 1)) & 15
         high = (b[:, 128:192].reshape(n, 2, 1, 32) >> shifts) & 3
         q = (low.reshape(n, 2, 4, 32) | (high << 4)).astype(mx.float32) - 32  # value 128*half + 32*quarter + l
+        return (scale.reshape(n, 16, 1) * q.reshape(n, 16, 16)).reshape(n, 256)
+    if kind == "Q3_K":
+        s = b[:, 96:108]
+        low = (s[:, :8].reshape(n, 1, 8) >> mx.array([0, 4], dtype=mx.uint8).reshape(1, 2, 1)) & 15  # scales 0-7, 8-15
+        high = (s[:, 8:].reshape(n, 1, 4) >> shifts.reshape(1, 4, 1)) & 3  # scale i: byte 8 + i % 4, bits 2 * (i // 4)
+        scale = ((low.reshape(n, 16) | (high.reshape(n, 16) << 4)).astype(mx.float32) - 32) * f32(b[:, 108:110])
+        q = ((b[:, 32:96].reshape(n, 2, 1, 32) >> shifts) & 3).astype(mx.float32)  # value 128*half + 32*j + l
+        clear = ((b[:, :32].reshape(n, 1, 32) >> mx.arange(8, dtype=mx.uint8).reshape(1, 8, 1)) & 1) == 0
+        q = q.reshape(n, 8, 32) - 4 * clear.astype(mx.float32)  # bit j of byte l: value 32j + l
         return (scale.reshape(n, 16, 1) * q.reshape(n, 16, 16)).reshape(n, 256)
     scale = (b[:, :16] & 15).astype(mx.float32) * f32(b[:, 80:82])
     mins = (b[:, :16] >> 4).astype(mx.float32) * f32(b[:, 82:84])
@@ -383,11 +395,11 @@ def _check_finite(path: Path, name: str, type_name: str, finite: np.ndarray, gro
 def _read_tensors(path: Path, layout: Layout) -> Dict[str, mx.array]:
     """Every tensor, with GGUF names: F32, F16 and BF16 as they are, the affine types as MLX's
     quantized triplets (`name`, `<name without .weight>.scales`, `.biases`, as mx.load named them),
-    Q6_K and Q2_K dequantized to float16 (as mx.load gave them).
+    Q6_K, Q3_K and Q2_K dequantized to float16 (as mx.load gave Q6_K and Q2_K).
 
     mx.load is not used: its reader (gguflib, MLX 0.32) gave each second 32-value group of a Q4_K
     block the first one's scale and minimum (garbage weights), turned BF16 into float16 (inf past
-    65504), and cannot read Q5_0, Q5_1 or Q5_K."""
+    65504), and cannot read Q5_0, Q5_1, Q5_K or Q3_K."""
     data = np.memmap(path, dtype=np.uint8, mode="r")
     out: Dict[str, mx.array] = {}
     with np.errstate(invalid="ignore", over="ignore"):  # a damaged scale's inf or NaN: _check_finite says it
@@ -409,7 +421,7 @@ def _read_tensors(path: Path, layout: Layout) -> Dict[str, mx.array]:
                 out[name] = mx.array(words.reshape(*shape[:-1], -1))
                 out[f"{base}.scales"] = mx.array(scales.reshape(*shape[:-1], -1))
                 out[f"{base}.biases"] = mx.array(biases.reshape(*shape[:-1], -1))
-            else:  # Q6_K, Q2_K
+            else:  # Q6_K, Q3_K, Q2_K
                 values = _dense(type_name, raw.reshape(-1, block_bytes))
                 _check_finite(path, name, type_name, np.array(mx.all(mx.isfinite(values), axis=1)), 1)
                 out[name] = values.astype(mx.float16).reshape(shape)

@@ -149,6 +149,25 @@ def dequantize(kind, raw, shape):
             y.append(d * sc[:, 2 * j:2 * j + 1] * low - dmin * mn[:, 2 * j:2 * j + 1])
             y.append(d * sc[:, 2 * j + 1:2 * j + 2] * high - dmin * mn[:, 2 * j + 1:2 * j + 2])
         y = np.concatenate(y, 1)
+    elif kind == "Q3_K":  # hmask[32], qs[64], scales[12], d
+        d = _f16(b[:, 108:110])[:, 0]
+        aux = b[:, 96:108].copy().view(np.uint32)  # the C code's kmask1/kmask2 shuffle of three words into four
+        k1, k2 = np.uint32(0x03030303), np.uint32(0x0f0f0f0f)
+        a0, a1, tmp = aux[:, 0], aux[:, 1], aux[:, 2]
+        words = np.stack([(a0 & k2) | (((tmp >> 0) & k1) << 4), (a1 & k2) | (((tmp >> 2) & k1) << 4),
+                          ((a0 >> 4) & k2) | (((tmp >> 4) & k1) << 4), ((a1 >> 4) & k2) | (((tmp >> 6) & k1) << 4)], 1)
+        scales = words.astype(np.uint32).copy().view(np.int8).astype(np.float32)  # (n, 16)
+        y, i, m = [], 0, 1
+        for n in (0, 32):
+            for shift in (0, 2, 4, 6):
+                for half in (0, 16):
+                    dl = d * (scales[:, i] - 32)
+                    i += 1
+                    q = ((b[:, 32 + n + half:48 + n + half] >> shift) & 3).astype(np.float32)
+                    q -= np.where(b[:, half:half + 16] & m, 0, 4)
+                    y.append(dl[:, None] * q)
+                m <<= 1
+        y = np.concatenate(y, 1)
     elif kind == "Q6_K":  # ql[128], qh[64], scales[16] (int8), d
         d, sc = _f16(b[:, 208:210]), b[:, 192:208].view(np.int8).astype(np.float32)
         y = np.zeros((len(b), 256), np.float32)
@@ -173,7 +192,7 @@ def hf_name(gguf_name):
     return f"{TENSOR_NAMES[base].format(layer)}.{suffix}"
 
 
-@pytest.mark.parametrize("kind", ["Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+@pytest.mark.parametrize("kind", ["Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
 def test_quantized_gguf_weights_are_what_llama_cpp_computes(tiny_kit, tmp_path, kind):
     """Q4_K loaded as garbage (max error 80% of the largest weight): MLX's reader (gguflib) gave each
     second 32-value group of a block the first one's scale and minimum. Q4_K is read here now, as
@@ -182,7 +201,7 @@ def test_quantized_gguf_weights_are_what_llama_cpp_computes(tiny_kit, tmp_path, 
     path, blocks = kquant_gguf(tiny_kit, tmp_path / "m.gguf", kind)
     m = load(str(path), weight_format="float32", use_drafter=False)
     params = dict(tree_flatten(m.model.parameters()))
-    tol = 1e-3 if kind in ("Q2_K", "Q6_K") else 1e-6  # float16's rounding, or none
+    tol = 1e-3 if kind in ("Q2_K", "Q3_K", "Q6_K") else 1e-6  # float16's rounding, or none
     for name, (_, shape, raw) in blocks.items():
         want, got = dequantize(kind, raw, shape), np.array(params[hf_name(name)])
         assert np.allclose(got, want, rtol=tol, atol=1e-7), (name, float(np.abs(got - want).max()))
@@ -232,7 +251,7 @@ def test_a_k_quant_tensor_cut_short_or_retyped_is_an_error(tiny_kit, tmp_path):
         raises(CorruptModelError, lambda: load(str(bad), use_drafter=False), f"{name}.gguf", "damaged", *words)
 
 
-@pytest.mark.parametrize("kind", ["Q3_K", "Q8_K", "Q8_1", "IQ1_S", "IQ4_NL", "IQ4_XS", "TQ2_0", "MXFP4"])
+@pytest.mark.parametrize("kind", ["Q8_K", "Q8_1", "IQ1_S", "IQ4_NL", "IQ4_XS", "TQ2_0", "MXFP4"])
 def test_a_type_the_loader_cannot_read_is_named(tiny_kit, tmp_path, kind):
     """MLX failed on these with "gguf_tensor_to_f16 failed" (said as a damaged file), took a valid
     file for a truncated one (Q8_1, IQ1_S), or dropped the tensors without a word (TQ2_0, MXFP4)."""
@@ -240,10 +259,10 @@ def test_a_type_the_loader_cannot_read_is_named(tiny_kit, tmp_path, kind):
     raises(UnsupportedModelError, lambda: load(str(path), use_drafter=False), "m.gguf", "'blk.0.ffn_down.weight'",
            f"is {kind}", "cannot read", "Q4_K")
     # A mixed file (Q4_K_M of a model whose rows are not whole 256-value blocks: Q5_0 and Q8_0 beside Q4_K)
-    path, _ = kquant_gguf(tiny_kit, tmp_path / "mixed.gguf", {"blk.0.attn_q.weight": kind, "blk.0.attn_k.weight": "Q3_K",
+    path, _ = kquant_gguf(tiny_kit, tmp_path / "mixed.gguf", {"blk.0.attn_q.weight": kind, "blk.0.attn_k.weight": "IQ1_S",
                                                                 "blk.0.ffn_up.weight": kind})
     raises(UnsupportedModelError, lambda: load(str(path), use_drafter=False), f"'blk.0.attn_q.weight' is {kind} (and 2 "
-           f"more: {', '.join(sorted({kind, 'Q3_K'}))})")
+           f"more: {', '.join(sorted({kind, 'IQ1_S'}))})")
 
 
 def test_bf16_weights_keep_their_values(tiny_kit, tmp_path):
@@ -271,10 +290,10 @@ def test_bf16_weights_keep_their_values(tiny_kit, tmp_path):
 def test_a_gguf_of_another_architecture_is_refused_before_its_tensors(tiny_kit, tmp_path, arch):
     """The architecture was checked after MLX had read every tensor: a qwen2 Q4_K_M (Q5_0 and Q8_0
     beside Q4_K, its rows not being whole 256-value blocks) was refused for its Q5_0 tensors."""
-    path, _ = kquant_gguf(tiny_kit, tmp_path / "m.gguf", {"blk.0.ffn_down.weight": "Q3_K"}, arch=arch)
+    path, _ = kquant_gguf(tiny_kit, tmp_path / "m.gguf", {"blk.0.ffn_down.weight": "IQ4_XS"}, arch=arch)
     msg = raises(UnsupportedModelError, lambda: load(str(path), use_drafter=False), "m.gguf",
                  f"architecture {arch!r} is not supported", "supported: llama")
-    assert "Q3_K" not in msg
+    assert "IQ4_XS" not in msg
 
 
 def test_the_reader_gives_what_mx_load_gave_for_the_types_it_read_right(tiny_kit, tmp_path):
@@ -322,7 +341,7 @@ def test_a_tokenizer_the_loader_cannot_build_is_refused_before_the_tensors_are_r
     raises(UnsupportedModelError, lambda: load(str(path), use_drafter=False), *words)
 
 
-@pytest.mark.parametrize("kind", ["Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q4_0", "Q5_1", "Q8_0"])
+@pytest.mark.parametrize("kind", ["Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "Q4_0", "Q5_1", "Q8_0"])
 def test_a_block_whose_scale_is_not_a_number_is_an_error(tiny_kit, tmp_path, kind):
     """A damaged float16 scale (inf or NaN; GGUF has no checksum) gave NaN weights without a word."""
     path, blocks = kquant_gguf(tiny_kit, tmp_path / "m.gguf", kind)
