@@ -224,7 +224,8 @@ def test_a_q4_k_m_gguf_computes_what_its_float_weights_compute(tiny_kit, tmp_pat
     for name, (kind, shape, raw) in blocks.items():
         # float16 as MLX gives Q6_K: the comparison is then of the arithmetic, not of the rounding
         want = dequantize(kind, raw, shape)
-        tensors[name] = ("F32", shape, (want.astype(np.float16) if kind == "Q6_K" else want).astype(np.float32).tobytes())
+        want = want.astype(np.float16) if kind == "Q6_K" else want
+        tensors[name] = ("F32", shape, want.astype(np.float32).tobytes())
     ref = write_blocks_gguf(tmp_path / "f32.gguf", tiny_kit.gguf_metadata(model), tensors)
     a, b = (load(str(p), weight_format="float32", use_drafter=False) for p in (path, ref))
     ids = mx.array([[5, 9, 77, 100, 3, 200, 42]])
@@ -258,9 +259,9 @@ def test_a_type_the_loader_cannot_read_is_named(tiny_kit, tmp_path, kind):
     path, _ = kquant_gguf(tiny_kit, tmp_path / "m.gguf", {"blk.0.ffn_down.weight": kind, "blk.0.attn_v.weight": "Q4_0"})
     raises(UnsupportedModelError, lambda: load(str(path), use_drafter=False), "m.gguf", "'blk.0.ffn_down.weight'",
            f"is {kind}", "cannot read", "Q4_K")
-    # A mixed file (Q4_K_M of a model whose rows are not whole 256-value blocks: Q5_0 and Q8_0 beside Q4_K)
-    path, _ = kquant_gguf(tiny_kit, tmp_path / "mixed.gguf", {"blk.0.attn_q.weight": kind, "blk.0.attn_k.weight": "IQ1_S",
-                                                                "blk.0.ffn_up.weight": kind})
+    # Several such tensors: the first is named, the other types listed
+    kinds = {"blk.0.attn_q.weight": kind, "blk.0.attn_k.weight": "IQ1_S", "blk.0.ffn_up.weight": kind}
+    path, _ = kquant_gguf(tiny_kit, tmp_path / "mixed.gguf", kinds)
     raises(UnsupportedModelError, lambda: load(str(path), use_drafter=False), f"'blk.0.attn_q.weight' is {kind} (and 2 "
            f"more: {', '.join(sorted({kind, 'IQ1_S'}))})")
 
