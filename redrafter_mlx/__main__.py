@@ -10,9 +10,10 @@ import sys
 from . import _platform  # noqa: F401
 from . import cli
 from .config import WEIGHT_FORMATS
+from .errors import SettingError
 from .tokenizer import is_blank
 from .tree_search import DEFAULT_MIN_PROB
-from .tuning import DEFAULT_LOOKUP, DEFAULT_TREE
+from .tuning import DEFAULT_LOOKUP, DEFAULT_TREE, drafting
 
 
 def main(argv=None) -> int:
@@ -118,6 +119,9 @@ def _reply(args) -> int:
              use_drafter=args.mode != "ar" and not args.no_drafter,
              progress=lambda s: print(f"[{s}]", file=sys.stderr))
     print(f"[{m.name}: {m.weight_format} on {m.device}; drafter: {m.drafter_path or 'none'}]", file=sys.stderr)
+    if args.tree_min_prob is not None and args.tree is None and m.drafter is not None and not drafting(m).tree:
+        # known once loaded (a tuned tree takes the floor): stream said it in its own words, "pass tree=N"
+        raise SettingError(f"{cli.FLOOR_WITH_BEAMS} (no tree is tuned for {m.name} on this device)")
     last = None
     for last in stream(m, args.prompt, mode=args.mode, max_tokens=args.max_tokens, temperature=args.temperature,
                        top_p=args.top_p, seed=args.seed, beam_width=args.beam_width,

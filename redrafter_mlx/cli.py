@@ -86,6 +86,10 @@ def draft_size_error(beam_width: Optional[int], beam_length: Optional[int], tree
     return None
 
 
+FLOOR_WITH_BEAMS = "--tree-min-prob is the dynamic tree's floor, and these options draft W x L beams: add --tree N " \
+                   "(N > 0 nodes), or drop it"
+
+
 def unused_drafting_error(mode: str, no_drafter: bool, drafter: Optional[str], beam_width: Optional[int],
                           beam_length: Optional[int], lookup: Optional[int], tree: Optional[int],
                           tree_min_prob: Optional[float], graph: Optional[int]) -> Optional[str]:
@@ -106,8 +110,7 @@ def unused_drafting_error(mode: str, no_drafter: bool, drafter: Optional[str], b
     if graph is not None and fixed and beams:
         return "--graph drafts a dynamic tree, and these options draft W x L beams: add --tree N (N > 0 nodes)"
     if tree_min_prob is not None and beams:
-        return "--tree-min-prob is the dynamic tree's floor, and these options draft W x L beams: add --tree N " \
-               "(N > 0 nodes), or drop it"
+        return FLOOR_WITH_BEAMS
     return None
 
 

@@ -230,6 +230,23 @@ def test_main_cli_labels_an_adaptive_redrafter_run_as_such(tiny_kit, tmp_path, c
     assert "verified/step" not in last and last.endswith("stop: length]")
 
 
+def test_main_cli_says_a_floor_without_a_tree_in_its_flags_words(tiny_kit, tmp_path, capsys):
+    """--tree-min-prob alone, where no tree is tuned, is refused once the model is loaded (a tuned tree
+    would take it): the line said stream's "pass tree=N ... or leave tree_min_prob out", words of
+    the Python API, to a command-line user."""
+    from redrafter_mlx.__main__ import main
+    from redrafter_mlx.drafter import new_drafter, save_drafter
+
+    model = tiny_kit.model(seed=0)
+    path = tiny_kit.write_folder(tmp_path / "m", model)
+    save_drafter(new_drafter(model.args, lm_head="shared", seed=1), path / "drafter")
+    assert main(["--model", str(path), "--tree-min-prob", "0.5", "--max-tokens", "2", "hi"]) == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith("python -m redrafter_mlx: error: --tree-min-prob is the dynamic tree's floor")
+    assert "add --tree N" in last and "tree=N" not in last
+    assert main(["--model", str(path), "--tree-min-prob", "0.5", "--tree", "4", "--max-tokens", "2", "hi"]) == 0
+
+
 def test_every_tool_says_a_bad_option_in_one_line(capsys):
     """argparse printed its usage block (10-20 lines) before the line that says what is wrong."""
     import importlib
