@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from . import registry
 from ._platform import device_description, fast_cpu_blas, on_cpu
@@ -297,7 +298,9 @@ def load(
 ) -> LoadedModel:
     """Load a model by registry name, local path (.gguf or folder) or hub id.
 
+    name: None loads the registry's default model (smollm2-135m).
     drafter: a drafter folder that overrides the one found beside the model.
+    use_drafter: False loads no drafter (mode "auto" then drafts from the context alone).
     weight_format: "auto" (fastest for the device), "stored" (as in the file, e.g. 4-bit),
         "float32", "float16" or "bfloat16".
     progress: called with short status lines (fetch, load) for UIs.
@@ -312,6 +315,10 @@ def load(
     if isinstance(drafter, str) and not drafter.strip():  # "" took the drafter found beside the model, saying nothing
         raise SettingError("the drafter path is empty: give a drafter folder (None: the one found beside the model; "
                            "use_drafter=False: none)")
+    if not isinstance(use_drafter, (bool, np.bool_)):  # "no" was taken as True, as stream refuses it
+        raise SettingError(f"use_drafter must be True or False, not {use_drafter!r}")
+    if drafter is not None and not use_drafter:  # the drafter given was dropped, saying nothing
+        raise SettingError("drafter=PATH loads that drafter and use_drafter=False loads none: give one of them")
     if progress is not None and not callable(progress):  # it failed inside, "'int' object is not callable"
         raise SettingError(f"progress must be a function (str) -> None or None, not {type(progress).__name__}")
     _resolve_format(weight_format)  # a bad format fails before any work

@@ -214,6 +214,20 @@ def test_an_empty_drafter_path(tiny_kit, tmp_path):
     assert load(str(path)).drafter_path == path / "drafter"
 
 
+def test_load_refuses_a_drafter_with_use_drafter_false_and_a_use_drafter_not_a_bool(tiny_kit, tmp_path):
+    """load(drafter=PATH, use_drafter=False) loaded no drafter and dropped PATH, saying nothing (the command
+    lines refuse --drafter with --no-drafter); use_drafter="no" was taken as True (stream refuses it)."""
+    base = tiny_kit.model(seed=0)
+    path = tiny_kit.write_folder(tmp_path / "f", base)
+    save_drafter(new_drafter(base.args), tmp_path / "d")
+    raises(SettingError, lambda: load(str(path), drafter=str(tmp_path / "d"), use_drafter=False),
+           "drafter=", "use_drafter=False", "give one")
+    for bad in ("no", 0, None):
+        raises(SettingError, lambda: load(str(path), use_drafter=bad), "use_drafter must be True or False", repr(bad))
+    assert load(str(path), drafter=str(tmp_path / "d")).drafter_path == tmp_path / "d"
+    assert load(str(path), use_drafter=np.bool_(False)).drafter is None
+
+
 def test_a_broken_drafter_found_beside_the_model_says_how_to_load_without_it(tiny_kit, tmp_path):
     """A drafter/ folder found beside the model (not given) without its weights failed the whole load with
     "drafter at .../drafter has no model.safetensors", naming a folder the user never gave and no way past it.
