@@ -532,6 +532,9 @@ def parse_args(argv=None):
     bad_drafter = cli.drafter_error(args.drafter, args.no_drafter)
     if bad_drafter:
         p.error(bad_drafter)
+    if args.drafter is not None and not {"auto", "redrafter"} & set(args.modes):  # it was dropped, saying nothing
+        p.error(f"--modes {','.join(args.modes)} decodes plainly and uses no drafter: drop --drafter, or add auto "
+                "or redrafter to --modes")
     if args.grid and "redrafter" not in args.modes:
         p.error("--grid runs fixed drafting shapes, in --modes ...,redrafter: add that mode")
     if args.fixed and not args.grid and "redrafter" not in args.modes:  # they were ignored, saying nothing

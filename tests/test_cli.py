@@ -116,6 +116,9 @@ def test_bench_refuses_bad_options_before_loading(tmp_path, capsys, monkeypatch)
     monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("loaded a model for a bad option"))
     prompts = tmp_path / "q.jsonl"
     prompts.write_text('{"turns": ["hi"]}\n')
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text("{}")
     for argv, said in ((["--limit", "0"], "argument --limit: must be at least 1"),
                        (["--temperature", "-1"], "argument --temperature: must be >= 0"),
                        (["--beam-width", "0"], "argument --beam-width: must be at least 1"),
@@ -131,7 +134,10 @@ def test_bench_refuses_bad_options_before_loading(tmp_path, capsys, monkeypatch)
                         "beams of 300 x 5 tokens draft 1200"),
                        (["--top-p", "0.9"], "--top-p applies to sampling, and --temperature 0 decodes greedily"),
                        (["--seed", "3"], "--seed applies to sampling"),
-                       (["--tune", "--temperature", "0.7"], "--tune measures greedy decoding")):
+                       (["--tune", "--temperature", "0.7"], "--tune measures greedy decoding"),
+                       # the drafter was dropped, saying nothing (load() now refuses a drafter with use_drafter=False)
+                       (["--drafter", str(drafter)], "--modes ar decodes plainly and uses no drafter"),
+                       (["--drafter", str(drafter), "--modes", "ar,mlx-lm"], "drop --drafter, or add auto")):
         with pytest.raises(SystemExit):
             bench.main(["--prompts", str(prompts), *argv])
         assert said in capsys.readouterr().err
