@@ -26,6 +26,14 @@ from .stats import RunStats, StepStats  # noqa: F401
 
 __version__ = "0.1.0"
 
+# What `from redrafter_mlx import *` gives: without it, the modules imported on the way (tree_search,
+# costs, ...) and not `load`, which is imported on first use (below).
+__all__ = [
+    "load", "LoadedModel", "generate", "stream", "PromptCache", "Event", "Generation", "RunStats", "StepStats",
+    "RedrafterError", "ContextLengthError", "CorruptModelError", "DrafterMismatchError", "EmptyPromptError",
+    "InvalidPromptError", "ModelNotFoundError", "NetworkError", "SettingError", "UnsupportedModelError",
+]
+
 # `load` and `LoadedModel` come from loader.py, which imports mlx-lm and through it transformers
 # (3-4 s on a 2-core CPU): imported on first use, so that `import redrafter_mlx`, and every
 # command line's `--help` and option errors, answer at once.

@@ -297,3 +297,15 @@ def test_json_files_are_replaced_whole_or_not_at_all(tmp_path):
     with pytest.raises(OSError):
         write_json(tmp_path / "taken.json", {"a": 3})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["beam_shape.json", "taken.json"]
+
+
+def test_star_import_gives_the_public_api():
+    """`from redrafter_mlx import *` gave the modules imported on the way (tree_search, costs, ...) and not
+    `load`, which the package imports on first use: the README's `m = load(...)` then raised NameError."""
+    import redrafter_mlx
+
+    ns = {}
+    exec("from redrafter_mlx import *", ns)
+    assert {"load", "LoadedModel", "generate", "stream", "PromptCache", "RedrafterError", "SettingError"} <= set(ns)
+    assert ns["load"] is redrafter_mlx.load and not {"tree_search", "costs", "generate_module"} & set(ns)
+    assert callable(ns["generate"])  # the function, not the module of that name
