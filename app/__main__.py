@@ -118,13 +118,13 @@ def configure_parser() -> argparse.ArgumentParser:
                    help="tokens per beam, the base model's own next token included (default: tuned, else 4)")
     p.add_argument("--lookup", type=_non_negative, default=None, metavar="N",
                    help="also draft up to N tokens copied from the conversation where its last tokens recur "
-                   "(one more beam, checked like the others; 0 = off; default: the library's default)")
+                   "(one more beam, checked like the others; 0 = off; default: tuned, else 8)")
     p.add_argument("--tree", type=_non_negative, default=None, metavar="N",
                    help="draft a dynamic tree of up to N nodes (at most W children per node, L - 1 levels, "
-                   "unlikely nodes dropped) instead of W x L beams (0 = beams; default: the library's default)")
+                   "unlikely nodes dropped) instead of W x L beams (0 = beams; default: tuned, else 0)")
     p.add_argument("--tree-min-prob", type=_top_p, default=None, metavar="P",
                    help="drop tree nodes whose path probability is below P, in (0, 1] (lower: more drafted, "
-                   "accepted and verified; default: the library's default)")
+                   "accepted and verified; default: tuned, else 0.2)")
     p.add_argument("--graph", type=_non_negative, default=None, metavar="K",
                    help="draft a graph (GSD): a drafted node whose last K + 1 tokens match one drafted elsewhere "
                    "reuses its continuation, and drafted nodes whose last tokens occur in the conversation get what "

@@ -565,6 +565,15 @@ def test_command_line():
     with pytest.raises(SystemExit):
         p.parse_args(["--tree-min-prob", "0"])
     assert "examples:" in p.format_help()
+    # --lookup, --tree and --tree-min-prob said "default: the library's default", which names no value
+    from redrafter_mlx.tree_search import DEFAULT_MIN_PROB
+    from redrafter_mlx.tuning import DEFAULT_LOOKUP, DEFAULT_TREE
+
+    said = " ".join(p.format_help().split())
+    assert "the library's default" not in said
+    for stated in (f"0 = off; default: tuned, else {DEFAULT_LOOKUP})", f"(0 = beams; default: tuned, else {DEFAULT_TREE})",
+                   f"default: tuned, else {DEFAULT_MIN_PROB:g})"):
+        assert stated in said, stated
     with pytest.raises(SystemExit):
         p.parse_args(["--beam-width", "0"])
     with pytest.raises(SystemExit):
