@@ -524,6 +524,11 @@ def parse_args(argv=None):
     if args.plot and not (args.fixed and "redrafter" in args.modes):
         p.error("--plot draws fixed drafting shapes against each other: add --grid (or --beam-width, --beam-length, "
                 "--tree) and --modes ...,redrafter")
+    if args.plot:
+        try:  # (plot() imports it after the whole run: a grid of an hour ran for nothing)
+            import matplotlib  # noqa: F401
+        except ImportError:
+            p.error("--plot needs matplotlib: pip install 'redrafter-mlx[bench]'")
     for w in ([args.beam_width] if args.beam_width is not None else args.widths if args.grid else [None]):
         for length in ([args.beam_length] if args.beam_length is not None else args.lengths if args.grid else [None]):
             too_big = cli.draft_size_error(w, length, max(args.tree or [0]) or None, max(args.lookup or [0]) or None)

@@ -149,6 +149,22 @@ def test_bench_refuses_bad_options_before_loading(tmp_path, capsys, monkeypatch)
     assert "is a folder: give a JSONL file" in capsys.readouterr().err  # it said "not found"
 
 
+def test_bench_plot_without_matplotlib_is_refused_before_the_run(tmp_path, capsys, monkeypatch):
+    """--plot without matplotlib (an install without the [bench] extra) ran the whole benchmark, a grid for
+    an hour, and failed at its end: it is refused while parsing now."""
+    import sys
+
+    from redrafter_mlx import loader
+
+    monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("loaded a model for a plot it cannot draw"))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib: ImportError
+    prompts = tmp_path / "q.jsonl"
+    prompts.write_text('{"turns": ["hi"]}\n')
+    with pytest.raises(SystemExit):
+        bench.main(["--prompts", str(prompts), "--modes", "ar,redrafter", "--grid", "--plot", str(tmp_path / "g.png")])
+    assert "--plot needs matplotlib: pip install 'redrafter-mlx[bench]'" in capsys.readouterr().err
+
+
 def test_main_cli_refuses_drafts_too_big_and_contradictions_before_loading(capsys, monkeypatch):
     """They were refused after the model had loaded (seconds here, minutes for a large model)."""
     from redrafter_mlx import __main__ as main_cli
