@@ -380,7 +380,7 @@ def main(argv=None) -> int:
             too_big = cli.draft_size_error(w, length, max(args.tree) or None, max(args.lookup) or None)
             if too_big:
                 p.error(too_big)
-    return cli.run("replay", lambda: _run(args, graphs))
+    return cli.run("python -m redrafter_mlx.replay", lambda: _run(args, graphs))
 
 
 def read_results(path: Path):

@@ -284,3 +284,12 @@ def test_every_tool_says_a_bad_option_in_one_line(capsys):
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1, (module, err)
         assert err.startswith(f"{prog}: error: ") and err.rstrip().endswith(f"(options: {prog} --help)"), (module, err)
+
+
+def test_replay_names_itself_as_its_help_does(tmp_path, capsys):
+    """replay's errors after parsing began "replay: error:", where its option errors and --help say
+    "python -m redrafter_mlx.replay", the command to type (every other tool names itself so)."""
+    from redrafter_mlx import replay
+
+    assert replay.main([str(tmp_path / "none.json")]) == 2
+    assert capsys.readouterr().err.startswith("python -m redrafter_mlx.replay: error: results file ")
