@@ -119,6 +119,14 @@ def _reply(args) -> int:
              use_drafter=args.mode != "ar" and not args.no_drafter,
              progress=lambda s: print(f"[{s}]", file=sys.stderr))
     print(f"[{m.name}: {m.weight_format} on {m.device}; drafter: {m.drafter_path or 'none'}]", file=sys.stderr)
+    shaping = [flag for flag, value in (("--beam-width", args.beam_width), ("--beam-length", args.beam_length),
+                                        ("--tree", args.tree), ("--tree-min-prob", args.tree_min_prob))
+               if value is not None]
+    if m.drafter is None and shaping and m.tree_ok:  # they decoded plainly, dropped, saying nothing
+        raise SettingError(f"{', '.join(shaping)} shape{'s' if len(shaping) == 1 else ''} the drafter's drafts, and "
+                           f"{m.name} has no drafter: pass --drafter PATH, or drop "
+                           + ("it" if len(shaping) == 1 else "them") + " (without a drafter, --lookup N drafts the "
+                           "context's copy alone)")
     if args.tree_min_prob is not None and args.tree is None and m.drafter is not None and not drafting(m).tree:
         # known once loaded (a tuned tree takes the floor): stream said it in its own words, "pass tree=N"
         raise SettingError(f"{cli.FLOOR_WITH_BEAMS} (no tree is tuned for {m.name} on this device)")

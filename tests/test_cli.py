@@ -293,3 +293,18 @@ def test_replay_names_itself_as_its_help_does(tmp_path, capsys):
 
     assert replay.main([str(tmp_path / "none.json")]) == 2
     assert capsys.readouterr().err.startswith("python -m redrafter_mlx.replay: error: results file ")
+
+
+def test_main_cli_refuses_drafter_options_for_a_model_without_a_drafter(tiny_kit, tmp_path, capsys):
+    """--tree, --beam-width, ... on a model with no drafter decoded plainly ("[ar: ..."), the options
+    dropped, saying nothing, where --no-drafter with them is refused while parsing. They are refused once
+    the model is loaded (whether it has a drafter is known then); --lookup N alone drafts the copy."""
+    from redrafter_mlx.__main__ import main
+
+    path = tiny_kit.write_folder(tmp_path / "m", tiny_kit.model(seed=0))
+    for given in (["--tree", "4"], ["--beam-width", "2", "--beam-length", "3"], ["--tree-min-prob", "0.5"]):
+        assert main(["--model", str(path), *given, "--max-tokens", "2", "hi"]) == 2
+        last = capsys.readouterr().err.splitlines()[-1]
+        assert last.startswith(f"python -m redrafter_mlx: error: {given[0]}") and "has no drafter" in last, last
+    assert main(["--model", str(path), "--lookup", "2", "--max-tokens", "2", "hi"]) == 0
+    assert "\n[redrafter: 2 tokens" in capsys.readouterr().err
