@@ -242,12 +242,9 @@ def parse_args(argv=None):
     p.add_argument("--weight-format", default="auto", choices=WEIGHT_FORMATS,
                    help="the format the base model runs in while distilling and evaluating (default: auto, the "
                         "fastest here)")
-    p.add_argument("--batch-size", type=int, default=None,
+    p.add_argument("--batch-size", type=cli.positive, default=None,
                    help="prompts answered together (default: 128 on a CPU, 64 on a GPU)")
-    args = p.parse_args(argv)
-    if args.batch_size is not None and args.batch_size < 1:
-        p.error("--batch-size must be at least 1")
-    return args
+    return p.parse_args(argv)
 
 
 def _held_out(prompts: List[str], groups: List[List[str]], source) -> List[str]:

@@ -409,7 +409,7 @@ def main(argv=None):
                    help="most padded tokens (prompt + --max-tokens) in a batch; long prompts go in smaller batches "
                         "(default: batch size x (max tokens + 128))")
     p.add_argument("--max-tokens", type=cli.positive, default=256, help="longest reply (default: 256)")
-    p.add_argument("--max-prompt-tokens", type=int, default=None, metavar="N",
+    p.add_argument("--max-prompt-tokens", type=cli.positive, default=None, metavar="N",
                    help="skip prompts of more than N tokens (chat template included): on a CPU the few very long "
                         "ones cost more than they teach (default: all that leave --max-tokens in the context)")
     p.add_argument("--weight-format", default="float32", choices=WEIGHT_FORMATS,
@@ -436,8 +436,6 @@ def main(argv=None):
     bad_out = cli.run_folder_error("--out", args.out)
     if bad_out:
         p.error(bad_out)
-    if args.max_prompt_tokens is not None and args.max_prompt_tokens < 1:
-        p.error("--max-prompt-tokens must be at least 1")
     if args.seed is not None and args.temperature == 0.0:  # as the other commands refuse it
         p.error("--seed applies to sampling, and --temperature 0 answers greedily: add --temperature T above 0, "
                 "or drop it")

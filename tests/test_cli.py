@@ -308,3 +308,20 @@ def test_main_cli_refuses_drafter_options_for_a_model_without_a_drafter(tiny_kit
         assert last.startswith(f"python -m redrafter_mlx: error: {given[0]}") and "has no drafter" in last, last
     assert main(["--model", str(path), "--lookup", "2", "--max-tokens", "2", "hi"]) == 0
     assert "\n[redrafter: 2 tokens" in capsys.readouterr().err
+
+
+def test_counts_of_train_and_distill_are_checked_as_the_other_options(capsys):
+    """redrafter-train --batch-size and distill --max-prompt-tokens read "invalid int value: 'x'" and
+    "--batch-size must be at least 1" (no value, no "argument"), where every other count says
+    "argument --FLAG: expected an integer, not 'x'" or "must be at least 1, not 0"."""
+    from redrafter_mlx import autotrain, distill
+
+    for main, argv, said in ((autotrain.main, ["--batch-size", "x"], "argument --batch-size: expected an integer, not 'x'"),
+                             (autotrain.main, ["--batch-size", "0"], "argument --batch-size: must be at least 1, not 0"),
+                             (distill.main, ["--out", "o", "--data", "d", "--max-prompt-tokens", "x"],
+                              "argument --max-prompt-tokens: expected an integer, not 'x'"),
+                             (distill.main, ["--out", "o", "--data", "d", "--max-prompt-tokens", "0"],
+                              "argument --max-prompt-tokens: must be at least 1, not 0")):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert said in capsys.readouterr().err

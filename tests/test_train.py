@@ -165,7 +165,7 @@ def test_distill_cli_rejects_a_non_positive_max_prompt_tokens(tmp_path, capsys):
     data.write_text(json.dumps({"instruction": "hello"}) + "\n")
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path / "o"), "--data", str(data), "--max-prompt-tokens", "0"])
-    assert "--max-prompt-tokens must be at least 1" in capsys.readouterr().err
+    assert "argument --max-prompt-tokens: must be at least 1, not 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # greedy replies use no seed: it was taken, saying nothing
         main(["--out", str(tmp_path / "o"), "--data", str(data), "--seed", "3"])
     assert "--seed applies to sampling" in capsys.readouterr().err
