@@ -54,7 +54,8 @@ FILE = "cost_model.json"
 SIZES = (1, 2, 4, 8, 16, 32, 64)  # token counts timed by calibrate()
 SHAPE_PENALTY = 2.0  # new shapes costing this many times a repeated one turn shape buckets on
 STOP_RATIO = 10.0  # stop timing larger n once n tokens cost this many times one
-BUDGET_SECONDS = 3.0  # calibration stops growing n after about this long
+BUDGET_SECONDS = 3.0  # calibration stops growing n after about this long ...
+MIN_SIZE = 4  # ... but times at least 1, 2 and 4 tokens, and 8 unless 4 cost ~4 times one (see calibrate)
 CONTEXT = 128  # tokens of context the calibration verifies against: a prompt and the start of a reply
 ROUNDS = 3  # timed forwards per size, interleaved
 EMA = 0.1  # weight of one new observation in the online corrections
@@ -242,6 +243,11 @@ class CostModel:
         plain = self.plain_seen >= HEAL_STEPS and self._plain_total / self.plain_seen < HEAL_RATIO * self.plain_measured
         return plain or (self._verified >= HEAL_STEPS and self.load < HEAL_RATIO)
 
+    def cut_short(self) -> bool:
+        """A curve whose timing stopped before MIN_SIZE tokens though they cost less than STOP_RATIO
+        times one: the budget ran out under load (calibrate times them now, whatever the budget)."""
+        return self.sizes[-1] < MIN_SIZE and self.seconds[-1] <= STOP_RATIO * self.seconds[0]
+
     def step_seconds(self, n: int, measured: float) -> float:
         """What verifying n tokens took, for judging a step: the measured time (FixedCosts: the
         curve's, so that a fixed profile alone decides)."""
@@ -381,8 +387,14 @@ def calibrate(model, drafter=None, budget: float = BUDGET_SECONDS,
     spent = 0.0  # steady-state seconds the timed rounds take: what the budget bounds
     for n in SIZES:
         if samples:
-            last = min(samples[-1])
-            if last > STOP_RATIO * min(samples[0]) or spent + ROUNDS * 2 * last > budget:
+            last, first = min(samples[-1]), min(samples[0])
+            # Past the budget, sizes up to 2 x MIN_SIZE are still timed unless MIN_SIZE tokens cost
+            # nearly MIN_SIZE times one (verification linear: larger n tell nothing new). A budget
+            # spent by a burst of load had stopped at 2 tokens, timed 3.6x one in the burst; the
+            # curve on that slope cost 16 tokens 40x one, and every later run on it decoded plainly
+            # (drafting could never pay, so nothing was verified to correct it).
+            needed = sizes[-1] < MIN_SIZE or (sizes[-1] < 2 * MIN_SIZE and last < 0.8 * sizes[-1] * first)
+            if last > STOP_RATIO * first or (spent + ROUNDS * 2 * last > budget and not needed):
                 break  # larger n extrapolate on the last slope
         # The first forward of a new size sets up its kernels, untimed and outside the budget: on
         # MLX's CUDA backend that compiles them (30-100 s for some sizes on a fresh machine, then
@@ -395,7 +407,10 @@ def calibrate(model, drafter=None, budget: float = BUDGET_SECONDS,
         for n, times in zip(sizes, samples):
             times.append(_time_forward(model, cache, CONTEXT, n, vocab))
     plain = time_plain(model, cache, CONTEXT, vocab)
-    costs = CostModel(sizes, [min(t) for t in samples], shape_buckets=buckets, plain=plain)
+    # n tokens in one forward never cost more than n forwards of one (what plain decoding does):
+    # a figure above that is load that hit one size's rounds, and would price its trees out.
+    seconds = [min(min(t), n * min(samples[0])) for n, t in zip(sizes, samples)]
+    costs = CostModel(sizes, seconds, shape_buckets=buckets, plain=plain)
     if drafter is not None:
         costs.draft_level = time_drafter(drafter, model)
     return costs
@@ -575,12 +590,17 @@ def heal_cached(loaded, costs: CostModel) -> bool:
 def cost_model(loaded, progress: Optional[Callable[[str], None]] = None, refresh: bool = False) -> CostModel:
     """The cached curve for this (device, model, weight format, MLX version), else a calibration
     (a few seconds, reported through `progress`) that is then cached; also a calibration when a
-    run marked the cached curve as measured under load (heal_cached)."""
+    run marked the cached curve as measured under load (heal_cached), or its timing was cut short
+    (CostModel.cut_short; once, as heal_cached's)."""
     cached = None if refresh else read_cached(loaded)
     costs = cached
-    if cached is None or cached.stale:
+    short = cached is not None and not cached.stale and not cached.healed and cached.cut_short()
+    if cached is None or cached.stale or short:
         if cached is not None and progress:
-            progress("the cached cost curve was measured while this machine was busier than it is now: measuring again")
+            progress("the cached cost curve " + ("stopped at " + " and ".join(str(int(n)) for n in cached.sizes)
+                                                 + " tokens (measured under load)" if short else
+                                                 "was measured while this machine was busier than it is now")
+                     + ": measuring again")
         costs = calibrate(loaded.model, loaded.drafter, progress=progress, cached=can_cache(loaded))
         costs.healed = cached is not None
         write_cached(loaded, costs)

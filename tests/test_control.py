@@ -563,6 +563,48 @@ def test_calibration_measures_a_rising_curve(tiny_loaded):
     assert np.all(np.diff(c.seconds) >= 0) and c.seconds[0] > 0
 
 
+@pytest.mark.parametrize("machine, sizes", [
+    ("slow", [1, 2, 4, 8]),  # 0.55 s a token: the budget ran out after 1 token, which alone is no curve
+    ("burst", [1, 2, 4, 8]),  # ... and a burst of load in the rounds of 2 tokens
+    ("linear", [1, 2, 4]),  # n tokens cost n times one: larger n tell nothing new
+])
+def test_calibration_times_enough_sizes_whatever_the_budget(tiny_loaded, monkeypatch, machine, sizes):
+    """A calibration whose budget a slow machine or a burst of load spent had stopped after 1 or 2
+    tokens; on a 2-token curve timed 3.6x one, 16 tokens cost 40x one, and every later run on the
+    cached curve decoded plainly (drafting could never pay, so nothing corrected it)."""
+    def timed(model, cache, start, n, vocab):
+        if machine == "linear":
+            return 0.5 * n
+        return 2.0 if machine == "burst" and n == 2 else 0.5 + 0.05 * n
+
+    monkeypatch.setattr(costs, "_time_forward", timed)
+    c = costs.calibrate(tiny_loaded.model)
+    assert c.sizes.astype(int).tolist() == sizes
+    assert np.all(c.seconds <= c.sizes * c.seconds[0] + 1e-12)  # never more than n plain forwards
+    if machine != "linear":
+        assert c.ratio(16) < 3.5  # (the flat machine's 16 tokens cost 2.4x one)
+
+
+def test_a_cached_curve_cut_short_is_measured_again_once(tiny_loaded, monkeypatch):
+    """A curve cached by the code before (sizes 1 and 2 only, 2 tokens 3.6x one under load) is
+    measured again at the next load, and not again after that."""
+    m = tiny_loaded
+    costs.cost_model(m)
+    data = json.loads((m.path / costs.FILE).read_text())
+    data[costs.cache_key(m)].update(sizes=[1, 2], seconds=[0.05, 0.18])
+    (m.path / costs.FILE).write_text(json.dumps(data))
+    calls, said = [], []
+    real = costs.calibrate
+    monkeypatch.setattr(costs, "calibrate", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    again = costs.cost_model(m, said.append)
+    assert calls == [1] and again.healed and len(again.sizes) >= 3 and "stopped at 1 and 2 tokens" in said[0]
+    assert costs.cost_model(m).source.startswith("cached") and calls == [1]
+    data = json.loads((m.path / costs.FILE).read_text())
+    data[costs.cache_key(m)].update(sizes=[1, 2], seconds=[0.05, 0.18])  # cut short again, after a heal: kept
+    (m.path / costs.FILE).write_text(json.dumps(data))
+    assert costs.cost_model(m).sizes.tolist() == [1, 2] and calls == [1]
+
+
 def test_cost_cache_round_trip_and_invalidation(tiny_loaded, monkeypatch):
     m = tiny_loaded
     calls = []
