@@ -491,6 +491,12 @@ def parse_args(argv=None):
                    "Ctrl-C, SIGTERM or a time limit keeps the questions it finished; \"complete\" says whether all ran)")
     args = p.parse_args(argv)
     args.modes = list(dict.fromkeys(m.strip() for m in args.modes.split(",") if m.strip()))  # each once
+    # the report is written before the first question: --json q.jsonl --prompts q.jsonl replaced the prompts with it
+    outputs = [(flag, path) for flag, path in (("--json", args.json), ("--plot", args.plot)) if path is not None]
+    for i, (flag, path) in enumerate(outputs):
+        for other, taken in [("--prompts", args.prompts), *outputs[:i]]:
+            if path.resolve() == taken.expanduser().resolve():
+                p.error(f"{flag} {path} is the file {other} names: {flag} would overwrite it; give another path")
     if args.tune and args.temperature > 0:  # it was set to 0, saying nothing
         p.error("--tune measures greedy decoding (the fastest lossless shape): drop --temperature")
     greedy = cli.sampling_error(args.temperature, args.top_p, args.seed)

@@ -573,6 +573,22 @@ def test_bad_input_is_reported(model_dir, tmp_path, capsys):
         bench.parse_args(["--prompts", "x", "--modes", "fast"])
 
 
+def test_an_output_path_that_is_the_prompt_file_is_refused(model_dir, prompts, tmp_path, capsys):
+    """--json is written before the first question: --json q.jsonl --prompts q.jsonl replaced the user's
+    prompt file with the report; --plot the same, and --json and --plot one file wrote one over the other."""
+    before = prompts.read_text()
+    for argv, said in ((["--json", prompts], f"--json {prompts} is the file --prompts names"),
+                       (["--json", tmp_path / "." / prompts.name], "is the file --prompts names"),
+                       (["--modes", "ar,redrafter", "--grid", "--plot", prompts], "--plot"),
+                       (["--modes", "ar,redrafter", "--grid", "--json", tmp_path / "o", "--plot", tmp_path / "o"],
+                        "is the file --json names")):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--model", str(model_dir), "--prompts", str(prompts), *map(str, argv)])
+        assert said in capsys.readouterr().err
+    assert prompts.read_text() == before
+    assert bench.parse_args(["--prompts", str(prompts), "--json", str(tmp_path / "b.json")]).json == tmp_path / "b.json"
+
+
 def test_tune_prefers_plain_decoding_when_it_is_faster():
     shape = {"beam_width": 2, "beam_length": 3, "tokens_per_second": 10.0}
     assert bench.tuned_default({"ar": {"tokens_per_second": 9.0}, "redrafter@2x3": shape}, shape) == (2, 3, False)
