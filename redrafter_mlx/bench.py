@@ -454,9 +454,9 @@ def parse_args(argv=None):
     p.add_argument("--beam-length", type=cli.positive, default=None, metavar="L",
                    help="tokens per beam, counting the base model's own (default: tuned, else 4)")
     p.add_argument("--grid", action="store_true", help="run redrafter for every shape in --widths x --lengths")
-    p.add_argument("--widths", type=lambda t: parse_shapes(t, "--widths"), default=[1, 2, 4, 8], metavar="W[,W...]",
+    p.add_argument("--widths", type=lambda t: parse_shapes(t, "--widths"), default=None, metavar="W[,W...]",
                    help="beam widths --grid runs (default: 1,2,4,8)")
-    p.add_argument("--lengths", type=lambda t: parse_shapes(t, "--lengths"), default=[3, 4, 5], metavar="L[,L...]",
+    p.add_argument("--lengths", type=lambda t: parse_shapes(t, "--lengths"), default=None, metavar="L[,L...]",
                    help="beam lengths --grid runs (default: 3,4,5)")
     p.add_argument("--lookup", type=lambda t: parse_shapes(t, "--lookup", minimum=0), default=None,
                    help="tokens of the context-lookup beam added to the drafter's (0 = none); a comma-separated "
@@ -510,6 +510,12 @@ def parse_args(argv=None):
         args.temperature = 0.0
         if args.limit is None:
             args.limit = 6
+    unused = [flag for flag, value in (("--widths", args.widths), ("--lengths", args.lengths)) if value is not None]
+    if unused and not args.grid:  # they were ignored, saying nothing
+        p.error(f"{' and '.join(unused)} shape{'' if len(unused) > 1 else 's'} the grid, and --grid is not given: add "
+                "--grid, or give one shape with --beam-width W --beam-length L")
+    args.widths = args.widths or [1, 2, 4, 8]
+    args.lengths = args.lengths or [3, 4, 5]
     bad = [m for m in args.modes if m not in MODES]
     if bad or not args.modes:
         p.error(f"unknown mode(s) {', '.join(bad) or '(none)'}; choose from {', '.join(MODES)}")

@@ -589,6 +589,21 @@ def test_an_output_path_that_is_the_prompt_file_is_refused(model_dir, prompts, t
     assert bench.parse_args(["--prompts", str(prompts), "--json", str(tmp_path / "b.json")]).json == tmp_path / "b.json"
 
 
+def test_grid_shapes_without_the_grid_are_refused(capsys):
+    """--widths and --lengths without --grid ran one shape (the tuned or default one, or the adaptive
+    controller), ignoring them, saying nothing."""
+    for argv, said in ((["--widths", "1,2"], "--widths shapes the grid, and --grid is not given"),
+                       (["--modes", "ar,redrafter", "--lengths", "3"], "--lengths shapes the grid"),
+                       (["--modes", "ar,redrafter", "--widths", "1", "--lengths", "3"], "--widths and --lengths shape")):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--prompts", "x", *argv])
+        assert said in capsys.readouterr().err
+    args = bench.parse_args(["--prompts", "x", "--modes", "ar,redrafter", "--grid", "--widths", "1,2"])
+    assert (args.widths, args.lengths) == ([1, 2], [3, 4, 5])
+    args = bench.parse_args(["--prompts", "x", "--tune", "--lengths", "2"])
+    assert (args.widths, args.lengths) == ([1, 2, 4, 8], [2])
+
+
 def test_tune_prefers_plain_decoding_when_it_is_faster():
     shape = {"beam_width": 2, "beam_length": 3, "tokens_per_second": 10.0}
     assert bench.tuned_default({"ar": {"tokens_per_second": 9.0}, "redrafter@2x3": shape}, shape) == (2, 3, False)
