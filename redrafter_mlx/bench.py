@@ -514,6 +514,11 @@ def parse_args(argv=None):
     if unused and not args.grid:  # they were ignored, saying nothing
         p.error(f"{' and '.join(unused)} shape{'' if len(unused) > 1 else 's'} the grid, and --grid is not given: add "
                 "--grid, or give one shape with --beam-width W --beam-length L")
+    single = [flag for flag, value in (("--beam-width", args.beam_width), ("--beam-length", args.beam_length))
+              if value is not None]
+    if single and args.grid:  # the grid ran --widths x --lengths, ignoring them, saying nothing
+        p.error(f"{'--tune runs the grid, ' if args.tune else '--grid runs '}every shape in --widths x --lengths, so "
+                f"{' and '.join(single)} would be ignored: give --widths W[,W...] and --lengths L[,L...] instead")
     args.widths = args.widths or [1, 2, 4, 8]
     args.lengths = args.lengths or [3, 4, 5]
     bad = [m for m in args.modes if m not in MODES]

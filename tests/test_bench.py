@@ -604,6 +604,20 @@ def test_grid_shapes_without_the_grid_are_refused(capsys):
     assert (args.widths, args.lengths) == ([1, 2, 4, 8], [2])
 
 
+def test_a_single_shape_with_the_grid_is_refused(capsys):
+    """--grid (and --tune, which runs it) ran every shape in --widths x --lengths and ignored --beam-width
+    and --beam-length, saying nothing; the check of drafts over the limit looked at them instead of the grid's
+    shapes, so --grid --widths 2000 --beam-width 1 failed only after the model had loaded."""
+    for argv, said in ((["--grid", "--beam-width", "3"], "--grid runs every shape in --widths x --lengths, so "
+                                                         "--beam-width would be ignored"),
+                       (["--grid", "--widths", "2000", "--lengths", "3", "--beam-width", "1"], "--beam-width would be"),
+                       (["--tune", "--beam-length", "5"], "--tune runs the grid, every shape"),
+                       (["--grid", "--beam-width", "2", "--beam-length", "3"], "--beam-width and --beam-length")):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--prompts", "x", "--modes", "ar,redrafter", *argv])
+        assert said in capsys.readouterr().err
+
+
 def test_tune_prefers_plain_decoding_when_it_is_faster():
     shape = {"beam_width": 2, "beam_length": 3, "tokens_per_second": 10.0}
     assert bench.tuned_default({"ar": {"tokens_per_second": 9.0}, "redrafter@2x3": shape}, shape) == (2, 3, False)
