@@ -541,11 +541,6 @@ def parse_args(argv=None):
     if args.plot and not (args.fixed and "redrafter" in args.modes):
         p.error("--plot draws fixed drafting shapes against each other: add --grid (or --beam-width, --beam-length, "
                 "--tree) and --modes ...,redrafter")
-    if args.plot:
-        try:  # (plot() imports it after the whole run: a grid of an hour ran for nothing)
-            import matplotlib  # noqa: F401
-        except ImportError:
-            p.error("--plot needs matplotlib: pip install 'redrafter-mlx[bench]'")
     for w in ([args.beam_width] if args.beam_width is not None else args.widths if args.grid else [None]):
         for length in ([args.beam_length] if args.beam_length is not None else args.lengths if args.grid else [None]):
             too_big = cli.draft_size_error(w, length, max(args.tree or [0]) or None, max(args.lookup or [0]) or None)
@@ -554,9 +549,9 @@ def parse_args(argv=None):
     bad_drafter = cli.drafter_error(args.drafter, args.no_drafter)
     if bad_drafter:
         p.error(bad_drafter)
-    if args.drafter is not None and not {"auto", "redrafter"} & set(args.modes):  # it was dropped, saying nothing
-        p.error(f"--modes {','.join(args.modes)} decodes plainly and uses no drafter: drop --drafter, or add auto "
-                "or redrafter to --modes")
+    if args.drafter is not None and not {"auto", "redrafter"} & set(args.modes):  # it was not even loaded
+        p.error(f"--modes {','.join(args.modes)} decodes plainly and drafts nothing: drop --drafter, or add auto or "
+                "redrafter to --modes")
     if args.grid and "redrafter" not in args.modes:
         p.error("--grid runs fixed drafting shapes, in --modes ...,redrafter: add that mode")
     if args.fixed and not args.grid and "redrafter" not in args.modes:  # they were ignored, saying nothing
@@ -584,7 +579,7 @@ def _bench(args) -> int:
         prompts = read_prompts(args.prompts, args.limit, args.turns)
         progress = lambda s: print(s, file=sys.stderr)  # noqa: E731
         loaded = load(args.model, drafter=args.drafter, weight_format=args.weight_format,
-                      use_drafter=not args.no_drafter and args.modes != ["ar"], progress=progress)
+                      use_drafter=not args.no_drafter and bool({"auto", "redrafter"} & set(args.modes)), progress=progress)
         if "redrafter" in args.modes and loaded.drafter is None:
             what = "--tune" if args.tune else "--modes redrafter"
             raise RedrafterError(f"{what} needs a drafter and none was found for {loaded.name}: pass --drafter PATH"

@@ -618,6 +618,20 @@ def test_a_single_shape_with_the_grid_is_refused(capsys):
         assert said in capsys.readouterr().err
 
 
+def test_a_drafter_for_modes_that_draft_nothing_is_refused(model_dir, prompts, capsys):
+    """--drafter with --modes ar was not even loaded (the report said "drafter": null), saying nothing; with
+    --modes ar,mlx-lm it was loaded and used by nothing, and the report named it."""
+    drafter = str(model_dir / "drafter")
+    for modes in ("ar", "ar,mlx-lm", "mlx-lm"):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--prompts", "x", "--modes", modes, "--drafter", drafter])
+        assert f"--modes {modes} decodes plainly and drafts nothing: drop --drafter" in capsys.readouterr().err
+    assert bench.parse_args(["--prompts", "x", "--modes", "ar,auto", "--drafter", drafter]).drafter == drafter
+    rc, _, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 1, "--max-tokens", 4,
+                     "--modes", "ar,mlx-lm")
+    assert rc == 0 and "drafter None" in err and "loading drafter" not in err
+
+
 def test_tune_prefers_plain_decoding_when_it_is_faster():
     shape = {"beam_width": 2, "beam_length": 3, "tokens_per_second": 10.0}
     assert bench.tuned_default({"ar": {"tokens_per_second": 9.0}, "redrafter@2x3": shape}, shape) == (2, 3, False)

@@ -136,7 +136,7 @@ def test_bench_refuses_bad_options_before_loading(tmp_path, capsys, monkeypatch)
                        (["--seed", "3"], "--seed applies to sampling"),
                        (["--tune", "--temperature", "0.7"], "--tune measures greedy decoding"),
                        # the drafter was dropped, saying nothing (load() now refuses a drafter with use_drafter=False)
-                       (["--drafter", str(drafter)], "--modes ar decodes plainly and uses no drafter"),
+                       (["--drafter", str(drafter)], "--modes ar decodes plainly and drafts nothing"),
                        (["--drafter", str(drafter), "--modes", "ar,mlx-lm"], "drop --drafter, or add auto")):
         with pytest.raises(SystemExit):
             bench.main(["--prompts", str(prompts), *argv])
