@@ -584,6 +584,12 @@ def _bench(args) -> int:
             what = "--tune" if args.tune else "--modes redrafter"
             raise RedrafterError(f"{what} needs a drafter and none was found for {loaded.name}: pass --drafter PATH"
                                  + ("" if args.tune else ", or use --modes auto, which drafts from the context alone"))
+        for q in prompts:  # one past the context ended the run there, the questions before it left unreported
+            n = len(loaded.tokenizer.prompt_ids(q["prompt"]))
+            if n >= loaded.context_length:
+                raise RedrafterError(f"question {q['question_id']!r} of {args.prompts} has a first turn of {n} tokens, "
+                                     f"and {loaded.name} has a context of {loaded.context_length}: shorten it or leave "
+                                     "it out")
     except RedrafterError as e:
         print(f"redrafter-bench: error: {e}", file=sys.stderr)
         return 2
@@ -694,7 +700,7 @@ def _bench(args) -> int:
             return stop.status
         print(f"redrafter-bench: {stop.why} after {done} of {len(prompts)} questions; reporting those",
               file=sys.stderr)
-    except RedrafterError as e:  # e.g. a first turn longer than the model's context
+    except RedrafterError as e:
         print(f"redrafter-bench: error: {e}", file=sys.stderr)
         return 2
     finally:

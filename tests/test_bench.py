@@ -632,6 +632,18 @@ def test_a_drafter_for_modes_that_draft_nothing_is_refused(model_dir, prompts, c
     assert rc == 0 and "drafter None" in err and "loading drafter" not in err
 
 
+def test_a_first_turn_past_the_context_is_refused_before_the_run(model_dir, tmp_path, capsys):
+    """A first turn longer than the model's context ended the run when its question came up, after the
+    questions before it had run, with no table and an error that did not say which question."""
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps(q) + "\n" for q in [QUESTIONS[1], {"question_id": "long", "turns": ["a " * 1100]},
+                                                          QUESTIONS[2]]))
+    rc, text, err = run(capsys, "--model", model_dir, "--prompts", path, "--max-tokens", 4, "--modes", "ar")
+    assert rc == 2 and text == ""
+    assert f"question 'long' of {path} has a first turn of" in err and "has a context of 1024" in err
+    assert "q82" not in err  # nothing ran
+
+
 def test_tune_prefers_plain_decoding_when_it_is_faster():
     shape = {"beam_width": 2, "beam_length": 3, "tokens_per_second": 10.0}
     assert bench.tuned_default({"ar": {"tokens_per_second": 9.0}, "redrafter@2x3": shape}, shape) == (2, 3, False)
