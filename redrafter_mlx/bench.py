@@ -709,6 +709,8 @@ def _bench(args) -> int:
     interrupted = done < len(prompts)
     summary = summarize(results, names, args.temperature == 0.0)
     categories = per_category(results, names)
+    if args.json:  # first: a --plot or --tune that fails below left it "complete": false, short of the last question
+        write_report(args.json, loaded, args, results, names, not interrupted, summary, categories)
     print_table(results, summary, names)
     print()
     print_categories(categories, names)
@@ -750,8 +752,6 @@ def _bench(args) -> int:
         else:
             print(f"fastest shape W={best['beam_width']} L={best['beam_length']}" + (f" tree {tree}" if tree else "") + " "
                   f"({best.get('speedup', 0):.2f}x over ar) stored in {path}")
-    if args.json:
-        write_report(args.json, loaded, args, results, names, not interrupted, summary, categories)
     return stop.status if interrupted else 0
 
 

@@ -644,6 +644,29 @@ def test_a_first_turn_past_the_context_is_refused_before_the_run(model_dir, tmp_
     assert "q82" not in err  # nothing ran
 
 
+def test_the_report_is_complete_when_the_plot_or_the_tune_fails(model_dir, prompts, tmp_path, capsys, monkeypatch):
+    """The final --json report was written last: a --plot that failed (no matplotlib) or a --tune that found
+    no lossless shape returned first, leaving the report of all but the last question, "complete": false."""
+    out = tmp_path / "b.json"
+
+    def no_matplotlib(*a):
+        raise RedrafterError("--plot needs matplotlib: pip install 'redrafter-mlx[bench]'")
+
+    monkeypatch.setattr(bench, "plot", no_matplotlib)
+    rc, _, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 4, "--modes", "ar,redrafter",
+                     "--beam-width", 2, "--plot", tmp_path / "p.png", "--json", out)
+    assert rc == 2 and "--plot needs matplotlib" in err
+    report = json.loads(out.read_text())
+    assert report["complete"] is True and len(report["results"]) == 2 * len(QUESTIONS)
+    monkeypatch.setattr(bench, "best_shape", lambda summary: None)
+    out.unlink()
+    rc, _, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 4, "--tune",
+                     "--widths", 1, "--lengths", 2, "--lookup", 0, "--json", out)
+    assert rc == 1 and "nothing stored" in err
+    report = json.loads(out.read_text())
+    assert report["complete"] is True and len(report["results"]) == 2 * len(QUESTIONS)
+
+
 def test_tune_prefers_plain_decoding_when_it_is_faster():
     shape = {"beam_width": 2, "beam_length": 3, "tokens_per_second": 10.0}
     assert bench.tuned_default({"ar": {"tokens_per_second": 9.0}, "redrafter@2x3": shape}, shape) == (2, 3, False)
