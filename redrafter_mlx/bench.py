@@ -29,6 +29,7 @@ plainly on this machine.
 """
 
 import argparse
+import importlib.util
 import json
 import signal
 import sys
@@ -541,6 +542,8 @@ def parse_args(argv=None):
     if args.plot and not (args.fixed and "redrafter" in args.modes):
         p.error("--plot draws fixed drafting shapes against each other: add --grid (or --beam-width, --beam-length, "
                 "--tree) and --modes ...,redrafter")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:  # it was said after the whole run
+        p.error("--plot needs matplotlib: pip install 'redrafter-mlx[bench]'")
     for w in ([args.beam_width] if args.beam_width is not None else args.widths if args.grid else [None]):
         for length in ([args.beam_length] if args.beam_length is not None else args.lengths if args.grid else [None]):
             too_big = cli.draft_size_error(w, length, max(args.tree or [0]) or None, max(args.lookup or [0]) or None)

@@ -667,6 +667,18 @@ def test_the_report_is_complete_when_the_plot_or_the_tune_fails(model_dir, promp
     assert report["complete"] is True and len(report["results"]) == 2 * len(QUESTIONS)
 
 
+def test_a_plot_without_matplotlib_is_refused_while_parsing(capsys, monkeypatch):
+    """--plot without matplotlib was refused after the whole run, when the plot was drawn."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--prompts", "x", "--modes", "ar,redrafter", "--grid", "--plot", "p.png"])
+    assert "--plot needs matplotlib: pip install 'redrafter-mlx[bench]'" in capsys.readouterr().err
+    assert bench.parse_args(["--prompts", "x", "--modes", "ar,redrafter", "--grid"]).plot is None
+
+
 def test_tune_prefers_plain_decoding_when_it_is_faster():
     shape = {"beam_width": 2, "beam_length": 3, "tokens_per_second": 10.0}
     assert bench.tuned_default({"ar": {"tokens_per_second": 9.0}, "redrafter@2x3": shape}, shape) == (2, 3, False)
