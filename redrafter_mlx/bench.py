@@ -195,6 +195,7 @@ def run_one(loaded, prompt: str, mode: str, args, shape=None, graph=(None, True)
         "drafted_tokens": s.drafted_tokens,
         "packed_tokens": s.packed_tokens,
         "accepted_tokens": s.accepted_tokens,
+        "draft_depth": s.draft_depth,  # draft positions offered, what acceptance_rate divides by
         "looked_up_tokens": s.looked_up_tokens,
         **({"graph": graph[0], "context_graph": graph[1], "aliases": s.aliases, "grafted_tokens": s.grafted_tokens,
             "graft_accepted_tokens": s.graft_accepted_tokens} if graph[0] is not None else {}),
@@ -260,7 +261,10 @@ def summarize(results: List[Dict], modes: List[str], greedy: bool) -> Dict[str, 
             parked = sum(r.get("parked_steps", 0) for r in rows)  # a parked (plain) step verifies 1 token
             summary[mode]["packed_tokens_per_step"] = (sum(r["packed_tokens"] for r in rows) + parked) / steps if steps else 0
             summary[mode]["drafted_tokens_per_step"] = drafted / steps if steps else 0
-            summary[mode]["acceptance_rate"] = mean(r["acceptance_rate"] for r in rows) if rows else 0.0
+            # pooled as the rest: a mean of the rows' rates weighed a 2-step reply, or one the controller decoded
+            # plainly throughout (0 of 0 offered read 0.0), as much as a 200-step one
+            offered = sum(r["draft_depth"] for r in rows)
+            summary[mode]["acceptance_rate"] = sum(r["accepted_tokens"] for r in rows) / offered if offered else 0.0
             summary[mode]["looked_up_tokens_per_step"] = (
                 sum(r.get("looked_up_tokens", 0) for r in rows) / steps if steps else 0)
             if first.get("graph") is not None:

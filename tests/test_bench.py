@@ -679,6 +679,20 @@ def test_a_plot_without_matplotlib_is_refused_while_parsing(capsys, monkeypatch)
     assert bench.parse_args(["--prompts", "x", "--modes", "ar,redrafter", "--grid"]).plot is None
 
 
+def test_the_summary_pools_the_acceptance_rate():
+    """The summary's acceptance rate was the mean of the replies' rates, where its other figures pool the
+    replies: a reply the controller decoded plainly throughout (0 of 0 drafts offered, rate 0.0) halved it."""
+    def row(qid, steps, accepted, offered):
+        return {"question_id": qid, "category": "", "mode": "auto", "new_tokens": steps + accepted + 1, "steps": steps,
+                "decode_seconds": 1.0, "tokens_per_second": 1.0, "peak_memory_mb": 0.0, "drafted_tokens": offered,
+                "packed_tokens": offered + steps, "accepted_tokens": accepted, "draft_depth": offered,
+                "acceptance_rate": accepted / offered if offered else 0.0, "parked_steps": 0, "controller": {}}
+
+    rows = [row(1, 4, 0, 0), row(2, 10, 6, 30), row(3, 2, 2, 2)]
+    assert bench.summarize(rows, ["auto"], greedy=False)["auto"]["acceptance_rate"] == pytest.approx(8 / 32)
+    assert bench.summarize(rows[:1], ["auto"], greedy=False)["auto"]["acceptance_rate"] == 0.0
+
+
 def test_tune_prefers_plain_decoding_when_it_is_faster():
     shape = {"beam_width": 2, "beam_length": 3, "tokens_per_second": 10.0}
     assert bench.tuned_default({"ar": {"tokens_per_second": 9.0}, "redrafter@2x3": shape}, shape) == (2, 3, False)
