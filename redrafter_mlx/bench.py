@@ -408,7 +408,9 @@ def parse_shapes(text: str, what: str, minimum: int = 1) -> List[int]:
     if not values or min(values) < minimum:
         kind = "positive integers" if minimum == 1 else f"integers >= {minimum}"
         raise argparse.ArgumentTypeError(f"{what} must be a comma-separated list of {kind}, not {text!r}")
-    return values
+    # each once: a value given twice ran two variants of one name, whose rows merged and whose --turns
+    # conversations took both variants' replies (turn 2 then read as not identical to ar)
+    return list(dict.fromkeys(values))
 
 
 def parse_probs(text: str, what: str) -> List[float]:
@@ -418,7 +420,7 @@ def parse_probs(text: str, what: str) -> List[float]:
         values = []
     if not values or not all(0.0 < v <= 1.0 for v in values):
         raise argparse.ArgumentTypeError(f"{what} must be a comma-separated list of numbers in (0, 1], not {text!r}")
-    return values
+    return list(dict.fromkeys(values))  # each once, as parse_shapes
 
 
 FLOOR_WITH_BEAMS = "--tree-min-prob is a dynamic tree's floor, and these options draft W x L beams: add --tree N " \

@@ -297,7 +297,7 @@ def parse_graph(text: str) -> List[Tuple[Optional[int], bool]]:
         out.append((k, not alone))
     if not out:
         raise argparse.ArgumentTypeError(f"no k-gram length in {text!r}: give e.g. 1, gsd1 or none")
-    return out
+    return list(dict.fromkeys(out))  # each once ('none' and 'tree' are one): a list runs a variant per value
 
 
 def graph_name(spec: Tuple[Optional[int], bool]) -> str:

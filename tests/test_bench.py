@@ -693,6 +693,25 @@ def test_the_summary_pools_the_acceptance_rate():
     assert bench.summarize(rows[:1], ["auto"], greedy=False)["auto"]["acceptance_rate"] == 0.0
 
 
+def test_a_value_given_twice_runs_once(model_dir, prompts, tmp_path, capsys):
+    """--lookup 8,8 (or a width, tree, floor or graph given twice) ran two variants of one name: their rows
+    merged in the summary, and with --turns each one's conversation took both variants' replies, so turn 2
+    of a lossless run read identical_to_ar False."""
+    args = bench.parse_args(["--prompts", "x", "--modes", "ar,redrafter", "--grid", "--widths", "2,1,2", "--lengths",
+                             "3,3", "--lookup", "8,0,8", "--tree", "4,4", "--tree-min-prob", "0.2,0.2", "--graph",
+                             "1,none,tree,1"])
+    assert (args.widths, args.lengths, args.lookup, args.tree, args.tree_min_prob) == ([2, 1], [3], [8, 0], [4], [0.2])
+    assert args.graph == [(1, True), (None, True)]
+    out = tmp_path / "d.json"
+    rc, text, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 1, "--max-tokens", 6, "--turns", 2,
+                      "--modes", "ar,redrafter", "--lookup", "8,8", "--tree", 4, "--json", out)
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert [(r["mode"], r["turn"]) for r in report["results"]] == [("ar", 1), ("redrafter", 1), ("ar", 2),
+                                                                   ("redrafter", 2)]
+    assert report["summary"]["redrafter"]["identical_to_ar"] is True
+
+
 def test_tune_prefers_plain_decoding_when_it_is_faster():
     shape = {"beam_width": 2, "beam_length": 3, "tokens_per_second": 10.0}
     assert bench.tuned_default({"ar": {"tokens_per_second": 9.0}, "redrafter@2x3": shape}, shape) == (2, 3, False)
