@@ -340,7 +340,7 @@ def main(argv=None) -> int:
     p.add_argument("--ceiling-every", action="store_true",
                    help="with --context-ceiling: copy from any earlier occurrence of a node's last 2 tokens, not "
                         "only from the one a context graft copies (the bound for branching into every continuation)")
-    p.add_argument("--auto", type=lambda t: [x.strip() for x in t.split(",") if x.strip()], default=None,
+    p.add_argument("--auto", type=lambda t: list(dict.fromkeys(x.strip() for x in t.split(",") if x.strip())), default=None,
                    metavar="PROFILE[,PROFILE...]",
                    help="replay the adaptive controller (mode auto) instead of fixed shapes, on a fixed cost "
                         f"profile: {', '.join(PROFILES)} (measured; see replay.PROFILES) or cached (this machine's "
@@ -358,7 +358,9 @@ def main(argv=None) -> int:
     args.shapes = args.shapes or parse_shapes("1x3,4x3")
     args.lookup = args.lookup if args.lookup is not None else [0]
     args.tree = args.tree if args.tree is not None else [0]
-    graphs = [(k, c and not args.no_context_graph) for k, c in args.graph]
+    # each once (--graph 1,gsd1 --no-context-graph names gsd1 twice): configs that were listed twice replayed
+    # twice, and --auto's twice on one controller, which then learned from each question twice
+    graphs = list(dict.fromkeys((k, c and not args.no_context_graph) for k, c in args.graph))
     if any(k is not None for k, _ in graphs) and not all(args.tree) and not args.auto:
         p.error("--graph needs --tree N (N > 0): a graph is drafted as a dynamic tree")
     if args.auto and any(args.context_ceiling):

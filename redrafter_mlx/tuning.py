@@ -53,7 +53,7 @@ def parse_shapes(text: str) -> List[Tuple[int, int]]:
         shapes.append((w, n))
     if not shapes:
         raise argparse.ArgumentTypeError(f"no beam shape in {text!r}: give WxL, e.g. 4x3")
-    return shapes
+    return list(dict.fromkeys(shapes))  # each once: a list runs (or evaluates) each shape
 
 
 def model_folder(path: Path) -> Path:

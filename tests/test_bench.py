@@ -347,6 +347,24 @@ def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path
     assert "first 1 of" in captured.err and any(line.startswith("2x3") for line in captured.out.splitlines())
 
 
+def test_replay_runs_a_config_given_twice_once(model_dir, prompts, tmp_path, capsys):
+    """--shapes 2x3,2x3 (or --graph 1,gsd1 --no-context-graph, two names of gsd1) replayed the config twice
+    and printed it twice; --auto mkl,mkl replayed both on one controller, which learned from each question
+    twice, so its figures differed from --auto mkl's."""
+    from redrafter_mlx import replay
+
+    out = tmp_path / "r.json"
+    assert run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 16, "--json", out)[0] == 0
+
+    def table(*argv):
+        assert replay.main([str(out), *argv]) == 0
+        return [line.split() for line in capsys.readouterr().out.splitlines()  # the main table's rows
+                if line.split()[:1] in (["2x3"], ["mkl"]) and len(line.split()) >= 10]
+
+    assert len(table("--shapes", "2x3,2x3", "--tree", "3", "--graph", "1,gsd1", "--no-context-graph")) == 1
+    assert table("--auto", "mkl,mkl") == table("--auto", "mkl")
+
+
 def test_replay_takes_a_reply_that_ended_at_its_first_token(model_dir, prompts, tmp_path, capsys):
     # the bench writes "tokens": [] for a reply whose first token was the end of turn; replay refused the whole
     # file ("has no 'tokens' list, or an empty one")
