@@ -370,6 +370,10 @@ def main(argv=None) -> int:
     # options that were ignored, saying nothing (and drafts no decoding would run: --shapes 99999x99999 ran on)
     if args.auto is not None and not args.auto:
         p.error(f"--auto takes one or more profiles: {', '.join(PROFILES)} or cached")
+    if args.no_lookup_growth and (args.auto or not any(args.lookup)):  # it was ignored, saying nothing
+        p.error("--no-lookup-growth keeps fixed drafting's copy at --lookup N tokens: " + (
+            "--auto replays the controller, which sizes its own copies; drop it" if args.auto
+            else "add --lookup N (N > 0), or drop it"))
     if args.ceiling_every and not any(args.context_ceiling):
         p.error("--ceiling-every applies to --context-ceiling N: add it, or drop --ceiling-every")
     bad_graph = cli.context_graph_error(args.no_context_graph, any(k is not None for k, _ in args.graph))

@@ -283,7 +283,11 @@ def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path
                       (["--auto", "mkl", "--lookup", "8", "--tree", "16"], "--lookup, --tree shape fixed drafting"),
                       (["--ceiling-every"], "--ceiling-every applies to --context-ceiling"),
                       (["--no-context-graph"], "--no-context-graph applies to graph drafting"),
-                      (["--tree-min-prob", "0.1"], "--tree-min-prob is a dynamic tree's floor")):
+                      (["--tree-min-prob", "0.1"], "--tree-min-prob is a dynamic tree's floor"),
+                      (["--no-lookup-growth"], "--no-lookup-growth keeps fixed drafting's copy at --lookup N tokens: "
+                                               "add --lookup N"),
+                      (["--lookup", "0", "--no-lookup-growth"], "add --lookup N (N > 0)"),
+                      (["--auto", "mkl", "--no-lookup-growth"], "--auto replays the controller, which sizes its own")):
         with pytest.raises(SystemExit):
             replay.main([str(out), *bad])
         assert said in capsys.readouterr().err
