@@ -367,6 +367,9 @@ def main(argv=None) -> int:
         p.error("--context-ceiling bounds fixed drafting; it does not apply to --auto")
     if args.no_drafter and not args.auto:
         p.error("--no-drafter replays the adaptive controller: add --auto PROFILE")
+    bad_drafter = cli.drafter_error(args.drafter, args.no_drafter)  # (a missing folder was said after the model loaded)
+    if bad_drafter:
+        p.error(bad_drafter)
     # options that were ignored, saying nothing (and drafts no decoding would run: --shapes 99999x99999 ran on)
     if args.auto is not None and not args.auto:
         p.error(f"--auto takes one or more profiles: {', '.join(PROFILES)} or cached")
@@ -438,7 +441,10 @@ def _run(args, graphs) -> int:
     named = report.get("model")
     if not args.model and not (isinstance(named, str) and named.strip()):  # it loaded the default model, saying nothing
         raise RedrafterError(f"{args.results} names no model: pass --model, the one its outputs came from")
-    loaded = load(args.model or named, drafter=args.drafter, weight_format=fmt if fmt in WEIGHT_FORMATS else "auto")
+    # --no-drafter loads none: a drafter found beside the model that fails to load stopped the replay, saying to
+    # pass --no-drafter
+    loaded = load(args.model or named, drafter=args.drafter, weight_format=fmt if fmt in WEIGHT_FORMATS else "auto",
+                  use_drafter=not args.no_drafter)
     if named and loaded.name != named:  # replayed silently; only ids past the vocabulary were caught
         print(f"replay: note: {args.results} was decoded by {named}, and {loaded.name} replays it: its figures are "
               "that model's only if the two are the same", file=sys.stderr)

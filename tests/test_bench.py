@@ -369,6 +369,26 @@ def test_replay_runs_a_config_given_twice_once(model_dir, prompts, tmp_path, cap
     assert table("--auto", "mkl,mkl") == table("--auto", "mkl")
 
 
+def test_replay_without_the_drafter_loads_none(model_dir, prompts, tmp_path, capsys):
+    """replay --auto P --no-drafter loaded the drafter anyway: one beside the model that failed to load stopped
+    it with "use_drafter=False, --no-drafter on the command line, loads the model without it", which it had
+    been given; --drafter D with --no-drafter replayed without D, saying nothing, and a --drafter folder that is
+    not there was said after the model had loaded."""
+    from redrafter_mlx import replay
+
+    out = tmp_path / "r.json"
+    assert run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 8, "--json", out)[0] == 0
+    for argv, said in ((["--auto", "mkl", "--no-drafter", "--drafter", str(model_dir / "drafter")],
+                        "--drafter PATH and --no-drafter ask for opposite things"),
+                       (["--drafter", str(tmp_path / "none")], "no drafter there")):
+        with pytest.raises(SystemExit):
+            replay.main([str(out), *argv])
+        assert said in capsys.readouterr().err
+    (model_dir / "drafter" / "model.safetensors").unlink()
+    assert replay.main([str(out), "--auto", "mkl", "--no-drafter"]) == 0
+    assert "mkl" in capsys.readouterr().out
+
+
 def test_replay_takes_a_reply_that_ended_at_its_first_token(model_dir, prompts, tmp_path, capsys):
     # the bench writes "tokens": [] for a reply whose first token was the end of turn; replay refused the whole
     # file ("has no 'tokens' list, or an empty one")
