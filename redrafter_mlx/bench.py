@@ -118,13 +118,20 @@ def run_mlx_lm(loaded, twin, prompt: str, args) -> Dict:
     from mlx_lm.sample_utils import make_sampler
 
     ids = loaded.tokenizer.prompt_ids(prompt)
+    # as generate: no token fed past the model's context (mlx-lm decoded on past it, and its reply to a prompt
+    # near the context read as not identical to ar's, which stops there); a prompt that fills it is refused
+    room = loaded.context_length - len(ids)
+    if room < 1:
+        raise ContextLengthError(f"the prompt has {len(ids)} tokens but {loaded.name} has a context of "
+                                 f"{loaded.context_length}")
+    max_tokens = min(args.max_tokens, room + 1)  # (the last token is sampled, not fed)
     eos = set(loaded.tokenizer.eos_token_ids)
     mx.reset_peak_memory()
     tokens, t0, t_first, reason = [], time.perf_counter(), None, "length"
     sampler = make_sampler(temp=args.temperature, top_p=args.top_p if args.top_p < 1 else 0.0)
     if args.seed is not None:
         mx.random.seed(args.seed)
-    for t, _ in generate_step(mx.array(ids), twin, max_tokens=args.max_tokens, sampler=sampler):
+    for t, _ in generate_step(mx.array(ids), twin, max_tokens=max_tokens, sampler=sampler):
         t = int(t)
         if t_first is None:
             t_first = time.perf_counter()
@@ -132,6 +139,8 @@ def run_mlx_lm(loaded, twin, prompt: str, args) -> Dict:
             reason = "eos"
             break
         tokens.append(t)
+    if reason == "length" and len(tokens) < args.max_tokens:
+        reason = "context"
     end = time.perf_counter()
     decode = end - t_first if t_first else 0.0
     n = len(tokens)

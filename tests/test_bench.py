@@ -754,6 +754,21 @@ def test_a_value_given_twice_runs_once(model_dir, prompts, tmp_path, capsys):
     assert report["summary"]["redrafter"]["identical_to_ar"] is True
 
 
+def test_mlx_lm_stops_at_the_context_as_ar_does(model_dir, tmp_path, capsys):
+    """The mlx-lm column decoded past the model's context, where ar stops ("context"): a reply to a prompt
+    near the context read as not identical to ar's."""
+    path, out = tmp_path / "near.jsonl", tmp_path / "near.json"
+    path.write_text(json.dumps({"question_id": 1, "turns": ["a " * 980]}) + "\n")  # 1000 of the 1024 tokens
+    rc, _, _ = run(capsys, "--model", model_dir, "--prompts", path, "--max-tokens", 40, "--modes", "ar,mlx-lm",
+                   "--json", out)
+    assert rc == 0
+    report = json.loads(out.read_text())
+    ar, ref = report["results"]
+    assert len(ar["prompt_tokens"]) + ar["new_tokens"] == 1025 and ar["finish_reason"] == "context"
+    assert (ref["tokens"], ref["finish_reason"]) == (ar["tokens"], "context")
+    assert report["summary"]["mlx-lm"]["identical_to_ar"] is True
+
+
 def test_tune_prefers_plain_decoding_when_it_is_faster():
     shape = {"beam_width": 2, "beam_length": 3, "tokens_per_second": 10.0}
     assert bench.tuned_default({"ar": {"tokens_per_second": 9.0}, "redrafter@2x3": shape}, shape) == (2, 3, False)
