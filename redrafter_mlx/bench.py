@@ -797,11 +797,14 @@ def write_report(path: Path, loaded, args, results: List[Dict], names: List[str]
                  summary: Dict = None, categories: Dict = None):
     """The --json report, replaced atomically: a reader (or a run stopped mid-write) never sees
     half a file. complete: False while questions are still to run, or after an interruption."""
+    # a local model or drafter by its absolute path: replay loads what "model" names, and a relative one (--model
+    # tiny) was not found from another folder, or named another model there
+    local = not loaded.resolved.entry and Path(loaded.name).expanduser().exists()
     report = {
-        "model": loaded.name,
+        "model": str(loaded.path) if local else loaded.name,
         "device": loaded.device,
         "weight_format": loaded.weight_format,
-        "drafter": str(loaded.drafter_path) if loaded.drafter_path else None,
+        "drafter": str(Path(loaded.drafter_path).resolve()) if loaded.drafter_path else None,
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "complete": complete,
         "results": results,

@@ -389,6 +389,23 @@ def test_replay_without_the_drafter_loads_none(model_dir, prompts, tmp_path, cap
     assert "mkl" in capsys.readouterr().out
 
 
+def test_replay_finds_a_model_the_bench_named_by_a_relative_path(model_dir, prompts, tmp_path, capsys, monkeypatch):
+    """The report named a local model and drafter as given (--model tiny), so replay from another folder said
+    "unknown model 'tiny'" (or replayed another model of that name there, saying nothing)."""
+    from redrafter_mlx import replay
+
+    out = tmp_path / "r.json"
+    monkeypatch.chdir(tmp_path)
+    assert run(capsys, "--model", "tiny", "--drafter", "tiny/drafter", "--prompts", prompts, "--limit", 1,
+               "--max-tokens", 8, "--modes", "ar,auto", "--json", out)[0] == 0
+    report = json.loads(out.read_text())
+    assert (report["model"], report["drafter"]) == (str(model_dir.resolve()), str((model_dir / "drafter").resolve()))
+    monkeypatch.chdir(tmp_path.parent)
+    assert replay.main([str(out), "--shapes", "2x3"]) == 0
+    assert "note" not in capsys.readouterr().err
+    assert json.loads(out.read_text())["settings"]["model"] == "tiny"  # (the settings stay as given)
+
+
 def test_replay_takes_a_reply_that_ended_at_its_first_token(model_dir, prompts, tmp_path, capsys):
     # the bench writes "tokens": [] for a reply whose first token was the end of turn; replay refused the whole
     # file ("has no 'tokens' list, or an empty one")
