@@ -657,7 +657,8 @@ def _bench(args) -> int:
     own = own_controllers(loaded, first, [name for name, mode, _, _ in variants if mode == "auto"], not args.no_drafter)
     shared = loaded.controllers
     shape_text = (f"grid W in {args.widths} x L in {args.lengths}" if args.grid else f"W={args.beam_width} L={args.beam_length}"
-                  if args.fixed else "adaptive drafting" + (" without the drafter" if args.no_drafter else ""))
+                  if args.fixed else "adaptive drafting" + (" without the drafter" if args.no_drafter else "")
+                  if {"auto", "redrafter"} & set(args.modes) else "no drafting")  # (ar, mlx-lm: it said adaptive)
     print(f"model {loaded.name} ({loaded.weight_format}) on {loaded.device}; drafter {loaded.drafter_path}; "
           f"{len(prompts)} prompts, modes {','.join(args.modes)}, {shape_text}", file=sys.stderr)
     twin = mlx_lm_twin(loaded) if "mlx-lm" in args.modes else None

@@ -689,6 +689,7 @@ def test_a_drafter_for_modes_that_draft_nothing_is_refused(model_dir, prompts, c
     rc, _, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 1, "--max-tokens", 4,
                      "--modes", "ar,mlx-lm")
     assert rc == 0 and "drafter None" in err and "loading drafter" not in err
+    assert "modes ar,mlx-lm, no drafting" in err  # it said "adaptive drafting" of a run that drafts nothing
 
 
 def test_a_first_turn_past_the_context_is_refused_before_the_run(model_dir, tmp_path, capsys):
