@@ -465,7 +465,9 @@ def _run(args, graphs) -> int:
     import mlx.core as mx
     from tqdm import tqdm
 
-    rows = rows[: args.limit] if args.limit else rows
+    if args.limit:  # questions, not rows: a --turns report has a row per turn (--limit 1 replayed turn 1 alone)
+        first = list(dict.fromkeys(r.get("question_id") for r in rows))[: args.limit]
+        rows = [r for r in rows if r.get("question_id") in first]
     totals: Dict[tuple, Dict[str, int]] = defaultdict(lambda: defaultdict(int))
     if args.auto:
         from .control import Controller

@@ -406,6 +406,20 @@ def test_replay_finds_a_model_the_bench_named_by_a_relative_path(model_dir, prom
     assert json.loads(out.read_text())["settings"]["model"] == "tiny"  # (the settings stay as given)
 
 
+def test_replay_limit_counts_questions_of_a_turns_report(model_dir, prompts, tmp_path, capsys):
+    """replay --limit N took the first N rows, and a --turns report has a row per turn: --limit 1 replayed
+    the first question's first turn alone."""
+    from redrafter_mlx import replay
+
+    out = tmp_path / "r.json"
+    assert run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 8, "--turns", 2,
+               "--json", out)[0] == 0
+    assert replay.main([str(out), "--shapes", "2x3", "--limit", "1"]) == 0
+    header, row = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("config")
+                   or line.startswith("2x3 t0")]
+    assert header == ["config", QUESTIONS[0]["category"], "turn", "1", "turn", "2"] and len(row) == 7
+
+
 def test_replay_takes_a_reply_that_ended_at_its_first_token(model_dir, prompts, tmp_path, capsys):
     # the bench writes "tokens": [] for a reply whose first token was the end of turn; replay refused the whole
     # file ("has no 'tokens' list, or an empty one")
