@@ -481,7 +481,7 @@ def _run(args, graphs) -> int:
         configs = list(product(shapes, lookups, trees, graphs, args.context_ceiling))
     done, status = 0, 0
     try:
-        for r in tqdm(rows, desc="replay", unit="question", file=sys.stderr):
+        for r in tqdm(rows, desc="replay", unit="reply" if any("turn" in r for r in rows) else "question", file=sys.stderr):
             hidden = loaded.model.hidden(mx.array(r["prompt_tokens"] + r["tokens"], dtype=mx.int32)[None])[0]
             ended = r.get("finish_reason") == "eos"
             outs = []  # a question counts once every config replayed it
@@ -504,7 +504,8 @@ def _run(args, graphs) -> int:
     except KeyboardInterrupt:
         if not done:
             raise
-        print(f"\nreplay: cancelled; the figures below cover the first {done} of {len(rows)} questions", file=sys.stderr)
+        what = "replies" if any("turn" in r for r in rows) else "questions"  # (a --turns report: a row per turn)
+        print(f"\nreplay: cancelled; the figures below cover the first {done} of {len(rows)} {what}", file=sys.stderr)
         status = 130
     groups = {key[1] for key in totals if key[1]}
     categories = sorted(g for g in groups if not g.startswith("turn ")) + sorted(g for g in groups if g.startswith("turn "))

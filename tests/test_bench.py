@@ -406,7 +406,7 @@ def test_replay_finds_a_model_the_bench_named_by_a_relative_path(model_dir, prom
     assert json.loads(out.read_text())["settings"]["model"] == "tiny"  # (the settings stay as given)
 
 
-def test_replay_limit_counts_questions_of_a_turns_report(model_dir, prompts, tmp_path, capsys):
+def test_replay_limit_counts_questions_of_a_turns_report(model_dir, prompts, tmp_path, capsys, monkeypatch):
     """replay --limit N took the first N rows, and a --turns report has a row per turn: --limit 1 replayed
     the first question's first turn alone."""
     from redrafter_mlx import replay
@@ -418,6 +418,17 @@ def test_replay_limit_counts_questions_of_a_turns_report(model_dir, prompts, tmp
     header, row = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("config")
                    or line.startswith("2x3 t0")]
     assert header == ["config", QUESTIONS[0]["category"], "turn", "1", "turn", "2"] and len(row) == 7
+    real, calls = replay.replay, []
+
+    def stopping(*a, **kw):  # Ctrl-C in the third row: the second question's only turn
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(replay, "replay", stopping)
+    assert replay.main([str(out), "--shapes", "2x3"]) == 130
+    assert "cover the first 2 of 4 replies" in capsys.readouterr().err  # it said "questions" of the rows
 
 
 def test_replay_takes_a_reply_that_ended_at_its_first_token(model_dir, prompts, tmp_path, capsys):
