@@ -597,7 +597,8 @@ def _bench(args) -> int:
         prompts = read_prompts(args.prompts, args.limit, args.turns)
         progress = lambda s: print(s, file=sys.stderr)  # noqa: E731
         loaded = load(args.model, drafter=args.drafter, weight_format=args.weight_format,
-                      use_drafter=not args.no_drafter and bool({"auto", "redrafter"} & set(args.modes)), progress=progress)
+                      use_drafter=not args.no_drafter and bool({"auto", "redrafter"} & set(args.modes)),
+                      progress=progress)
         if "redrafter" in args.modes and loaded.drafter is None:
             what = "--tune" if args.tune else "--modes redrafter"
             raise RedrafterError(f"{what} needs a drafter and none was found for {loaded.name}: pass --drafter PATH"

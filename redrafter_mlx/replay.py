@@ -340,7 +340,8 @@ def main(argv=None) -> int:
     p.add_argument("--ceiling-every", action="store_true",
                    help="with --context-ceiling: copy from any earlier occurrence of a node's last 2 tokens, not "
                         "only from the one a context graft copies (the bound for branching into every continuation)")
-    p.add_argument("--auto", type=lambda t: list(dict.fromkeys(x.strip() for x in t.split(",") if x.strip())), default=None,
+    p.add_argument("--auto", type=lambda t: list(dict.fromkeys(x.strip() for x in t.split(",") if x.strip())),
+                   default=None,
                    metavar="PROFILE[,PROFILE...]",
                    help="replay the adaptive controller (mode auto) instead of fixed shapes, on a fixed cost "
                         f"profile: {', '.join(PROFILES)} (measured; see replay.PROFILES) or cached (this machine's "
@@ -481,7 +482,8 @@ def _run(args, graphs) -> int:
         configs = list(product(shapes, lookups, trees, graphs, args.context_ceiling))
     done, status = 0, 0
     try:
-        for r in tqdm(rows, desc="replay", unit="reply" if any("turn" in r for r in rows) else "question", file=sys.stderr):
+        unit = "reply" if any("turn" in r for r in rows) else "question"
+        for r in tqdm(rows, desc="replay", unit=unit, file=sys.stderr):
             hidden = loaded.model.hidden(mx.array(r["prompt_tokens"] + r["tokens"], dtype=mx.int32)[None])[0]
             ended = r.get("finish_reason") == "eos"
             outs = []  # a question counts once every config replayed it
@@ -504,7 +506,7 @@ def _run(args, graphs) -> int:
     except KeyboardInterrupt:
         if not done:
             raise
-        what = "replies" if any("turn" in r for r in rows) else "questions"  # (a --turns report: a row per turn)
+        what = "replies" if unit == "reply" else "questions"  # (a --turns report: a row per turn)
         print(f"\nreplay: cancelled; the figures below cover the first {done} of {len(rows)} {what}", file=sys.stderr)
         status = 130
     groups = {key[1] for key in totals if key[1]}

@@ -678,7 +678,8 @@ def test_grid_shapes_without_the_grid_are_refused(capsys):
     controller), ignoring them, saying nothing."""
     for argv, said in ((["--widths", "1,2"], "--widths shapes the grid, and --grid is not given"),
                        (["--modes", "ar,redrafter", "--lengths", "3"], "--lengths shapes the grid"),
-                       (["--modes", "ar,redrafter", "--widths", "1", "--lengths", "3"], "--widths and --lengths shape")):
+                       (["--modes", "ar,redrafter", "--widths", "1", "--lengths", "3"],
+                        "--widths and --lengths shape")):
         with pytest.raises(SystemExit):
             bench.parse_args(["--prompts", "x", *argv])
         assert said in capsys.readouterr().err
@@ -721,8 +722,8 @@ def test_a_first_turn_past_the_context_is_refused_before_the_run(model_dir, tmp_
     """A first turn longer than the model's context ended the run when its question came up, after the
     questions before it had run, with no table and an error that did not say which question."""
     path = tmp_path / "q.jsonl"
-    path.write_text("".join(json.dumps(q) + "\n" for q in [QUESTIONS[1], {"question_id": "long", "turns": ["a " * 1100]},
-                                                          QUESTIONS[2]]))
+    long = {"question_id": "long", "turns": ["a " * 1100]}
+    path.write_text("".join(json.dumps(q) + "\n" for q in [QUESTIONS[1], long, QUESTIONS[2]]))
     rc, text, err = run(capsys, "--model", model_dir, "--prompts", path, "--max-tokens", 4, "--modes", "ar")
     assert rc == 2 and text == ""
     assert f"question 'long' of {path} has a first turn of" in err and "has a context of 1024" in err
