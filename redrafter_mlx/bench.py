@@ -616,6 +616,12 @@ def _bench(args) -> int:
         print(f"redrafter-bench: error: {FLOOR_WITH_BEAMS} (no tree is tuned for {loaded.name} on this device)",
               file=sys.stderr)
         return 2
+    graphed = args.graph and any(k is not None for k, _ in args.graph)
+    if graphed and args.fixed and "redrafter" in args.modes and args.tree is None and not drafting(loaded).tree:
+        # (generate refused it in the warm-up, after the cost model was measured, in the API's words)
+        print(f"redrafter-bench: error: --graph drafts a dynamic tree, and the redrafter column drafts W x L beams (no "
+              f"tree is tuned for {loaded.name} on this device): add --tree N (N > 0 nodes)", file=sys.stderr)
+        return 2
     first = None
     if {"auto", "redrafter"} & set(args.modes) or args.tune:  # measured (or read) before any timing starts
         from .control import controller

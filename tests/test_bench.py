@@ -548,6 +548,16 @@ def test_a_floor_with_beams_alone_is_refused(model_dir, prompts, capsys):
     assert "measuring" not in err  # refused before the cost model is measured
 
 
+def test_a_graph_over_untuned_beams_is_refused_before_the_cost_model(model_dir, prompts, capsys):
+    """--graph with --lookup alone (fixed drafting at the tuned shape, whose tree only the load can tell) was
+    refused by generate in the warm-up, after the cost model was measured, in the API's words (tree=N)."""
+    rc, _, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 4, "--modes",
+                     "ar,auto,redrafter", "--lookup", 4, "--graph", 1)
+    assert rc == 2 and "measuring" not in err
+    assert err.splitlines()[-1].startswith("redrafter-bench: error: --graph drafts a dynamic tree, and the redrafter "
+                                           "column drafts W x L beams")
+
+
 def test_a_tree_where_plain_decoding_was_tuned_drafts_at_the_default_length(model_dir, prompts, tmp_path, capsys):
     """tuning.drafting's rule (a tuned L = 1 does not turn a tree asked for into plain decoding) held for
     the API and the chat, but the bench read the shape without the tree: --tree 6 there ran 1 x 1, a tree
