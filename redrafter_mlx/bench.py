@@ -448,7 +448,8 @@ def parse_args(argv=None):
     p.add_argument("--drafter", default=None, help="drafter folder (default: the one found beside the model)")
     p.add_argument("--prompts", required=True, type=Path, help="Spec-Bench JSONL file (first turn of each question, "
                    "unless --turns)")
-    p.add_argument("--limit", type=cli.positive, default=None, metavar="N", help="only the first N questions")
+    p.add_argument("--limit", type=cli.positive, default=None, metavar="N",
+                   help="only the first N questions (default: all; 6 with --tune)")
     p.add_argument("--turns", type=cli.positive, default=1, metavar="N",
                    help="run each question as a conversation of its first N turns, as Spec-Bench runs MT-Bench "
                    "(--turns 2): each mode answers every turn after its own earlier replies, so later turns can "
@@ -490,8 +491,9 @@ def parse_args(argv=None):
                    "the context), gsdK = GSD alone, none = the tree; a comma-separated list runs each, e.g. "
                    "none,gsd1,1 (fixed drafting needs --tree)")
     p.add_argument("--tune", action="store_true", help="measure this machine's cost curve again (auto's cost "
-                   "model, cached beside the model), run the grid (with ar) and store the fastest lossless fixed "
-                   "shape in the model folder for fixed drafting on this device (auto needs no tuning)")
+                   "model, cached beside the model), run the grid (with ar) on the first 6 questions unless --limit, and store "
+                   "the fastest lossless fixed shape in the model folder for fixed drafting on this device (auto "
+                   "needs no tuning)")
     p.add_argument("--plot", type=cli.writable_file, default=None, metavar="FILE.png",
                    help="write speedup / tokens-per-step / acceptance plots (PNG)")
     p.add_argument("--temperature", type=cli.temperature, default=0.0, metavar="T",

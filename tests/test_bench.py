@@ -823,6 +823,17 @@ def test_mlx_lm_stops_at_the_context_as_ar_does(model_dir, tmp_path, capsys):
     assert report["summary"]["mlx-lm"]["identical_to_ar"] is True
 
 
+def test_help_says_tune_runs_six_questions_unless_limit(capsys):
+    """--tune runs the first 6 questions unless --limit: neither --help's --limit nor its --tune said so."""
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "only the first N questions (default: all; 6 with --tune)" in text
+    assert "on the first 6 questions unless --limit" in text
+    assert bench.parse_args(["--prompts", "x", "--tune"]).limit == 6
+    assert bench.parse_args(["--prompts", "x"]).limit is None
+
+
 def test_tune_prefers_plain_decoding_when_it_is_faster():
     shape = {"beam_width": 2, "beam_length": 3, "tokens_per_second": 10.0}
     assert bench.tuned_default({"ar": {"tokens_per_second": 9.0}, "redrafter@2x3": shape}, shape) == (2, 3, False)
