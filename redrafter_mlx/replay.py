@@ -374,6 +374,10 @@ def main(argv=None) -> int:
     # options that were ignored, saying nothing (and drafts no decoding would run: --shapes 99999x99999 ran on)
     if args.auto is not None and not args.auto:
         p.error(f"--auto takes one or more profiles: {', '.join(PROFILES)} or cached")
+    unknown = [name for name in args.auto or [] if name != "cached" and name not in PROFILES]
+    if unknown:  # it was said after the model had loaded
+        p.error(f"unknown cost profile{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} for --auto: "
+                f"pick cached or one of {', '.join(PROFILES)}")
     if args.no_lookup_growth and (args.auto or not any(args.lookup)):  # it was ignored, saying nothing
         p.error("--no-lookup-growth keeps fixed drafting's copy at --lookup N tokens: " + (
             "--auto replays the controller, which sizes its own copies; drop it" if args.auto

@@ -280,6 +280,7 @@ def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path
                       (["--shapes", "2x3", "--lookup", "100000"], "--lookup 100000: drafts are limited to 1024"),
                       (["--shapes", "2x3", "--tree", "5000"], "--tree 5000: drafts are limited"),
                       (["--auto", ","], "--auto takes one or more profiles"),
+                      (["--auto", "mkl,m1"], "unknown cost profile 'm1' for --auto: pick cached or one of mkl"),
                       (["--auto", "mkl", "--lookup", "8", "--tree", "16"], "--lookup, --tree shape fixed drafting"),
                       (["--ceiling-every"], "--ceiling-every applies to --context-ceiling"),
                       (["--no-context-graph"], "--no-context-graph applies to graph drafting"),
