@@ -287,7 +287,8 @@ def summarize(results: List[Dict], modes: List[str], greedy: bool) -> Dict[str, 
         base = summary["ar"]["tokens_per_second"]
         ar_tokens = {(r["question_id"], r.get("turn", 1)): r["tokens"] for r in by_mode["ar"]}
         for mode in modes:
-            summary[mode]["speedup"] = summary[mode]["tokens_per_second"] / base if base else 0.0
+            if base:  # (replies of one token time no decode step: ar over itself read 0.00x, as every mode did)
+                summary[mode]["speedup"] = summary[mode]["tokens_per_second"] / base
             if greedy and mode != "ar" and by_mode[mode]:  # mlx-lm included: an independent check of our plain decoding
                 summary[mode]["identical_to_ar"] = all(r["tokens"] == ar_tokens.get((r["question_id"], r.get("turn", 1)))
                                                        for r in by_mode[mode])

@@ -835,6 +835,18 @@ def test_help_says_tune_runs_six_questions_unless_limit(capsys):
     assert bench.parse_args(["--prompts", "x"]).limit is None
 
 
+def test_no_speedup_where_ar_timed_no_decode_step(model_dir, prompts, tmp_path, capsys):
+    """With replies of one token (--max-tokens 1) no decode step is timed, and every mode's speedup read 0.00x,
+    ar's over itself included; there is none to give, so the tables say '-', as without an ar run."""
+    out = tmp_path / "b.json"
+    rc, text, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 1, "--modes", "ar,mlx-lm",
+                      "--json", out)
+    assert rc == 0 and "0.00x" not in text and "speedup      -" in text
+    report = json.loads(out.read_text())
+    assert not any("speedup" in s for s in report["summary"].values())
+    assert not any("speedup" in v for cat in report["categories"].values() for v in cat.values())
+
+
 def test_tune_prefers_plain_decoding_when_it_is_faster():
     shape = {"beam_width": 2, "beam_length": 3, "tokens_per_second": 10.0}
     assert bench.tuned_default({"ar": {"tokens_per_second": 9.0}, "redrafter@2x3": shape}, shape) == (2, 3, False)
