@@ -329,7 +329,7 @@ def print_categories(cats: Dict[str, Dict[str, Dict]], modes: List[str], out=Non
         for m in shown:
             v = row.get(m)
             cells.append(f"{v['tokens_per_step']:>{w - 10}.2f} {_speedup(v):>9}" if v else f"{'-':>{w}}")
-        print(f"{cat:<{c}} " + " ".join(cells), file=out)
+        print(f"{cat or '(none)':<{c}} " + " ".join(cells), file=out)  # (lines without one: a row with no name)
 
 
 def print_table(results: List[Dict], summary: Dict, modes: List[str], out=None):

@@ -106,6 +106,12 @@ def test_the_category_table_names_each_column_whole(capsys):
     assert header.index("lookup4") + len("lookup4") == len(row)  # the last cell under its own name
 
 
+def test_questions_without_a_category_have_a_named_row(capsys):
+    """Questions without a category (lines with no "category") made a category-table row with no name."""
+    bench.print_categories({"": {"auto": {"tokens_per_step": 1.5, "speedup": 1.2}}}, ["ar", "auto"])
+    assert capsys.readouterr().out.splitlines()[2].split() == ["(none)", "1.50", "1.20x"]
+
+
 def test_graph_variants_run_side_by_side(model_dir, prompts, tmp_path, capsys):
     out = tmp_path / "g.json"
     rc, text, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 2, "--max-tokens", 12,
