@@ -185,6 +185,9 @@ def writable_file(text: str):
     folder = path.parent
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{path} is a folder, not a file")
+    if path.exists() and not path.is_file():  # the file written beside it replaced it: /dev/stdout, as root
+        raise argparse.ArgumentTypeError(f"{path} is not a regular file (a device, a pipe or a terminal), and the "
+                                         "results are written to a file that replaces it: give a file's path")
     if not folder.is_dir():
         raise argparse.ArgumentTypeError(f"folder {folder} does not exist")
     # A file is made there and removed, as the results are written (a temporary file renamed): os.access

@@ -853,6 +853,20 @@ def test_no_speedup_where_ar_timed_no_decode_step(model_dir, prompts, tmp_path, 
     assert not any("speedup" in v for cat in report["categories"].values() for v in cat.values())
 
 
+def test_an_output_that_is_not_a_regular_file_is_refused(tmp_path, capsys):
+    """The report is written to a file beside --json and renamed over it, which replaced a pipe or a device
+    there with a regular file: --json /dev/stdout, as root, replaced /dev/stdout for every process."""
+    import stat
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for flag in ("--json", "--plot"):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--prompts", "x", "--modes", "ar,redrafter", "--grid", flag, str(fifo)])
+        assert f"argument {flag}: {fifo} is not a regular file" in capsys.readouterr().err
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
 def test_tune_prefers_plain_decoding_when_it_is_faster():
     shape = {"beam_width": 2, "beam_length": 3, "tokens_per_second": 10.0}
     assert bench.tuned_default({"ar": {"tokens_per_second": 9.0}, "redrafter@2x3": shape}, shape) == (2, 3, False)
