@@ -492,9 +492,9 @@ def parse_args(argv=None):
                    "the context), gsdK = GSD alone, none = the tree; a comma-separated list runs each, e.g. "
                    "none,gsd1,1 (fixed drafting needs --tree)")
     p.add_argument("--tune", action="store_true", help="measure this machine's cost curve again (auto's cost "
-                   "model, cached beside the model), run the grid (with ar) on the first 6 questions unless --limit, and store "
-                   "the fastest lossless fixed shape in the model folder for fixed drafting on this device (auto "
-                   "needs no tuning)")
+                   "model, cached beside the model), run the grid (with ar) on the first 6 questions unless "
+                   "--limit, and store the fastest lossless fixed shape in the model folder for fixed drafting on "
+                   "this device (auto needs no tuning)")
     p.add_argument("--plot", type=cli.writable_file, default=None, metavar="FILE.png",
                    help="write speedup / tokens-per-step / acceptance plots (PNG)")
     p.add_argument("--temperature", type=cli.temperature, default=0.0, metavar="T",
