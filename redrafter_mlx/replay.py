@@ -276,11 +276,13 @@ def print_categories(configs, totals, categories, what: str, name, cell, width: 
     `what` saying what a cell holds."""
     if not categories:
         return
+    # each column as wide as its name: a category past 18 characters pushed the cells out of their columns
+    widths = [max(18, len(cat)) for cat in categories]
     print(f"\nper category: {what}")
-    print(f"{'config':<{width}} " + " ".join(f"{cat:>18}" for cat in categories))
+    print(f"{'config':<{width}} " + " ".join(f"{cat:>{w}}" for cat, w in zip(categories, widths)))
     for config in configs:
         cells = [cell(config, totals[(config, cat)]) for cat in categories]
-        print(f"{name(config):<{width}} " + " ".join(f"{c:>18}" for c in cells))
+        print(f"{name(config):<{width}} " + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
 
 
 def print_auto(configs, totals, categories, per_step, plain: Dict[str, float], no_drafter: bool):

@@ -438,6 +438,20 @@ def test_replay_limit_counts_questions_of_a_turns_report(model_dir, prompts, tmp
     assert "cover the first 2 of 4 replies" in capsys.readouterr().err  # it said "questions" of the rows
 
 
+def test_replay_category_columns_fit_long_names(capsys):
+    """replay's per-category table cut nothing but made every column 18 wide: a longer category name pushed
+    its cells and the next columns out from under their names."""
+    from redrafter_mlx import replay
+
+    cats = ["summarization_of_long_documents", "qa"]
+    replay.print_categories(["c"], {("c", cat): {} for cat in cats}, cats, "x", lambda config: config,
+                            lambda config, tot: "1.00/2.0/3.0", 10)
+    header, row = capsys.readouterr().out.splitlines()[2:4]
+    for cat in cats:  # each cell ends where its name does
+        end = header.index(cat) + len(cat)
+        assert row[end - len("1.00/2.0/3.0"):end] == "1.00/2.0/3.0"
+
+
 def test_replay_takes_a_reply_that_ended_at_its_first_token(model_dir, prompts, tmp_path, capsys):
     # the bench writes "tokens": [] for a reply whose first token was the end of turn; replay refused the whole
     # file ("has no 'tokens' list, or an empty one")
