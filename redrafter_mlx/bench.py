@@ -337,12 +337,13 @@ def print_table(results: List[Dict], summary: Dict, modes: List[str], out=None):
     # as wide as the names (Spec-Bench's "math_reasoning" was cut to 12; "redrafter+tree6@0.001" pushed the row out)
     c = max([12] + [len(str(r["category"])) for r in results])
     v = max([16] + [len(variant_of(r)) for r in results] + [len(m) for m in modes])
-    print(f"{'question':>9} {'category':<{c}} {'mode':<{v}} {'new':>5} {'steps':>5} {'tok/step':>8} {'tok/s':>7}",
+    labels = [f"{r['question_id']}" + (f"/{r['turn']}" if "turn" in r else "") for r in results]
+    q = max([9, *map(len, labels)])  # (a question_id past 9 characters pushed its row out too)
+    print(f"{'question':>{q}} {'category':<{c}} {'mode':<{v}} {'new':>5} {'steps':>5} {'tok/step':>8} {'tok/s':>7}",
           file=out)
-    for r in results:
-        question = f"{r['question_id']}" + (f"/{r['turn']}" if "turn" in r else "")
+    for r, question in zip(results, labels):
         print(
-            f"{question:>9} {str(r['category']):<{c}} {variant_of(r):<{v}} {r['new_tokens']:>5} {r['steps']:>5} "
+            f"{question:>{q}} {str(r['category']):<{c}} {variant_of(r):<{v}} {r['new_tokens']:>5} {r['steps']:>5} "
             f"{r['tokens_per_step']:>8.2f} {r['tokens_per_second']:>7.2f}",
             file=out,
         )

@@ -673,6 +673,14 @@ def test_the_table_fits_long_category_and_variant_names():
     assert [line.index(" 9 ") + 2 for line in lines[1:3]] == [new_ends, new_ends]
     summaries = [line for line in lines if "tok/s" in line and "tokens/step" in line]
     assert len({line.index("tok/s") for line in summaries}) == 1
+    # a question_id past 9 characters pushed its row out of the columns
+    out = io.StringIO()
+    bench.print_table([{**r, "question_id": "writing-haiku-0042", "turn": 2} for r in results], summary,
+                      ["ar", "redrafter+tree6@0.001"], out)
+    lines = out.getvalue().splitlines()
+    assert "writing-haiku-0042/2 math_reasoning" in lines[1]
+    new_ends = lines[0].index("new") + 3
+    assert [line.index(" 9 ") + 2 for line in lines[1:3]] == [new_ends, new_ends]
 
 
 def test_bad_input_is_reported(model_dir, tmp_path, capsys):
