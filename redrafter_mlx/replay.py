@@ -443,6 +443,11 @@ def _run(args, graphs) -> int:
 
     shapes, lookups, trees = args.shapes, args.lookup, args.tree
     rows, report = read_results(args.results)
+    if report.get("complete") is False:  # its figures covered what the run finished, saying nothing
+        asked = report.get("settings", {}).get("limit")
+        print(f"replay: note: {args.results} is the report of a redrafter-bench run that stopped early (\"complete\": "
+              f"false): it holds {len({r.get('question_id') for r in rows})} questions"
+              + (f" of the {asked} asked for" if isinstance(asked, int) else ""), file=sys.stderr)
     # the weights the outputs were decoded with (a bench run with --weight-format stored: 4-bit)
     fmt = report.get("settings", {}).get("weight_format", "auto")
     named = report.get("model")

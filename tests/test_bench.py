@@ -452,6 +452,21 @@ def test_replay_category_columns_fit_long_names(capsys):
         assert row[end - len("1.00/2.0/3.0"):end] == "1.00/2.0/3.0"
 
 
+def test_replay_says_when_the_report_is_of_a_run_that_stopped_early(model_dir, prompts, tmp_path, capsys):
+    """A report of a run stopped by Ctrl-C or a time limit ("complete": false) was replayed saying nothing:
+    its figures covered the questions it finished only."""
+    from redrafter_mlx import replay
+
+    out = tmp_path / "r.json"
+    assert run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 8, "--json", out)[0] == 0
+    assert replay.main([str(out), "--shapes", "2x3"]) == 0
+    assert "stopped early" not in capsys.readouterr().err
+    report = json.loads(out.read_text())
+    out.write_text(json.dumps({**report, "complete": False, "results": report["results"][:2]}))
+    assert replay.main([str(out), "--shapes", "2x3"]) == 0
+    assert "stopped early (\"complete\": false): it holds 2 questions" in capsys.readouterr().err
+
+
 def test_replay_takes_a_reply_that_ended_at_its_first_token(model_dir, prompts, tmp_path, capsys):
     # the bench writes "tokens": [] for a reply whose first token was the end of turn; replay refused the whole
     # file ("has no 'tokens' list, or an empty one")
