@@ -80,6 +80,11 @@ def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
             asked = row["turns"][:turns]
             if not isinstance(asked, list) or not asked or not all(isinstance(t, str) and not is_blank(t) for t in asked):
                 raise TypeError("'turns' must be a list of non-empty questions")
+            for i, t in enumerate(asked, 1):  # a lone surrogate ("\ud800") stopped the run when its turn came up
+                try:
+                    t.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    raise TypeError(f"turn {i} is not valid text: {e.reason} at character {e.start}") from None
             qid, category = row.get("question_id", n), row.get("category", "")
             if isinstance(qid, bool) or not isinstance(qid, (int, str)):
                 raise TypeError(f"'question_id' must be a whole number or a string, not {qid!r}")  # (1.5 is a number)

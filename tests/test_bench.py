@@ -231,10 +231,13 @@ def test_prompt_files_that_would_have_failed_after_the_run(tmp_path):
                         ([{"question": "a"}], "not a Spec-Bench line with 'turns': it has none$"),
                         ([["a"]], "a line is a JSON object, not a list$"),  # "list indices must be integers or ..."
                         ([{"turns": {"a": 1}}], "'turns' must be a list of non-empty questions, not a dict$"),
-                        ([{"turns": ["\u200b"]}], "'turns' must be a list of non-empty questions$")):
+                        ([{"turns": ["\u200b"]}], "'turns' must be a list of non-empty questions$"),
+                        # it stopped the run when the turn came up (a second turn: after that question's first)
+                        ([{"turns": ["a", "b \ud800"]}],
+                         "q.jsonl:1 .*turn 2 is not valid text: surrogates not allowed")):
         path.write_text("\n".join(json.dumps(x) for x in lines))
         with pytest.raises(RedrafterError, match=said):
-            bench.read_prompts(path)
+            bench.read_prompts(path, turns=2)
     path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"question_id": 3, "turns": ["hi"]}).encode())
     assert bench.read_prompts(path)[0]["question_id"] == 3
     path.write_bytes(b"\xff\xfe")
