@@ -30,7 +30,7 @@ from . import _platform  # noqa: F401  (OpenBLAS before mlx)
 from . import cli
 from .config import WEIGHT_FORMATS
 from .bench import parse_shapes as parse_ints
-from .errors import RedrafterError
+from .errors import ModelNotFoundError, RedrafterError
 from .graph import graph_name, parse_graph
 from .tokenizer import is_token_id
 from .tuning import parse_shapes
@@ -455,8 +455,15 @@ def _run(args, graphs) -> int:
         raise RedrafterError(f"{args.results} names no model: pass --model, the one its outputs came from")
     # --no-drafter loads none: a drafter found beside the model that fails to load stopped the replay, saying to
     # pass --no-drafter
-    loaded = load(args.model or named, drafter=args.drafter, weight_format=fmt if fmt in WEIGHT_FORMATS else "auto",
-                  use_drafter=not args.no_drafter)
+    try:
+        loaded = load(args.model or named, drafter=args.drafter,
+                      weight_format=fmt if fmt in WEIGHT_FORMATS else "auto", use_drafter=not args.no_drafter)
+    except ModelNotFoundError as e:
+        if args.model:
+            raise
+        # it said only "unknown model ...", of a name the user never typed (a model moved since the bench ran)
+        raise ModelNotFoundError(f"{args.results} names the model {named!r}, which cannot be loaded here ({e}): "
+                                 "pass --model, the model its outputs came from") from e
     if named and loaded.name != named:  # replayed silently; only ids past the vocabulary were caught
         print(f"replay: note: {args.results} was decoded by {named}, and {loaded.name} replays it: its figures are "
               "that model's only if the two are the same", file=sys.stderr)

@@ -414,6 +414,11 @@ def test_replay_finds_a_model_the_bench_named_by_a_relative_path(model_dir, prom
     assert replay.main([str(out), "--shapes", "2x3"]) == 0
     assert "note" not in capsys.readouterr().err
     assert json.loads(out.read_text())["settings"]["model"] == "tiny"  # (the settings stay as given)
+    # a model moved since: it said "unknown model ...", of a name the user never typed
+    model_dir.rename(tmp_path / "moved")
+    assert replay.main([str(out), "--shapes", "2x3"]) == 2
+    assert f"{out} names the model {str(model_dir.resolve())!r}, which cannot be loaded here" in capsys.readouterr().err
+    assert replay.main([str(out), "--shapes", "2x3", "--model", str(tmp_path / "moved")]) == 0
 
 
 def test_replay_limit_counts_questions_of_a_turns_report(model_dir, prompts, tmp_path, capsys, monkeypatch):
