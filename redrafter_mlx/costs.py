@@ -373,7 +373,8 @@ def calibrate(model, drafter=None, budget: float = BUDGET_SECONDS,
         progress("measuring this machine's verification cost (" + (
             "once per model and device" if cached else
             "every run: there is no folder to cache it in that can be written, set REDRAFTER_CACHE to one"
-        ) + "; a fresh machine compiles GPU kernels first, which on MLX's CUDA backend can take minutes)")
+        ) + ("" if on_cpu() else "; a fresh machine compiles GPU kernels first, which on MLX's CUDA backend can take "
+             "minutes") + ")")
     vocab = int(model.args.vocab_size)
     cache = model.make_cache()
     model.hidden(mx.array(np.arange(CONTEXT) % vocab, dtype=mx.int32)[None], cache)

@@ -694,6 +694,15 @@ def test_where_no_cache_folder_can_be_written_the_one_line_says_so(tiny_loaded, 
         assert len(said) == 1 and "every run" in said[0] and "REDRAFTER_CACHE" in said[0], said
 
 
+def test_the_calibration_line_speaks_of_gpu_kernels_on_a_gpu_only(tiny_loaded, monkeypatch):
+    # the first run on a CPU said "a fresh machine compiles GPU kernels first, ... can take minutes"
+    for cpu in (True, False):
+        monkeypatch.setattr(costs, "on_cpu", lambda: cpu)
+        said = []
+        costs.cost_model(tiny_loaded, said.append, refresh=True)
+        assert len(said) == 1 and ("GPU kernels" in said[0]) is not cpu, said
+
+
 def test_a_new_drafter_times_its_levels_and_keeps_the_cached_curve(tiny_loaded, monkeypatch):
     from redrafter_mlx.drafter import new_drafter
 
