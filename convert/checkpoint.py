@@ -117,12 +117,29 @@ def _torch():
     return torch
 
 
+def _unpickler_said(e: Exception) -> str:
+    """What torch's weights-only unpickler met, from its long message ("Unsupported operand 103")."""
+    text = str(e)
+    return text.split("WeightsUnpickler error:", 1)[-1].strip()
+
+
+def _names_code(e: Exception) -> bool:
+    """Did torch's weights-only unpickler stop at a Python object the file names (a function or
+    class: loading it would run code), rather than at bytes that are no pickle at all?"""
+    said = _unpickler_said(e)
+    return "GLOBAL" in said or "allowlist" in said
+
+
 def torch_state_dict(path: Path) -> Dict[str, "object"]:
     """Tensors of a `.bin`/`.pt` pickle, loaded with weights_only=True (never runs its code)."""
     torch = _torch()
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
+        if not _names_code(e):  # torch's weights-only reader says this of any byte it cannot parse too
+            said = _unpickler_said(e).splitlines()
+            raise CorruptModelError(f"{path} is not a PyTorch checkpoint, or a damaged one "
+                                    f"({said[0] if said else type(e).__name__})") from e
         raise ConversionError(
             f"{path} is not a weights-only checkpoint: loading it would run code stored in the file, "
             "which this tool never does (re-save it as a plain state dict or as safetensors)"

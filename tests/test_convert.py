@@ -574,6 +574,27 @@ def test_pickle_that_is_not_weights_only_is_refused(tmp_path, capsys, mlx_ckpt, 
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("where", ["drafter", "base"])
+def test_a_file_that_is_no_pickle_is_called_damaged_not_code(tmp_path, capsys, mlx_ckpt, where):
+    """torch's weights-only reader fails on stray bytes as it fails on code: an HTML error page saved as
+    pytorch_model.bin was refused as 'loading it would run code stored in the file'."""
+    pytest.importorskip("torch")
+    out = tmp_path / "out"
+    src = tmp_path / "src"
+    src.mkdir()
+    if where == "drafter":
+        (src / "config.json").write_text(json.dumps({"hidden_size": H, "vocab_size": V}))
+        name, argv = "model.pt", ["--model", mlx_ckpt[0], "--drafter", src]
+    else:
+        shutil.copy(mlx_ckpt[0] / "config.json", src)
+        write_tokenizer(src)
+        name, argv = "pytorch_model.bin", ["--model", src]
+    (src / name).write_bytes(b"<!DOCTYPE html><html>502 Bad Gateway</html>\n")
+    rc, lines = run_convert(capsys, *argv, "--out", out)
+    assert_clean_failure(rc, lines, out, str(src / name), "not a PyTorch checkpoint, or a damaged one")
+    assert "run code" not in lines[0]
+
+
 def test_unknown_drafter_tensor(tmp_path, capsys, mlx_ckpt):
     src = write_numpy_drafter(tmp_path / "d", H, V, exit_dim=2 * H, layers=1, config={"hidden_size": H},
                               rename=lambda k: k.replace("rnn_w.", "rnn_x."))
