@@ -22,6 +22,7 @@ from .output import ConversionError
 HUB_PATTERNS = ["*.json", "model*.safetensors", "tokenizer.model", "*.tiktoken", "*.txt", "*.jinja"]
 HUB_PYTORCH_PATTERNS = ["pytorch_model*.bin"]
 DRAFTER_FILES = ("model.safetensors", "pytorch_model.bin", "model.pt")
+LFS_POINTER = b"version https://git-lfs.github.com/spec/"  # what `git clone` without git-lfs leaves
 
 
 def _first_line(e: BaseException) -> str:
@@ -106,6 +107,19 @@ def weight_files(folder: Path) -> Tuple[str, List[Path]]:
     )
 
 
+def refuse_lfs_pointer(path: Path):
+    """A weights or tokenizer file that is a Git LFS pointer (a repository cloned without git-lfs) is named as one:
+    read as weights, it failed as 'Invalid json header length' or as a damaged pickle."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(LFS_POINTER))
+    except OSError:
+        return  # the reader itself says why
+    if head == LFS_POINTER:
+        raise CorruptModelError(f"{path} is a Git LFS pointer, not the weights: run `git lfs pull` in {path.parent} "
+                                "(or download the model with huggingface-hub)")
+
+
 def _torch():
     try:
         import torch
@@ -132,6 +146,7 @@ def _names_code(e: Exception) -> bool:
 
 def torch_state_dict(path: Path) -> Dict[str, "object"]:
     """Tensors of a `.bin`/`.pt` pickle, loaded with weights_only=True (never runs its code)."""
+    refuse_lfs_pointer(path)
     torch = _torch()
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
@@ -169,6 +184,7 @@ def torch_to_mx(t) -> mx.array:
 
 
 def load_safetensors(path: Path) -> Dict[str, mx.array]:
+    refuse_lfs_pointer(path)
     try:
         return mx.load(str(path))
     except Exception as e:

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional
 
 from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError
 
+from .checkpoint import refuse_lfs_pointer
 from .output import ConversionError
 
 # FastChat's "vicuna_v1.1" conversation format (Vicuna v1.1 / v1.3 / v1.5; the base model of
@@ -87,6 +88,8 @@ def save_hf_tokenizer(src: Path, dest: Path, chat_template: Optional[str] = None
     files = [src / n for n in TOKENIZER_FILES if (src / n).is_file()]
     if not any(f.name in ("tokenizer.json", "tokenizer.model", "vocab.json") for f in files):
         raise ModelNotFoundError(f"{src} has no tokenizer (expected tokenizer.json or tokenizer.model)")
+    for f in files:
+        refuse_lfs_pointer(f)
     try:
         hf = AutoTokenizer.from_pretrained(str(src), trust_remote_code=False)
     except Exception as e:

@@ -595,6 +595,31 @@ def test_a_file_that_is_no_pickle_is_called_damaged_not_code(tmp_path, capsys, m
     assert "run code" not in lines[0]
 
 
+LFS_POINTER = (b"version https://git-lfs.github.com/spec/v1\noid sha256:"
+               b"4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\nsize 1048576\n")
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "pytorch_model.bin", "tokenizer.json", "drafter"])
+def test_a_git_lfs_pointer_is_named_as_one(tmp_path, capsys, mlx_ckpt, name):
+    """A repository cloned without git-lfs holds pointers where the weights belong: they failed as
+    'Invalid json header length', as a pickle that would run code, or as a tokenizer that is not JSON."""
+    out = tmp_path / "out"
+    src = tmp_path / "src"
+    shutil.copytree(mlx_ckpt[0], src)
+    argv = ["--model", src]
+    if name == "pytorch_model.bin":
+        (src / "model.safetensors").unlink()
+    if name == "drafter":
+        drafter = write_numpy_drafter(tmp_path / "d", H, V, exit_dim=2 * H, layers=1)
+        pointer = drafter / "model.safetensors"
+        argv += ["--drafter", drafter]
+    else:
+        pointer = src / name
+    pointer.write_bytes(LFS_POINTER)
+    rc, lines = run_convert(capsys, *argv, "--out", out)
+    assert_clean_failure(rc, lines, out, f"{pointer} is a Git LFS pointer", "git lfs pull")
+
+
 def test_unknown_drafter_tensor(tmp_path, capsys, mlx_ckpt):
     src = write_numpy_drafter(tmp_path / "d", H, V, exit_dim=2 * H, layers=1, config={"hidden_size": H},
                               rename=lambda k: k.replace("rnn_w.", "rnn_x."))
