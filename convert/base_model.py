@@ -26,7 +26,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
-from redrafter_mlx.config import ModelArgs
+from redrafter_mlx.config import DRAFTER_MODEL_TYPE, ModelArgs
 from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError, RedrafterError, UnsupportedModelError, one_line
 
 from .checkpoint import load_safetensors, pytorch_to_safetensors, read_json, weight_files
@@ -53,6 +53,9 @@ def check_architecture(config: Dict[str, Any], where: str) -> ModelArgs:
     does not build, or one that cannot verify a draft tree."""
     from redrafter_mlx.loader import model_classes
 
+    if config.get("model_type") == DRAFTER_MODEL_TYPE:  # it said "... lacks num_hidden_layers"
+        raise UnsupportedModelError(f"{where} is a drafter's, not a base model's: give its folder as --drafter, "
+                                    "and the model it is for as --model (or --base)")
     needed = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")
     text = config.get("text_config") or {}
     missing = ", ".join(k for k in needed if k not in config and k not in text)

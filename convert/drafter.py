@@ -21,7 +21,7 @@ from typing import Any, Dict, Optional, Tuple
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from redrafter_mlx.config import DrafterArgs
+from redrafter_mlx.config import DRAFTER_MODEL_TYPE, DrafterArgs
 from redrafter_mlx.drafter import Drafter, check_args, check_compatible, check_draft_vocab, drafter_args, save_drafter
 from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError, one_line
 
@@ -119,6 +119,13 @@ def convert_drafter(src: Path, dest: Path, base_args=None, dtype: Optional[str] 
     A drafter already in this project's format (its config has `lm_head`, e.g. one written by
     redrafter_mlx.train) goes through the same checks and is rewritten as is.
     """
+    config_path = (src.parent if src.is_file() else src) / "config.json"
+    # A base model's folder given as --drafter said "unknown tensor(s) in the drafter checkpoint: lm_head.weight, ..."
+    # (or, sharded, "no drafter weights").
+    kind = read_json(config_path, "drafter").get("model_type") if config_path.is_file() else None
+    if kind not in (None, "", DRAFTER_MODEL_TYPE):
+        raise CorruptModelError(f"{config_path} is a {kind!r} model's config, not a drafter's: give --drafter the "
+                                "ReDrafter head's folder (a base model goes to --model)")
     config_path, weights_path = find_checkpoint(src)
     config = read_json(config_path, "drafter")
     if "lm_head" in config:

@@ -620,6 +620,25 @@ def test_a_git_lfs_pointer_is_named_as_one(tmp_path, capsys, mlx_ckpt, name):
     assert_clean_failure(rc, lines, out, f"{pointer} is a Git LFS pointer", "git lfs pull")
 
 
+@pytest.mark.parametrize("swap", ["model-as-drafter", "drafter-as-model", "drafter-as-base"])
+def test_a_model_and_a_drafter_given_the_wrong_way_round_are_named(tmp_path, capsys, mlx_ckpt, swap):
+    """A base model given as --drafter said "unknown tensor(s) in the drafter checkpoint: lm_head.weight,
+    model.embed_tokens.weight, ..."; a drafter given as --model or --base said its config "lacks num_hidden_layers"."""
+    drafter = write_numpy_drafter(tmp_path / "d", H, V, exit_dim=2 * H, layers=1, config={
+        "model_type": "recurrent_drafting_drafter", "hidden_size": H, "vocab_size": V, "rnn": True})
+    model = mlx_ckpt[0]
+    out = tmp_path / "out"
+    if swap == "model-as-drafter":
+        argv, needles = ["--model", model, "--drafter", model], [f"{model / 'config.json'} is a 'llama' model's config, "
+                                                                 "not a drafter's", "--model"]
+    else:
+        flag = "--model" if swap == "drafter-as-model" else "--base"
+        argv = [flag, drafter] + (["--drafter", drafter] if flag == "--base" else [])
+        needles = [f"{drafter / 'config.json'} is a drafter's, not a base model's", "--drafter"]
+    rc, lines = run_convert(capsys, *argv, "--out", out)
+    assert_clean_failure(rc, lines, out, *needles)
+
+
 def test_unknown_drafter_tensor(tmp_path, capsys, mlx_ckpt):
     src = write_numpy_drafter(tmp_path / "d", H, V, exit_dim=2 * H, layers=1, config={"hidden_size": H},
                               rename=lambda k: k.replace("rnn_w.", "rnn_x."))
