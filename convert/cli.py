@@ -8,6 +8,7 @@ then the manifest; all inside a staging folder that becomes the output only at t
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -229,6 +230,8 @@ def main(argv=None) -> int:
         print(f"error: {type(e).__name__}: {one_line(e)} (nothing was written; CONVERT_DEBUG=1 shows the traceback)",
               file=sys.stderr)
         return 1
-    try_it = f"--model {target}" if args.model else f"--model {args.base} --drafter {target}"
+    # quoted for a shell: a path with a space in it split into two arguments when pasted
+    out = shlex.quote(str(target))
+    try_it = f"--model {out}" if args.model else f"--model {shlex.quote(os.path.expanduser(args.base))} --drafter {out}"
     report.say(f"wrote {target}; try it: python -m redrafter_mlx {try_it} \"Hello!\"")
     return 0

@@ -413,6 +413,20 @@ def test_drafter_alone_in_other_formats(tmp_path, capsys, converted, llama, vari
         assert f"--model {converted} --drafter {tmp_path / 'again'}" in capsys.readouterr().err
 
 
+def test_the_command_to_try_quotes_paths_with_spaces(tmp_path, capsys, mlx_ckpt):
+    """The closing 'try it' command is pasted into a shell: a folder named 'my model' gave two arguments."""
+    import shlex
+
+    base = tmp_path / "base model"
+    shutil.copytree(mlx_ckpt[0], base)
+    out = tmp_path / "my drafter"
+    src = write_numpy_drafter(tmp_path / "d", H, V, exit_dim=2 * H, layers=1)
+    assert convert_main(["--drafter", str(src), "--base", str(base), "--out", str(out)]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "try it: " in line]
+    argv = shlex.split(said[-1].split("try it: ", 1)[1])
+    assert argv[argv.index("--model") + 1] == str(base) and argv[argv.index("--drafter") + 1] == str(out)
+
+
 # ---- the default GGUF model ---------------------------------------------------------------
 
 def test_gguf_folder_loads_in_both_and_matches_mlx_lm(tmp_path, capsys):
