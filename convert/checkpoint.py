@@ -8,6 +8,7 @@
   code here. torch is an optional dependency (`pip install 'redrafter-mlx[convert]'`).
 """
 
+import errno
 import json
 import pickle
 from pathlib import Path
@@ -160,7 +161,11 @@ def torch_state_dict(path: Path) -> Dict[str, "object"]:
             "which this tool never does (re-save it as a plain state dict or as safetensors)"
         ) from e
     except Exception as e:
-        raise CorruptModelError(f"cannot read {path}: {_first_line(e)}") from e
+        # A cut-off file fails as EOFError, a zip reader's RuntimeError or "[Errno 22] Invalid argument", which
+        # read as if the command had been given a bad argument.
+        damaged = isinstance(e, (EOFError, RuntimeError)) or (isinstance(e, OSError) and e.errno == errno.EINVAL)
+        hint = "a damaged or incomplete file: " if damaged else ""
+        raise CorruptModelError(f"cannot read {path}: {hint}{_first_line(e)}") from e
     # Training scripts sometimes wrap the state dict.
     for key in ("state_dict", "model", "module"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict) and not torch.is_tensor(obj.get(key)):

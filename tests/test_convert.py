@@ -502,6 +502,23 @@ def test_truncated_safetensors(tmp_path, mlx_ckpt):
     assert_clean_failure(proc.returncode, lines, out, "model.safetensors")
 
 
+@pytest.mark.parametrize("size", [0, 40, "half"])
+def test_a_cut_off_bin_is_called_damaged(tmp_path, capsys, mlx_ckpt, size):
+    """A .bin cut off mid-download said "cannot read ...: [Errno 22] Invalid argument" (or "EOFError")."""
+    torch = pytest.importorskip("torch")
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(mlx_ckpt[0] / "config.json", src)
+    write_tokenizer(src)
+    full = tmp_path / "full.bin"
+    torch.save({k: torch.from_numpy(np.array(v)) for k, v in tree_flatten(mlx_ckpt[1].parameters())}, full)
+    data = full.read_bytes()
+    (src / "pytorch_model.bin").write_bytes(data[: len(data) // 2 if size == "half" else size])
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", src, "--out", out)
+    assert_clean_failure(rc, lines, out, f"cannot read {src / 'pytorch_model.bin'}: a damaged or incomplete file")
+
+
 def test_drafter_for_another_base_model(tmp_path, capsys, mlx_ckpt):
     src = write_numpy_drafter(tmp_path / "d", 48, V, exit_dim=96, layers=1)
     out = tmp_path / "out"
