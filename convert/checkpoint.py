@@ -92,7 +92,16 @@ def weight_files(folder: Path) -> Tuple[str, List[Path]]:
     safetensors (the names mlx-lm reads, `model*.safetensors`) win over `pytorch_model*.bin`.
     """
     if (folder / "model.safetensors.index.json").is_file():
-        return "safetensors", _shards_from_index(folder, "model.safetensors.index.json")
+        shards = _shards_from_index(folder, "model.safetensors.index.json")
+        # mlx-lm reads every model*.safetensors in the folder: one the index does not list (a stale
+        # model.safetensors, a shard of another revision) was mixed into the weights, in glob order.
+        stray = sorted(p.name for p in set(folder.glob("model*.safetensors")) - set(shards))
+        if stray:
+            raise CorruptModelError(
+                f"{folder} holds {', '.join(stray[:3])}{' ...' if len(stray) > 3 else ''} beside the shards "
+                "model.safetensors.index.json lists: from another download? Remove the files that do not belong "
+                "(they would be read together)")
+        return "safetensors", shards
     files = sorted(folder.glob("model*.safetensors"))
     if files:
         return "safetensors", files

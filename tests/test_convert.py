@@ -519,6 +519,27 @@ def test_a_cut_off_bin_is_called_damaged(tmp_path, capsys, mlx_ckpt, size):
     assert_clean_failure(rc, lines, out, f"cannot read {src / 'pytorch_model.bin'}: a damaged or incomplete file")
 
 
+def test_a_safetensors_file_the_index_does_not_list_is_refused(tmp_path, capsys, mlx_ckpt):
+    """mlx-lm reads every model*.safetensors: a stale model.safetensors beside an index's shards was mixed
+    into the converted weights (in glob order), while the manifest listed the shards alone."""
+    src = tmp_path / "src"
+    shutil.copytree(mlx_ckpt[0], src, ignore=shutil.ignore_patterns("model.safetensors"))
+    weights = dict(tree_flatten(mlx_ckpt[1].parameters()))
+    names = sorted(weights)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for shard, keys in shards.items():
+        mx.save_safetensors(str(src / shard), {k: weights[k] for k in keys})
+    (src / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {k: shard for shard, keys in shards.items() for k in keys}}))
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", src, "--out", out)  # the index and its shards alone convert
+    assert rc == 0, lines
+    mx.save_safetensors(str(src / "model.safetensors"), {k: mx.zeros_like(v) for k, v in weights.items()})
+    rc, lines = run_convert(capsys, "--model", src, "--out", tmp_path / "again")
+    assert_clean_failure(rc, lines, tmp_path / "again", "model.safetensors beside the shards", "Remove")
+
+
 def test_drafter_for_another_base_model(tmp_path, capsys, mlx_ckpt):
     src = write_numpy_drafter(tmp_path / "d", 48, V, exit_dim=96, layers=1)
     out = tmp_path / "out"
