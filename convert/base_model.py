@@ -198,6 +198,12 @@ def convert_hf(base: BaseSource, dest: Path, dtype, quantize, q_bits, q_group_si
     if (src / "generation_config.json").is_file():
         shutil.copy(src / "generation_config.json", dest / "generation_config.json")
     model, config, kind, files = _load_hf(src, dest, base.config, report)
+    if quantize and any(name.endswith(".scales") for name, _ in tree_flatten(model.parameters())):
+        # An AWQ/GPTQ/compressed-tensors checkpoint (quantization_config) loads as quantized layers, which
+        # --quantize left as they were: "--q-bits 8" gave a model 4-bit but for its embeddings.
+        method = (base.config.get("quantization_config") or {}).get("quant_method", "")
+        raise ConversionError(f"{src} is already quantized{f' ({method})' if method else ''}; "
+                              "convert it without --quantize")
     if dtype is None:
         stated = config.get("torch_dtype") or config.get("dtype")
         dtype = stated if stated in DTYPES else None

@@ -314,6 +314,33 @@ def test_quantized_conversion_loads_and_generates(tmp_path, capsys, hf_dirs, app
     assert len(ar.tokens) == 12 and rd.tokens == ar.tokens
 
 
+def test_quantize_refuses_an_awq_checkpoint(tmp_path, capsys, mlx_ckpt):
+    """An AutoAWQ/GPTQ checkpoint (config.json's quantization_config, which mlx-lm loads as quantized layers) took
+    --quantize --q-bits 8 and kept its 4-bit layers, quantizing only the embeddings: the option half ignored."""
+    src = tmp_path / "awq"
+    shutil.copytree(mlx_ckpt[0], src)
+    rng = np.random.default_rng(0)
+    weights, group = {}, 32
+    for name, v in tree_flatten(mlx_ckpt[1].parameters()):
+        if name.endswith("proj.weight"):
+            o, i = v.shape
+            prefix = name[: -len(".weight")]
+            weights[f"{prefix}.qweight"] = mx.array(rng.integers(0, 2**31 - 1, (i, o // 8)).astype(np.int32))
+            weights[f"{prefix}.qzeros"] = mx.array(rng.integers(0, 2**31 - 1, (i // group, o // 8)).astype(np.int32))
+            weights[f"{prefix}.scales"] = mx.array((rng.random((i // group, o)) * 0.01).astype(np.float16))
+        else:
+            weights[name] = v
+    mx.save_safetensors(str(src / "model.safetensors"), weights)
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True}
+    (src / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", src, "--quantize", "--q-bits", "8", "--out", out)
+    assert_clean_failure(rc, lines, out, "already quantized (awq)", "without --quantize")
+    rc, lines = run_convert(capsys, "--model", src, "--out", out)  # as it is, it converts
+    assert rc == 0, lines
+
+
 def test_safetensors_without_torch(tmp_path, capsys, mlx_ckpt):
     """A checkpoint and a drafter written by MLX alone (no torch anywhere): the drafter in this
     project's own format (shared head, draft vocabulary) is packed in; both match their sources."""
