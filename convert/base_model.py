@@ -174,6 +174,16 @@ def _load_hf(src: Path, dest: Path, config: Dict[str, Any], report):
         raise ModelNotFoundError(f"{src}: {one_line(e)}") from e
     except ValueError as e:
         text = one_line(e)
+        quantized = config.get("quantization_config") or {}
+        if isinstance(quantized, dict) and any(w in text for w in ("quant", "AWQ", "GPTQ", "g_idx")):
+            # mlx-lm's refusal of a quantization it cannot read ("Only bits=8 is supported for AutoAWQ/GPTQ
+            # models" of an 8-bit one) read as "the tensors do not fit config.json".
+            method = quantized.get("quant_method", "?")
+            if method in ("awq", "gptq") and quantized.get("bits", 4) != 4:
+                text = f"mlx-lm reads 4-bit {method} only, and this one is {quantized.get('bits')}-bit"
+            raise UnsupportedModelError(f"{src}: its {method} quantization (config.json's quantization_config) "
+                                        f"cannot be converted: {text} (convert the unquantized model; --quantize "
+                                        "quantizes it)") from e
         if "not supported" in text:
             raise UnsupportedModelError(f"{src}: {text}") from e
         raise CorruptModelError(f"{src}: the tensors do not fit config.json: {text}") from e

@@ -314,13 +314,11 @@ def test_quantized_conversion_loads_and_generates(tmp_path, capsys, hf_dirs, app
     assert len(ar.tokens) == 12 and rd.tokens == ar.tokens
 
 
-def test_quantize_refuses_an_awq_checkpoint(tmp_path, capsys, mlx_ckpt):
-    """An AutoAWQ/GPTQ checkpoint (config.json's quantization_config, which mlx-lm loads as quantized layers) took
-    --quantize --q-bits 8 and kept its 4-bit layers, quantizing only the embeddings: the option half ignored."""
-    src = tmp_path / "awq"
+def write_awq(src: Path, mlx_ckpt, bits=4, group=32):
+    """The MLX checkpoint as AutoAWQ writes one (random packed weights; config.json's quantization_config)."""
     shutil.copytree(mlx_ckpt[0], src)
     rng = np.random.default_rng(0)
-    weights, group = {}, 32
+    weights = {}
     for name, v in tree_flatten(mlx_ckpt[1].parameters()):
         if name.endswith("proj.weight"):
             o, i = v.shape
@@ -332,13 +330,31 @@ def test_quantize_refuses_an_awq_checkpoint(tmp_path, capsys, mlx_ckpt):
             weights[name] = v
     mx.save_safetensors(str(src / "model.safetensors"), weights)
     config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True}
+    config["quantization_config"] = {"quant_method": "awq", "bits": bits, "group_size": group, "zero_point": True}
     (src / "config.json").write_text(json.dumps(config))
+    return src
+
+
+def test_quantize_refuses_an_awq_checkpoint(tmp_path, capsys, mlx_ckpt):
+    """An AutoAWQ/GPTQ checkpoint (config.json's quantization_config, which mlx-lm loads as quantized layers) took
+    --quantize --q-bits 8 and kept its 4-bit layers, quantizing only the embeddings: the option half ignored."""
+    src = write_awq(tmp_path / "awq", mlx_ckpt)
     out = tmp_path / "out"
     rc, lines = run_convert(capsys, "--model", src, "--quantize", "--q-bits", "8", "--out", out)
     assert_clean_failure(rc, lines, out, "already quantized (awq)", "without --quantize")
     rc, lines = run_convert(capsys, "--model", src, "--out", out)  # as it is, it converts
     assert rc == 0, lines
+
+
+def test_a_quantization_mlx_lm_cannot_read_is_named(tmp_path, capsys, mlx_ckpt):
+    """An 8-bit AWQ checkpoint said "the tensors do not fit config.json: Only bits=8 is supported for AutoAWQ/GPTQ
+    models" (mlx-lm's message names the bits it was given)."""
+    src = write_awq(tmp_path / "awq", mlx_ckpt, bits=8)
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", src, "--out", out)
+    assert_clean_failure(rc, lines, out, "its awq quantization", "4-bit awq only, and this one is 8-bit",
+                         "convert the unquantized model")
+    assert "do not fit" not in lines[0]
 
 
 def test_safetensors_without_torch(tmp_path, capsys, mlx_ckpt):
