@@ -98,10 +98,11 @@ class Reporter:
         """What the user should know of the result, said with --quiet too."""
         print(f"[convert] note: {text}", file=sys.stderr, flush=True)
 
-    def bar(self, total=None, desc="", unit="tensor"):
+    def bar(self, total=None, desc="", unit="tensor", unit_scale=False):
         from tqdm import tqdm
 
-        return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=True if self.quiet else None,
+        return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit_scale, file=sys.stderr,
+                    disable=True if self.quiet else None,
                     leave=True, dynamic_ncols=True)
 
 
@@ -138,11 +139,18 @@ def _base_args_of(name: str):
     return check_architecture(config, str(where)), resolved.path
 
 
-def _files_info(info: Dict[str, Any], root: Optional[Path]) -> Dict[str, Any]:
+def _files_info(info: Dict[str, Any], root: Optional[Path], report: Reporter) -> Dict[str, Any]:
+    """The manifest's entry, with the sha256 of every input, under a bar counting bytes (at the
+    ~600 MB/s measured here, a 70B model's 140 GB is minutes of hashing)."""
     from .output import describe_inputs
 
     info = dict(info)
-    info["sha256"] = describe_inputs(info.pop("files"), root)
+    files = sorted(set(Path(f) for f in info.pop("files")))
+    bar = report.bar(total=sum(f.stat().st_size for f in files), desc="hashing", unit="B", unit_scale=True)
+    try:
+        info["sha256"] = describe_inputs(files, root, bar.update)
+    finally:
+        bar.close()
     return info
 
 
@@ -181,7 +189,7 @@ def run(args, report: Reporter) -> Path:
                 for f in dest.iterdir():
                     f.rename(tmp / f.name)
                 dest.rmdir()
-            drafter_info = _files_info(drafter_info, drafter_src if drafter_src.is_dir() else None)
+            drafter_info = _files_info(drafter_info, drafter_src if drafter_src.is_dir() else None, report)
             if base is None:
                 drafter_info["checked_against"] = str(base_path)
         base_info = None
@@ -192,7 +200,7 @@ def run(args, report: Reporter) -> Path:
                 report.note(f"{base.path} has no chat template, so chat messages reach the model as plain text: for a "
                             "chat model give --chat-template (vicuna, or a Jinja file)")
             report.say("hashing inputs for the manifest")
-            base_info = _files_info(base_info, base.path if base.path.is_dir() else None)
+            base_info = _files_info(base_info, base.path if base.path.is_dir() else None, report)
         write_manifest(tmp, base_info, drafter_info)
     return output.target
 

@@ -18,7 +18,7 @@ import shutil
 import signal
 import threading
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from redrafter_mlx.errors import RedrafterError
 from redrafter_mlx.files import replace_folder, staging_folder, unwritable_ancestor
@@ -134,20 +134,24 @@ def _raise_on_sigterm(signum, frame):
     raise KeyboardInterrupt("terminated")
 
 
-def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
+def sha256_of(path: Path, chunk: int = 1 << 20, progress: Optional[Callable[[int], Any]] = None) -> str:
+    """`progress(n)` is called with the bytes read, block by block."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk):
             h.update(block)
+            if progress:
+                progress(len(block))
     return h.hexdigest()
 
 
-def describe_inputs(files: Iterable[Path], root: Optional[Path] = None) -> Dict[str, str]:
+def describe_inputs(files: Iterable[Path], root: Optional[Path] = None,
+                    progress: Optional[Callable[[int], Any]] = None) -> Dict[str, str]:
     """{file name (relative to root): sha256} for the files a conversion read."""
     out = {}
     for f in sorted(set(Path(p) for p in files)):
         name = str(f.relative_to(root)) if root is not None and _inside(f, root) else f.name
-        out[name] = sha256_of(f)
+        out[name] = sha256_of(f, progress=progress)
     return out
 
 

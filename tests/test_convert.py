@@ -456,6 +456,35 @@ def test_drafter_alone_in_other_formats(tmp_path, capsys, converted, llama, vari
         assert f"--model {converted} --drafter {tmp_path / 'again'}" in capsys.readouterr().err
 
 
+def test_hashing_the_inputs_has_a_progress_bar(tmp_path, mlx_ckpt):
+    """Hashing every input for the manifest (minutes for a 70B model) ran under one status line, no bar."""
+    from convert.cli import Reporter, _check_args, build_parser, run
+
+    bars = []
+
+    class Recording(Reporter):
+        def bar(self, total=None, desc="", unit="tensor", unit_scale=False):
+            record = {"desc": desc, "total": total, "done": 0}
+            bars.append(record)
+
+            class Bar:
+                def update(self, n=1):
+                    record["done"] += n
+
+                def close(self):
+                    pass
+
+            return Bar()
+
+    parser = build_parser()
+    args = parser.parse_args(["--model", str(mlx_ckpt[0]), "--out", str(tmp_path / "out")])
+    _check_args(parser, args)
+    out = run(args, Recording(quiet=True))
+    hashed = json.loads((out / "manifest.json").read_text())["base"]["sha256"]
+    size = sum((mlx_ckpt[0] / name).stat().st_size for name in hashed)
+    assert [(b["total"], b["done"]) for b in bars if b["desc"] == "hashing"] == [(size, size)]
+
+
 def test_the_command_to_try_quotes_paths_with_spaces(tmp_path, capsys, mlx_ckpt):
     """The closing 'try it' command is pasted into a shell: a folder named 'my model' gave two arguments."""
     import shlex
