@@ -77,7 +77,18 @@ def read_json(path: Path, what: str) -> dict:
 
 def _shards_from_index(folder: Path, index_name: str) -> List[Path]:
     index = read_json(folder / index_name, "checkpoint")
-    names = sorted(set((index.get("weight_map") or {}).values()))
+    weight_map = index.get("weight_map") or {}
+    # (a list or a null shard name failed as "AttributeError: 'list' object has no attribute 'values'" or
+    # "TypeError: unsupported operand type(s) for /", read as a bug)
+    if not isinstance(weight_map, dict):
+        bad = f"it is a {type(weight_map).__name__}"
+    else:
+        bad = next((f"{k!r}: {n!r}" for k, n in weight_map.items()
+                    if not isinstance(n, str) or not n or Path(n).name != n), None)
+    if bad:
+        raise CorruptModelError(f"{folder / index_name} is not a weight index: its weight_map must map each tensor "
+                                f"to the file name of a shard in the folder ({bad})")
+    names = sorted(set(weight_map.values()))
     if not names:
         raise CorruptModelError(f"{folder / index_name} lists no weight files")
     missing = [n for n in names if not (folder / n).is_file()]

@@ -612,6 +612,20 @@ def test_a_safetensors_file_the_index_does_not_list_is_refused(tmp_path, capsys,
     assert_clean_failure(rc, lines, tmp_path / "again", "model.safetensors beside the shards", "Remove")
 
 
+@pytest.mark.parametrize("weight_map, said", [(["model.safetensors"], "it is a list"),
+                                               ({"model.norm.weight": None}, "'model.norm.weight': None"),
+                                               ({"model.norm.weight": "/etc/passwd"}, "'/etc/passwd'")])
+def test_a_malformed_weight_index_is_named(tmp_path, capsys, mlx_ckpt, weight_map, said):
+    """A weight_map that is a list, or names no file, failed as "AttributeError: 'list' object has no attribute
+    'values'" or "TypeError: unsupported operand type(s) for /", with the hint that the tool has a bug."""
+    src = tmp_path / "src"
+    shutil.copytree(mlx_ckpt[0], src)
+    (src / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", src, "--out", out)
+    assert_clean_failure(rc, lines, out, "model.safetensors.index.json is not a weight index", said)
+
+
 def test_drafter_for_another_base_model(tmp_path, capsys, mlx_ckpt):
     src = write_numpy_drafter(tmp_path / "d", 48, V, exit_dim=96, layers=1)
     out = tmp_path / "out"
