@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError
+from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError, one_line
 
 from .checkpoint import refuse_lfs_pointer
 from .output import ConversionError
@@ -81,6 +81,20 @@ def _save(hf, dest: Path, chat_template: Optional[str]):
         path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
+def _config_fails_alike(src: Path, error: Exception) -> bool:
+    """Did the tokenizer fail on config.json? A field of the wrong type (hidden_size "64") said "cannot load the
+    tokenizer in ...: Validation error for field 'hidden_size':", blaming the tokenizer and cutting off the why."""
+    from transformers import AutoConfig
+
+    if not (src / "config.json").is_file():
+        return False
+    try:
+        AutoConfig.from_pretrained(str(src), trust_remote_code=False)
+    except Exception as e:
+        return type(e) is type(error) and str(e) == str(error)
+    return False
+
+
 def save_hf_tokenizer(src: Path, dest: Path, chat_template: Optional[str] = None) -> Dict[str, Any]:
     """Copy a Hugging Face folder's tokenizer (never running code from it)."""
     from transformers import AutoTokenizer
@@ -93,6 +107,8 @@ def save_hf_tokenizer(src: Path, dest: Path, chat_template: Optional[str] = None
     try:
         hf = AutoTokenizer.from_pretrained(str(src), trust_remote_code=False)
     except Exception as e:
+        if _config_fails_alike(src, e):  # transformers reads config.json to choose the tokenizer class
+            raise CorruptModelError(f"{src / 'config.json'} does not pass transformers' checks: {one_line(e)}") from e
         text = str(e).strip().splitlines()
         raise CorruptModelError(f"cannot load the tokenizer in {src}: {text[0] if text else type(e).__name__}") from e
     _save(hf, dest, chat_template)

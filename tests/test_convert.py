@@ -560,6 +560,19 @@ def test_zero_attention_heads_is_the_config_s_fault(tmp_path, capsys, mlx_ckpt):
     assert "tokenizer" not in lines[0]
 
 
+def test_a_config_transformers_refuses_is_not_blamed_on_the_tokenizer(tmp_path, capsys, mlx_ckpt):
+    """transformers reads config.json to choose the tokenizer class: a size written as a string said "cannot load
+    the tokenizer in ...: Validation error for field 'hidden_size':", naming the wrong file and cutting off why."""
+    src = tmp_path / "src"
+    shutil.copytree(mlx_ckpt[0], src)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "hidden_size": str(H)}))
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", src, "--out", out)
+    assert_clean_failure(rc, lines, out, str(src / "config.json"), "hidden_size")
+    assert "tokenizer" not in lines[0]
+
+
 def test_truncated_safetensors(tmp_path, mlx_ckpt):
     """Through the real command line: exit code, one line, no traceback, no output."""
     src = tmp_path / "src"
