@@ -573,6 +573,19 @@ def test_a_config_transformers_refuses_is_not_blamed_on_the_tokenizer(tmp_path, 
     assert "tokenizer" not in lines[0]
 
 
+@pytest.mark.parametrize("key, value", [("model_type", ["llama"]), ("text_config", [1])])
+def test_a_config_field_of_the_wrong_kind_is_named(tmp_path, capsys, mlx_ckpt, key, value):
+    """A list as model_type or text_config failed as "TypeError: unhashable type: 'list'" or "AttributeError: 'list'
+    object has no attribute 'get'", with the hint that the tool has a bug."""
+    src = tmp_path / "src"
+    shutil.copytree(mlx_ckpt[0], src)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, key: value}))
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", src, "--out", out)
+    assert_clean_failure(rc, lines, out, f"{src / 'config.json'}: {key} must be")
+
+
 def test_truncated_safetensors(tmp_path, mlx_ckpt):
     """Through the real command line: exit code, one line, no traceback, no output."""
     src = tmp_path / "src"
