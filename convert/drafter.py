@@ -101,8 +101,8 @@ def infer_args(config: Dict[str, Any], weights: Dict[str, mx.array], where="draf
     for key, value in inferred.items():
         stated = config.get(key)
         if _set(stated) and stated != value:
-            raise CorruptModelError(
-                f"{where} says {key}={stated}, but its tensors give {key}={value}"
+            raise CorruptModelError(  # (repr: a string "64" said "says hidden_size=64, but its tensors give 64")
+                f"{where} says {key}={stated!r}, but its tensors give {key}={value!r}"
             )
     if "input_proj.weight" not in weights and exit_dim != 2 * hidden:
         raise CorruptModelError(

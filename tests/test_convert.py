@@ -803,6 +803,14 @@ def test_a_model_and_a_drafter_given_the_wrong_way_round_are_named(tmp_path, cap
     assert_clean_failure(rc, lines, out, *needles)
 
 
+def test_a_drafter_size_written_as_a_string_is_shown_as_one(tmp_path, capsys, mlx_ckpt):
+    """It said "config.json says hidden_size=64, but its tensors give hidden_size=64"."""
+    src = write_numpy_drafter(tmp_path / "d", H, V, exit_dim=2 * H, layers=1, config={"hidden_size": str(H)})
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--drafter", src, "--out", out)
+    assert_clean_failure(rc, lines, out, f"says hidden_size='{H}', but its tensors give hidden_size={H}")
+
+
 def test_unknown_drafter_tensor(tmp_path, capsys, mlx_ckpt):
     src = write_numpy_drafter(tmp_path / "d", H, V, exit_dim=2 * H, layers=1, config={"hidden_size": H},
                               rename=lambda k: k.replace("rnn_w.", "rnn_x."))
