@@ -193,15 +193,19 @@ def _load_hf(src: Path, dest: Path, config: Dict[str, Any], report):
         if "not supported" in text:
             raise UnsupportedModelError(f"{src}: {text}") from e
         raise CorruptModelError(f"{src}: the tensors do not fit config.json: {text}") from e
-    except RedrafterError:
+    except (RedrafterError, MemoryError):
         raise
-    except TypeError as e:  # mlx-lm's ModelArgs without a field it needs: "__init__() missing 1 required ..."
-        missing = re.findall(r"'(\w+)'", str(e)) if "required" in str(e) else []
+    except Exception as e:
+        # mlx-lm's ModelArgs without a field it needs: "__init__() missing 1 required ..."
+        missing = re.findall(r"'(\w+)'", str(e)) if isinstance(e, TypeError) and "required" in str(e) else []
         if missing:
             raise CorruptModelError(f"{src}: config.json lacks {', '.join(missing)}") from e
-        raise CorruptModelError(f"cannot read {src}: {one_line(e)}") from e
-    except Exception as e:  # mx.load on a truncated or corrupt shard
-        raise CorruptModelError(f"cannot read {src}: {one_line(e)}") from e
+        # Every shard's header was read above (and tensors are read lazily, later): what fails here is mlx-lm
+        # building the model from config.json's values. It said "cannot read ...: 'quant_method'" of a
+        # quantization_config without one, "cannot read ...: float division by zero" of intermediate_size 0.
+        said = one_line(e)
+        said = said if said == type(e).__name__ else f"{type(e).__name__}: {said}"
+        raise CorruptModelError(f"{src}: mlx-lm cannot build the model from its config.json ({said})") from e
     return model, config, kind, files
 
 

@@ -586,6 +586,20 @@ def test_a_config_field_of_the_wrong_kind_is_named(tmp_path, capsys, mlx_ckpt, k
     assert_clean_failure(rc, lines, out, f"{src / 'config.json'}: {key} must be")
 
 
+@pytest.mark.parametrize("change, said", [({"quantization_config": {"bits": 4}}, "KeyError: 'quant_method'"),
+                                          ({"intermediate_size": 0}, "ZeroDivisionError")])
+def test_a_config_mlx_lm_cannot_build_is_not_called_unreadable(tmp_path, capsys, mlx_ckpt, change, said):
+    """Values mlx-lm cannot build a model from said "cannot read <folder>: 'quant_method'" (or "float division by
+    zero"), as if a file were unreadable."""
+    src = tmp_path / "src"
+    shutil.copytree(mlx_ckpt[0], src)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, **change}))
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", src, "--out", out)
+    assert_clean_failure(rc, lines, out, f"{src}: mlx-lm cannot build the model from its config.json", said)
+
+
 def test_truncated_safetensors(tmp_path, mlx_ckpt):
     """Through the real command line: exit code, one line, no traceback, no output."""
     src = tmp_path / "src"
