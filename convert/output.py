@@ -63,6 +63,7 @@ class OutputFolder:
     def __init__(self, target, force: bool = False):
         # absolute, so "." or ".." name a folder that can be renamed (and the staging folder a name)
         self.target = Path(os.path.abspath(Path(target).expanduser()))
+        self.force = force
         self.tmp: Optional[Path] = None
         self.made: List[Path] = []  # the folders above the target this run created (removed on failure)
         self._sigterm_installed = False
@@ -83,12 +84,15 @@ class OutputFolder:
         if self.target.exists() and _inside(Path(source), self.target):
             raise ConversionError(f"--force would delete the input {source}: choose another output folder")
 
-    def __enter__(self) -> Path:
-        if self.target.is_dir() and not _replaceable(self.target):  # (after protect(): an input's message first)
+    def _check_replaceable(self):
+        if self.target.is_dir() and not _replaceable(self.target):
             # `--out src --force` deleted a source tree whole (a typo away from the intended folder)
             raise ConversionError(f"--force replaces only a model or drafter folder (one holding {MANIFEST} or "
                                   f"config.json), and {self.target} is not one: remove it yourself or choose "
                                   "another output folder")
+
+    def __enter__(self) -> Path:
+        self._check_replaceable()  # (after protect(): an input's message first)
         try:
             missing = [a for a in self.target.parents if not a.exists()]
             self.target.parent.mkdir(parents=True, exist_ok=True)
@@ -119,6 +123,13 @@ class OutputFolder:
         return False
 
     def _commit(self):
+        # The target may have appeared during the work (another conversion, a folder made by hand): it was
+        # replaced and deleted whatever it held, without --force or a --force check of what it is.
+        if self.target.exists() or self.target.is_symlink():
+            if not self.force or not self.target.is_dir():
+                raise ConversionError(f"output {self.target} appeared while converting (another conversion to it?): "
+                                      "it was left as it is" + (" (use --force to replace it)" if not self.force else ""))
+            self._check_replaceable()
         try:
             replace_folder(self.tmp, self.target)
         except KeyboardInterrupt as e:  # a signal held through the renames, delivered after them

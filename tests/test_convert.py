@@ -974,6 +974,21 @@ def test_a_broken_chat_template_is_refused_before_any_work(tmp_path, capsys, mlx
     assert "UnicodeDecodeError" not in lines[0]
 
 
+@pytest.mark.parametrize("force", [False, True])
+def test_an_output_that_appears_during_the_work_is_left_alone(tmp_path, force):
+    """The output folder was checked at the start only: one made meanwhile (by hand, by another conversion) was
+    replaced at the end and what it held deleted, without --force, or with --force though it is no model folder."""
+    from convert.output import ConversionError
+
+    out = tmp_path / "out"
+    with pytest.raises(ConversionError, match="appeared while converting" if not force else "replaces only a model"):
+        with OutputFolder(out, force=force) as tmp:
+            (tmp / "config.json").write_text("{}")
+            out.mkdir()
+            (out / "notes.txt").write_text("mine")
+    assert (out / "notes.txt").read_text() == "mine" and [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
 def test_a_failed_conversion_leaves_no_folders_it_made(tmp_path, capsys, mlx_ckpt):
     src = write_numpy_drafter(tmp_path / "d", 48, V, exit_dim=96, layers=1)  # for another model
     (tmp_path / "kept").mkdir()
