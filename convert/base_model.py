@@ -211,6 +211,10 @@ def _load_hf(src: Path, dest: Path, config: Dict[str, Any], report):
 
 def convert_hf(base: BaseSource, dest: Path, dtype, quantize, q_bits, q_group_size, template, report) -> Dict[str, Any]:
     src = base.path
+    if base.config.get("model_file") is not None:  # mlx-lm said "Pass trust_remote_code=True", an option not here
+        raise UnsupportedModelError(f"{src}: config.json's model_file asks to build the model by running "
+                                    f"{base.config['model_file']!r} from the checkpoint, which this converter "
+                                    "never does")
     if quantize and base.config.get("quantization"):
         raise ConversionError(f"{src} is already quantized; convert it without --quantize")
     report.say("tokenizer")

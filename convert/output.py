@@ -127,8 +127,9 @@ class OutputFolder:
         # replaced and deleted whatever it held, without --force or a --force check of what it is.
         if self.target.exists() or self.target.is_symlink():
             if not self.force or not self.target.is_dir():
+                hint = "" if self.force else " (use --force to replace it)"
                 raise ConversionError(f"output {self.target} appeared while converting (another conversion to it?): "
-                                      "it was left as it is" + (" (use --force to replace it)" if not self.force else ""))
+                                      f"it was left as it is{hint}")
             self._check_replaceable()
         try:
             replace_folder(self.tmp, self.target)

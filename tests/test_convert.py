@@ -600,6 +600,20 @@ def test_a_config_mlx_lm_cannot_build_is_not_called_unreadable(tmp_path, capsys,
     assert_clean_failure(rc, lines, out, f"{src}: mlx-lm cannot build the model from its config.json", said)
 
 
+def test_a_config_that_asks_to_run_code_is_refused_without_a_missing_option(tmp_path, capsys, mlx_ckpt):
+    """mlx-lm's model_file (a Python file that builds the model) said "the tensors do not fit config.json: ... Pass
+    trust_remote_code=True if you trust this model", an option the converter does not have."""
+    src = tmp_path / "src"
+    shutil.copytree(mlx_ckpt[0], src)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "model_file": "custom.py"}))
+    (src / "custom.py").write_text("raise SystemExit('ran')\n")
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", src, "--out", out)
+    assert_clean_failure(rc, lines, out, "model_file", "'custom.py'", "never does")
+    assert "trust_remote_code" not in lines[0] and "do not fit" not in lines[0]
+
+
 def test_truncated_safetensors(tmp_path, mlx_ckpt):
     """Through the real command line: exit code, one line, no traceback, no output."""
     src = tmp_path / "src"
@@ -807,8 +821,8 @@ def test_a_model_and_a_drafter_given_the_wrong_way_round_are_named(tmp_path, cap
     model = mlx_ckpt[0]
     out = tmp_path / "out"
     if swap == "model-as-drafter":
-        argv, needles = ["--model", model, "--drafter", model], [f"{model / 'config.json'} is a 'llama' model's config, "
-                                                                 "not a drafter's", "--model"]
+        argv = ["--model", model, "--drafter", model]
+        needles = [f"{model / 'config.json'} is a 'llama' model's config, not a drafter's", "--model"]
     else:
         flag = "--model" if swap == "drafter-as-model" else "--base"
         argv = [flag, drafter] + (["--drafter", drafter] if flag == "--base" else [])
