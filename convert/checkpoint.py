@@ -97,6 +97,17 @@ def _shards_from_index(folder: Path, index_name: str) -> List[Path]:
     return [folder / n for n in names]
 
 
+def _one_layout(folder: Path, files: List[Path], single: str) -> List[Path]:
+    """Refuse a whole-model file beside shards with no index to choose between them: both were read, the
+    tensors of one overwriting the other's in glob order (a stale download converted to wrong weights)."""
+    if len(files) > 1 and any(f.name == single for f in files):
+        others = [f.name for f in files if f.name != single]
+        raise CorruptModelError(f"{folder} holds both {single} and shards ({', '.join(others[:2])}"
+                                f"{' ...' if len(others) > 2 else ''}) and no index to say which is the model: "
+                                "remove the one from another download")
+    return files
+
+
 def weight_files(folder: Path) -> Tuple[str, List[Path]]:
     """("safetensors" | "pytorch", shard files) of a Hugging Face checkpoint folder.
 
@@ -115,12 +126,12 @@ def weight_files(folder: Path) -> Tuple[str, List[Path]]:
         return "safetensors", shards
     files = sorted(folder.glob("model*.safetensors"))
     if files:
-        return "safetensors", files
+        return "safetensors", _one_layout(folder, files, "model.safetensors")
     if (folder / "pytorch_model.bin.index.json").is_file():
         return "pytorch", _shards_from_index(folder, "pytorch_model.bin.index.json")
     files = sorted(folder.glob("pytorch_model*.bin"))
     if files:
-        return "pytorch", files
+        return "pytorch", _one_layout(folder, files, "pytorch_model.bin")
     others = sorted(p.name for p in folder.glob("*.safetensors")) + sorted(p.name for p in folder.glob("*.pt*"))
     hint = f" (found {', '.join(others[:3])})" if others else ""
     raise ModelNotFoundError(

@@ -680,6 +680,29 @@ def test_a_malformed_weight_index_is_named(tmp_path, capsys, mlx_ckpt, weight_ma
     assert_clean_failure(rc, lines, out, "model.safetensors.index.json is not a weight index", said)
 
 
+@pytest.mark.parametrize("fmt", ["safetensors", "bin"])
+def test_a_whole_model_file_beside_shards_without_an_index_is_refused(tmp_path, capsys, mlx_ckpt, fmt):
+    """model.safetensors (or pytorch_model.bin) beside shards of another download, with no index: every file was
+    read, the tensors of one overwriting the other's in glob order (exit 0, the weights of either)."""
+    weights = dict(tree_flatten(mlx_ckpt[1].parameters()))
+    src = tmp_path / "src"
+    shutil.copytree(mlx_ckpt[0], src, ignore=shutil.ignore_patterns("model.safetensors"))
+    if fmt == "safetensors":
+        mx.save_safetensors(str(src / "model.safetensors"), weights)
+        mx.save_safetensors(str(src / "model-00001-of-00001.safetensors"),
+                            {k: mx.zeros_like(v) for k, v in weights.items()})
+        single = "model.safetensors"
+    else:
+        torch = pytest.importorskip("torch")
+        state = {k: torch.from_numpy(np.array(v)) for k, v in weights.items()}
+        torch.save(state, src / "pytorch_model.bin")
+        torch.save({k: torch.zeros_like(v) for k, v in state.items()}, src / "pytorch_model-00001-of-00001.bin")
+        single = "pytorch_model.bin"
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", src, "--out", out)
+    assert_clean_failure(rc, lines, out, f"holds both {single} and shards", "no index")
+
+
 def test_drafter_for_another_base_model(tmp_path, capsys, mlx_ckpt):
     src = write_numpy_drafter(tmp_path / "d", 48, V, exit_dim=96, layers=1)
     out = tmp_path / "out"
