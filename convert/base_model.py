@@ -60,11 +60,12 @@ def check_architecture(config: Dict[str, Any], where: str) -> ModelArgs:
     text = config.get("text_config") or {}
     # (a list here failed as "TypeError: unhashable type: 'list'" or "AttributeError: 'list' object has no
     # attribute 'get'", with the hint of a bug)
-    for key, value, kind in (("model_type", config.get("model_type", ""), str), ("text_config", text, dict)):
+    for key, value, kind in (("model_type", config.get("model_type") or "", str), ("text_config", text, dict)):
         if not isinstance(value, kind):
             raise CorruptModelError(f"{where}: {key} must be {'a string' if kind is str else 'an object'}, "
                                     f"not {value!r}")
-    missing = ", ".join(k for k in needed if k not in config and k not in text)
+    # (a null counts as missing: it passed here and failed as "config.json lacks hidden_size", naming no folder)
+    missing = ", ".join(k for k in needed if config.get(k) is None and text.get(k) is None)
     if missing:
         raise CorruptModelError(f"{where} is not a model config mlx-lm can build (it lacks {missing})")
     model_classes(config, where)

@@ -614,6 +614,17 @@ def test_a_config_that_asks_to_run_code_is_refused_without_a_missing_option(tmp_
     assert "trust_remote_code" not in lines[0] and "do not fit" not in lines[0]
 
 
+def test_a_null_size_in_the_config_names_the_file(tmp_path, capsys, mlx_ckpt):
+    """"hidden_size": null said "config.json lacks hidden_size" beside a drafter's config.json, naming no folder."""
+    src = tmp_path / "src"
+    shutil.copytree(mlx_ckpt[0], src)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "hidden_size": None}))
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", src, "--out", out)
+    assert_clean_failure(rc, lines, out, f"{src / 'config.json'} is not a model config", "lacks hidden_size")
+
+
 def test_truncated_safetensors(tmp_path, mlx_ckpt):
     """Through the real command line: exit code, one line, no traceback, no output."""
     src = tmp_path / "src"
