@@ -126,6 +126,29 @@ def test_a_shard_missing_from_the_index(tiny_kit, tmp_path):
     assert "do not fit" not in msg
 
 
+def test_weight_files_from_another_download_are_refused(tiny_kit, tmp_path):
+    """mlx-lm reads every model*.safetensors in the folder: a stale model.safetensors beside shards (with or
+    without their index) or a shard the index does not list was mixed into the weights, the last read winning,
+    and the model loaded with wrong weights and no word; a Git LFS pointer said "Invalid json header length"."""
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
+    weights = mx.load(str(path / "model.safetensors"))
+    names = sorted(weights)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for shard, keys in shards.items():
+        mx.save_safetensors(str(path / shard), {k: weights[k] for k in keys})
+    raises(CorruptModelError, lambda: load(str(path)), "both model.safetensors and shards", "no index")
+    (path / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}))
+    raises(CorruptModelError, lambda: load(str(path)), "model.safetensors beside the shards", "another download")
+    (path / "model.safetensors").unlink()
+    load(str(path), use_drafter=False)  # the shards alone: it loads
+    (path / "model.safetensors.index.json").unlink()
+    (path / "model-00002-of-00002.safetensors").write_bytes(
+        b"version https://git-lfs.github.com/spec/v1\noid sha256:0123\nsize 4096\n")
+    raises(CorruptModelError, lambda: load(str(path)), "is a Git LFS pointer", "git lfs pull")
+
+
 def test_a_drafter_and_a_model_given_for_each_other(tiny_kit, tmp_path):
     """A drafter folder as the model said "unsupported architecture 'recurrent_drafting_drafter': mlx-lm has no model
     for it"; a model folder as the drafter, whose sizes fit, that the drafter's weights "do not fit its config"."""
