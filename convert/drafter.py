@@ -14,6 +14,7 @@ with `redrafter_mlx.drafter.save_drafter`. A drafter already in this project's f
 accepted too (checked and rewritten), so a trained one can be packed into a model folder.
 """
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
@@ -138,6 +139,9 @@ def convert_drafter(src: Path, dest: Path, base_args=None, dtype: Optional[str] 
     if base_args is not None:
         check_compatible(args, base_args, f"the drafter {src}",
                          advice or "convert the drafter trained for this model, or leave --drafter out")
+        # Apple's checkpoints do not say their base's family: recorded here, the drafter is refused later
+        # beside another family of the same sizes (Vicuna's with Mistral-7B: 4096 wide, 32000 tokens)
+        args = dataclasses.replace(args, base_model_type=args.base_model_type or base_args.model_type)
     drafter = Drafter(args)
     try:
         drafter.load_weights(list(weights.items()), strict=True)

@@ -428,6 +428,9 @@ def test_apple_drafter_logits_match_torch_reference(converted, apple_drafter, ll
     assert m.drafter_path == converted / "drafter"
     assert m.drafter.args.exit_dim == 96 and m.drafter.args.num_draft_layers == 2
     drafter_reference_check(m, apple_drafter[0], llama)
+    # the checkpoint names no base family: the one it was converted with is recorded (it was left "", so
+    # another family of the same sizes took the drafter without a word)
+    assert json.loads((converted / "drafter" / "config.json").read_text())["base_model_type"] == "llama"
 
 
 VARIANTS = {
