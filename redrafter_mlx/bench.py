@@ -57,9 +57,13 @@ MODES = ("ar", "auto", "redrafter", "mlx-lm")
 TUNE_MIN_TOKENS = 256  # plain-decoding tokens below which --tune says its stored shape is a rough guess
 
 
+SHIPPED_PROMPTS = Path(__file__).parent / "data" / "eval_prompts.jsonl"  # (redrafter_mlx/data/README.md)
+
+
 def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
     """The questions, each with its first `turns` turns ("turns"; fewer where it has fewer) and
-    the first as "prompt"."""
+    the first as "prompt". A line with "prompt" and no "turns" is a one-turn question, its
+    "source" the category where it has none."""
     if not path.is_file():
         raise RedrafterError(f"prompt file {path} is a folder: give a JSONL file" if path.is_dir()
                              else f"prompt file {path} not found")
@@ -75,6 +79,8 @@ def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
             row = json.loads(line)
             if not isinstance(row, dict):  # it said "list indices must be integers or slices, not str"
                 raise TypeError(f"a line is a JSON object, not a {type(row).__name__}")
+            if "turns" not in row and isinstance(row.get("prompt"), str):  # a one-turn line (the shipped prompts)
+                row = {**row, "turns": [row["prompt"]], "category": row.get("category", row.get("source", ""))}
             if not isinstance(row["turns"], list):  # and "unhashable type: 'slice'" of an object
                 raise TypeError(f"'turns' must be a list of non-empty questions, not a {type(row['turns']).__name__}")
             asked = row["turns"][:turns]
@@ -92,7 +98,8 @@ def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
                 raise TypeError(f"'category' must be a string, not {category!r}")
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             why = "it has none" if isinstance(e, KeyError) else e  # a KeyError's text is the key alone
-            raise RedrafterError(f"{path}:{n} is not a Spec-Bench line with 'turns': {why}") from e
+            raise RedrafterError(f"{path}:{n} is not a Spec-Bench line with 'turns' (or a line with 'prompt'): "
+                                 f"{why}") from e
         if qid in seen:  # results are matched to ar's by question: a second one read as not identical to ar
             raise RedrafterError(f"{path}:{n} has question_id {qid!r}, as line {seen[qid]} does (a line without one "
                                  "takes its line number): give each question its own")
@@ -453,8 +460,11 @@ def parse_args(argv=None):
     cli.add_version(p)
     p.add_argument("--model", default=None, help="registry name, local path or hub id (default: the registry default)")
     p.add_argument("--drafter", default=None, help="drafter folder (default: the one found beside the model)")
-    p.add_argument("--prompts", required=True, type=Path, help="Spec-Bench JSONL file (first turn of each question, "
-                   "unless --turns)")
+    p.add_argument("--prompts", type=Path, default=SHIPPED_PROMPTS,
+                   help="JSONL file of questions: Spec-Bench lines ({\"question_id\", \"category\", \"turns\": [...]}; "
+                        "the first turn of each, unless --turns) or one-turn lines ({\"prompt\": ...}) (default: the "
+                        f"{sum(1 for _ in open(SHIPPED_PROMPTS))} held-out prompts shipped with the package, "
+                        "self-instruct seed tasks and GSM8K questions no shipped drafter trained on)")
     p.add_argument("--limit", type=cli.positive, default=None, metavar="N",
                    help="only the first N questions (default: all; 6 with --tune)")
     p.add_argument("--turns", type=cli.positive, default=1, metavar="N",

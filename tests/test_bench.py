@@ -228,7 +228,7 @@ def test_prompt_files_that_would_have_failed_after_the_run(tmp_path):
                         ([{"category": None, "turns": ["a"]}], "'category' must be a string"),
                         ([{"question_id": [1], "turns": ["a"]}], "'question_id' must be"),
                         ([{"question_id": 1.5, "turns": ["a"]}], "must be a whole number or a string, not 1.5$"),
-                        ([{"question": "a"}], "not a Spec-Bench line with 'turns': it has none$"),
+                        ([{"question": "a"}], "not a Spec-Bench line with 'turns' .*: it has none$"),
                         ([["a"]], "a line is a JSON object, not a list$"),  # "list indices must be integers or ..."
                         ([{"turns": {"a": 1}}], "'turns' must be a list of non-empty questions, not a dict$"),
                         ([{"turns": ["\u200b"]}], "'turns' must be a list of non-empty questions$"),
@@ -243,6 +243,20 @@ def test_prompt_files_that_would_have_failed_after_the_run(tmp_path):
     path.write_bytes(b"\xff\xfe")
     with pytest.raises(RedrafterError, match="cannot read"):
         bench.read_prompts(path)
+
+
+def test_the_shipped_prompts_are_the_default_and_one_turn_lines_read(tmp_path):
+    """--prompts was required and only Spec-Bench lines ("turns") were read, so a fresh install had nothing
+    the bench would take (MT-Bench is not shipped; the package's own prompts are {"prompt": ...} lines)."""
+    args = bench.parse_args(["--max-tokens", "4"])
+    assert args.prompts == bench.SHIPPED_PROMPTS
+    shipped = bench.read_prompts(args.prompts, turns=2)
+    assert len(shipped) == 16 and all(q["turns"] == [q["prompt"]] and q["category"] for q in shipped)
+    path = tmp_path / "q.jsonl"
+    path.write_text(json.dumps({"prompt": "hi", "category": "chat", "source": "x"}) + "\n"
+                    + json.dumps({"prompt": "two", "source": "gsm8k"}))
+    assert [(q["question_id"], q["category"], q["turns"]) for q in bench.read_prompts(path)] == \
+        [(1, "chat", ["hi"]), (2, "gsm8k", ["two"])]
 
 
 def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path, capsys, monkeypatch):
