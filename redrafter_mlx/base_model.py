@@ -40,6 +40,7 @@ Mask = Union[None, str, mx.array]
 # Families that mlx-lm runs but whose forward cannot verify a tree, and why.
 REFUSED = {
     "ministral3": "it scales attention by a position-dependent factor computed from cache.offset outside rope",
+    "mistral4": "it scales attention by a position-dependent factor computed from cache.offset outside rope",
     "llama4": "it scales attention by position outside rope and uses chunked attention",
     "llama4_text": "it scales attention by position outside rope and uses chunked attention",
 }
@@ -185,14 +186,22 @@ def _layer_windows(model: nn.Module, model_type: str) -> List[Optional[int]]:
     return windows
 
 
-def check_supported(model_type: str):
-    if model_type in RECURRENT:
-        raise UnsupportedModelError(
-            f"{model_type!r} is not supported: its recurrent layers keep a state that cannot branch over a draft "
-            "tree (mlx-lm refuses speculative decoding for it too); run it with mlx-lm's plain generation"
-        )
-    if model_type in REFUSED:
-        raise UnsupportedModelError(f"{model_type!r} is not supported: {REFUSED[model_type]}")
+def check_supported(model_type: str, config: Optional[Dict[str, Any]] = None):
+    """Refuses by name the families above, and wrappers (vision-language models such as mistral3)
+    whose config's text_config names one of them: mlx-lm builds the inner model from it."""
+    text = (config or {}).get("text_config")
+    inner = str(text["model_type"]) if isinstance(text, dict) and text.get("model_type") is not None else None
+    for name in (model_type, inner):
+        if name is None:
+            continue
+        what = repr(model_type) if name == model_type else f"{model_type!r} (a {name!r} text model)"
+        if name in RECURRENT:
+            raise UnsupportedModelError(
+                f"{what} is not supported: its recurrent layers keep a state that cannot branch over a draft "
+                "tree (mlx-lm refuses speculative decoding for it too); run it with mlx-lm's plain generation"
+            )
+        if name in REFUSED:
+            raise UnsupportedModelError(f"{what} is not supported: {REFUSED[name]}")
 
 
 KEY_BUCKET = 256  # shape buckets: attended keys padded to a multiple of this (the cache's step)
@@ -226,7 +235,7 @@ class TreeModel:
         self.model = model
         self.config = config
         model_type = str(config.get("model_type", getattr(getattr(model, "args", None), "model_type", "?")))
-        check_supported(model_type)
+        check_supported(model_type, config)
         self.windows = _layer_windows(model, model_type)
         self.decoder, self._head_owner, self._decoder_name = _find_decoder(model, model_type)
         n_layers = len(self.decoder.layers)

@@ -102,7 +102,7 @@ def model_classes(config: Dict[str, Any], where: str = "config.json"):
     if model_type == DRAFTER_MODEL_TYPE:  # it said "unsupported architecture ...: mlx-lm has no model for it"
         raise UnsupportedModelError(f"{where} is a drafter's, not a base model's: load its base model and pass this "
                                     "folder as its drafter (drafter=PATH, --drafter PATH)")
-    check_supported(str(model_type))
+    check_supported(str(model_type), config)
     check_head_counts(config, where)
     try:
         return _get_classes(config)

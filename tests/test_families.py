@@ -188,6 +188,12 @@ def test_plain_decoding_equals_mlx_lm_generate_step(family):
      "recurrent layers"),
     (dict(model_type="qwen3_next"), "recurrent layers"),
     (dict(model_type="ministral3"), "outside rope"),
+    # Its attention scale is computed from cache.offset too: the self-check passed it (relative error 0.045),
+    # and greedy beams drifted from plain decoding past original_max_position_embeddings.
+    (dict(model_type="mistral4", rope_parameters={"rope_theta": 10000.0, "llama_4_scaling_beta": 0.5,
+                                                  "original_max_position_embeddings": 4}), "outside rope"),
+    # A vision-language wrapper is refused for the text model it builds.
+    (dict(model_type="mistral3", text_config={**BASE, "model_type": "ministral3"}), "'ministral3' text model"),
     (dict(model_type="not_a_family"), "unsupported architecture"),
 ])
 def test_families_that_cannot_verify_a_tree_are_refused(config, why):
