@@ -238,7 +238,7 @@ class TreeModel:
         check_supported(model_type, config)
         self.windows = _layer_windows(model, model_type)
         self.decoder, self._head_owner, self._decoder_name = _find_decoder(model, model_type)
-        n_layers = len(self.decoder.layers)
+        n_layers = len(self.layers)
         if len(self.windows) != n_layers:
             raise UnsupportedModelError(f"{model_type!r}: {len(self.windows)} layer caches for {n_layers} layers")
         self.state = TreeState()
@@ -260,8 +260,11 @@ class TreeModel:
 
     # ---- what the rest of the library uses -------------------------------------------------
     @property
-    def layers(self):
-        return self.decoder.layers
+    def layers(self) -> list:
+        """The decoder layers, one cache each: mlx-lm's `Model.layers` (plamo's decoder holds them one
+        module further down), else the decoder's."""
+        layers = getattr(self.model, "layers", None)
+        return layers if isinstance(layers, list) else self.decoder.layers
 
     @property
     def embed_tokens(self) -> nn.Module:

@@ -47,6 +47,9 @@ FAMILIES = {
                     residual_multiplier=0.5, attention_bias=False, mlp_bias=False),
     "cohere2": dict(model_type="cohere2", head_dim=8, logit_scale=0.5, sliding_window=4, sliding_window_pattern=2,
                     layer_norm_eps=1e-5, use_qk_norm=False),
+    # Its decoder's `layers` is a module holding the list (mlx-lm's Model.layers reaches it): was refused,
+    # "2 layer caches for 1 layers". Also shares k/v heads by n_shared_head.
+    "plamo": dict(model_type="plamo", n_shared_head=2),
 }
 PROMPT = [(7 * i + 3) % V for i in range(20)]  # longer than every window and original rope context
 # A tree in topological order: node i's parent (-1 = child of the last committed token).
