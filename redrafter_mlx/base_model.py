@@ -239,8 +239,11 @@ class TreeModel:
         self.windows = _layer_windows(model, model_type)
         self.decoder, self._head_owner, self._decoder_name = _find_decoder(model, model_type)
         n_layers = len(self.layers)
-        if len(self.windows) != n_layers:
-            raise UnsupportedModelError(f"{model_type!r}: {len(self.windows)} layer caches for {n_layers} layers")
+        if len(self.windows) != n_layers:  # e.g. layers run in loops, each pass with caches of its own
+            raise UnsupportedModelError(
+                f"{model_type!r} cannot verify a draft tree: it keeps {len(self.windows)} caches for its {n_layers} "
+                "layers, which tree verification cannot map to them"
+            )
         self.state = TreeState()
         self.state.five_d = model_type in FIVE_D_SCORES
         self.shape_buckets = False  # see use_shape_buckets

@@ -198,6 +198,9 @@ def test_plain_decoding_equals_mlx_lm_generate_step(family):
     # A vision-language wrapper is refused for the text model it builds.
     (dict(model_type="mistral3", text_config={**BASE, "model_type": "ministral3"}), "'ministral3' text model"),
     (dict(model_type="not_a_family"), "unsupported architecture"),
+    # Runs its layers in two loops, each with caches of its own: it said "'iquestloopcoder': 4 layer caches for 2 layers".
+    (dict(model_type="iquestloopcoder", head_dim=8, loop_num=2, loop_window_size=4),
+     "cannot verify a draft tree: it keeps 8 caches for its 4 layers"),
 ])
 def test_families_that_cannot_verify_a_tree_are_refused(config, why):
     with pytest.raises(UnsupportedModelError, match=why) as info:
