@@ -13,6 +13,8 @@ stored (faster than float32 on the reference BLAS). On a GPU the stored (e.g. 4-
 are kept.
 """
 
+import contextlib
+import io
 import os
 import time
 import warnings
@@ -104,9 +106,21 @@ def model_classes(config: Dict[str, Any], where: str = "config.json"):
                                     "folder as its drafter (drafter=PATH, --drafter PATH)")
     check_supported(str(model_type), config)
     check_head_counts(config, where)
+    printed = io.StringIO()
     try:
-        return _get_classes(config)
+        with contextlib.redirect_stdout(printed):
+            return _get_classes(config)
+    except SystemExit as e:
+        # mlx-lm's olmo module prints "To run olmo install ai2-olmo: ..." and exits the process when that
+        # package is missing: a chat or a script calling load() ended there, with no error to catch.
+        said = " ".join(printed.getvalue().split()) or "it exited"
+        raise UnsupportedModelError(f"{model_type!r} cannot be loaded: mlx-lm's model for it needs a package that "
+                                    f"is not installed ({said})") from e
     except ValueError as e:
+        missing = e.__cause__.name if isinstance(e.__cause__, ModuleNotFoundError) else None
+        if missing and not missing.startswith("mlx_lm.models."):  # its module exists, a package it imports does not
+            raise UnsupportedModelError(f"{model_type!r} cannot be loaded: mlx-lm's model for it imports {missing}, "
+                                        f"which is not installed (pip install {missing.split('.')[0]})") from e
         raise UnsupportedModelError(
             f"unsupported architecture {model_type!r}: mlx-lm {_mlx_lm_version()} has no model for it"
         ) from e

@@ -208,6 +208,28 @@ def test_families_that_cannot_verify_a_tree_are_refused(config, why):
     assert "\n" not in str(info.value) and config["model_type"] in str(info.value)
 
 
+def test_a_family_whose_mlx_lm_module_lacks_a_package_is_refused_not_exited(monkeypatch, capsys):
+    """mlx-lm's olmo module prints a hint and calls sys.exit when ai2-olmo is missing: load() ended the
+    process. A module that imports a missing package was "unsupported architecture: mlx-lm has no model"."""
+    import sys
+    import types
+
+    import mlx_lm.utils
+
+    monkeypatch.setitem(sys.modules, "hf_olmo", None)  # not installed, whatever this machine has
+    monkeypatch.delitem(sys.modules, "mlx_lm.models.olmo", raising=False)
+    with pytest.raises(UnsupportedModelError, match="'olmo' cannot be loaded: .*pip install ai2-olmo"):
+        new_model({**BASE, "model_type": "olmo"})
+    assert capsys.readouterr().out == ""  # the hint is in the error, not printed beside it
+
+    def import_module(name):
+        raise ModuleNotFoundError("No module named 'fancy_kernels'", name="fancy_kernels")
+
+    monkeypatch.setattr(mlx_lm.utils, "importlib", types.SimpleNamespace(import_module=import_module))
+    with pytest.raises(UnsupportedModelError, match="'qwen2' cannot be loaded: .* imports fancy_kernels, which is not"):
+        new_model({**BASE, "model_type": "qwen2"})
+
+
 def test_self_check_passes_and_catches_broken_tree_verification(monkeypatch):
     model = model_of("qwen3")
     ok, err = base_model.self_check(model)
