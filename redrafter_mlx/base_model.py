@@ -178,11 +178,17 @@ def _layer_windows(model: nn.Module, model_type: str) -> List[Optional[int]]:
         elif isinstance(c, mlx_cache.RotatingKVCache) and not c.keep:
             windows.append(int(c.max_size))
         else:
-            what = "recurrent or hybrid layers" if kind in ("ArraysCache", "MambaCache", "CacheList") else "its layers"
-            raise UnsupportedModelError(
-                f"{model_type!r} cannot verify a draft tree: {what} keep a {kind}, which cannot branch "
-                "over several candidate tokens (mlx-lm refuses speculative decoding for it too)"
-            )
+            if kind in ("ArraysCache", "MambaCache"):
+                why = (f"it keeps {kind}s (recurrent layers' states, or longcat_flash_ngram's token history), "
+                       "which cannot branch over several candidate tokens")
+            elif kind == "CacheList":  # not recurrent: e.g. a sparse-attention indexer's keys beside the layer's
+                why = "its layers keep several caches each (a CacheList), which tree verification does not wrap"
+            else:
+                why = f"its layers keep a {kind}, which tree verification does not wrap"
+            # Trimmable caches (a CacheList of KV caches: deepseek_v32, longcat_flash) mlx-lm does speculate on.
+            trimmable = getattr(c, "is_trimmable", lambda: False)()
+            raise UnsupportedModelError(f"{model_type!r} cannot verify a draft tree: {why}"
+                                        + ("" if trimmable else " (mlx-lm refuses speculative decoding for it too)"))
     return windows
 
 

@@ -208,6 +208,18 @@ def test_families_that_cannot_verify_a_tree_are_refused(config, why):
     assert "\n" not in str(info.value) and config["model_type"] in str(info.value)
 
 
+def test_a_family_with_several_caches_per_layer_is_refused_for_what_it_is():
+    """deepseek_v32's layers keep a CacheList (its sparse-attention indexer's keys beside the layer's): it was
+    refused as "recurrent or hybrid layers ... (mlx-lm refuses speculative decoding for it too)", neither true."""
+    config = dict(model_type="deepseek_v32", kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                  v_head_dim=8, index_head_dim=8, index_n_heads=2, index_topk=4, n_routed_experts=4,
+                  num_experts_per_tok=2, moe_intermediate_size=16, n_shared_experts=1, first_k_dense_replace=1)
+    with pytest.raises(UnsupportedModelError, match="'deepseek_v32' cannot verify a draft tree: its layers keep "
+                                                    "several caches each") as info:
+        new_model({**BASE, **config, "num_hidden_layers": 2})
+    assert "recurrent" not in str(info.value) and "mlx-lm refuses" not in str(info.value)
+
+
 def test_a_family_whose_mlx_lm_module_lacks_a_package_is_refused_not_exited(monkeypatch, capsys):
     """mlx-lm's olmo module prints a hint and calls sys.exit when ai2-olmo is missing: load() ended the
     process. A module that imports a missing package was "unsupported architecture: mlx-lm has no model"."""
