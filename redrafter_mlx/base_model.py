@@ -43,6 +43,7 @@ REFUSED = {
     "mistral4": "it scales attention by a position-dependent factor computed from cache.offset outside rope",
     "llama4": "it scales attention by position outside rope and uses chunked attention",
     "llama4_text": "it scales attention by position outside rope and uses chunked attention",
+    "muse_spark": "it rotates queries and keys in a fused kernel at cache.offset, not through its rope module",
 }
 # Families with recurrent (state-space, linear-attention) layers, as of mlx-lm 0.32: their
 # state cannot branch over a tree. Any other family whose caches are not plain or sliding-window
@@ -110,6 +111,15 @@ class _TreeRoPE(nn.Module):
         self._rope = rope  # underscore: not part of the parameter tree
         self._state = state
         self._array_offset = isinstance(rope, _ARRAY_OFFSET_ROPES)
+
+    def __getattr__(self, name):
+        """What model code reads off its rope (muse_spark: `self.rope.base`) is the wrapped rope's."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name.startswith("__") or name == "_rope":
+                raise
+            return getattr(self._rope, name)
 
     def __call__(self, x, offset=0, **kwargs):
         st = self._state

@@ -9,6 +9,7 @@ families that cannot verify a tree are refused by name.
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from test_redrafter import CharTokenizer
@@ -195,6 +196,9 @@ def test_plain_decoding_equals_mlx_lm_generate_step(family):
     # and greedy beams drifted from plain decoding past original_max_position_embeddings.
     (dict(model_type="mistral4", rope_parameters={"rope_theta": 10000.0, "llama_4_scaling_beta": 0.5,
                                                   "original_max_position_embeddings": 4}), "outside rope"),
+    # Its fused q/k norm + rope kernel takes cache.offset (no per-token positions); it failed in the rope wrapper,
+    # "AttributeError: '_TreeRoPE' object has no attribute 'base'".
+    (dict(model_type="muse_spark"), "fused kernel at cache.offset"),
     # A vision-language wrapper is refused for the text model it builds.
     (dict(model_type="mistral3", text_config={**BASE, "model_type": "ministral3"}), "'ministral3' text model"),
     (dict(model_type="not_a_family"), "unsupported architecture"),
@@ -240,6 +244,13 @@ def test_a_family_whose_mlx_lm_module_lacks_a_package_is_refused_not_exited(monk
     monkeypatch.setattr(mlx_lm.utils, "importlib", types.SimpleNamespace(import_module=import_module))
     with pytest.raises(UnsupportedModelError, match="'qwen2' cannot be loaded: .* imports fancy_kernels, which is not"):
         new_model({**BASE, "model_type": "qwen2"})
+
+
+def test_the_rope_wrapper_passes_on_what_model_code_reads_off_its_rope():
+    rope = base_model._TreeRoPE(nn.RoPE(8, base=500.0), base_model.TreeState())
+    assert rope.base == 500.0 and rope.dims == 8
+    with pytest.raises(AttributeError):
+        rope.not_a_rope_attribute
 
 
 def test_self_check_passes_and_catches_broken_tree_verification(monkeypatch):
