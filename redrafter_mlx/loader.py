@@ -386,6 +386,9 @@ def load(
     except (ValueError, TypeError) as e:  # the first forward: e.g. a rope_theta given as a string
         raise CorruptModelError(f"{resolved.path.name} loads but cannot run: {type(e).__name__}: {one_line(e)} "
                                 "(a damaged or hand-edited config?)") from e
+    except RuntimeError as e:  # mlx-lm's code for another backend: bitnet's Metal kernels on a CPU (a traceback)
+        raise UnsupportedModelError(f"{resolved.path.name} loads but cannot run on this device "
+                                    f"({device_description()}): {one_line(e)}") from e
     if not loaded.tree_ok:
         message = (f"speculation off for {resolved.name}: a draft tree verified on it disagrees with plain "
                    f"decoding (relative logit error {loaded.info['self_check_error']:.2g}); decoding plainly")

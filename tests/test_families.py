@@ -277,6 +277,21 @@ def test_a_model_failing_the_self_check_decodes_plainly(tiny_kit, tmp_path, monk
     assert got.tokens == plain.tokens and got.stats.mode == "ar"
 
 
+def test_a_model_whose_kernels_this_device_lacks_is_refused_in_one_line(tiny_kit, tmp_path, monkeypatch):
+    """bitnet's forward calls Metal kernels: on a CPU its first forward (the self-check) raised a
+    RuntimeError, which load() let through as a traceback."""
+    from redrafter_mlx import load, loader
+
+    path = tiny_kit.write_folder(tmp_path / "m", tiny_kit.model(seed=0))
+
+    def no_metal(model):
+        raise RuntimeError("[metal_kernel] No Metal back-end.")
+
+    monkeypatch.setattr(loader, "self_check", no_metal)
+    with pytest.raises(UnsupportedModelError, match="m loads but cannot run on this device .*No Metal back-end"):
+        load(str(path), use_drafter=False)
+
+
 def test_drafters_record_their_base_and_are_refused_elsewhere(tmp_path):
     qwen, gemma = model_of("qwen3"), model_of("gemma3_text")
     drafter = new_drafter(qwen.args)
