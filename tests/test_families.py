@@ -51,6 +51,21 @@ FAMILIES = {
     # Its decoder's `layers` is a module holding the list (mlx-lm's Model.layers reaches it): was refused,
     # "2 layer caches for 1 layers". Also shares k/v heads by n_shared_head.
     "plamo": dict(model_type="plamo", n_shared_head=2),
+    # Multi-head latent attention (keys and values of different widths, a rope part split off) with mlx-lm's own
+    # yarn rope class.
+    "deepseek_v2-mla": dict(model_type="deepseek_v2", kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8,
+                            qk_nope_head_dim=8, v_head_dim=8, rope_scaling={
+                                "type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16, "mscale": 1.0,
+                                "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}),
+    # Attention sinks, alternating sliding and full layers.
+    "gpt_oss": dict(model_type="gpt_oss", head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+                    layer_types=["sliding_attention", "full_attention"] * 2),
+    # NoPE layers (no rope every 2nd layer).
+    "smollm3": dict(model_type="smollm3", no_rope_layer_interval=2),
+    # Cross-layer attention: every 2nd layer reuses the keys and values of the one before.
+    "hunyuan-cla": dict(model_type="hunyuan", rope_scaling={"alpha": 1000.0, "factor": 1.0, "type": "dynamic"},
+                        moe_topk=2, num_experts=4, num_shared_expert=1, use_mixed_mlp_moe=True, use_qk_norm=True,
+                        use_cla=True, cla_share_factor=2, moe_intermediate_size=16, attention_bias=False),
 }
 PROMPT = [(7 * i + 3) % V for i in range(20)]  # longer than every window and original rope context
 # A tree in topological order: node i's parent (-1 = child of the last committed token).
@@ -158,7 +173,7 @@ def loaded_of(model, drafter=None):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3-longrope",
-                                    "mistral-sliding-window", "qwen3_moe"])
+                                    "mistral-sliding-window", "qwen3_moe", "deepseek_v2-mla", "gpt_oss"])
 def test_greedy_redrafter_with_a_random_drafter_equals_plain_decoding(family):
     model = model_of(family, seed=2)
     drafter = new_drafter(model.args, seed=3)
