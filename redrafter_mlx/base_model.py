@@ -44,6 +44,7 @@ REFUSED = {
     "llama4": "it scales attention by position outside rope and uses chunked attention",
     "llama4_text": "it scales attention by position outside rope and uses chunked attention",
     "muse_spark": "it rotates queries and keys in a fused kernel at cache.offset, not through its rope module",
+    "gemma3n": "its decoder applies the output head itself, so the hidden state a draft head reads is not exposed",
 }
 # Families with recurrent (state-space, linear-attention) layers, as of mlx-lm 0.32: their
 # state cannot branch over a tree. Any other family whose caches are not plain or sliding-window
@@ -255,7 +256,9 @@ class TreeModel:
         self.windows = _layer_windows(model, model_type)
         self.decoder, self._head_owner, self._decoder_name = _find_decoder(model, model_type)
         n_layers = len(self.layers)
-        if len(self.windows) != n_layers:  # e.g. layers run in loops, each pass with caches of its own
+        # Fewer caches than layers is the model's own design (gemma4's KV-shared layers reuse earlier layers'
+        # keys, handed on by the model); more is not (layers run in loops, each pass with caches of its own).
+        if len(self.windows) > n_layers:
             raise UnsupportedModelError(
                 f"{model_type!r} cannot verify a draft tree: it keeps {len(self.windows)} caches for its {n_layers} "
                 "layers, which tree verification cannot map to them"

@@ -51,6 +51,11 @@ FAMILIES = {
     # Its decoder's `layers` is a module holding the list (mlx-lm's Model.layers reaches it): was refused,
     # "2 layer caches for 1 layers". Also shares k/v heads by n_shared_head.
     "plamo": dict(model_type="plamo", n_shared_head=2),
+    # The last 2 of 4 layers reuse the keys and values of the last sliding and full layers before them (KV-shared
+    # layers, as every Gemma 4 with per-layer inputs has): was refused, "2 caches for its 4 layers".
+    "gemma4_text-kv-shared": dict(model_type="gemma4_text", head_dim=8, global_head_dim=16, num_key_value_heads=1,
+                                  num_kv_shared_layers=2, hidden_size_per_layer_input=8, vocab_size_per_layer_input=V,
+                                  sliding_window=4, sliding_window_pattern=2),
     # Multi-head latent attention (keys and values of different widths, a rope part split off) with mlx-lm's own
     # yarn rope class.
     "deepseek_v2-mla": dict(model_type="deepseek_v2", kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8,
@@ -214,6 +219,9 @@ def test_plain_decoding_equals_mlx_lm_generate_step(family):
     # Its fused q/k norm + rope kernel takes cache.offset (no per-token positions); it failed in the rope wrapper,
     # "AttributeError: '_TreeRoPE' object has no attribute 'base'".
     (dict(model_type="muse_spark"), "fused kernel at cache.offset"),
+    # Its decoder module returns logits (altup, then the head): the hidden states drafted from were logits, and
+    # drafting failed in the drafter's first matmul.
+    (dict(model_type="gemma3n"), "applies the output head itself"),
     # A vision-language wrapper is refused for the text model it builds.
     (dict(model_type="mistral3", text_config={**BASE, "model_type": "ministral3"}), "'ministral3' text model"),
     (dict(model_type="not_a_family"), "unsupported architecture"),
