@@ -45,6 +45,7 @@ REFUSED = {
     "llama4_text": "it scales attention by position outside rope and uses chunked attention",
     "muse_spark": "it rotates queries and keys in a fused kernel at cache.offset, not through its rope module",
     "gemma3n": "its decoder applies the output head itself, so the hidden state a draft head reads is not exposed",
+    "phi3small": "its block-sparse layers build their own attention mask from the number of keys, not from positions",
 }
 # Families with recurrent (state-space, linear-attention) layers, as of mlx-lm 0.32: their
 # state cannot branch over a tree. Any other family whose caches are not plain or sliding-window

@@ -222,6 +222,9 @@ def test_plain_decoding_equals_mlx_lm_generate_step(family):
     # Its decoder module returns logits (altup, then the head): the hidden states drafted from were logits, and
     # drafting failed in the drafter's first matmul.
     (dict(model_type="gemma3n"), "applies the output head itself"),
+    # Block-sparse layers mask by key count and add the cache's mask as numbers: a tree's logits were 0.4-0.6% off
+    # at every node, under the self-check's tolerance (and mlx-lm's own decoding of a tiny one crashed on a CPU).
+    (dict(model_type="phi3small"), "block-sparse"),
     # A vision-language wrapper is refused for the text model it builds.
     (dict(model_type="mistral3", text_config={**BASE, "model_type": "ministral3"}), "'ministral3' text model"),
     (dict(model_type="not_a_family"), "unsupported architecture"),
