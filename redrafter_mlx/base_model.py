@@ -412,6 +412,12 @@ def self_check(model: TreeModel) -> Tuple[bool, float]:
         mask[i, i] = True
     cache = model.make_cache()
     model.hidden(prefix, cache)
+    idle = [i for i, c in enumerate(cache) if c.offset != _CHECK_PREFIX]
+    if idle:  # nemotron-nas makes a cache for an attention block replaced by a linear layer, which never fills it
+        raise UnsupportedModelError(
+            f"{model.args.model_type!r} cannot verify a draft tree: {len(idle)} of its {len(cache)} layer caches take "
+            f"no keys (cache {idle[0]}: e.g. for attention replaced by a linear layer), so a draft cannot be rolled back"
+        )
     tree_logits, _ = model(mx.array([tokens], dtype=mx.int32), cache,
                            positions=mx.array(_CHECK_PREFIX + np.array(depth)), mask=mx.array(mask))
     mx.eval(tree_logits)

@@ -56,6 +56,11 @@ FAMILIES = {
     "gemma4_text-kv-shared": dict(model_type="gemma4_text", head_dim=8, global_head_dim=16, num_key_value_heads=1,
                                   num_kv_shared_layers=2, hidden_size_per_layer_input=8, vocab_size_per_layer_input=V,
                                   sliding_window=4, sliding_window_pattern=2),
+    # Heterogeneous blocks: the 2nd has no attention (no cache: 2 caches for 3 layers, was refused), the 3rd no MLP.
+    "nemotron-nas": dict(model_type="nemotron-nas", num_hidden_layers=3, block_configs=[
+        {"attention": {"n_heads_in_group": 2}, "ffn": {"ffn_mult": 1.0}},
+        {"attention": {"no_op": True}, "ffn": {"ffn_mult": 1.0}},
+        {"attention": {"n_heads_in_group": 2}, "ffn": {"no_op": True}}]),
     # Multi-head latent attention (keys and values of different widths, a rope part split off) with mlx-lm's own
     # yarn rope class.
     "deepseek_v2-mla": dict(model_type="deepseek_v2", kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8,
@@ -287,6 +292,18 @@ def test_self_check_passes_and_catches_broken_tree_verification(monkeypatch):
     monkeypatch.setattr(base_model._TreeRoPE, "__call__", lambda self, x, offset=0, **kw: self._rope(x, offset=offset))
     ok, err = base_model.self_check(model)
     assert not ok and err > base_model.CHECK_TOLERANCE
+
+
+def test_a_model_with_a_cache_no_layer_fills_is_refused_by_the_self_check():
+    """nemotron-nas makes a cache for an attention block replaced by a linear layer: it stays empty, and
+    the self-check failed with "ValueError: cannot rewind 1 tokens from a cache holding 0", which load()
+    reported as a damaged config."""
+    blocks = [{"attention": {"n_heads_in_group": 2}, "ffn": {"ffn_mult": 1.0}},
+              {"attention": {"replace_with_linear": True}, "ffn": {"ffn_mult": 1.0}}]
+    model = new_model({**BASE, "model_type": "nemotron-nas", "num_hidden_layers": 2, "block_configs": blocks})
+    with pytest.raises(UnsupportedModelError, match="'nemotron-nas' cannot verify a draft tree: 1 of its 2 layer "
+                                                    "caches take no keys"):
+        base_model.self_check(model)
 
 
 def test_a_model_failing_the_self_check_decodes_plainly(tiny_kit, tmp_path, monkeypatch):
