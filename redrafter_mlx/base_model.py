@@ -394,7 +394,8 @@ class TreeModel:
 # A small tree for the load-time self-check: node i's parent (-1 = the root), in topological order.
 _CHECK_PARENTS = (-1, -1, 0, 0, 2)
 _CHECK_PREFIX = 8
-CHECK_TOLERANCE = 0.05  # relative logit error; wrong positions or masks give 0.3-0.5
+CHECK_TOLERANCE = 0.05  # relative logit error in float16 / bfloat16; wrong positions or masks give 0.3-0.5
+CHECK_TOLERANCE_FLOAT32 = 1e-3  # in float32 (rounding alone gives < 1e-5): mistral4's offset-scaled attention gave 0.045
 
 
 def self_check(model: TreeModel) -> Tuple[bool, float]:
@@ -440,4 +441,5 @@ def self_check(model: TreeModel) -> Tuple[bool, float]:
             err = float(mx.abs(ref - got).max() / mx.maximum(mx.abs(ref).max(), 1e-6))
             worst = max(worst, err)
         seq.rewind(len(path))
-    return worst <= CHECK_TOLERANCE, worst
+    tolerance = CHECK_TOLERANCE_FLOAT32 if tree_logits.dtype == mx.float32 else CHECK_TOLERANCE
+    return worst <= tolerance, worst
