@@ -6,13 +6,15 @@ without any per-architecture model code:
 
 - per-token positions: every rope module is wrapped (`_TreeRoPE`); during a tree forward it
   folds the tokens into the batch axis, so each token is rotated at its own depth, whatever
-  offset the attention module passes;
+  offset the attention module passes; a learned position embedding (gpt2's `wpe`) is given the
+  tokens' positions in place of the ones the decoder computes from cache.offset;
 - a tree mask: mlx-lm asks the cache for its mask (`create_attention_mask` calls
   `cache.make_mask`), so our cache returns the cached prefix plus the tree's ancestor mask,
   with the layer's sliding window applied on positions;
-- the hidden state after the final norm: the inner decoder (the module holding `embed_tokens`
-  and `layers`) returns it, and logits come from the model's own head code (tied embeddings,
-  softcapping, logit scaling), run on a given hidden state.
+- the hidden state after the final norm: the inner decoder (the module holding a token
+  embedding and layers, under llama's names or others': EMBEDDING_NAMES, LAYER_NAMES) returns
+  it, and logits come from the model's own head code (tied embeddings, softcapping, logit
+  scaling), run on a given hidden state.
 
 Plain forwards (prefill, plain decoding) run mlx-lm's code unchanged. Models whose caches
 cannot branch over a tree (recurrent and hybrid layers) and families that compute
@@ -46,6 +48,12 @@ REFUSED = {
     "muse_spark": "it rotates queries and keys in a fused kernel at cache.offset, not through its rope module",
     "gemma3n": "its decoder applies the output head itself, so the hidden state a draft head reads is not exposed",
     "phi3small": "its block-sparse layers build their own attention mask from the number of keys, not from positions",
+    "nanochat": "it rotates queries and keys with mx.fast.rope at cache.offset in its attention code, not through a "
+                "rope module",
+    "talkie": "it rotates queries and keys with mx.fast.rope at cache.offset in its attention code, not through a "
+              "rope module",
+    "lille-130m": "its decoder applies the output head itself, so the hidden state a draft head reads is not exposed",
+    "phixtral": "its decoder takes the attention mask from its caller and leaves the final norm to the output head",
 }
 # Families with recurrent (state-space, linear-attention) layers, as of mlx-lm 0.32: their
 # state cannot branch over a tree. Any other family whose caches are not plain or sliding-window
@@ -158,20 +166,40 @@ class _HiddenStub:
         return getattr(self._inner, name)
 
 
+# What a decoder's parts are called, tried in this order: mlx-lm's llama layout first, then the names other
+# families give the same parts (gpt_neox: embed_in, h, final_layer_norm; internlm2: tok_embeddings, layers,
+# norm, output; qwen: wte, h, ln_f, lm_head; dbrx: wte, blocks, norm_f).
+EMBEDDING_NAMES = ("embed_tokens", "embed_in", "tok_embeddings", "word_embeddings", "token_embeddings", "wte",
+                   "embedding")
+LAYER_NAMES = ("layers", "h", "blocks")
+NORM_NAMES = ("norm", "final_layer_norm", "ln_f", "norm_f", "output_norm")
+HEAD_NAMES = ("lm_head", "output")
+# An output head the decoder applies itself (gpt_neox), after its final norm: shadowed by the identity while
+# the decoder runs, so the decoder returns the hidden state, and applied to it in `logits`.
+DECODER_HEAD_NAMES = ("embed_out",)
+# A learned position embedding the decoder adds to the token embeddings (gpt2, gpt_bigcode), indexed with
+# positions it computes from cache.offset: inside a tree forward it is given each token's own position.
+POSITION_EMBEDDING_NAMES = ("wpe",)
+
+
+def _first(module: nn.Module, names) -> Optional[str]:
+    return next((n for n in names if n in module and isinstance(module[n], (nn.Module, list))), None)
+
+
 def _find_decoder(model: nn.Module, model_type: str) -> Tuple[nn.Module, nn.Module, str]:
     """(inner decoder, its parent, attribute name): breadth-first, the first module that holds
-    both `embed_tokens` and `layers`."""
+    both an embedding (EMBEDDING_NAMES) and layers (LAYER_NAMES)."""
     queue = [model]
     while queue:
         parent = queue.pop(0)
         for name, child in parent.children().items():
             if isinstance(child, nn.Module):
-                if "embed_tokens" in child and "layers" in child:
+                if _first(child, EMBEDDING_NAMES) and _first(child, LAYER_NAMES):
                     return child, parent, name
                 queue.append(child)
     raise UnsupportedModelError(
-        f"{model_type!r} is not supported: its decoder keeps no embed_tokens and layers, the layout that tree "
-        "verification wraps"
+        f"{model_type!r} is not supported: its decoder keeps no token embedding ({', '.join(EMBEDDING_NAMES)}) "
+        f"beside its layers ({', '.join(LAYER_NAMES)}), the layout that tree verification wraps"
     )
 
 
@@ -256,6 +284,10 @@ class TreeModel:
         check_supported(model_type, config)
         self.windows = _layer_windows(model, model_type)
         self.decoder, self._head_owner, self._decoder_name = _find_decoder(model, model_type)
+        self._embed_name = _first(self.decoder, EMBEDDING_NAMES)
+        self._layers_name = _first(self.decoder, LAYER_NAMES)
+        self._decoder_head = _first(self.decoder, DECODER_HEAD_NAMES)
+        self._position_embedding = _first(self.decoder, POSITION_EMBEDDING_NAMES)
         n_layers = len(self.layers)
         # Fewer caches than layers is the model's own design (gemma4's KV-shared layers reuse earlier layers'
         # keys, handed on by the model); more is not (layers run in loops, each pass with caches of its own).
@@ -268,7 +300,7 @@ class TreeModel:
         self.state.five_d = model_type in FIVE_D_SCORES
         self.shape_buckets = False  # see use_shape_buckets
         self._wrap_ropes()
-        emb = self.decoder.embed_tokens
+        emb = self.embed_tokens
         vocab, hidden = (emb.num_embeddings, emb.dims) if hasattr(emb, "dims") else emb.weight.shape
         # The config's figures, with what the built model says about its shape taking precedence.
         self.args = ModelArgs.from_config({**config, "model_type": model_type, "hidden_size": int(hidden),
@@ -287,20 +319,25 @@ class TreeModel:
         """The decoder layers, one cache each: mlx-lm's `Model.layers` (plamo's decoder holds them one
         module further down), else the decoder's."""
         layers = getattr(self.model, "layers", None)
-        return layers if isinstance(layers, list) else self.decoder.layers
+        return layers if isinstance(layers, list) else self.decoder[self._layers_name]
 
     @property
     def embed_tokens(self) -> nn.Module:
-        return self.decoder.embed_tokens
+        """The input embedding table (embed_tokens, or what the family calls it: EMBEDDING_NAMES)."""
+        return self.decoder[self._embed_name]
 
     @property
     def lm_head(self) -> Optional[nn.Module]:
         """The untied output layer, None when the output reuses the input embeddings."""
-        return self._head_owner["lm_head"] if "lm_head" in self._head_owner else None
+        if self._decoder_head is not None:
+            return self.decoder[self._decoder_head]
+        name = _first(self._head_owner, HEAD_NAMES)
+        return self._head_owner[name] if name is not None else None
 
     @property
     def activation_dtype(self) -> mx.Dtype:
-        norm = self.decoder.get("norm")
+        name = _first(self.decoder, NORM_NAMES)
+        norm = self.decoder[name] if name is not None else None
         if norm is not None and "weight" in norm:
             return norm.weight.dtype
         return next(v.dtype for _, v in tree_flatten(self.decoder.parameters()) if mx.issubdtype(v.dtype, mx.floating))
@@ -326,7 +363,24 @@ class TreeModel:
 
     def embed(self, tokens: mx.array) -> mx.array:
         """The input embedding table's rows for tokens, (...,) -> (..., hidden_size), unscaled."""
-        return self.decoder.embed_tokens(tokens)
+        return self.embed_tokens(tokens)
+
+    def _run_decoder(self, tokens: mx.array, cache, pos: Optional[mx.array] = None) -> mx.array:
+        """The decoder's hidden state after its final norm (without the head a decoder applies itself).
+        pos: (B, T) the tokens' positions in a tree forward, for a learned position embedding."""
+        shadows = {}  # instance attributes shadow the child modules of these names while the decoder runs
+        if self._decoder_head is not None:
+            shadows[self._decoder_head] = lambda h: h
+        if pos is not None and self._position_embedding is not None:
+            table = self.decoder[self._position_embedding]
+            shadows[self._position_embedding] = lambda ids: table(pos)  # (B, T, D), not the ids from cache.offset
+        for name, fn in shadows.items():
+            object.__setattr__(self.decoder, name, fn)
+        try:
+            return self.decoder(tokens, cache=cache)
+        finally:
+            for name in shadows:
+                object.__delattr__(self.decoder, name)
 
     def hidden(self, tokens: mx.array, cache: Optional[Cache] = None, positions: Optional[mx.array] = None,
                mask: Mask = None) -> mx.array:
@@ -340,7 +394,7 @@ class TreeModel:
         if tokens.ndim == 1:
             tokens = tokens[None]
         if positions is None and (mask is None or isinstance(mask, str)):
-            return self.decoder(tokens, cache=cache)
+            return self._run_decoder(tokens, cache)
         B, T = tokens.shape
         if cache is None:
             cache = self.make_cache()
@@ -362,7 +416,7 @@ class TreeModel:
             tokens, pos, mask = _pad_tree(tokens, pos, mask, pad)
         self.state.begin(pos, mask)
         try:
-            h = self.decoder(tokens, cache=cache)
+            h = self._run_decoder(tokens, cache, pos)
         finally:
             self.state.end()
         if pad:
@@ -383,6 +437,8 @@ class TreeModel:
             object.__delattr__(owner, name)
         if isinstance(out, tuple):
             out = out[0]
+        if self._decoder_head is not None:  # the head code above passed the decoder's output on as it was
+            out = self.decoder[self._decoder_head](out)
         return out.reshape(*shape[:-1], out.shape[-1])
 
     def __call__(self, tokens: mx.array, cache: Optional[Cache] = None, positions: Optional[mx.array] = None,

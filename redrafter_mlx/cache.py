@@ -132,6 +132,15 @@ class KVCache:
         self.offset += T
         return self.keys[..., :end, :], self.values[..., :end, :]
 
+    def keys_and_values(self):
+        """The cached keys and values as the last `update_and_fetch` returned them: afm7's KV-reuse
+        layers attend to the last cached layer's."""
+        end = self.offset - self.start
+        bucket = self.tree.key_bucket if self.tree is not None and self.tree.active else 0
+        if bucket:
+            end = -(-end // bucket) * bucket
+        return self.keys[..., :end, :], self.values[..., :end, :]
+
     def rewind(self, n: int):
         if n < 0 or n > self.offset:
             raise ValueError(f"cannot rewind {n} tokens from a cache holding {self.offset}")

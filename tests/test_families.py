@@ -76,6 +76,22 @@ FAMILIES = {
     "hunyuan-cla": dict(model_type="hunyuan", rope_scaling={"alpha": 1000.0, "factor": 1.0, "type": "dynamic"},
                         moe_topk=2, num_experts=4, num_shared_expert=1, use_mixed_mlp_moe=True, use_qk_norm=True,
                         use_cla=True, cla_share_factor=2, moe_intermediate_size=16, attention_bias=False),
+    # Decoders whose parts have other names (base_model.EMBEDDING_NAMES, ...): refused before, "its decoder keeps no
+    # embed_tokens and layers". gpt_neox's decoder applies its output head (embed_out) itself; partial rotary.
+    "gpt_neox": dict(model_type="gpt_neox", rotary_emb_base=10000, rotary_pct=0.5, layer_norm_eps=1e-5),
+    # tok_embeddings, layers, norm, and an output head called `output`.
+    "internlm2": dict(model_type="internlm2"),
+    # wte, h, ln_f; an output head with a bias.
+    "qwen": dict(model_type="qwen", kv_channels=8, layer_norm_epsilon=1e-5, no_bias=False),
+    # wte, blocks, norm_f (a LayerNorm without bias); experts.
+    "dbrx": dict(model_type="dbrx", d_model=32, n_layers=4, n_heads=4,
+                 ffn_config={"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2},
+                 attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0}),
+    # Learned position embeddings (wpe) indexed from cache.offset, no rope: given each tree token's own position.
+    "gpt2": dict(model_type="gpt2", n_ctx=512, n_embd=32, n_head=4, n_layer=4, n_positions=512,
+                 layer_norm_epsilon=1e-5),
+    # Its last 2 layers keep no cache: they attend to the keys and values of the last layer that does.
+    "afm7": dict(model_type="afm7", hidden_dim=32, num_layers=4, num_kv_reuse_layers=2, num_heads=4, num_kv_heads=2),
 }
 PROMPT = [(7 * i + 3) % V for i in range(20)]  # longer than every window and original rope context
 # A tree in topological order: node i's parent (-1 = child of the last committed token).
@@ -140,7 +156,8 @@ def test_tree_forward_equals_sequential_decoding_of_each_path(family):
     assert rel(after[0, -1], want) < 1e-4
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma2", "gemma3_text", "mistral-sliding-window", "phi3-longrope"])
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gemma3_text", "mistral-sliding-window", "phi3-longrope",
+                                    "gpt2"])
 def test_a_batch_of_two_different_trees(family):
     model = model_of(family, seed=1)
     cache = model.make_cache()
@@ -183,7 +200,8 @@ def loaded_of(model, drafter=None):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3-longrope",
-                                    "mistral-sliding-window", "qwen3_moe", "deepseek_v2-mla", "gpt_oss"])
+                                    "mistral-sliding-window", "qwen3_moe", "deepseek_v2-mla", "gpt_oss",
+                                    "gpt_neox", "internlm2", "gpt2", "afm7"])
 def test_greedy_redrafter_with_a_random_drafter_equals_plain_decoding(family):
     model = model_of(family, seed=2)
     drafter = new_drafter(model.args, seed=3)
@@ -236,6 +254,18 @@ def test_plain_decoding_equals_mlx_lm_generate_step(family):
     # Runs its layers in two loops, each with caches of its own: it said "'iquestloopcoder': 4 layer caches for 2 layers".
     (dict(model_type="iquestloopcoder", head_dim=8, loop_num=2, loop_window_size=4),
      "cannot verify a draft tree: it keeps 8 caches for its 4 layers"),
+    # Rope applied by a function at cache.offset in the attention code, no rope module to wrap: the adapter would
+    # find their decoders (wte and h; embed and blocks) and verify trees wrongly.
+    (dict(model_type="nanochat"), "mx.fast.rope at cache.offset"),
+    (dict(model_type="talkie"), "mx.fast.rope at cache.offset"),
+    (dict(model_type="lille-130m", block_size=512, n_embd=32, n_head=4, n_kv_heads=2, n_layer=2,
+          layer_norm_eps=1e-5), "applies the output head itself"),
+    (dict(model_type="phixtral", num_vocab=V, model_dim=32, num_heads=4, num_layers=2, rotary_dim=4),
+     "takes the attention mask from its caller"),
+    # Ling 2.5's layers are 3 in 4 linear attention (KDA) by default.
+    (dict(model_type="bailing_moe_v3", layer_group_size=2, num_experts=4, num_experts_per_tok=2,
+          moe_intermediate_size=16, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+          v_head_dim=8, n_group=1, topk_group=1, moe_shared_expert_intermediate_size=16), "ArraysCaches"),
 ])
 def test_families_that_cannot_verify_a_tree_are_refused(config, why):
     with pytest.raises(UnsupportedModelError, match=why) as info:
@@ -407,7 +437,7 @@ def test_registry_entries_are_well_formed():
             assert registry.shipped_drafter(entry) is not None, name
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma2", "mistral-sliding-window", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["llama", "gemma2", "mistral-sliding-window", "qwen3_moe", "gpt2", "afm7"])
 def test_shape_buckets_pad_trees_without_changing_them(family):
     """With shape buckets on (where new shapes cost a compilation), a tree of 7 is verified as 8
     over keys padded to 256: the same logits as the sequential decode, and the cache holds
