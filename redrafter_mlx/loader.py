@@ -286,8 +286,9 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
     overrides = config_overrides(config)
     text_config = config.get("text_config") or {}
     if "tie_word_embeddings" not in config and "tie_word_embeddings" not in text_config:
-        # Some configs omit it: the weights tell (an lm_head of its own means untied).
-        overrides["tie_word_embeddings"] = not any(n.split(".")[-2:-1] == ["lm_head"] for n in names)
+        # Some configs omit it: the weights tell (an lm_head of its own means untied; internlm2 calls it `output`).
+        overrides["tie_word_embeddings"] = not any(n.split(".")[-2:-1] == ["lm_head"] or n.split(".")[0] == "output"
+                                                   for n in names)
     from mlx_lm.utils import load_model
 
     try:
