@@ -145,3 +145,19 @@ def write_gguf(path: Path, model: Model, arch="llama") -> Path:
     }
     mx.save_gguf(str(path), {k: mx.array(v) for k, v in tensors.items()}, meta)
     return path
+
+
+def write_shards(folder: Path, weights: dict, index: dict = None) -> dict:
+    """Write `weights` as two safetensors shards in `folder`, and their model.safetensors.index.json
+    (holding `index` beside its weight_map) unless index is None. Returns {shard name: tensor names}."""
+    import json
+
+    names = sorted(weights)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for shard, keys in shards.items():
+        mx.save_safetensors(str(folder / shard), {k: weights[k] for k in keys})
+    if index is not None:
+        (folder / "model.safetensors.index.json").write_text(json.dumps(
+            {**index, "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}))
+    return shards

@@ -33,6 +33,8 @@ from redrafter_mlx.config import DrafterArgs
 from redrafter_mlx.drafter import Drafter, new_drafter, save_drafter
 from redrafter_mlx.loader import new_model
 
+from helpers import write_shards
+
 H, V, LAYERS = 64, 128, 2
 CHAT_TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
@@ -665,13 +667,7 @@ def test_a_safetensors_file_the_index_does_not_list_is_refused(tmp_path, capsys,
     src = tmp_path / "src"
     shutil.copytree(mlx_ckpt[0], src, ignore=shutil.ignore_patterns("model.safetensors"))
     weights = dict(tree_flatten(mlx_ckpt[1].parameters()))
-    names = sorted(weights)
-    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
-              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
-    for shard, keys in shards.items():
-        mx.save_safetensors(str(src / shard), {k: weights[k] for k in keys})
-    (src / "model.safetensors.index.json").write_text(json.dumps(
-        {"weight_map": {k: shard for shard, keys in shards.items() for k in keys}}))
+    write_shards(src, weights, index={})
     out = tmp_path / "out"
     rc, lines = run_convert(capsys, "--model", src, "--out", out)  # the index and its shards alone convert
     assert rc == 0, lines

@@ -26,6 +26,8 @@ from redrafter_mlx.errors import (
 )
 from redrafter_mlx.loader import build_model
 
+from helpers import write_shards
+
 
 def raises(exc, fn, *words):
     """Run fn, expect `exc`; its message is one line and holds every word (case-insensitive)."""
@@ -112,13 +114,7 @@ def test_a_shard_missing_from_the_index(tiny_kit, tmp_path):
     path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
     weights = mx.load(str(path / "model.safetensors"))
     (path / "model.safetensors").unlink()
-    names = sorted(weights)
-    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
-              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
-    for shard, keys in shards.items():
-        mx.save_safetensors(str(path / shard), {k: weights[k] for k in keys})
-    (path / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {}, "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}))
+    write_shards(path, weights, index={"metadata": {}})
     load(str(path), use_drafter=False)  # whole, it loads
     (path / "model-00002-of-00002.safetensors").unlink()
     msg = raises(CorruptModelError, lambda: load(str(path)), "model-00002-of-00002.safetensors",
@@ -132,14 +128,9 @@ def test_weight_files_from_another_download_are_refused(tiny_kit, tmp_path):
     and the model loaded with wrong weights and no word; a Git LFS pointer said "Invalid json header length"."""
     path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
     weights = mx.load(str(path / "model.safetensors"))
-    names = sorted(weights)
-    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
-              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
-    for shard, keys in shards.items():
-        mx.save_safetensors(str(path / shard), {k: weights[k] for k in keys})
+    write_shards(path, weights)
     raises(CorruptModelError, lambda: load(str(path)), "both model.safetensors and shards", "no index")
-    (path / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {}, "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}))
+    write_shards(path, weights, index={})
     raises(CorruptModelError, lambda: load(str(path)), "model.safetensors beside the shards", "another download")
     (path / "model.safetensors").unlink()
     load(str(path), use_drafter=False)  # the shards alone: it loads
