@@ -224,6 +224,28 @@ def test_sampler_draws_from_the_renormalized_nucleus():
     assert not np.array_equal(np.array(Sampler(1.0, seed=5)(logits)), np.array(Sampler(1.0, seed=6)(logits)))
 
 
+def test_positional_draws_follow_the_nucleus_and_are_independent():
+    """Decoding draws with positions (Gumbel-max, one key per seed and position); the test above
+    checks the key chain only. Over seeds, a position's draw follows the renormalized nucleus,
+    draws at two positions are independent, and rows at one position share their draw."""
+    from scipy.stats import chisquare
+
+    probs = np.array([0.5, 0.3, 0.15, 0.05])
+    logits = mx.broadcast_to(mx.array(np.log(probs).astype(np.float32)), (2, 4))
+    want = np.array([0.5, 0.3, 0, 0]) / 0.8
+    pairs = np.zeros((4, 4))
+    for seed in list(range(1500)) + [2**64 - 1]:
+        a, b = np.array(Sampler(1.0, 0.75, seed)(logits, np.array([40, 41]))).tolist()
+        pairs[a, b] += 1
+    assert pairs[2:].sum() == pairs[:, 2:].sum() == 0  # nothing outside the nucleus
+    kept = pairs[:2, :2].ravel()
+    assert chisquare(kept, np.outer(want[:2], want[:2]).ravel() * kept.sum()).pvalue > 1e-3  # independent, p = q
+    siblings = np.array(Sampler(1.0, seed=3)(mx.broadcast_to(logits[:1], (64, 4)), np.full(64, 9)))
+    assert len(set(siblings.tolist())) == 1
+    spread = np.array(Sampler(1.0, seed=3)(mx.broadcast_to(logits[:1], (64, 4)), np.arange(64)))
+    assert len(set(spread.tolist())) > 1
+
+
 @pytest.mark.parametrize("kw", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5)])
 def test_bad_sampling_parameters(tiny_loaded, kw):
     with pytest.raises(ValueError, match="temperature|top_p"):
