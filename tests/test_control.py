@@ -12,6 +12,7 @@ import pytest
 from redrafter_mlx import costs, generate
 from redrafter_mlx.control import PARK_FIRST, PARK_MAX, PROBE_STEPS, Controller, controller
 from redrafter_mlx.costs import CostModel, FixedCosts
+from redrafter_mlx.generate import PromptCache
 from redrafter_mlx.tree_search import Candidates
 
 from test_redrafter import PROMPT, SAMPLING_PROMPT, CharTokenizer, chi_square_p, exact_distribution, sampled_counts, \
@@ -514,6 +515,68 @@ def test_a_seed_gives_the_same_sampled_reply_in_every_mode_and_tree():
             assert g.tokens == ar, (seed, extra)
             accepted += g.stats.accepted_tokens
     assert accepted > 50  # drafts were accepted: the replies did go through trees
+
+
+SAMPLED_MODES = (dict(mode="auto"), dict(mode="auto", graph=0), dict(mode="auto", use_drafter=False),
+                 dict(mode="redrafter", beam_width=4, beam_length=4, lookup=4),
+                 dict(mode="redrafter", beam_width=2, beam_length=6, draft_top_k=2, lookup=0),
+                 dict(mode="redrafter", tree=16, graph=2, context_graph=False, tree_min_prob=0.001))
+
+
+def test_a_seed_gives_plain_decodings_reply_through_cuts_end_tokens_and_turns():
+    """The seed's promise where a step's accepted drafts are cut: by max_tokens or an end token
+    mid-step (the cache then holds drafts past the reply), and in the next turns of a PromptCache;
+    with seed 2**64 - 1 and a top_p that leaves few tokens."""
+    m = with_costs(tiny_loaded(), flat_costs())
+    kw = dict(temperature=0.8, top_p=0.7, seed=2**64 - 1)
+    full = generate(m, PROMPT, mode="ar", max_tokens=40, **kw).tokens
+    m.tokenizer = CharTokenizer(eos=[full[20]])
+    for max_tokens in (2, 7, 40):
+        ar = generate(m, PROMPT, mode="ar", max_tokens=max_tokens, **kw)
+        for extra in SAMPLED_MODES:
+            g = generate(m, PROMPT, max_tokens=max_tokens, **kw, **extra)
+            assert (g.tokens, g.finish_reason) == (ar.tokens, ar.finish_reason), (max_tokens, extra)
+    assert ar.finish_reason == "eos"
+    m.tokenizer = CharTokenizer()
+    accepted = 0
+    for extra in SAMPLED_MODES:
+        pc, prompt = PromptCache(m.model), list(PROMPT)
+        for turn in range(3):
+            g = generate(m, prompt, max_tokens=9, prompt_cache=pc, **kw, **extra)
+            assert g.tokens == generate(m, prompt, mode="ar", max_tokens=9, **kw).tokens, (turn, extra)
+            accepted += g.stats.accepted_tokens
+            prompt = prompt + g.tokens[: 4 + turn] + [turn + 1]  # the reply, cut short, and a new turn
+    assert accepted > 20  # drafts were accepted: the replies went through trees
+
+
+def test_drafts_outside_the_nucleus_never_change_a_seeds_reply():
+    """A drafter that proposes the base model's least likely tokens (all outside a top_p of 0.5):
+    verification draws from the nucleus alone, so the replies are still plain decoding's."""
+    m = with_costs(tiny_loaded(), flat_costs())
+    own = type(m.drafter).draft_logits
+
+    class Contrary(type(m.drafter)):
+        def draft_logits(self, h, state, base=None):
+            return -own(self, h, state, base)
+
+    m.drafter.__class__ = Contrary
+    for seed in (0, 1):
+        kw = dict(max_tokens=20, temperature=1.5, top_p=0.5, seed=seed)
+        ar = generate(m, PROMPT, mode="ar", **kw).tokens
+        for extra in SAMPLED_MODES:
+            assert generate(m, PROMPT, **kw, **extra).tokens == ar, (seed, extra)
+
+
+def test_a_seed_gives_one_reply_in_every_mode_with_the_smallest_vocabularies():
+    """One and two tokens: trees wider than the vocabulary, every draft an alias."""
+    for vocab in (1, 2):
+        m = with_costs(tiny_loaded(vocab=vocab), flat_costs())
+        prompt = [t % vocab for t in PROMPT]
+        kw = dict(max_tokens=16, temperature=1.0, seed=5)
+        ar = generate(m, prompt, mode="ar", **kw).tokens
+        assert len(ar) == 16 and set(ar) <= set(range(vocab))
+        for extra in SAMPLED_MODES:
+            assert generate(m, prompt, **kw, **extra).tokens == ar, (vocab, extra)
 
 
 # ---- the cost model and its cache -------------------------------------------------------------
