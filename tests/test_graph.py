@@ -306,6 +306,21 @@ def test_sampling_through_grafted_nodes_matches_base_distribution(mode):
     assert chi_square_p(counts, probs) > 1e-3
 
 
+@pytest.mark.parametrize("kw", [
+    dict(mode="redrafter", beam_width=3, beam_length=4, lookup=0, tree=8, tree_min_prob=0.01),  # a tree, no graph
+    dict(mode="redrafter", beam_width=3, beam_length=4, lookup=3, tree=8, tree_min_prob=0.01, graph=1,
+         context_graph=False),  # merging alone
+], ids=["tree", "graph1-no-context"])
+def test_sampling_with_top_p_matches_base_distribution_in_the_other_drafting_modes(kw):
+    """Two modes the tests above leave out, at T = 0.7 and top_p = 0.8 (accepting the first row
+    unchecked fails it: sequences of probability 0)."""
+    m = tiny_loaded(vocab=4, seed=2)
+    prompt = [1, 2, 3, 0, 1, 2, 3, 0, 1, 2]
+    probs = exact_distribution(m, prompt, 3, 0.7, 0.8)
+    counts = sampled_counts(m, prompt, 3, 600, temperature=0.7, top_p=0.8, **kw)
+    assert chi_square_p(counts, probs) > 1e-3
+
+
 def test_context_ceiling_extends_a_step_by_what_the_context_continues():
     from redrafter_mlx.replay import context_ceiling
 
