@@ -579,6 +579,22 @@ def test_a_seed_gives_one_reply_in_every_mode_with_the_smallest_vocabularies():
             assert generate(m, prompt, **kw, **extra).tokens == ar, (vocab, extra)
 
 
+def test_unseeded_replies_differ_and_stay_in_the_nucleus_in_every_mode():
+    """seed=None draws a fresh seed per reply (sampling.Sampler): replies differ from call to call,
+    and every token of every mode's reply is one the base model's nucleus holds after its prefix."""
+    from redrafter_mlx.sampling import Sampler
+
+    m = with_costs(tiny_loaded(vocab=20, seed=4), flat_costs())
+    nucleus = Sampler(1.0, 0.6)
+    for extra in (dict(mode="ar"),) + SAMPLED_MODES:
+        replies = [generate(m, PROMPT, max_tokens=12, temperature=1.0, top_p=0.6, **extra).tokens for _ in range(3)]
+        assert len({tuple(r) for r in replies}) > 1, extra
+        for reply in replies:
+            logits, _ = m.model(mx.array([PROMPT + reply[:-1]]))
+            lp = np.array(nucleus.logprobs(logits[0, len(PROMPT) - 1:]))  # (12, V): row i predicts reply[i]
+            assert np.isfinite(lp[np.arange(len(reply)), reply]).all(), (extra, reply)
+
+
 # ---- the cost model and its cache -------------------------------------------------------------
 
 def test_cost_model_interpolates_extrapolates_and_refines():
