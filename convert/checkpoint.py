@@ -17,13 +17,13 @@ from typing import Dict, List, Tuple
 import mlx.core as mx
 
 from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError, NetworkError
+from redrafter_mlx.files import refuse_lfs_pointer, refuse_mixed_weights
 
 from .output import ConversionError
 
 HUB_PATTERNS = ["*.json", "model*.safetensors", "tokenizer.model", "*.tiktoken", "*.txt", "*.jinja"]
 HUB_PYTORCH_PATTERNS = ["pytorch_model*.bin"]
 DRAFTER_FILES = ("model.safetensors", "pytorch_model.bin", "model.pt")
-LFS_POINTER = b"version https://git-lfs.github.com/spec/"  # what `git clone` without git-lfs leaves
 
 
 def _first_line(e: BaseException) -> str:
@@ -97,17 +97,6 @@ def _shards_from_index(folder: Path, index_name: str) -> List[Path]:
     return [folder / n for n in names]
 
 
-def _one_layout(folder: Path, files: List[Path], single: str) -> List[Path]:
-    """Refuse a whole-model file beside shards with no index to choose between them: both were read, the
-    tensors of one overwriting the other's in glob order (a stale download converted to wrong weights)."""
-    if len(files) > 1 and any(f.name == single for f in files):
-        others = [f.name for f in files if f.name != single]
-        raise CorruptModelError(f"{folder} holds both {single} and shards ({', '.join(others[:2])}"
-                                f"{' ...' if len(others) > 2 else ''}) and no index to say which is the model: "
-                                "remove the one from another download")
-    return files
-
-
 def weight_files(folder: Path) -> Tuple[str, List[Path]]:
     """("safetensors" | "pytorch", shard files) of a Hugging Face checkpoint folder.
 
@@ -115,41 +104,24 @@ def weight_files(folder: Path) -> Tuple[str, List[Path]]:
     """
     if (folder / "model.safetensors.index.json").is_file():
         shards = _shards_from_index(folder, "model.safetensors.index.json")
-        # mlx-lm reads every model*.safetensors in the folder: one the index does not list (a stale
-        # model.safetensors, a shard of another revision) was mixed into the weights, in glob order.
-        stray = sorted(p.name for p in set(folder.glob("model*.safetensors")) - set(shards))
-        if stray:
-            raise CorruptModelError(
-                f"{folder} holds {', '.join(stray[:3])}{' ...' if len(stray) > 3 else ''} beside the shards "
-                "model.safetensors.index.json lists: from another download? Remove the files that do not belong "
-                "(they would be read together)")
+        refuse_mixed_weights(folder, sorted(folder.glob("model*.safetensors")), "model.safetensors",
+                             "model.safetensors.index.json", [p.name for p in shards])
         return "safetensors", shards
     files = sorted(folder.glob("model*.safetensors"))
     if files:
-        return "safetensors", _one_layout(folder, files, "model.safetensors")
+        refuse_mixed_weights(folder, files, "model.safetensors")
+        return "safetensors", files
     if (folder / "pytorch_model.bin.index.json").is_file():
         return "pytorch", _shards_from_index(folder, "pytorch_model.bin.index.json")
     files = sorted(folder.glob("pytorch_model*.bin"))
     if files:
-        return "pytorch", _one_layout(folder, files, "pytorch_model.bin")
+        refuse_mixed_weights(folder, files, "pytorch_model.bin")
+        return "pytorch", files
     others = sorted(p.name for p in folder.glob("*.safetensors")) + sorted(p.name for p in folder.glob("*.pt*"))
     hint = f" (found {', '.join(others[:3])})" if others else ""
     raise ModelNotFoundError(
         f"{folder} has no weights: expected model*.safetensors or pytorch_model*.bin{hint}"
     )
-
-
-def refuse_lfs_pointer(path: Path):
-    """A weights or tokenizer file that is a Git LFS pointer (a repository cloned without git-lfs) is named as one:
-    read as weights, it failed as 'Invalid json header length' or as a damaged pickle."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(len(LFS_POINTER))
-    except OSError:
-        return  # the reader itself says why
-    if head == LFS_POINTER:
-        raise CorruptModelError(f"{path} is a Git LFS pointer, not the weights: run `git lfs pull` in {path.parent} "
-                                "(or download the model with huggingface-hub)")
 
 
 def _torch():

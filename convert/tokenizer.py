@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError, one_line
+from redrafter_mlx.files import refuse_lfs_pointer
 
-from .checkpoint import refuse_lfs_pointer
 from .output import ConversionError
 
 # FastChat's "vicuna_v1.1" conversation format (Vicuna v1.1 / v1.3 / v1.5; the base model of

@@ -26,7 +26,7 @@ import socket
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 try:
     import fcntl
@@ -96,6 +96,43 @@ def read_json_object(path: Path, what: str) -> Dict[str, Any]:
     if not isinstance(data, dict):
         raise CorruptModelError(f"{path} is not a {what}: expected a JSON object, found {type(data).__name__}")
     return data
+
+
+LFS_POINTER = b"version https://git-lfs.github.com/spec/"  # what `git clone` without git-lfs leaves
+
+
+def refuse_lfs_pointer(path: Path):
+    """A weights or tokenizer file that is a Git LFS pointer (a repository cloned without git-lfs) is named as one:
+    read as weights, it failed as 'Invalid json header length' or as a damaged pickle."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(LFS_POINTER))
+    except OSError:
+        return  # the reader itself says why
+    if head == LFS_POINTER:
+        raise CorruptModelError(f"{path} is a Git LFS pointer, not the weights: run `git lfs pull` in {path.parent} "
+                                "(or download the model with huggingface-hub)")
+
+
+def refuse_mixed_weights(folder: Path, files: List[Path], single: str, index: Optional[str] = None,
+                         listed: Iterable[str] = ()):
+    """Weight files of two downloads in one folder: mlx-lm reads every model*.safetensors (the
+    converter every file it finds), so a stale whole-model file beside shards, or a shard `index`
+    does not list, was mixed into the weights, the last read winning, without a word. `files`:
+    the weight files there; `single`: the whole-model file's name; `listed`: the index's shards."""
+    if index is not None:
+        listed = set(listed)
+        stray = sorted(f.name for f in files if f.name not in listed)
+        if stray:
+            raise CorruptModelError(
+                f"{folder} holds {', '.join(stray[:3])}{' ...' if len(stray) > 3 else ''} beside the shards "
+                f"{index} lists: from another download? Remove the files that do not belong (they would be read "
+                "together)")
+    elif len(files) > 1 and any(f.name == single for f in files):
+        others = [f.name for f in files if f.name != single]
+        raise CorruptModelError(f"{folder} holds both {single} and shards ({', '.join(others[:2])}"
+                                f"{' ...' if len(others) > 2 else ''}) and no index to say which is the model: "
+                                "remove the one from another download")
 
 
 def unwritable_ancestor(target: Path) -> Optional[Path]:

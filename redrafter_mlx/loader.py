@@ -31,7 +31,7 @@ from ._platform import device_description, fast_cpu_blas, on_cpu
 from .base_model import TreeModel, check_supported, self_check
 from .config import DRAFTER_MODEL_TYPE, FLOAT_FORMATS, WEIGHT_FORMATS, ModelArgs, check_head_counts
 from .errors import CorruptModelError, ModelNotFoundError, RedrafterError, SettingError, UnsupportedModelError, one_line
-from .files import read_json_object, tidy
+from .files import read_json_object, refuse_lfs_pointer, refuse_mixed_weights, tidy
 from .gguf import read_gguf
 from .tokenizer import Tokenizer, is_token_id
 from .tuning import find_tuned
@@ -230,9 +230,6 @@ def new_model(config: Dict[str, Any], seed: int = 0) -> TreeModel:
     return TreeModel(model, config)
 
 
-LFS_POINTER = b"version https://git-lfs.github.com/spec/"  # what `git clone` without git-lfs leaves
-
-
 def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeModel, str, Tokenizer]:
     """A Hugging Face / mlx-community folder, built by mlx-lm's own loading (config, sanitize,
     quantization), after checks that give one-line errors."""
@@ -258,17 +255,10 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
         if missing:
             raise CorruptModelError(f"{path} lacks {', '.join(missing[:3])}{' and more' if len(missing) > 3 else ''}, "
                                     f"which {index.name} lists (an interrupted download or copy?)")
-        # mlx-lm reads every model*.safetensors: one the index does not list (a stale whole-model
-        # file, a shard of another revision) was mixed into the weights, whichever was read last winning
-        listed = set(shards.values()) if isinstance(shards, dict) else set()
-        stray = [f.name for f in files if f.name not in listed]
-        if listed and stray:
-            raise CorruptModelError(f"{path} holds {', '.join(stray[:3])}{' ...' if len(stray) > 3 else ''} beside "
-                                    f"the shards {index.name} lists: from another download? Remove the files that "
-                                    "do not belong (they would be read together)")
-    elif len(files) > 1 and any(f.name == "model.safetensors" for f in files):
-        raise CorruptModelError(f"{path} holds both model.safetensors and shards ({files[0].name} ...) and no index "
-                                "to say which is the model: remove the one from another download")
+        if isinstance(shards, dict) and shards:
+            refuse_mixed_weights(path, files, "model.safetensors", index.name, shards.values())
+    else:
+        refuse_mixed_weights(path, files, "model.safetensors")
     model_classes(config, str(cfg_path))  # refuses unsupported families before reading any weights
     from safetensors import safe_open
 
@@ -278,10 +268,7 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
             with safe_open(str(f), framework="numpy") as fh:
                 names.update(fh.keys())
         except Exception as e:  # safetensors raises its own error types
-            with open(f, "rb") as fh:
-                if fh.read(len(LFS_POINTER)) == LFS_POINTER:  # it said "Invalid json header length"
-                    raise CorruptModelError(f"{f} is a Git LFS pointer, not the weights: run `git lfs pull` in "
-                                            f"{path} (or download the model with huggingface-hub)") from e
+            refuse_lfs_pointer(f)  # it said "Invalid json header length"
             raise CorruptModelError(f"cannot read {f.name}: {one_line(e)}") from e
     overrides = config_overrides(config)
     text_config = config.get("text_config") or {}
