@@ -446,8 +446,6 @@ def parse_probs(text: str, what: str) -> List[float]:
     return list(dict.fromkeys(values))  # each once, as parse_shapes
 
 
-FLOOR_WITH_BEAMS = "--tree-min-prob is a dynamic tree's floor, and these options draft W x L beams: add --tree N " \
-                   "(N > 0 nodes), or drop it"
 
 
 def parse_args(argv=None):
@@ -463,8 +461,8 @@ def parse_args(argv=None):
     p.add_argument("--prompts", type=Path, default=SHIPPED_PROMPTS,
                    help="JSONL file of questions: Spec-Bench lines ({\"question_id\", \"category\", \"turns\": [...]}; "
                         "the first turn of each, unless --turns) or one-turn lines ({\"prompt\": ...}) (default: the "
-                        f"{sum(1 for _ in open(SHIPPED_PROMPTS))} held-out prompts shipped with the package, "
-                        "self-instruct seed tasks and GSM8K questions no shipped drafter trained on)")
+                        "held-out prompts shipped with the package, self-instruct seed tasks and GSM8K questions no "
+                        "shipped drafter trained on)")
     p.add_argument("--limit", type=cli.positive, default=None, metavar="N",
                    help="only the first N questions (default: all; 6 with --tune)")
     p.add_argument("--turns", type=cli.positive, default=1, metavar="N",
@@ -563,7 +561,7 @@ def parse_args(argv=None):
                                              args.tree_min_prob)
     if args.tree_min_prob is not None and (args.tree is not None and not any(args.tree) or args.tree is None and (
             args.beam_width is not None or args.beam_length is not None)):  # (the floor was dropped, saying nothing)
-        p.error(FLOOR_WITH_BEAMS)
+        p.error(cli.FLOOR_WITH_BEAMS)
     if args.graph and args.tune:
         p.error("--tune stores a tree shape: run it without --graph")
     graphs = args.graph and any(k is not None for k, _ in args.graph)
@@ -632,7 +630,7 @@ def _bench(args) -> int:
         print(f"redrafter-bench: error: {e}", file=sys.stderr)
         return 2
     if args.tree_min_prob is not None and args.tree is None and not drafting(loaded).tree:  # none tuned here
-        print(f"redrafter-bench: error: {FLOOR_WITH_BEAMS} (no tree is tuned for {loaded.name} on this device)",
+        print(f"redrafter-bench: error: {cli.FLOOR_WITH_BEAMS} (no tree is tuned for {loaded.name} on this device)",
               file=sys.stderr)
         return 2
     graphed = args.graph and any(k is not None for k, _ in args.graph)

@@ -598,11 +598,11 @@ def test_a_floor_with_beams_alone_is_refused(model_dir, prompts, capsys):
     for beams in (["--beam-width", "2"], ["--beam-length", "3"], ["--tree", "0"], ["--grid", "--tree", "0"]):
         with pytest.raises(SystemExit):
             bench.parse_args(["--prompts", "x", "--modes", "ar,redrafter", "--tree-min-prob", "0.5", *beams])
-        assert "--tree-min-prob is a dynamic tree's floor" in capsys.readouterr().err
+        assert "--tree-min-prob is the dynamic tree's floor" in capsys.readouterr().err
     assert bench.parse_args(["--prompts", "x", "--modes", "redrafter", "--tree-min-prob", "0.5", "--tree", "0,8"])
     rc, _, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 4, "--modes",
                      "ar,redrafter", "--tree-min-prob", "0.5")  # no tree given, none tuned: beams
-    assert rc == 2 and err.splitlines()[-1].startswith("redrafter-bench: error: --tree-min-prob is a dynamic tree's")
+    assert rc == 2 and err.splitlines()[-1].startswith("redrafter-bench: error: --tree-min-prob is the dynamic tree's")
     assert "measuring" not in err  # refused before the cost model is measured
 
 
