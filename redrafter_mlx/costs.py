@@ -598,10 +598,9 @@ def cost_model(loaded, progress: Optional[Callable[[str], None]] = None, refresh
     short = cached is not None and not cached.stale and not cached.healed and cached.cut_short()
     if cached is None or cached.stale or short:
         if cached is not None and progress:
-            progress("the cached cost curve " + ("stopped at " + " and ".join(str(int(n)) for n in cached.sizes)
-                                                 + " tokens (measured under load)" if short else
-                                                 "was measured while this machine was busier than it is now")
-                     + ": measuring again")
+            why = (f"stopped at {' and '.join(str(int(n)) for n in cached.sizes)} tokens (measured under load)" if short
+                   else "was measured while this machine was busier than it is now")
+            progress(f"the cached cost curve {why}: measuring again")
         costs = calibrate(loaded.model, loaded.drafter, progress=progress, cached=can_cache(loaded))
         costs.healed = cached is not None
         write_cached(loaded, costs)
