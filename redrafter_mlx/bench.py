@@ -8,7 +8,10 @@ is wrapped in the model's chat template. With `--turns N` each question is a con
 first N turns, as Spec-Bench runs MT-Bench (2): every mode answers turn i after its own earlier
 replies, the whole conversation prefilled again, and each turn is a result row of its own
 ("turn"). Every question runs in every mode, one after the
-other, on the same loaded weights. The JSON holds "model", "device", "results" (one object
+other, on the same loaded weights. The JSON holds "model", "device", "weight_format",
+"settings" (the options as run; the drafting ones, tuned values filled in, are the redrafter
+column's, null where no column drafts a fixed shape), "columns" (each column's mode, "auto" for
+adaptive drafting, and its fixed shape), "results" (one object
 per question, turn and mode), "summary" (per mode: mean tokens/s, tokens/step, speedup over ar,
 and, for greedy runs, whether every output equals ar's token for token), "categories", and
 with --turns, "turns" (the same per turn).
@@ -687,7 +690,7 @@ def _bench(args) -> int:
           f"{len(prompts)} prompts, modes {','.join(args.modes)}, {shape_text}", file=sys.stderr)
     twin = mlx_lm_twin(loaded) if "mlx-lm" in args.modes else None
     if args.json:  # from the start, so a run stopped before its first question leaves no earlier run's report there
-        write_report(args.json, loaded, args, [], names, complete=False)
+        write_report(args.json, loaded, args, [], variants, complete=False)
     try:
         for name, mode, shape, graph in variants:  # warm-up: first calls pay for kernel set-up
             loaded.controllers = own.get(name, shared)
@@ -735,7 +738,7 @@ def _bench(args) -> int:
             results += rows
             done += 1
             if args.json and done < len(prompts):  # a run stopped later keeps what it finished
-                write_report(args.json, loaded, args, results, names, complete=False)
+                write_report(args.json, loaded, args, results, variants, complete=False)
     except KeyboardInterrupt:
         if not done:
             print(f"redrafter-bench: {stop.why} before the first question finished; nothing to report"
@@ -753,7 +756,7 @@ def _bench(args) -> int:
     summary = summarize(results, names, args.temperature == 0.0)
     categories = per_category(results, names)
     if args.json:  # first: a --plot or --tune that fails below left it "complete": false, short of the last question
-        write_report(args.json, loaded, args, results, names, not interrupted, summary, categories)
+        write_report(args.json, loaded, args, results, variants, not interrupted, summary, categories)
     print_table(results, summary, names)
     print()
     print_categories(categories, names)
@@ -818,19 +821,54 @@ class Stop:
             self._previous = None
 
 
-def write_report(path: Path, loaded, args, results: List[Dict], names: List[str], complete: bool = True,
+def settings(args, variants) -> Dict:
+    """The report's "settings": the options the run ran with. The drafting options are fixed
+    drafting's (the redrafter column's, tuned values filled in), so they are null where no column
+    drafts a fixed shape (an adaptive run's showed the tuned W=4 L=4 it never used); --widths and
+    --lengths are the grid's, null without --grid."""
+    out = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    fixed = any(shape is not None for _, _, shape, _ in variants)
+    for key in ("beam_width", "beam_length", "lookup", "tree", "tree_min_prob"):
+        if not fixed or args.grid and key in ("beam_width", "beam_length"):
+            out[key] = None
+    if not args.grid:
+        out["widths"] = out["lengths"] = None
+    return out
+
+
+def columns(variants) -> Dict[str, Dict]:
+    """What each column (variant) ran: {name: {"mode"}}, "auto" for the adaptive controller (the
+    redrafter column too when no drafting option is given), with fixed drafting's beam_width,
+    beam_length, lookup, tree (and tree_min_prob) and graph drafting's graph and context_graph."""
+    out = {}
+    for name, mode, shape, (k, context_graph) in variants:
+        column = {"mode": mode}
+        if shape is not None:
+            width, length, lookup, tree, min_prob = shape
+            column.update(beam_width=width, beam_length=length, lookup=lookup, tree=tree,
+                          **({"tree_min_prob": min_prob} if tree else {}))
+        if k is not None:
+            column.update(graph=k, context_graph=context_graph)
+        out[name] = column
+    return out
+
+
+def write_report(path: Path, loaded, args, results: List[Dict], variants: List[tuple], complete: bool = True,
                  summary: Dict = None, categories: Dict = None):
     """The --json report, replaced atomically: a reader (or a run stopped mid-write) never sees
-    half a file. complete: False while questions are still to run, or after an interruption."""
+    half a file. complete: False while questions are still to run, or after an interruption.
+    variants: (name, mode, shape, graph) of each column, as _bench runs them."""
     # a local model or drafter by its absolute path: replay loads what "model" names, and a relative one (--model
     # tiny) was not found from another folder, or named another model there
     local = not loaded.resolved.entry and Path(loaded.name).expanduser().exists()
+    names = [v[0] for v in variants]
     report = {
         "model": str(loaded.path) if local else loaded.name,
         "device": loaded.device,
         "weight_format": loaded.weight_format,
         "drafter": str(Path(loaded.drafter_path).resolve()) if loaded.drafter_path else None,
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "settings": settings(args, variants),
+        "columns": columns(variants),
         "complete": complete,
         "results": results,
         "summary": summary if summary is not None else summarize(results, names, args.temperature == 0.0),

@@ -58,6 +58,11 @@ def test_json_schema_and_lossless_summary(model_dir, prompts, tmp_path, capsys):
             assert key in r
         assert r["new_tokens"] == len(r["tokens"]) > 0
     assert all((r["beam_width"], r["beam_length"]) == (2, 3) for r in rows if r["mode"] == "redrafter")
+    assert (report["settings"]["beam_width"], report["settings"]["beam_length"]) == (2, 3)  # the redrafter column's
+    assert report["settings"]["widths"] is None  # (no grid ran)
+    assert report["columns"] == {"ar": {"mode": "ar"}, "redrafter": {"mode": "redrafter", "beam_width": 2,
+                                                                      "beam_length": 3, "lookup": DEFAULT_LOOKUP,
+                                                                      "tree": 0}}
     s = report["summary"]
     assert s["ar"]["speedup"] == pytest.approx(1.0) and s["ar"]["tokens_per_step"] == pytest.approx(1.0)
     assert s["redrafter"]["identical_to_ar"] is True and 1.0 <= s["redrafter"]["tokens_per_step"] <= 3.0
@@ -71,7 +76,12 @@ def test_grid_runs_every_shape_and_plots(model_dir, prompts, tmp_path, capsys):
                         "--modes", "ar,redrafter", "--grid", "--widths", "1,3", "--lengths", "2,4",
                         "--json", out, "--plot", png)
     assert rc == 0
-    s = json.loads(out.read_text())["summary"]
+    report = json.loads(out.read_text())
+    s = report["summary"]
+    # the grid's shapes, not the tuned (or default) single shape it never ran
+    assert (report["settings"]["widths"], report["settings"]["lengths"]) == ([1, 3], [2, 4])
+    assert (report["settings"]["beam_width"], report["settings"]["beam_length"]) == (None, None)
+    assert report["columns"]["redrafter@3x2"]["beam_width"] == 3
     shapes = {k: (v["beam_width"], v["beam_length"]) for k, v in s.items() if k != "ar"}
     assert shapes == {"redrafter@1x2": (1, 2), "redrafter@1x4": (1, 4), "redrafter@3x2": (3, 2), "redrafter@3x4": (3, 4)}
     assert all(v["identical_to_ar"] for k, v in s.items() if k != "ar")
@@ -149,7 +159,13 @@ def test_each_adaptive_column_learns_on_its_own_controller(model_dir, prompts, t
     rc, _, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 2, "--max-tokens", 10,
                    "--modes", "ar,auto", "--graph", "none,1", "--json", out)
     assert rc == 0
-    assert all(v["identical_to_ar"] for k, v in json.loads(out.read_text())["summary"].items() if k != "ar")
+    report = json.loads(out.read_text())
+    assert all(v["identical_to_ar"] for k, v in report["summary"].items() if k != "ar")
+    # adaptive columns draft no fixed shape: the settings showed the tuned (default) W=4 L=4 they never used
+    assert all(report["settings"][key] is None for key in ("beam_width", "beam_length", "lookup", "tree",
+                                                            "tree_min_prob", "widths", "lengths"))
+    assert report["columns"] == {"ar": {"mode": "ar"}, "auto+tree": {"mode": "auto"},
+                                 "auto+graph1": {"mode": "auto", "graph": 1, "context_graph": True}}
     auto = [(g, ctl, moved) for _, mode, g, ctl, moved in seen if mode == "auto"]
     assert len(auto) == 2 * (1 + 2)  # two columns: the warm-up and two questions each
     assert all(moved for _, _, moved in auto)  # each call decoded on the controller recorded for it
