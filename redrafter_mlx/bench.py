@@ -50,7 +50,7 @@ from .errors import ContextLengthError, RedrafterError
 from .files import write_json
 from .graph import graph_name, parse_graph
 from .tokenizer import is_blank
-from .config import WEIGHT_FORMATS
+from .config import FLOAT_FORMATS, WEIGHT_FORMATS
 from .tree_search import DEFAULT_MIN_PROB
 from .tuning import DEFAULT_LOOKUP, DEFAULT_TREE, drafting, fixed_drafting, save_beam_shape
 
@@ -821,11 +821,18 @@ class Stop:
             self._previous = None
 
 
-def settings(args, variants) -> Dict:
+def format_of(description: str) -> str:
+    """The weight format that loads weights as `description` (Loaded.weight_format: "float32",
+    "4-bit (group 32)") says they were: a float dtype by its name, quantized weights as stored."""
+    return description if description in FLOAT_FORMATS else "stored"
+
+
+def settings(args, loaded, variants) -> Dict:
     """The report's "settings": the options the run ran with. The drafting options are fixed
     drafting's (the redrafter column's, tuned values filled in), so they are null where no column
     drafts a fixed shape (an adaptive run's showed the tuned W=4 L=4 it never used); --widths and
-    --lengths are the grid's, null without --grid."""
+    --lengths are the grid's, null without --grid. weight_format: the one the model was loaded
+    with ("float32", "stored"), which replay loads again ("auto" can resolve otherwise there)."""
     out = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     fixed = any(shape is not None for _, _, shape, _ in variants)
     for key in ("beam_width", "beam_length", "lookup", "tree", "tree_min_prob"):
@@ -833,6 +840,7 @@ def settings(args, variants) -> Dict:
             out[key] = None
     if not args.grid:
         out["widths"] = out["lengths"] = None
+    out["weight_format"] = format_of(loaded.weight_format)
     return out
 
 
@@ -867,7 +875,7 @@ def write_report(path: Path, loaded, args, results: List[Dict], variants: List[t
         "device": loaded.device,
         "weight_format": loaded.weight_format,
         "drafter": str(Path(loaded.drafter_path).resolve()) if loaded.drafter_path else None,
-        "settings": settings(args, variants),
+        "settings": settings(args, loaded, variants),
         "columns": columns(variants),
         "complete": complete,
         "results": results,

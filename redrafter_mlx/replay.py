@@ -29,7 +29,7 @@ from typing import Dict, Optional, Sequence
 from . import _platform  # noqa: F401  (OpenBLAS before mlx)
 from . import cli
 from .config import WEIGHT_FORMATS
-from .bench import parse_shapes as parse_ints
+from .bench import format_of, parse_shapes as parse_ints
 from .errors import ModelNotFoundError, RedrafterError
 from .graph import graph_name, parse_graph
 from .tokenizer import is_token_id
@@ -438,6 +438,19 @@ def read_results(path: Path):
     return rows, report
 
 
+def decoded_format(report: Dict) -> str:
+    """The weight format a bench report's outputs were decoded with, to load them so again: its
+    "weight_format", the loaded weights' description ("float32", "4-bit (group 32)"). The settings'
+    --weight-format ("auto", the default) was read before, and "auto" resolves per machine: a
+    GPU's run (stored weights) was replayed in float32 on a CPU, and a 4-bit run on a CPU without
+    a fast BLAS in float32 on one with it. (A report without one: its settings' format.)"""
+    described = report.get("weight_format")
+    if isinstance(described, str) and described.strip():
+        return format_of(described)
+    asked = report.get("settings", {}).get("weight_format")
+    return asked if asked in WEIGHT_FORMATS else "auto"
+
+
 def _run(args, graphs) -> int:
     from .loader import load
 
@@ -448,16 +461,14 @@ def _run(args, graphs) -> int:
         print(f"replay: note: {args.results} is the report of a redrafter-bench run that stopped early (\"complete\": "
               f"false): it holds {len({r.get('question_id') for r in rows})} questions"
               + (f" of the {asked} asked for" if isinstance(asked, int) else ""), file=sys.stderr)
-    # the weights the outputs were decoded with (a bench run with --weight-format stored: 4-bit)
-    fmt = report.get("settings", {}).get("weight_format", "auto")
+    fmt = decoded_format(report)
     named = report.get("model")
     if not args.model and not (isinstance(named, str) and named.strip()):  # it loaded the default model, saying nothing
         raise RedrafterError(f"{args.results} names no model: pass --model, the one its outputs came from")
     # --no-drafter loads none: a drafter found beside the model that fails to load stopped the replay, saying to
     # pass --no-drafter
     try:
-        loaded = load(args.model or named, drafter=args.drafter,
-                      weight_format=fmt if fmt in WEIGHT_FORMATS else "auto", use_drafter=not args.no_drafter)
+        loaded = load(args.model or named, drafter=args.drafter, weight_format=fmt, use_drafter=not args.no_drafter)
     except ModelNotFoundError as e:
         if args.model:
             raise

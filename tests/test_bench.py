@@ -363,8 +363,6 @@ def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path
     # the outputs' weight format is the one replayed (a --weight-format stored run: its 4-bit weights)
     from redrafter_mlx import loader
 
-    stored = tmp_path / "stored.json"
-    stored.write_text(json.dumps({**json.loads(out.read_text()), "settings": {"weight_format": "stored"}}))
     formats, real_load = [], loader.load
 
     def load_stub(*a, **k):
@@ -372,7 +370,17 @@ def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path
         raise RedrafterError("stopped after the load's arguments")
 
     monkeypatch.setattr(loader, "load", load_stub)
-    assert replay.main([str(stored), "--model", str(model_dir)]) == 2 and formats == ["stored"]
+    report = json.loads(out.read_text())
+    assert report["settings"]["weight_format"] == bench.format_of(report["weight_format"]) != "auto"  # as loaded
+    stored = tmp_path / "stored.json"
+    # the format the outputs ran in, not the settings' "auto", which resolves per machine (a GPU's stored
+    # weights were replayed in float32 on a CPU)
+    for described, settings, loads in (("4-bit (group 32)", {"weight_format": "auto"}, "stored"),
+                                       ("float16", {"weight_format": "auto"}, "float16"),
+                                       (None, {"weight_format": "stored"}, "stored")):  # (a report without it)
+        stored.write_text(json.dumps({**report, "weight_format": described, "settings": settings}))
+        formats.clear()
+        assert replay.main([str(stored), "--model", str(model_dir)]) == 2 and formats == [loads]
     monkeypatch.setattr(loader, "load", real_load)
     capsys.readouterr()
     # Ctrl-C during the second question: the first one's figures are printed, status 130
