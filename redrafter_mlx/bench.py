@@ -644,12 +644,15 @@ def _bench(args) -> int:
         return 2
     first = None
     if {"auto", "redrafter"} & set(args.modes) or args.tune:  # measured (or read) before any timing starts
-        from .control import controller
+        from .control import Controller, controller, controller_key
         from .costs import cost_model
 
         if args.tune:
             loaded.controllers.clear()
-            cost_model(loaded, progress, refresh=True)
+            costs = cost_model(loaded, progress, refresh=True)
+            # the controller on this curve: controller() read it back from the cache, and measured it a second
+            # time where no cache folder can be written (REDRAFTER_CACHE read-only)
+            loaded.controllers[controller_key(loaded, not args.no_drafter)] = Controller(costs, loaded.drafter is not None)
         first = controller(loaded, not args.no_drafter, progress)
     # (the tree too: a tree asked for where plain decoding was tuned fastest, L = 1, drafts at the default length)
     d = drafting(loaded, args.beam_width or None, args.beam_length or None, max(args.tree) if args.tree else None)

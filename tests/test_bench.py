@@ -595,6 +595,22 @@ def test_tune_stores_the_default_shape_per_device(model_dir, prompts, capsys):
     assert (g.stats.beam_width, g.stats.beam_length) == DEFAULT_SHAPE
 
 
+def test_tune_without_a_writable_cost_cache_measures_the_curve_once(model_dir, prompts, capsys, monkeypatch):
+    # --tune measured the curve, could not cache it, and the controller then measured it again
+    from redrafter_mlx import costs
+
+    def refused(path, *a, **kw):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(costs, "update_json", refused)
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False)  # (chmod does not bind root: simulated)
+    calls, real = [], costs.calibrate
+    monkeypatch.setattr(costs, "calibrate", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    rc, _, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 1, "--max-tokens", 4, "--tune",
+                     "--widths", 1, "--lengths", 2)
+    assert rc == 0 and len(calls) == 1 and err.count("measuring this machine's verification cost") == 1, err
+
+
 def test_tree_min_prob_variants_run_side_by_side(model_dir, prompts, tmp_path, capsys):
     out = tmp_path / "p.json"
     rc, text, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 12, "--modes",
