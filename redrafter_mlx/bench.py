@@ -523,8 +523,9 @@ def parse_args(argv=None):
     p.add_argument("--weight-format", default="auto", choices=WEIGHT_FORMATS,
                    help="auto = the fastest for this device (default); stored = as in the file (e.g. 4-bit); or "
                    "float32, float16, bfloat16")
-    p.add_argument("--json", type=cli.writable_file, default=None, metavar="FILE", help="write all results here (rewritten after each question, so a run stopped by "
-                   "Ctrl-C, SIGTERM or a time limit keeps the questions it finished; \"complete\" says whether all ran)")
+    p.add_argument("--json", type=cli.writable_file, default=None, metavar="FILE", help="write all results here (from once the model is loaded, rewritten after each "
+                   "question, so a run stopped by Ctrl-C, SIGTERM or a time limit keeps the questions it finished; "
+                   "\"complete\" says whether all ran; one stopped before then writes nothing and says so)")
     args = p.parse_args(argv)
     args.modes = list(dict.fromkeys(m.strip() for m in args.modes.split(",") if m.strip()))  # each once
     # the report is written before the first question: --json q.jsonl --prompts q.jsonl replaced the prompts with it
@@ -611,6 +612,25 @@ def main(argv=None):
 
 
 def _bench(args) -> int:
+    stop = Stop()  # from the start: SIGTERM while the model loaded ended the process, saying nothing
+    try:
+        return _measure(args, stop)
+    except KeyboardInterrupt:
+        if stop.began:  # (after the questions: their report is written)
+            raise
+        # the --json file is left as it was: an earlier run's report stayed there, "complete": true, saying nothing,
+        # as if this run's (stopped while its model loaded or its cost curve was measured)
+        said = ""
+        if args.json:
+            said = f"; nothing written to {args.json}" + (" (the file there is an earlier run's)"
+                                                          if args.json.exists() else "")
+        print(f"redrafter-bench: {stop.why} before the first question began{said}", file=sys.stderr)
+        return stop.status
+    finally:
+        stop.restore()
+
+
+def _measure(args, stop) -> int:
     from .loader import load
 
     try:
@@ -694,19 +714,19 @@ def _bench(args) -> int:
     twin = mlx_lm_twin(loaded) if "mlx-lm" in args.modes else None
     if args.json:  # from the start, so a run stopped before its first question leaves no earlier run's report there
         write_report(args.json, loaded, args, [], variants, complete=False)
-    try:
-        for name, mode, shape, graph in variants:  # warm-up: first calls pay for kernel set-up
-            loaded.controllers = own.get(name, shared)
-            if mode == "mlx-lm":
-                run_mlx_lm(loaded, twin, "Hello", argparse.Namespace(**{**vars(args), "max_tokens": 8}))
-            else:
-                run_one(loaded, "Hello", mode, argparse.Namespace(**{**vars(args), "max_tokens": 8}), shape, graph)
-    finally:
-        loaded.controllers = shared  # a failed warm-up leaves the model with its own controllers
+    stop.began = True
     results = []
     done = 0  # questions every variant has run on; only those are reported
-    stop = Stop()
     try:
+        try:  # (stopped here, it said "cancelled" and a SIGTERM ended it saying nothing: as in the first question)
+            for name, mode, shape, graph in variants:  # warm-up: first calls pay for kernel set-up
+                loaded.controllers = own.get(name, shared)
+                if mode == "mlx-lm":
+                    run_mlx_lm(loaded, twin, "Hello", argparse.Namespace(**{**vars(args), "max_tokens": 8}))
+                else:
+                    run_one(loaded, "Hello", mode, argparse.Namespace(**{**vars(args), "max_tokens": 8}), shape, graph)
+        finally:
+            loaded.controllers = shared  # a failed warm-up leaves the model with its own controllers
         for q in prompts:
             rows = []
             talk = {name: [] for name in names}  # each variant's conversation so far: its own replies
@@ -811,6 +831,7 @@ class Stop:
 
     def __init__(self):
         self.why, self.status, self._previous = "interrupted", 130, None
+        self.began = False  # the run began: its --json report is written (one stopped before leaves the file alone)
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._terminated)
 

@@ -1093,6 +1093,48 @@ def test_a_run_stopped_before_its_first_question_leaves_no_earlier_report(model_
     assert "holds no results: its redrafter-bench run stopped before the first question finished" in err
 
 
+def test_a_run_stopped_while_its_model_loads_says_it_wrote_nothing(model_dir, prompts, tmp_path, capsys, monkeypatch):
+    # Ctrl-C while the model loaded left an earlier run's --json report as it was, "complete": true, and said only
+    # "cancelled" (as if this run's); SIGTERM there ended the process saying nothing; during the warm-up, after the
+    # report was started, it said "cancelled" (and a SIGTERM nothing) where the first question says what was kept
+    from redrafter_mlx import loader
+
+    out = tmp_path / "b.json"
+    out.write_text('{"complete": true, "results": []}')  # an earlier run's report
+    before, real_load = signal.getsignal(signal.SIGTERM), loader.load
+
+    def stopped(*a, **k):
+        raise KeyboardInterrupt
+
+    def killed(*a, **k):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    argv = ("--model", model_dir, "--prompts", prompts, "--max-tokens", 4, "--modes", "ar")
+    for stub, status, why in ((stopped, 130, "interrupted"), (killed, 143, "terminated (SIGTERM)")):
+        monkeypatch.setattr(loader, "load", stub)
+        rc, _, err = run(capsys, *argv, "--json", out)
+        assert rc == status and err.strip() == (f"redrafter-bench: {why} before the first question began; nothing "
+                                                f"written to {out} (the file there is an earlier run's)")
+        assert out.read_text() == '{"complete": true, "results": []}'
+        assert signal.getsignal(signal.SIGTERM) is before
+    rc, _, err = run(capsys, *argv, "--json", tmp_path / "new.json")
+    assert rc == 143 and err.strip().endswith(f"nothing written to {tmp_path / 'new.json'}")
+    assert not (tmp_path / "new.json").exists()
+    monkeypatch.setattr(loader, "load", real_load)
+    real = bench.run_one
+
+    def warm_up_killed(loaded, prompt, *a, **kw):
+        if prompt == "Hello":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(loaded, prompt, *a, **kw)
+
+    monkeypatch.setattr(bench, "run_one", warm_up_killed)
+    rc, _, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 4, "--modes", "auto",
+                     "--json", out)
+    assert rc == 143 and "terminated (SIGTERM) before the first question finished; nothing to report" in err
+    assert json.loads(out.read_text())["complete"] is False  # this run's, with no results
+
+
 def test_turns_run_each_question_as_a_conversation(model_dir, prompts, tmp_path, capsys):
     from redrafter_mlx import replay
 
