@@ -36,6 +36,9 @@ from .tokenizer import is_token_id
 from .tuning import parse_shapes
 
 
+PROG = "python -m redrafter_mlx.replay"  # how its errors, notes and --help name it (notes said "replay:")
+
+
 def context_ceiling(index, context: Sequence[int], path: Sequence[int], future: Sequence[int], length: int,
                     every: bool = False) -> int:
     """How many more tokens a step could have emitted had context grafts (graph.py) been free and
@@ -309,7 +312,7 @@ def print_auto(configs, totals, categories, per_step, plain: Dict[str, float], n
 
 
 def main(argv=None) -> int:
-    p = cli.Parser(prog="python -m redrafter_mlx.replay", description=__doc__.split("\n\n")[0],
+    p = cli.Parser(prog=PROG, description=__doc__.split("\n\n")[0],
                    epilog="example: python -m redrafter_mlx.replay bench.json --shapes 1x3,4x3 --lookup 0,8")
     cli.add_version(p)
     p.add_argument("results", type=Path, help="a redrafter-bench --json file with ar results (greedy)")
@@ -396,7 +399,7 @@ def main(argv=None) -> int:
             too_big = cli.draft_size_error(w, length, max(args.tree) or None, max(args.lookup) or None)
             if too_big:
                 p.error(too_big)
-    return cli.run("python -m redrafter_mlx.replay", lambda: _run(args, graphs))
+    return cli.run(PROG, lambda: _run(args, graphs))
 
 
 def read_results(path: Path):
@@ -458,7 +461,7 @@ def _run(args, graphs) -> int:
     rows, report = read_results(args.results)
     if report.get("complete") is False:  # its figures covered what the run finished, saying nothing
         asked = report.get("settings", {}).get("limit")
-        print(f"replay: note: {args.results} is the report of a redrafter-bench run that stopped early (\"complete\": "
+        print(f"{PROG}: note: {args.results} is the report of a redrafter-bench run that stopped early (\"complete\": "
               f"false): it holds {len({r.get('question_id') for r in rows})} questions"
               + (f" of the {asked} asked for" if isinstance(asked, int) else ""), file=sys.stderr)
     fmt = decoded_format(report)
@@ -476,14 +479,14 @@ def _run(args, graphs) -> int:
         raise ModelNotFoundError(f"{args.results} names the model {named!r}, which cannot be loaded here ({e}): "
                                  "pass --model, the model its outputs came from") from e
     if named and loaded.name != named:  # replayed silently; only ids past the vocabulary were caught
-        print(f"replay: note: {args.results} was decoded by {named}, and {loaded.name} replays it: its figures are "
+        print(f"{PROG}: note: {args.results} was decoded by {named}, and {loaded.name} replays it: its figures are "
               "that model's only if the two are the same", file=sys.stderr)
     if loaded.drafter is None and not args.no_drafter:
         raise RedrafterError(f"no drafter found for {loaded.name}: pass --drafter PATH (or --auto --no-drafter)")
     used = report.get("drafter")  # the bench's drafter (None: a run of ar alone loads none)
     if (not args.drafter and not args.no_drafter and isinstance(used, str) and used and loaded.drafter_path
             and Path(used).resolve() != Path(loaded.drafter_path).resolve()):  # its figures differed, saying nothing
-        print(f"replay: note: {args.results} was decoded with the drafter {used}, and the one found for "
+        print(f"{PROG}: note: {args.results} was decoded with the drafter {used}, and the one found for "
               f"{loaded.name}, {loaded.drafter_path}, replays it: pass --drafter {used} to replay the bench's",
               file=sys.stderr)
     vocab = loaded.model.args.vocab_size
@@ -536,7 +539,7 @@ def _run(args, graphs) -> int:
         if not done:
             raise
         what = "replies" if unit == "reply" else "questions"  # (a --turns report: a row per turn)
-        print(f"\nreplay: cancelled; the figures below cover the first {done} of {len(rows)} {what}", file=sys.stderr)
+        print(f"\n{PROG}: cancelled; the figures below cover the first {done} of {len(rows)} {what}", file=sys.stderr)
         status = 130
     groups = {key[1] for key in totals if key[1]}
     categories = sorted(g for g in groups if not g.startswith("turn ")) + sorted(g for g in groups if g.startswith("turn "))

@@ -396,7 +396,7 @@ def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path
     monkeypatch.setattr(replay, "replay", interrupted)
     assert replay.main([str(out), "--model", str(model_dir), "--shapes", "2x3"]) == 130
     captured = capsys.readouterr()
-    assert "first 1 of" in captured.err and any(line.startswith("2x3") for line in captured.out.splitlines())
+    assert "python -m redrafter_mlx.replay: cancelled; the figures below cover the first 1 of" in captured.err and any(line.startswith("2x3") for line in captured.out.splitlines())
 
 
 def test_replay_runs_a_config_given_twice_once(model_dir, prompts, tmp_path, capsys):
@@ -510,7 +510,10 @@ def test_replay_says_when_the_report_is_of_a_run_that_stopped_early(model_dir, p
     report = json.loads(out.read_text())
     out.write_text(json.dumps({**report, "complete": False, "results": report["results"][:2]}))
     assert replay.main([str(out), "--shapes", "2x3"]) == 0
-    assert "stopped early (\"complete\": false): it holds 2 questions" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "stopped early (\"complete\": false): it holds 2 questions" in err
+    # named as its errors and --help name it (notes said "replay: note:")
+    assert err.startswith(f"python -m redrafter_mlx.replay: note: {out} is the report of")
 
 
 def test_replay_takes_a_reply_that_ended_at_its_first_token(model_dir, prompts, tmp_path, capsys):
