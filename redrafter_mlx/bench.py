@@ -114,8 +114,8 @@ def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
         raise RedrafterError(f"prompt file {path} holds no questions")
     short = sum(len(q["turns"]) < turns for q in out)
     if short:
-        print(f"note: {short} of {len(out)} questions have fewer than {turns} turns; they run the turns they have",
-              file=sys.stderr)
+        print(f"redrafter-bench: note: {short} of {len(out)} questions have fewer than {turns} turns; they run the "
+              "turns they have", file=sys.stderr)  # (only the bench asks for more than one)
     return out
 
 
@@ -811,7 +811,7 @@ def _measure(args, stop) -> int:
             "plain_is_faster": plain})
         measured = summary["ar"]["new_tokens"]
         if measured < TUNE_MIN_TOKENS:
-            print(f"note: the tune measured {measured} tokens of plain decoding, too few to tell shapes apart "
+            print(f"redrafter-bench: note: the tune measured {measured} tokens of plain decoding, too few to tell shapes apart "
                   f"reliably (fewer than {TUNE_MIN_TOKENS}; the default tune measures 6 questions of up to 256 "
                   "tokens): the stored shape is a rough guess", file=sys.stderr)
         if plain:
