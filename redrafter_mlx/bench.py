@@ -47,12 +47,13 @@ from typing import Dict, List
 from . import _platform  # noqa: F401  (OpenBLAS before mlx)
 from . import cli
 from .errors import ContextLengthError, RedrafterError
-from .files import write_json
+from .files import unwritable_ancestor, write_json
 from .graph import graph_name, parse_graph
 from .tokenizer import is_blank
 from .config import FLOAT_FORMATS, WEIGHT_FORMATS
 from .tree_search import DEFAULT_MIN_PROB
-from .tuning import DEFAULT_LOOKUP, DEFAULT_TREE, drafting, fixed_drafting, save_beam_shape
+from .tuning import FILE as TUNED_FILE
+from .tuning import DEFAULT_LOOKUP, DEFAULT_TREE, drafting, fixed_drafting, model_folder, save_beam_shape
 
 MODES = ("ar", "auto", "redrafter", "mlx-lm")
 
@@ -643,6 +644,10 @@ def _measure(args, stop) -> int:
             what = "--tune" if args.tune else "--modes redrafter"
             raise RedrafterError(f"{what} needs a drafter and none was found for {loaded.name}: pass --drafter PATH"
                                  + ("" if args.tune else ", or use --modes auto, which drafts from the context alone"))
+        folder = model_folder(loaded.path)
+        if args.tune and unwritable_ancestor(folder / TUNED_FILE) is not None:  # it failed after the whole tune
+            raise RedrafterError(f"--tune stores the fastest shape in the model folder {folder}, which cannot be "
+                                 "written: tune a copy of the model in a folder you can write")
         for q in prompts:  # one past the context ended the run there, the questions before it left unreported
             n = len(loaded.tokenizer.prompt_ids(q["prompt"]))
             if n >= loaded.context_length:

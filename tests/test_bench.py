@@ -606,12 +606,27 @@ def test_tune_without_a_writable_cost_cache_measures_the_curve_once(model_dir, p
         raise PermissionError(13, "Permission denied", str(path))
 
     monkeypatch.setattr(costs, "update_json", refused)
-    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False)  # (chmod does not bind root: simulated)
+    monkeypatch.setattr(costs, "unwritable_ancestor", lambda path: path.parent)  # (chmod does not bind root)
     calls, real = [], costs.calibrate
     monkeypatch.setattr(costs, "calibrate", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     rc, _, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 1, "--max-tokens", 4, "--tune",
                      "--widths", 1, "--lengths", 2)
     assert rc == 0 and len(calls) == 1 and err.count("measuring this machine's verification cost") == 1, err
+
+
+def test_tune_into_a_model_folder_that_cannot_be_written_is_refused_before_it_runs(model_dir, prompts, capsys,
+                                                                                  monkeypatch):
+    # the whole grid ran, then storing the shape failed ("Permission denied", status 1)
+    from redrafter_mlx import costs
+
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False)  # (chmod does not bind root: simulated)
+    monkeypatch.setattr(costs, "calibrate", lambda *a, **kw: pytest.fail("the tune ran"))
+    rc, _, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 1, "--max-tokens", 4, "--tune",
+                     "--widths", 1, "--lengths", 2)
+    assert rc == 2 and err.strip().endswith(f"redrafter-bench: error: --tune stores the fastest shape in the model "
+                                            f"folder {model_dir}, which cannot be written: tune a copy of the model "
+                                            "in a folder you can write")
+    assert not (model_dir / FILE).exists()
 
 
 def test_tree_min_prob_variants_run_side_by_side(model_dir, prompts, tmp_path, capsys):
