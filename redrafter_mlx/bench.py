@@ -574,7 +574,7 @@ def parse_args(argv=None):
     if graphs and args.fixed and "redrafter" in args.modes and (
             0 in (args.tree or []) or (args.tree is None and shaped)):
         p.error("--graph drafts a dynamic tree: give --tree N with N > 0")
-    if graphs and not {"auto", "redrafter"} & set(args.modes):
+    if args.graph and not {"auto", "redrafter"} & set(args.modes):  # (--graph none: ignored, saying nothing)
         p.error("--graph applies to --modes auto and redrafter")
     if args.plot and not (args.fixed and "redrafter" in args.modes):
         p.error("--plot draws fixed drafting shapes against each other: add --grid (or --beam-width, --beam-length, "
@@ -589,9 +589,11 @@ def parse_args(argv=None):
     bad_drafter = cli.drafter_error(args.drafter, args.no_drafter)
     if bad_drafter:
         p.error(bad_drafter)
-    if args.drafter is not None and not {"auto", "redrafter"} & set(args.modes):  # it was not even loaded
-        p.error(f"--modes {','.join(args.modes)} decodes plainly and drafts nothing: drop --drafter, or add auto or "
-                "redrafter to --modes")
+    drafter_flag = "--drafter" if args.drafter is not None else "--no-drafter" if args.no_drafter else None
+    if drafter_flag and not {"auto", "redrafter"} & set(args.modes):  # --drafter was not even loaded (--no-drafter:
+        # no drafter is, ignored saying nothing)
+        p.error(f"--modes {','.join(args.modes)} decodes plainly and drafts nothing: drop {drafter_flag}, or add auto "
+                "or redrafter to --modes")
     if args.grid and "redrafter" not in args.modes:
         p.error("--grid runs fixed drafting shapes, in --modes ...,redrafter: add that mode")
     if args.fixed and not args.grid and "redrafter" not in args.modes:  # they were ignored, saying nothing

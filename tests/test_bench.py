@@ -846,6 +846,14 @@ def test_a_drafter_for_modes_that_draft_nothing_is_refused(model_dir, prompts, c
             bench.parse_args(["--prompts", "x", "--modes", modes, "--drafter", drafter])
         assert f"--modes {modes} decodes plainly and drafts nothing: drop --drafter" in capsys.readouterr().err
     assert bench.parse_args(["--prompts", "x", "--modes", "ar,auto", "--drafter", drafter]).drafter == drafter
+    # --no-drafter and --graph none (the tree) with no drafting column were ignored, saying nothing
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--prompts", "x", "--modes", "ar,mlx-lm", "--no-drafter"])
+    assert "--modes ar,mlx-lm decodes plainly and drafts nothing: drop --no-drafter" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--prompts", "x", "--modes", "ar", "--graph", "none"])
+    assert "--graph applies to --modes auto and redrafter" in capsys.readouterr().err
+    assert bench.parse_args(["--prompts", "x", "--modes", "ar,auto", "--no-drafter", "--graph", "none"]).no_drafter
     rc, _, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 1, "--max-tokens", 4,
                      "--modes", "ar,mlx-lm")
     assert rc == 0 and "drafter None" in err and "loading drafter" not in err
