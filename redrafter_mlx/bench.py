@@ -627,7 +627,8 @@ def _bench(args) -> int:
         if args.json:
             said = f"; nothing written to {args.json}" + (" (the file there is an earlier run's)"
                                                           if args.json.exists() else "")
-        print(f"redrafter-bench: {stop.why} before the first question began{said}", file=sys.stderr)
+        # (on a line of its own: a download's progress bar may hold the last one)
+        print(f"\nredrafter-bench: {stop.why} before the first question began{said}", file=sys.stderr)
         return stop.status
     finally:
         stop.restore()
