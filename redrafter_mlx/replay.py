@@ -33,6 +33,7 @@ from .bench import format_of, parse_shapes as parse_ints
 from .errors import ModelNotFoundError, RedrafterError
 from .graph import graph_name, parse_graph
 from .tokenizer import is_token_id
+from .tree_search import DEFAULT_MIN_PROB
 from .tuning import parse_shapes
 
 
@@ -102,7 +103,6 @@ def replay(loaded, prompt: Sequence[int], tokens: Sequence[int], width: int, len
     from .graph import context_only, graft_counts, root_copy, search as graph_search
     from .lookup import MAX_GROWTH, ContextIndex, CopyLength, add_beam, copy_taken
     from .tree import accept, pack
-    from .tree_search import DEFAULT_MIN_PROB
 
     prompt, g = list(prompt), list(tokens)
     keys = ("steps", "produced", "packed", "looked_up", "drafter_rows", "aliases", "grafted", "graft_accepted",
@@ -326,7 +326,8 @@ def main(argv=None) -> int:
                    help="comma-separated node budgets of a dynamic draft tree, W wide and L - 1 deep "
                         "(0 = the W x L beams; default: 0)")
     p.add_argument("--tree-min-prob", type=cli.probability, default=None,
-                   help="drop tree nodes whose path probability is below this (default: tree_search.DEFAULT_MIN_PROB, 0.2)")
+                   metavar="P", help="with --tree: drop tree nodes whose path probability is below P (default: "
+                   f"{DEFAULT_MIN_PROB}, the tree search's)")
     p.add_argument("--graph", type=parse_graph, default=[(None, True)], metavar="K[,K...]",
                    help="draft a GSD graph (graph.py) with k-gram length K (0: match the token alone) and the "
                         "context graph; gsdK: GSD alone; 'none': the tree; comma-separated, e.g. none,0,gsd0 "
@@ -354,7 +355,7 @@ def main(argv=None) -> int:
                         "the profile's costs give (--graph applies; --shapes, --lookup, --tree and --tree-min-prob "
                         "are refused)")
     p.add_argument("--no-drafter", action="store_true", help="with --auto: draft from the context copy alone")
-    p.add_argument("--limit", type=cli.positive, default=None, help="only the first N questions")
+    p.add_argument("--limit", type=cli.positive, default=None, metavar="N", help="only the first N questions")
     args = p.parse_args(argv)
     shaped = [flag for flag, value in (("--shapes", args.shapes), ("--lookup", args.lookup), ("--tree", args.tree),
                                        ("--tree-min-prob", args.tree_min_prob)) if value is not None]

@@ -964,6 +964,18 @@ def test_help_says_tune_runs_six_questions_unless_limit(capsys):
     assert "on the first 6 questions unless --limit" in text
     assert bench.parse_args(["--prompts", "x", "--tune"]).limit == 6
     assert bench.parse_args(["--prompts", "x"]).limit is None
+    # --plot promised "acceptance plots"; it draws tokens emitted per step (the accepted-length histogram)
+    assert "the fastest one's histogram of tokens emitted per step" in text and "acceptance plots" not in text
+
+
+def test_replay_help_gives_the_tree_floor_it_uses(capsys):
+    # it wrote 0.2 out by hand, beside the constant's name, and --limit's metavar was LIMIT where the text says N
+    from redrafter_mlx import replay
+
+    with pytest.raises(SystemExit):
+        replay.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"below P (default: {DEFAULT_MIN_PROB}, the tree search's)" in text and "--limit N only the first N" in text
 
 
 def test_no_speedup_where_ar_timed_no_decode_step(model_dir, prompts, tmp_path, capsys):
