@@ -442,6 +442,18 @@ def read_results(path: Path):
     return rows, report
 
 
+def same_model(named: str, loaded) -> bool:
+    """Whether `loaded` is the model a bench report names: by name, or a local one (the bench
+    names it by its absolute path) by the file or folder it is (--model tiny from the folder
+    above was said to be another model than the report's /home/me/tiny)."""
+    if loaded.name == named:
+        return True
+    try:
+        return Path(named).expanduser().exists() and Path(named).expanduser().resolve() == Path(loaded.path).resolve()
+    except (OSError, ValueError):  # (a name no path can be: "embedded null byte")
+        return False
+
+
 def decoded_format(report: Dict) -> str:
     """The weight format a bench report's outputs were decoded with, to load them so again: its
     "weight_format", the loaded weights' description ("float32", "4-bit (group 32)"). The settings'
@@ -479,7 +491,7 @@ def _run(args, graphs) -> int:
         # it said only "unknown model ...", of a name the user never typed (a model moved since the bench ran)
         raise ModelNotFoundError(f"{args.results} names the model {named!r}, which cannot be loaded here ({e}): "
                                  "pass --model, the model its outputs came from") from e
-    if named and loaded.name != named:  # replayed silently; only ids past the vocabulary were caught
+    if named and not same_model(named, loaded):  # replayed silently; only ids past the vocabulary were caught
         print(f"{PROG}: note: {args.results} was decoded by {named}, and {loaded.name} replays it: its figures are "
               "that model's only if the two are the same", file=sys.stderr)
     if loaded.drafter is None and not args.no_drafter:

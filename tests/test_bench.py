@@ -451,6 +451,9 @@ def test_replay_finds_a_model_the_bench_named_by_a_relative_path(model_dir, prom
     monkeypatch.chdir(tmp_path.parent)
     assert replay.main([str(out), "--shapes", "2x3"]) == 0
     assert "note" not in capsys.readouterr().err
+    # the same model by a relative path: it said the report "was decoded by /.../tiny, and <name> replays it"
+    assert replay.main([str(out), "--shapes", "2x3", "--model", os.path.join(tmp_path.name, "tiny")]) == 0
+    assert "note" not in capsys.readouterr().err
     assert json.loads(out.read_text())["settings"]["model"] == "tiny"  # (the settings stay as given)
     # a model moved since: it said "unknown model ...", of a name the user never typed
     model_dir.rename(tmp_path / "moved")
