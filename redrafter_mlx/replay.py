@@ -188,8 +188,11 @@ def profile_costs(name: str, loaded=None):
     if name == "cached":
         c = read_cached(loaded) if loaded is not None else None
         if c is None:
-            raise RedrafterError("no cost model cached for this model on this machine yet: run redrafter-bench "
-                                 "--modes auto once, or pick a profile: " + ", ".join(PROFILES))
+            # (in the weight format replayed, the bench's: a run in the format "auto" gives here can cache another)
+            raise RedrafterError(f"no cost model cached for {loaded.name} in {loaded.weight_format} on this machine "
+                                 f"yet: run redrafter-bench --model {loaded.name} --weight-format "
+                                 f"{format_of(loaded.weight_format)} --modes auto once, or pick a profile: "
+                                 + ", ".join(PROFILES))
         time_missing_drafter(loaded, c)
         return FixedCosts(c.sizes.astype(int).tolist(), c.seconds.tolist(), c.draft_level)
     if name not in PROFILES:

@@ -971,6 +971,17 @@ def test_help_says_tune_runs_six_questions_unless_limit(capsys):
     assert "the fastest one's histogram of tokens emitted per step" in text and "acceptance plots" not in text
 
 
+def test_replay_says_which_cost_model_cached_needs(tiny_loaded):
+    # it said "run redrafter-bench --modes auto once", which caches the curve of the format "auto" resolves to
+    # here, where replay loads the one the bench decoded with (a GPU's stored weights, say)
+    from redrafter_mlx import replay
+
+    with pytest.raises(RedrafterError) as e:
+        replay.profile_costs("cached", tiny_loaded)
+    fmt = bench.format_of(tiny_loaded.weight_format)
+    assert f"run redrafter-bench --model {tiny_loaded.name} --weight-format {fmt} --modes auto once" in str(e.value)
+
+
 def test_replay_help_gives_the_tree_floor_it_uses(capsys):
     # it wrote 0.2 out by hand, beside the constant's name, and --limit's metavar was LIMIT where the text says N
     from redrafter_mlx import replay
