@@ -525,8 +525,8 @@ def parse_args(argv=None):
     p.add_argument("--weight-format", default="auto", choices=WEIGHT_FORMATS,
                    help="auto = the fastest for this device (default); stored = as in the file (e.g. 4-bit); or "
                    "float32, float16, bfloat16")
-    p.add_argument("--json", type=cli.writable_file, default=None, metavar="FILE", help="write all results here (from once the model is loaded, rewritten after each "
-                   "question, so a run stopped by Ctrl-C, SIGTERM or a time limit keeps the questions it finished; "
+    p.add_argument("--json", type=cli.writable_file, default=None, metavar="FILE",
+                   help="write all results here (from once the model is loaded, rewritten after each question, so a run stopped by Ctrl-C, SIGTERM or a time limit keeps the questions it finished; "
                    "\"complete\" says whether all ran; one stopped before then writes nothing and says so)")
     args = p.parse_args(argv)
     args.modes = list(dict.fromkeys(m.strip() for m in args.modes.split(",") if m.strip()))  # each once
@@ -681,7 +681,8 @@ def _measure(args, stop) -> int:
             costs = cost_model(loaded, progress, refresh=True)
             # the controller on this curve: controller() read it back from the cache, and measured it a second
             # time where no cache folder can be written (REDRAFTER_CACHE read-only)
-            loaded.controllers[controller_key(loaded, not args.no_drafter)] = Controller(costs, loaded.drafter is not None)
+            key = controller_key(loaded, not args.no_drafter)
+            loaded.controllers[key] = Controller(costs, loaded.drafter is not None)
         first = controller(loaded, not args.no_drafter, progress)
     # (the tree too: a tree asked for where plain decoding was tuned fastest, L = 1, drafts at the default length)
     d = drafting(loaded, args.beam_width or None, args.beam_length or None, max(args.tree) if args.tree else None)
@@ -820,9 +821,9 @@ def _measure(args, stop) -> int:
             "plain_is_faster": plain})
         measured = summary["ar"]["new_tokens"]
         if measured < TUNE_MIN_TOKENS:
-            print(f"redrafter-bench: note: the tune measured {measured} tokens of plain decoding, too few to tell shapes apart "
-                  f"reliably (fewer than {TUNE_MIN_TOKENS}; the default tune measures 6 questions of up to 256 "
-                  "tokens): the stored shape is a rough guess", file=sys.stderr)
+            print(f"redrafter-bench: note: the tune measured {measured} tokens of plain decoding, too few to tell "
+                  f"shapes apart reliably (fewer than {TUNE_MIN_TOKENS}; the default tune measures 6 questions of up "
+                  "to 256 tokens): the stored shape is a rough guess", file=sys.stderr)
         if plain:
             print(f"plain decoding beat every beam shape on this device (best W={best['beam_width']} "
                   f"L={best['beam_length']}: {best.get('speedup', 0):.2f}x over ar); W=1 L=1 (plain decoding) "
