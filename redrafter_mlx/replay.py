@@ -29,6 +29,7 @@ from typing import Dict, Optional, Sequence
 from . import _platform  # noqa: F401  (OpenBLAS before mlx)
 from . import cli
 from .config import WEIGHT_FORMATS
+from ._platform import on_cpu
 from .bench import format_of, parse_shapes as parse_ints
 from .errors import ModelNotFoundError, RedrafterError
 from .graph import graph_name, parse_graph
@@ -465,7 +466,10 @@ def decoded_format(report: Dict) -> str:
     a fast BLAS in float32 on one with it. (A report without one: its settings' format.)"""
     described = report.get("weight_format")
     if isinstance(described, str) and described.strip():
-        return format_of(described)
+        fmt = format_of(described)
+        # A GPU's float16 run replayed on a CPU: MLX computes float16 there in software (~25x slower);
+        # float32 drafts and verifies the same tokens but for rounding at near-ties.
+        return "float32" if fmt in ("float16", "bfloat16") and on_cpu() else fmt
     asked = report.get("settings", {}).get("weight_format")
     return asked if asked in WEIGHT_FORMATS else "auto"
 
