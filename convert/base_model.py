@@ -11,7 +11,8 @@ writes, e.g. {"group_size": 32, "bits": 4, "model.embed_tokens": {"group_size": 
 and `rope_traditional: true` because GGUF permutes Q/K) with every tensor as stored in the
 file, unless a dtype is asked for: then the library dequantizes them.
 
-Every tensor is materialized once, under a progress bar, before mlx-lm writes the shards.
+Every tensor is materialized once, under a progress bar; then mlx-lm writes the shards, with no
+progress of its own, after a status line saying how much it writes.
 """
 
 import contextlib
@@ -116,9 +117,20 @@ def _quantize(model: nn.Module, config: Dict[str, Any], bits: int, group_size: i
     return model, config
 
 
-def _save(model: nn.Module, config: Dict[str, Any], dest: Path):
-    from mlx_lm.utils import save_config, save_model
+def _size(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
+
+def _save(model: nn.Module, config: Dict[str, Any], dest: Path, report):
+    from mlx_lm.utils import make_shards, save_config, save_model
+
+    # mlx-lm writes the shards with no word of progress: minutes for a large model, after the bar has ended,
+    # looked like a hang.
+    weights = dict(tree_flatten(model.parameters()))
+    size, files = sum(v.nbytes for v in weights.values()), len(make_shards(weights))
+    del weights
+    wait = "; no progress is shown, this can take minutes" if size >= 1e9 else ""
+    report.say(f"writing the weights ({_size(size)} in {files} file{'s' if files > 1 else ''}{wait})")
     save_model(dest, model, donate_model=True)
     save_config(config, config_path=dest / "config.json")
 
@@ -241,7 +253,7 @@ def convert_hf(base: BaseSource, dest: Path, dtype, quantize, q_bits, q_group_si
         model, config = _quantize(model, config, q_bits, q_group_size, report)
     count = _materialize(model, report, "converting")
     shutil.rmtree(dest / STAGING, ignore_errors=True)
-    _save(model, config, dest)
+    _save(model, config, dest, report)
     inputs = [src / "config.json", *files, *tok["files"]]
     if (src / "generation_config.json").is_file():
         inputs.append(src / "generation_config.json")
@@ -273,7 +285,7 @@ def convert_gguf(base: BaseSource, dest: Path, dtype, quantize, q_bits, q_group_
     if quantize:
         model, config = _quantize(model, config, q_bits, q_group_size, report)
     count = _materialize(model, report, "converting")
-    _save(model, config, dest)
+    _save(model, config, dest, report)
     return {"format": "gguf", "files": [base.path], "tensors": count, "dtype": dtype or "as stored",
             "quantization": _quant_summary(config), "chat_template": tok["chat_template"]}
 

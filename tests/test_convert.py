@@ -1090,3 +1090,51 @@ def test_a_model_without_a_chat_template_is_noted(tmp_path, capsys, mlx_ckpt):
     rc, lines = run_convert(capsys, "--model", src, "--chat-template", "vicuna", "--out", tmp_path / "chat")
     assert rc == 0 and lines == [], lines
     assert load(str(tmp_path / "chat")).tokenizer.has_chat_template
+
+
+class Recording:
+    """A Reporter that keeps what it was given, in order: ("say", text), ("bar", desc), ("close", desc)."""
+
+    def __init__(self):
+        self.events = []
+
+    def say(self, text):
+        self.events.append(("say", text))
+
+    def note(self, text):
+        self.events.append(("note", text))
+
+    def bar(self, total=None, desc="", unit="tensor", unit_scale=False):
+        events = self.events
+        events.append(("bar", desc))
+
+        class Bar:
+            def update(self, n=1):
+                pass
+
+            def close(self):
+                events.append(("close", desc))
+
+        return Bar()
+
+
+def test_writing_the_shards_is_said_before_it_starts(tmp_path, monkeypatch, mlx_ckpt):
+    """After the "converting" bar ended, mlx-lm wrote the shards (minutes for a large model) with nothing on the
+    screen: the conversion looked hung. A status line now says what it is doing, and how much."""
+    import mlx_lm.utils
+
+    save_model = mlx_lm.utils.save_model
+    report = Recording()
+
+    def recorded_save(*args, **kwargs):
+        report.events.append(("save_model", ""))
+        return save_model(*args, **kwargs)
+
+    monkeypatch.setattr(mlx_lm.utils, "save_model", recorded_save)
+    monkeypatch.setattr("convert.cli.Reporter", lambda quiet: report)
+    assert convert_main(["--model", str(mlx_ckpt[0]), "--out", str(tmp_path / "out")]) == 0
+    kinds = [kind for kind, _ in report.events]
+    at = kinds.index("save_model")
+    assert report.events[at - 2] == ("close", "converting")
+    kind, said = report.events[at - 1]
+    assert kind == "say" and said.startswith("writing the weights (") and said.endswith(" MB in 1 file)"), report.events
