@@ -31,7 +31,8 @@ examples:
       --chat-template vicuna --quantize --q-bits 4 --q-group-size 64 --out models/vicuna-7b-4bit
   # a llama GGUF file, keeping its quantization (or --dtype float32 to dequantize)
   python -m convert --model SmolLM2-135M-Instruct.Q4_1.gguf --out models/smollm2
-  # only a drafter, checked against the model it is for
+  # only a drafter, checked against the model it is for (into MODEL/drafter, --force to replace
+  # the one there: MODEL/manifest.json then names the new one)
   python -m convert --drafter ./redrafter-vicuna-7b --base models/vicuna-7b --out models/vicuna-7b/drafter
   # then
   python -m redrafter_mlx --model models/vicuna-7b "Hello!"
@@ -154,6 +155,21 @@ def _files_info(info: Dict[str, Any], root: Optional[Path], report: Reporter) ->
     return info
 
 
+def _record_drafter(target: Path, info: Dict[str, Any], report: Reporter):
+    """A drafter converted alone into MODEL/drafter: MODEL's manifest.json names it (it went on naming the
+    drafter converted with the model, hashes and all)."""
+    from .output import model_manifest_of, record_drafter
+
+    manifest = model_manifest_of(target)
+    if manifest is None:
+        return
+    failed = record_drafter(manifest, info)
+    if failed:
+        report.note(failed)
+    else:
+        report.say(f"{manifest} now names this drafter")
+
+
 def run(args, report: Reporter) -> Path:
     from .base_model import convert_base, open_base
     from .checkpoint import resolve
@@ -192,6 +208,7 @@ def run(args, report: Reporter) -> Path:
             drafter_info = _files_info(drafter_info, drafter_src if drafter_src.is_dir() else None, report)
             if base is None:
                 drafter_info["checked_against"] = str(base_path)
+                output.then.append(lambda: _record_drafter(output.target, drafter_info, report))
         base_info = None
         if base is not None:
             base_info = convert_base(base, tmp, args.dtype, args.quantize, args.q_bits, args.q_group_size, template,

@@ -20,8 +20,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
-from redrafter_mlx.errors import RedrafterError
-from redrafter_mlx.files import replace_folder, staging_folder, unwritable_ancestor
+from redrafter_mlx.errors import RedrafterError, one_line
+from redrafter_mlx.files import replace_folder, signals_held, staging_folder, unwritable_ancestor, write_json
 
 MANIFEST = "manifest.json"
 
@@ -66,6 +66,7 @@ class OutputFolder:
         self.force = force
         self.tmp: Optional[Path] = None
         self.made: List[Path] = []  # the folders above the target this run created (removed on failure)
+        self.then: List[Callable[[], None]] = []  # run as the output is put in place, with signals held
         self._sigterm_installed = False
         if self.target.exists() or self.target.is_symlink():
             if not self.target.is_dir():
@@ -132,7 +133,10 @@ class OutputFolder:
                                       f"it was left as it is{hint}")
             self._check_replaceable()
         try:
-            replace_folder(self.tmp, self.target)
+            with signals_held():  # (a file outside the output that describes it changes with it)
+                replace_folder(self.tmp, self.target)
+                for step in self.then:
+                    step()
         except KeyboardInterrupt as e:  # a signal held through the renames, delivered after them
             if self.tmp.exists():
                 raise
@@ -179,13 +183,44 @@ def tool_versions() -> Dict[str, str]:
     return out
 
 
+TOOL = "python -m convert"
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
 def write_manifest(folder: Path, base: Optional[Dict[str, Any]], drafter: Optional[Dict[str, Any]], **extra):
     manifest = {
-        "tool": "python -m convert",
+        "tool": TOOL,
         "versions": tool_versions(),
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": _now(),
         "base": base,
         "drafter": drafter,
     }
     manifest.update(extra)
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def model_manifest_of(drafter_folder: Path) -> Optional[Path]:
+    """The manifest of the model folder `drafter_folder` is the drafter of (`MODEL/drafter`, where
+    redrafter_mlx.load looks), when this converter wrote that model; else None."""
+    path = Path(drafter_folder).parent / MANIFEST
+    if Path(drafter_folder).name != "drafter" or not (path.parent / "config.json").is_file():
+        return None
+    try:
+        return path if json.loads(path.read_text()).get("tool") == TOOL else None
+    except (OSError, ValueError, AttributeError):  # none, unreadable, or not an object: not ours to change
+        return None
+
+
+def record_drafter(manifest: Path, drafter: Dict[str, Any]) -> Optional[str]:
+    """Make the model manifest's `drafter` entry describe the drafter now in MODEL/drafter (it went on
+    naming the drafter converted with the model). Returns why it could not, or None."""
+    try:
+        data = json.loads(manifest.read_text())
+        data["drafter"] = {**drafter, "created": _now()}
+        write_json(manifest, data, indent=2)
+    except (OSError, ValueError, TypeError) as e:
+        return f"{manifest} still describes the drafter that was there before ({one_line(e)})"
+    return None

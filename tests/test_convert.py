@@ -1138,3 +1138,79 @@ def test_writing_the_shards_is_said_before_it_starts(tmp_path, monkeypatch, mlx_
     assert report.events[at - 2] == ("close", "converting")
     kind, said = report.events[at - 1]
     assert kind == "say" and said.startswith("writing the weights (") and said.endswith(" MB in 1 file)"), report.events
+
+
+def _drafter_entry(manifest: Path):
+    entry = dict(json.loads(manifest.read_text())["drafter"] or {})
+    entry.pop("created", None)
+    return entry
+
+
+@pytest.mark.parametrize("had_drafter", [True, False])
+def test_a_drafter_converted_into_a_model_folder_is_named_by_its_manifest(tmp_path, capsys, mlx_ckpt, had_drafter):
+    """`--drafter D --base MODEL --out MODEL/drafter` left MODEL/manifest.json naming the drafter converted with
+    the model (its source, config and sha256), or none: the folder described something it no longer held."""
+    model = tmp_path / "model"
+    old = write_numpy_drafter(tmp_path / "old", H, V, exit_dim=2 * H, layers=1, seed=1)
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], *(["--drafter", old] if had_drafter else []),
+                            "--out", model)
+    assert rc == 0, lines
+    before = json.loads((model / "manifest.json").read_text())
+    new = write_numpy_drafter(tmp_path / "new", H, V, exit_dim=2 * H, layers=2, seed=2)
+    rc, lines = run_convert(capsys, "--drafter", new, "--base", model, "--out", model / "drafter",
+                            *(["--force"] if had_drafter else []))
+    assert rc == 0 and lines == [], lines
+    after = json.loads((model / "manifest.json").read_text())
+    entry = _drafter_entry(model / "manifest.json")
+    assert entry == _drafter_entry(model / "drafter" / "manifest.json")
+    assert entry["source"] == str(new) and entry["config"]["num_draft_layers"] == 2
+    assert {k: v for k, v in after.items() if k != "drafter"} == {k: v for k, v in before.items() if k != "drafter"}
+    assert sorted(p.name for p in model.iterdir() if p.name.startswith(".")) == []
+    assert load(str(model)).drafter.args.num_draft_layers == 2
+
+
+def test_a_drafter_converted_elsewhere_leaves_other_manifests_alone(tmp_path, capsys, mlx_ckpt):
+    """Only MODEL/drafter is MODEL's drafter, and only a manifest this converter wrote is changed."""
+    model = tmp_path / "model"
+    assert run_convert(capsys, "--model", mlx_ckpt[0], "--out", model)[0] == 0
+    manifest = (model / "manifest.json").read_text()
+    new = write_numpy_drafter(tmp_path / "new", H, V, exit_dim=2 * H, layers=1)
+    assert run_convert(capsys, "--drafter", new, "--base", model, "--out", model / "other")[0] == 0
+    assert (model / "manifest.json").read_text() == manifest
+    (model / "manifest.json").write_text('{"tool": "something else", "drafter": null}')
+    assert run_convert(capsys, "--drafter", new, "--base", model, "--out", model / "drafter")[0] == 0
+    assert (model / "manifest.json").read_text() == '{"tool": "something else", "drafter": null}'
+
+
+def test_a_drafter_that_fails_leaves_the_model_manifest_as_it_was(tmp_path, capsys, mlx_ckpt):
+    model = tmp_path / "model"
+    assert run_convert(capsys, "--model", mlx_ckpt[0], "--out", model)[0] == 0
+    manifest = (model / "manifest.json").read_text()
+    other = write_numpy_drafter(tmp_path / "d", 48, V, exit_dim=96, layers=1)  # for another model
+    rc, lines = run_convert(capsys, "--drafter", other, "--base", model, "--out", model / "drafter")
+    assert_clean_failure(rc, lines, model / "drafter", "hidden size 48")
+    assert (model / "manifest.json").read_text() == manifest
+
+
+def test_ctrl_c_as_a_drafter_goes_into_a_model_folder_still_names_it(tmp_path, capsys, monkeypatch, mlx_ckpt,
+                                                                       ctrl_c_raises):
+    """Ctrl-C is held while the drafter is renamed in: the model's manifest is updated in the same moment."""
+    import os
+    import signal
+
+    from redrafter_mlx import files
+
+    model = tmp_path / "model"
+    assert run_convert(capsys, "--model", mlx_ckpt[0], "--out", model)[0] == 0
+    new = write_numpy_drafter(tmp_path / "new", H, V, exit_dim=2 * H, layers=2)
+    rename = os.rename
+
+    def rename_and_press_ctrl_c(a, b):
+        if Path(b) == model / "drafter":
+            signal.raise_signal(signal.SIGINT)
+        return rename(a, b)
+
+    monkeypatch.setattr(files.os, "rename", rename_and_press_ctrl_c)
+    rc, lines = run_convert(capsys, "--drafter", new, "--base", model, "--out", model / "drafter")
+    assert rc == 130 and len(lines) == 1 and "is whole" in lines[0], lines
+    assert _drafter_entry(model / "manifest.json")["source"] == str(new)
