@@ -69,8 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --drafter and no --model: the model the drafter is for (converted folder, "
                           ".gguf, registry name or hub id); the output is then the drafter folder alone")
     out = p.add_argument_group("output")
-    out.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder (must not exist)")
-    out.add_argument("--force", action="store_true", help="replace an existing output folder")
+    out.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder (must not exist, unless --force)")
+    out.add_argument("--force", action="store_true",
+                     help="replace an existing output folder (a model or drafter folder only; an --out that is a "
+                          "symbolic link is followed: the folder it points to is replaced, the link stays)")
     out.add_argument("--dtype", choices=["float16", "bfloat16", "float32"],
                      help="weights' dtype (default: config.json's torch_dtype; a GGUF keeps its quantization "
                           "unless a dtype is given)")
@@ -178,6 +180,8 @@ def run(args, report: Reporter) -> Path:
     from .tokenizer import read_chat_template
 
     output = OutputFolder(args.out, force=args.force)
+    if output.target != output.path:
+        report.say(f"output: {output.shown}; writing there, the link stays")
     template = read_chat_template(args.chat_template)
     base = drafter_src = None
     if args.model:
@@ -208,7 +212,7 @@ def run(args, report: Reporter) -> Path:
             drafter_info = _files_info(drafter_info, drafter_src if drafter_src.is_dir() else None, report)
             if base is None:
                 drafter_info["checked_against"] = str(base_path)
-                output.then.append(lambda: _record_drafter(output.target, drafter_info, report))
+                output.then.append(lambda: _record_drafter(output.path, drafter_info, report))
         base_info = None
         if base is not None:
             base_info = convert_base(base, tmp, args.dtype, args.quantize, args.q_bits, args.q_group_size, template,
@@ -219,7 +223,7 @@ def run(args, report: Reporter) -> Path:
             report.say("hashing inputs for the manifest")
             base_info = _files_info(base_info, base.path if base.path.is_dir() else None, report)
         write_manifest(tmp, base_info, drafter_info)
-    return output.target
+    return output.path  # (a link as given: it stays, and leads to the output)
 
 
 def main(argv=None) -> int:

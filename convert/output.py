@@ -62,7 +62,15 @@ class OutputFolder:
 
     def __init__(self, target, force: bool = False):
         # absolute, so "." or ".." name a folder that can be renamed (and the staging folder a name)
-        self.target = Path(os.path.abspath(Path(target).expanduser()))
+        self.path = Path(os.path.abspath(Path(target).expanduser()))  # as given: where loaders will find it
+        self.target = self.path  # where it is written
+        if self.path.is_symlink():
+            # A link is followed, as `cp` or a shell's `>` would: the model goes where the link points (the disk it
+            # was made to put it on) and the link stays. It replaced the link itself: the model landed beside the
+            # link, and the folder it pointed to kept the old model.
+            self.target = Path(os.path.realpath(self.path))
+            if self.target.is_symlink():
+                raise ConversionError(f"output {self.path} is a symbolic link that leads to itself (a loop)")
         self.force = force
         self.tmp: Optional[Path] = None
         self.made: List[Path] = []  # the folders above the target this run created (removed on failure)
@@ -70,15 +78,20 @@ class OutputFolder:
         self._sigterm_installed = False
         if self.target.exists() or self.target.is_symlink():
             if not self.target.is_dir():
-                raise ConversionError(f"output {self.target} exists and is not a folder")
+                raise ConversionError(f"output {self.shown} exists and is not a folder")
             if not force:
-                raise ConversionError(f"output folder {self.target} already exists (use --force to replace it)")
+                raise ConversionError(f"output folder {self.shown} already exists (use --force to replace it)")
             if _inside(Path.cwd(), self.target):
                 raise ConversionError(f"--force would delete the folder you are in ({self.target}): "
                                       "choose another output folder")
         above = unwritable_ancestor(self.target)  # checked before any long work
         if above is not None:
-            raise ConversionError(f"cannot create the output folder {self.target}: {above} is not a folder you can write")
+            raise ConversionError(f"cannot create the output folder {self.shown}: {above} is not a folder you can write")
+
+    @property
+    def shown(self) -> str:
+        """The output as the user named it, and where it is written when that differs (a link)."""
+        return str(self.path) if self.target == self.path else f"{self.path} (a link to {self.target})"
 
     def protect(self, source: Path):
         """Refuse an output that replacing would delete `source` with."""
@@ -89,7 +102,7 @@ class OutputFolder:
         if self.target.is_dir() and not _replaceable(self.target):
             # `--out src --force` deleted a source tree whole (a typo away from the intended folder)
             raise ConversionError(f"--force replaces only a model or drafter folder (one holding {MANIFEST} or "
-                                  f"config.json), and {self.target} is not one: remove it yourself or choose "
+                                  f"config.json), and {self.shown} is not one: remove it yourself or choose "
                                   "another output folder")
 
     def __enter__(self) -> Path:
@@ -100,7 +113,7 @@ class OutputFolder:
             self.made = missing  # deepest first
             self.tmp = staging_folder(self.target, "partial-")
         except OSError as e:  # the constructor checked the folder above; what is left: /proc, a full disk, a race
-            raise ConversionError(f"cannot create the output folder {self.target}: {e.strerror or e}") from e
+            raise ConversionError(f"cannot create the output folder {self.shown}: {e.strerror or e}") from e
         if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
             # Turn SIGTERM into an exception so the staging folder is cleaned up.
             signal.signal(signal.SIGTERM, _raise_on_sigterm)
@@ -129,7 +142,7 @@ class OutputFolder:
         if self.target.exists() or self.target.is_symlink():
             if not self.force or not self.target.is_dir():
                 hint = "" if self.force else " (use --force to replace it)"
-                raise ConversionError(f"output {self.target} appeared while converting (another conversion to it?): "
+                raise ConversionError(f"output {self.shown} appeared while converting (another conversion to it?): "
                                       f"it was left as it is{hint}")
             self._check_replaceable()
         try:

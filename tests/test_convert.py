@@ -1214,3 +1214,55 @@ def test_ctrl_c_as_a_drafter_goes_into_a_model_folder_still_names_it(tmp_path, c
     rc, lines = run_convert(capsys, "--drafter", new, "--base", model, "--out", model / "drafter")
     assert rc == 130 and len(lines) == 1 and "is whole" in lines[0], lines
     assert _drafter_entry(model / "manifest.json")["source"] == str(new)
+
+
+def test_force_on_a_linked_output_replaces_the_folder_it_links_to(tmp_path, capsys, mlx_ckpt):
+    """`--out LINK --force` replaced the link itself with a real folder: the model landed beside the link (not on
+    the disk it pointed to), the folder it pointed to kept the old model, and the link was gone. The link is now
+    followed, as `cp` or a shell's `>` would, and stays."""
+    (tmp_path / "big disk").mkdir()
+    real = tmp_path / "big disk" / "vicuna"
+    real.mkdir()
+    (real / "config.json").write_text("{}")
+    (real / "old.safetensors").write_text("old")
+    (tmp_path / "models").mkdir()
+    link = tmp_path / "models" / "vicuna"
+    link.symlink_to(Path("..") / "big disk" / "vicuna")
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--out", link)
+    assert rc != 0 and lines == [f"error: output folder {link} (a link to {real}) already exists (use --force to "
+                                 "replace it)"], lines
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--out", link, "--force")
+    assert rc == 0, lines
+    assert link.is_symlink() and link.resolve() == real.resolve()
+    assert not (real / "old.safetensors").exists() and (real / "model.safetensors").is_file()
+    assert [p.name for p in (tmp_path / "models").iterdir()] == ["vicuna"]  # no staging folder left by the link
+    assert [p.name for p in (tmp_path / "big disk").iterdir()] == ["vicuna"]
+    assert load(str(link)).model.args.hidden_size == H
+
+
+def test_a_linked_output_gets_the_same_checks_as_the_folder_it_links_to(tmp_path, capsys, mlx_ckpt):
+    """--force on a link to a folder that is no model's is refused as that folder is, a link to a folder not yet
+    made makes it, and a link that loops is one line."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "main.py").write_text("keep")
+    link = tmp_path / "out"
+    link.symlink_to(src)
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--out", link, "--force")
+    assert rc != 0 and len(lines) == 1 and "replaces only a model or drafter folder" in lines[0], lines
+    assert (src / "main.py").read_text() == "keep" and link.is_symlink()
+    dangling = tmp_path / "later"
+    dangling.symlink_to(tmp_path / "made" / "later")
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--out", dangling)
+    assert rc == 0, lines
+    assert dangling.is_symlink() and (tmp_path / "made" / "later" / "model.safetensors").is_file()
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--out", loop, "--force")
+    assert rc != 0 and lines == [f"error: output {loop} is a symbolic link that leads to itself (a loop)"], lines
+    # a link to a model's input is still refused by --force
+    model_link = tmp_path / "to-input"
+    model_link.symlink_to(mlx_ckpt[0])
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--out", model_link, "--force")
+    assert rc != 0 and len(lines) == 1 and "--force would delete the input" in lines[0], lines
+    assert (mlx_ckpt[0] / "model.safetensors").is_file()
