@@ -19,7 +19,7 @@ from redrafter_mlx import _platform  # noqa: E402,F401  (OpenBLAS before mlx)
 from redrafter_mlx.cli import Parser, add_version, describe, write_failure  # noqa: E402
 from redrafter_mlx.errors import RedrafterError, one_line  # noqa: E402
 
-from .output import CancelledAfterWriting, OutputFolder  # noqa: E402
+from .output import CancelledAfterWriting, OutputFolder, exit_code, signal_name  # noqa: E402
 
 EXAMPLES = """\
 examples:
@@ -239,10 +239,10 @@ def main(argv=None) -> int:
     except CancelledAfterWriting as e:
         print(f"error: {e.signal_name} came as the output was renamed into place; {e.target} is whole",
               file=sys.stderr)
-        return 143 if e.signal_name == "SIGTERM" else 130
+        return exit_code(e.signal_name)
     except KeyboardInterrupt as e:
         print("error: cancelled; nothing was written", file=sys.stderr)
-        return 143 if e.args == ("terminated",) else 130  # 128 + the signal's number, as a shell reports it
+        return exit_code(signal_name(e))
     except MemoryError:
         print("error: out of memory; nothing was written", file=sys.stderr)
         return 1

@@ -75,7 +75,7 @@ class OutputFolder:
         self.tmp: Optional[Path] = None
         self.made: List[Path] = []  # the folders above the target this run created (removed on failure)
         self.then: List[Callable[[], None]] = []  # run as the output is put in place, with signals held
-        self._sigterm_installed = False
+        self._installed: List[int] = []  # the signals this folder turned into exceptions
         if self.target.exists() or self.target.is_symlink():
             if not self.target.is_dir():
                 raise ConversionError(f"output {self.shown} exists and is not a folder")
@@ -114,10 +114,13 @@ class OutputFolder:
             self.tmp = staging_folder(self.target, "partial-")
         except OSError as e:  # the constructor checked the folder above; what is left: /proc, a full disk, a race
             raise ConversionError(f"cannot create the output folder {self.shown}: {e.strerror or e}") from e
-        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-            # Turn SIGTERM into an exception so the staging folder is cleaned up.
-            signal.signal(signal.SIGTERM, _raise_on_sigterm)
-            self._sigterm_installed = True
+        if threading.current_thread() is threading.main_thread():
+            # Turn SIGTERM and SIGHUP into an exception so the staging folder is cleaned up: a closed terminal or a
+            # dropped ssh session (SIGHUP) killed the process and left a hidden, half-written model (gigabytes).
+            for s in STOPPING:
+                if signal.getsignal(s) == signal.SIG_DFL:
+                    signal.signal(s, _raise_on_signal)
+                    self._installed.append(s)
         return self.tmp
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -132,8 +135,9 @@ class OutputFolder:
                         folder.rmdir()
                     except OSError:
                         break
-            if self._sigterm_installed:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            for s in self._installed:
+                signal.signal(s, signal.SIG_DFL)
+            self._installed = []
         return False
 
     def _commit(self):
@@ -154,13 +158,26 @@ class OutputFolder:
             if self.tmp.exists():
                 raise
             self.tmp = None
-            name = "SIGTERM" if e.args == ("terminated",) else "Ctrl-C"
-            raise CancelledAfterWriting(self.target, name) from e
+            raise CancelledAfterWriting(self.target, signal_name(e)) from e
         self.tmp = None
 
 
-def _raise_on_sigterm(signum, frame):
-    raise KeyboardInterrupt("terminated")
+# Signals that stop a conversion (besides Ctrl-C), raised as KeyboardInterrupt(their name) while it writes
+STOPPING = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+def _raise_on_signal(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def signal_name(e: KeyboardInterrupt) -> str:
+    """"SIGTERM" or "SIGHUP" for what _raise_on_signal raised, else "Ctrl-C"."""
+    return e.args[0] if len(e.args) == 1 and e.args[0] in {s.name for s in STOPPING} else "Ctrl-C"
+
+
+def exit_code(name: str) -> int:
+    """128 + the number of the signal `signal_name` gave, as a shell reports a process it stopped."""
+    return 128 + (signal.SIGINT if name == "Ctrl-C" else getattr(signal, name))
 
 
 def sha256_of(path: Path, chunk: int = 1 << 20, progress: Optional[Callable[[int], Any]] = None) -> str:

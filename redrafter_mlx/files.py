@@ -219,17 +219,21 @@ def staging_folder(target: Path, tag: str = "") -> Path:
     return tmp
 
 
+# (Windows has no SIGHUP)
+HELD_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
 @contextlib.contextmanager
 def signals_held():
-    """Hold Ctrl-C (SIGINT) and SIGTERM until the block ends, then deliver them to the handlers
-    in place before it: a few renames that must all happen or none. Only the main thread
-    receives signals; elsewhere this does nothing."""
+    """Hold Ctrl-C (SIGINT), SIGTERM and SIGHUP (a closed terminal, a dropped ssh session) until the
+    block ends, then deliver them to the handlers in place before it: a few renames that must all
+    happen or none. Only the main thread receives signals; elsewhere this does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     caught = []
     # (a handler installed outside Python reads as None and cannot be put back: left alone)
-    before = {s: h for s in (signal.SIGINT, signal.SIGTERM) if (h := signal.getsignal(s)) is not None}
+    before = {s: h for s in HELD_SIGNALS if (h := signal.getsignal(s)) is not None}
     for s in before:
         signal.signal(s, lambda signum, frame: caught.append(signum))
     try:

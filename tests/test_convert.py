@@ -1266,3 +1266,57 @@ def test_a_linked_output_gets_the_same_checks_as_the_folder_it_links_to(tmp_path
     rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--out", model_link, "--force")
     assert rc != 0 and len(lines) == 1 and "--force would delete the input" in lines[0], lines
     assert (mlx_ckpt[0] / "model.safetensors").is_file()
+
+
+def convert_in_child(setup: str, *argv):
+    """`python -m convert ARGV --quiet` in a child process with SIGTERM and SIGHUP at their defaults, after the
+    Python code `setup` ran there (a signal that the code under test failed to catch then kills the child, not
+    pytest): (exit code, stderr lines)."""
+    code = ("import signal, sys\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_DFL); signal.signal(signal.SIGHUP, signal.SIG_DFL)\n"
+            "from convert.cli import main\n" + setup + "\nsys.exit(main(sys.argv[1:]))\n")
+    proc = subprocess.run([sys.executable, "-c", code, *map(str, argv), "--quiet"], capture_output=True, text=True,
+                          cwd=Path(__file__).parent.parent, timeout=300)
+    return proc.returncode, [line for line in proc.stderr.splitlines() if line.startswith("error")]
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+def test_a_signal_while_the_shards_are_written_leaves_nothing(tmp_path, mlx_ckpt, name):
+    """SIGHUP (the terminal closed, an ssh session dropped) killed the conversion where it stood: a hidden,
+    half-written model (gigabytes) stayed beside the output until something next looked there. It is cleaned up
+    as SIGTERM is, with the exit code a shell gives it (128 + the signal)."""
+    import signal
+
+    setup = f"""
+import mlx_lm.utils
+save_model = mlx_lm.utils.save_model
+def save_then_signal(*args, **kwargs):
+    save_model(*args, **kwargs)
+    signal.raise_signal(signal.{name})
+mlx_lm.utils.save_model = save_then_signal
+"""
+    out = tmp_path / "out"
+    rc, lines = convert_in_child(setup, "--model", mlx_ckpt[0], "--out", out)
+    assert rc == 128 + getattr(signal, name) and lines == ["error: cancelled; nothing was written"], (rc, lines)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sighup_as_the_output_is_renamed_in_is_held(tmp_path, mlx_ckpt):
+    """Like Ctrl-C and SIGTERM, SIGHUP waits for the renames that put the output in place (it could stop between
+    them, with the old folder set aside and none in place)."""
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "manifest.json").write_text("{}")  # an earlier conversion
+    setup = f"""
+from redrafter_mlx import files
+rename = files.os.rename
+def rename_and_hang_up(a, b):
+    if str(a) == {str(out)!r}:  # the old folder set aside: the new one is not in place yet
+        signal.raise_signal(signal.SIGHUP)
+    return rename(a, b)
+files.os.rename = rename_and_hang_up
+"""
+    rc, lines = convert_in_child(setup, "--model", mlx_ckpt[0], "--out", out, "--force")
+    assert rc == 129 and lines == [f"error: SIGHUP came as the output was renamed into place; {out} is whole"], \
+        (rc, lines)
+    assert (out / "model.safetensors").is_file() and [p.name for p in tmp_path.iterdir()] == ["model"]
