@@ -42,7 +42,9 @@ The output folder holds config.json, model*.safetensors, the tokenizer (tokenize
 tokenizer_config.json with the chat template), generation_config.json (the source's, where it
 has one; a GGUF's is written from its tokenizer), optionally drafter/,
 and manifest.json (sources, sha256 of the inputs, dtype, quantization, tool versions).
-It loads with redrafter_mlx.load(PATH) and with mlx_lm.load(PATH).
+It loads with redrafter_mlx.load(PATH) and with mlx_lm.load(PATH). It is written into a hidden
+folder beside it and renamed into place at the end: an error, Ctrl-C, SIGTERM or SIGHUP leaves
+nothing (with --force, the old folder stays until the new one is whole).
 .bin/.pt inputs are read with torch.load(weights_only=True) (pip install 'redrafter-mlx[convert]');
 no code from a checkpoint is ever run.
 """
@@ -76,7 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--dtype", choices=["float16", "bfloat16", "float32"],
                      help="weights' dtype (default: config.json's torch_dtype; a GGUF keeps its quantization "
                           "unless a dtype is given)")
-    out.add_argument("--quantize", "-q", action="store_true", help="quantize the base model with mlx-lm")
+    out.add_argument("--quantize", "-q", action="store_true",
+                     help="quantize the base model with mlx-lm (a GGUF is first dequantized to float16; the drafter "
+                          "is not quantized)")
     out.add_argument("--q-bits", type=int, choices=[2, 3, 4, 5, 6, 8], help="bits per weight (default 4)")
     out.add_argument("--q-group-size", type=int, choices=[32, 64, 128],
                      help="quantization group size (default 64)")

@@ -252,6 +252,9 @@ def test_help_shows_examples():
                           cwd=Path(__file__).parent.parent)
     assert proc.returncode == 0
     assert "examples:" in proc.stdout and "--quantize" in proc.stdout and "--drafter" in proc.stdout
+    # what an interrupted conversion leaves, and what --force does to a link, are said there
+    text = " ".join(proc.stdout.split())
+    assert "an error, Ctrl-C, SIGTERM or SIGHUP leaves nothing" in text and "the link stays" in text
 
 
 def test_safetensors_checkpoint_logits_match_pytorch(converted, llama):
