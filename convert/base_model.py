@@ -82,6 +82,9 @@ def open_base(path: Path) -> BaseSource:
         config, weights, meta = read_gguf(path)
         return BaseSource(path, "gguf", config, check_architecture(config, path.name), (weights, meta))
     config = read_json(path / "config.json", "model")
+    if (path / "generation_config.json").is_file():
+        # it is copied as is: a damaged one was, and redrafter_mlx.load then refused the converted folder
+        read_json(path / "generation_config.json", "model")
     return BaseSource(path, "hf", config, check_architecture(config, str(path / "config.json")))
 
 

@@ -1323,3 +1323,13 @@ files.os.rename = rename_and_hang_up
     assert rc == 129 and lines == [f"error: SIGHUP came as the output was renamed into place; {out} is whole"], \
         (rc, lines)
     assert (out / "model.safetensors").is_file() and [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_a_damaged_generation_config_is_refused_not_copied(tmp_path, capsys, mlx_ckpt):
+    """generation_config.json is copied as is: a damaged one was, the conversion succeeded, and
+    redrafter_mlx.load then refused the folder it had written."""
+    src = shutil.copytree(mlx_ckpt[0], tmp_path / "src")
+    (src / "generation_config.json").write_text('{"eos_token_id": 2,')
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", src, "--out", out)
+    assert_clean_failure(rc, lines, out, f"{src / 'generation_config.json'} is not valid JSON")
