@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError, one_line
-from redrafter_mlx.files import refuse_lfs_pointer
+from redrafter_mlx.files import read_json_object, refuse_lfs_pointer
 
 from .output import ConversionError
 
@@ -104,6 +104,8 @@ def save_hf_tokenizer(src: Path, dest: Path, chat_template: Optional[str] = None
         raise ModelNotFoundError(f"{src} has no tokenizer (expected tokenizer.json or tokenizer.model)")
     for f in files:
         refuse_lfs_pointer(f)
+        if f.suffix == ".json":  # transformers' JSON error named no file ("cannot load the tokenizer in X: Expecting
+            read_json_object(f, "tokenizer file")  # value: line 1 column 1 (char 0)"): a damaged one is named
     try:
         hf = AutoTokenizer.from_pretrained(str(src), trust_remote_code=False)
     except Exception as e:

@@ -1333,3 +1333,14 @@ def test_a_damaged_generation_config_is_refused_not_copied(tmp_path, capsys, mlx
     out = tmp_path / "out"
     rc, lines = run_convert(capsys, "--model", src, "--out", out)
     assert_clean_failure(rc, lines, out, f"{src / 'generation_config.json'} is not valid JSON")
+
+
+@pytest.mark.parametrize("name, data", [("tokenizer.json", b""), ("tokenizer_config.json", b"{oops"),
+                                        ("special_tokens_map.json", b"\xff\xfe")])
+def test_a_damaged_tokenizer_file_is_named(tmp_path, capsys, mlx_ckpt, name, data):
+    """It said "cannot load the tokenizer in SRC: Expecting value: line 1 column 1 (char 0)", naming no file."""
+    src = shutil.copytree(mlx_ckpt[0], tmp_path / "src")
+    (src / name).write_bytes(data)
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", src, "--out", out)
+    assert_clean_failure(rc, lines, out, f"{src / name} is not valid JSON")
