@@ -201,6 +201,8 @@ def run(args, report: Reporter) -> Path:
     if args.drafter:
         drafter_src = resolve(args.drafter, "drafter", drafter=True)
         output.protect(drafter_src)
+    elif base is not None:
+        output.keep_drafter()
 
     with output as tmp:
         drafter_info = None

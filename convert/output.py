@@ -98,6 +98,15 @@ class OutputFolder:
         if self.target.exists() and _inside(Path(source), self.target):
             raise ConversionError(f"--force would delete the input {source}: choose another output folder")
 
+    def keep_drafter(self):
+        """Refuse to replace a model folder with one without a drafter, when the old one has one: `--force` deleted
+        MODEL/drafter with the rest, a drafter redrafter-train had spent hours on included, without a word."""
+        old = self.target / "drafter"
+        if self.force and (old / "config.json").is_file():
+            raise ConversionError(f"--force would delete the drafter in {old} with the folder, and no --drafter is "
+                                  f"given: to keep it, move it out of {self.shown} and give it as --drafter; to drop "
+                                  "it, remove it first")
+
     def _check_replaceable(self):
         if self.target.is_dir() and not _replaceable(self.target):
             # `--out src --force` deleted a source tree whole (a typo away from the intended folder)

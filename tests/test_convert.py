@@ -1344,3 +1344,22 @@ def test_a_damaged_tokenizer_file_is_named(tmp_path, capsys, mlx_ckpt, name, dat
     out = tmp_path / "out"
     rc, lines = run_convert(capsys, "--model", src, "--out", out)
     assert_clean_failure(rc, lines, out, f"{src / name} is not valid JSON")
+
+
+def test_force_without_a_drafter_never_deletes_the_one_in_the_folder(tmp_path, capsys, mlx_ckpt):
+    """`--model SRC --out MODEL --force` deleted MODEL/drafter with the old folder (one redrafter-train installed
+    there after hours of training included), and the new folder loaded without one, saying nothing."""
+    model = tmp_path / "model"
+    drafter = write_numpy_drafter(tmp_path / "d", H, V, exit_dim=2 * H, layers=1)
+    assert run_convert(capsys, "--model", mlx_ckpt[0], "--drafter", drafter, "--out", model)[0] == 0
+    before = sorted(p.name for p in (model / "drafter").iterdir())
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--out", model, "--force")
+    assert rc != 0 and len(lines) == 1 and f"--force would delete the drafter in {model / 'drafter'}" in lines[0], \
+        lines
+    assert sorted(p.name for p in (model / "drafter").iterdir()) == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    # given a drafter, or with the old one removed, --force goes on
+    assert run_convert(capsys, "--model", mlx_ckpt[0], "--drafter", drafter, "--out", model, "--force")[0] == 0
+    shutil.rmtree(model / "drafter")
+    assert run_convert(capsys, "--model", mlx_ckpt[0], "--out", model, "--force")[0] == 0
+    assert not (model / "drafter").exists()
