@@ -1363,3 +1363,25 @@ def test_force_without_a_drafter_never_deletes_the_one_in_the_folder(tmp_path, c
     shutil.rmtree(model / "drafter")
     assert run_convert(capsys, "--model", mlx_ckpt[0], "--out", model, "--force")[0] == 0
     assert not (model / "drafter").exists()
+
+
+def test_a_model_manifest_that_cannot_be_rewritten_is_a_note_not_a_failure(tmp_path, capsys, monkeypatch, mlx_ckpt):
+    """The drafter is already in place when MODEL/manifest.json is rewritten: a failure there is said as a note (the
+    conversion is done), not as "error: ... nothing was written"."""
+    import errno
+
+    import convert.output
+
+    model = tmp_path / "model"
+    assert run_convert(capsys, "--model", mlx_ckpt[0], "--out", model)[0] == 0
+    manifest = (model / "manifest.json").read_text()
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(convert.output, "write_json", full_disk)
+    new = write_numpy_drafter(tmp_path / "new", H, V, exit_dim=2 * H, layers=1)
+    rc, lines = run_convert(capsys, "--drafter", new, "--base", model, "--out", model / "drafter")
+    assert rc == 0 and lines == [f"[convert] note: {model / 'manifest.json'} still describes the drafter that was "
+                                 "there before ([Errno 28] No space left on device)"], lines
+    assert (model / "drafter" / "model.safetensors").is_file() and (model / "manifest.json").read_text() == manifest
