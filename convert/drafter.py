@@ -11,11 +11,13 @@ Apple's config.json fields (`hidden_size`, `vocab_size`, `exit_dim`, `num_draft_
 `rnn`; -1 = unset) are checked against the tensor shapes; missing ones are inferred from
 them. The result is validated against the base model (hidden size, vocabulary) and written
 with `redrafter_mlx.drafter.save_drafter`. A drafter already in this project's format is
-accepted too (checked and rewritten), so a trained one can be packed into a model folder.
+accepted too (checked and rewritten, its tuned beam_shape.json kept), so a trained or shipped one
+can be packed into a model folder.
 """
 
 import dataclasses
 import re
+import shutil
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
@@ -25,6 +27,7 @@ from mlx.utils import tree_flatten
 from redrafter_mlx.config import DRAFTER_MODEL_TYPE, DrafterArgs
 from redrafter_mlx.drafter import Drafter, check_args, check_compatible, check_draft_vocab, drafter_args, save_drafter
 from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError, one_line
+from redrafter_mlx.tuning import FILE as TUNED
 
 from .checkpoint import DRAFTER_FILES, load_tensors, read_json
 
@@ -161,9 +164,16 @@ def convert_drafter(src: Path, dest: Path, base_args=None, dtype: Optional[str] 
         if bar:
             bar.close()
     save_drafter(drafter, dest)
+    files = [config_path, weights_path]
+    tuned = config_path.parent / TUNED
+    if tuned.is_file():
+        # The beam shape `redrafter-bench --tune` found for it (this repository's shipped drafters have one), which
+        # load() reads from the drafter's folder: left behind, the converted model drafted with the untuned default.
+        shutil.copy(tuned, dest / TUNED)
+        files.append(tuned)
     return {
         "source": str(src),
-        "files": [config_path, weights_path],
+        "files": files,
         "config": args.to_dict(),
         "dtype": str(drafter.lm_head[-1].weight.dtype).replace("mlx.core.", ""),
     }

@@ -1385,3 +1385,18 @@ def test_a_model_manifest_that_cannot_be_rewritten_is_a_note_not_a_failure(tmp_p
     assert rc == 0 and lines == [f"[convert] note: {model / 'manifest.json'} still describes the drafter that was "
                                  "there before ([Errno 28] No space left on device)"], lines
     assert (model / "drafter" / "model.safetensors").is_file() and (model / "manifest.json").read_text() == manifest
+
+
+def test_a_drafter_s_tuned_beam_shape_comes_along(tmp_path, capsys, mlx_ckpt):
+    """README: `--drafter models/smollm2-135m/drafter` brings the shipped drafter along; its beam_shape.json (the
+    shape `redrafter-bench --tune` found, which load() reads from the drafter's folder) was left behind, and the
+    converted model drafted with the untuned default."""
+    from redrafter_mlx.tuning import device_keys
+
+    src = tmp_path / "ours"
+    save_drafter(Drafter(DrafterArgs(hidden_size=H, vocab_size=V, base_model_type="llama")), src)
+    (src / "beam_shape.json").write_text(json.dumps({device_keys()[-1]: {"beam_width": 3, "beam_length": 5}}))
+    out = tmp_path / "model"
+    assert run_convert(capsys, "--model", mlx_ckpt[0], "--drafter", src, "--out", out)[0] == 0
+    assert load(str(out)).beam_shape == (3, 5)
+    assert "beam_shape.json" in json.loads((out / "manifest.json").read_text())["drafter"]["sha256"]
