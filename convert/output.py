@@ -3,7 +3,7 @@
 `OutputFolder` stages everything in a hidden temporary folder beside the target (same
 filesystem, so the final step is a rename). On success the staging folder is renamed to the
 target (with `force`, an existing target is moved aside first and removed after); on any
-failure, Ctrl-C or SIGTERM it is deleted. Either way no half-written model is ever left
+failure, Ctrl-C, SIGTERM or SIGHUP it is deleted. Either way no half-written model is ever left
 where a loader would find it.
 
 The manifest (`manifest.json`) records the sources, the sha256 of every input file, the
@@ -31,7 +31,7 @@ class ConversionError(RedrafterError):
 
 
 class CancelledAfterWriting(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM came while the finished folder was renamed into place: it was held until
+    """Ctrl-C, SIGTERM or SIGHUP came while the finished folder was renamed into place: it was held until
     the renames were done, so the output is whole."""
 
     def __init__(self, target: Path, signal_name: str):
