@@ -109,9 +109,31 @@ def _cast(model: nn.Module, dtype: str):
     model.update(tree_map(lambda v: v.astype(target) if mx.issubdtype(v.dtype, mx.floating) else v, model.parameters()))
 
 
+GROUP_SIZES = (128, 64, 32)  # --q-group-size's choices
+
+
+def _check_group_size(model: nn.Module, group_size: int, report):
+    """mlx-lm quantizes only the layers whose input width is a multiple of the group size and keeps the rest as
+    they are, saying nothing: `--model smollm2-135m --quantize --q-group-size 128` (hidden size 576) gave a
+    float16 model but for its 30 down projections, with a config saying 4-bit. Refused where another group size
+    quantizes every layer; else a note says how many stay unquantized."""
+    widths = [m.weight.shape[-1] for _, m in model.named_modules() if hasattr(m, "to_quantized") and "weight" in m]
+    left = sorted(set(w for w in widths if w % group_size))
+    if not left:
+        return
+    kept = sum(1 for w in widths if w % group_size)
+    why = f"unquantized (input width {', '.join(map(str, left))}, not a multiple of --q-group-size {group_size})"
+    fits = next((g for g in GROUP_SIZES if all(w % g == 0 for w in widths)), None)
+    if fits is not None:
+        raise ConversionError(f"{kept} of {len(widths)} layers would stay {why}: use --q-group-size {fits}, which "
+                              "quantizes every layer")
+    report.note(f"{kept} of {len(widths)} layers stay {why}")
+
+
 def _quantize(model: nn.Module, config: Dict[str, Any], bits: int, group_size: int, report):
     from mlx_lm.utils import quantize_model
 
+    _check_group_size(model, group_size, report)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):  # mlx-lm prints a bits-per-weight line
         model, config = quantize_model(model, config, group_size, bits)

@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "is not quantized)")
     out.add_argument("--q-bits", type=int, choices=[2, 3, 4, 5, 6, 8], help="bits per weight (default 4)")
     out.add_argument("--q-group-size", type=int, choices=[32, 64, 128],
-                     help="quantization group size (default 64)")
+                     help="quantization group size (default 64); it must divide the layers' input widths (a size "
+                          "that leaves layers unquantized where another would not is refused)")
     out.add_argument("--chat-template", metavar="NAME|FILE",
                      help="chat template to store with the tokenizer: 'vicuna' or a Jinja file "
                           "(default: the checkpoint's own)")

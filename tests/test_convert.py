@@ -1400,3 +1400,26 @@ def test_a_drafter_s_tuned_beam_shape_comes_along(tmp_path, capsys, mlx_ckpt):
     assert run_convert(capsys, "--model", mlx_ckpt[0], "--drafter", src, "--out", out)[0] == 0
     assert load(str(out)).beam_shape == (3, 5)
     assert "beam_shape.json" in json.loads((out / "manifest.json").read_text())["drafter"]["sha256"]
+
+
+def test_a_group_size_that_leaves_layers_unquantized_is_refused_or_noted(tmp_path, capsys, mlx_ckpt):
+    """mlx-lm quantizes only the layers whose input width is a multiple of the group size, silently: with
+    `--q-group-size 128`, a model of hidden size 576 (the default smollm2-135m) came out float16 but for its down
+    projections, under a config saying 4-bit. Refused where another group size quantizes every layer; noted where
+    none does."""
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--quantize", "--q-group-size", "128", "--out", out)
+    assert_clean_failure(rc, lines, out, "7 of 8 layers would stay unquantized (input width 64, not a multiple of "
+                         "--q-group-size 128): use --q-group-size 64")
+    config = dict(model_type="llama", hidden_size=H, num_hidden_layers=1, intermediate_size=80, num_attention_heads=4,
+                  num_key_value_heads=4, vocab_size=V, tie_word_embeddings=True, rms_norm_eps=1e-5)
+    src = tmp_path / "odd"
+    src.mkdir()
+    mx.save_safetensors(str(src / "model.safetensors"), dict(tree_flatten(new_model(config, 3).parameters())))
+    (src / "config.json").write_text(json.dumps(config))
+    write_tokenizer(src)
+    rc, lines = run_convert(capsys, "--model", src, "--quantize", "--q-group-size", "32", "--out", out)
+    assert rc == 0 and lines == ["[convert] note: 1 of 8 layers stay unquantized (input width 80, not a multiple "
+                                 "of --q-group-size 32)"], lines
+    weights = mx.load(str(out / "model.safetensors"))
+    assert "model.layers.0.mlp.down_proj.scales" not in weights and "model.layers.0.mlp.up_proj.scales" in weights
