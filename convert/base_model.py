@@ -146,6 +146,18 @@ def _size(n: int) -> str:
     return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
+def _check_space(model: nn.Module, dest: Path):
+    """Refuse a disk without room for the weights before the long part (reading, casting, quantizing every tensor):
+    the write failed at the very end, "is the disk full", after minutes of work. (`dest`: the staging folder; .bin
+    shards rewritten there are deleted before the write.)"""
+    need = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    staged = sum(f.stat().st_size for f in (dest / STAGING).glob("*") if f.is_file())
+    free = shutil.disk_usage(dest).free + staged
+    if need > free:
+        raise ConversionError(f"the weights need {_size(need)} and {dest.parent} has {_size(free)} free: make room "
+                              "or choose another --out")
+
+
 def _save(model: nn.Module, config: Dict[str, Any], dest: Path, report):
     from mlx_lm.utils import make_shards, save_config, save_model
 
@@ -276,6 +288,7 @@ def convert_hf(base: BaseSource, dest: Path, dtype, quantize, q_bits, q_group_si
                 config[key] = dtype
     if quantize:
         model, config = _quantize(model, config, q_bits, q_group_size, report)
+    _check_space(model, dest)
     count = _materialize(model, report, "converting")
     shutil.rmtree(dest / STAGING, ignore_errors=True)
     _save(model, config, dest, report)
@@ -309,6 +322,7 @@ def convert_gguf(base: BaseSource, dest: Path, dtype, quantize, q_bits, q_group_
     del weights
     if quantize:
         model, config = _quantize(model, config, q_bits, q_group_size, report)
+    _check_space(model, dest)
     count = _materialize(model, report, "converting")
     _save(model, config, dest, report)
     return {"format": "gguf", "files": [base.path], "tensors": count, "dtype": dtype or "as stored",

@@ -1423,3 +1423,20 @@ def test_a_group_size_that_leaves_layers_unquantized_is_refused_or_noted(tmp_pat
                                  "of --q-group-size 32)"], lines
     weights = mx.load(str(out / "model.safetensors"))
     assert "model.layers.0.mlp.down_proj.scales" not in weights and "model.layers.0.mlp.up_proj.scales" in weights
+
+
+def test_a_disk_without_room_for_the_weights_is_refused_before_the_long_part(tmp_path, capsys, monkeypatch, mlx_ckpt):
+    """A full disk failed the write at the very end ("is the disk full"), after minutes of reading and casting a
+    large model: the room the weights need is checked before that."""
+    import collections
+
+    import convert.base_model
+
+    materialized = []
+    monkeypatch.setattr(convert.base_model, "_materialize", lambda *args: materialized.append(1))
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(convert.base_model.shutil, "disk_usage", lambda path: usage(10 ** 9, 10 ** 9 - 1000, 1000))
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--out", out)
+    assert_clean_failure(rc, lines, out, "the weights need 0.2 MB and", "has 0.0 MB free")
+    assert materialized == []
