@@ -76,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="replace an existing output folder (a model or drafter folder only; an --out that is a "
                           "symbolic link is followed: the folder it points to is replaced, the link stays)")
     out.add_argument("--dtype", choices=["float16", "bfloat16", "float32"],
-                     help="weights' dtype (default: config.json's torch_dtype; a GGUF keeps its quantization "
-                          "unless a dtype is given)")
+                     help="weights' dtype, the drafter's too (default: the base model's config.json torch_dtype, "
+                          "the drafter as stored; a GGUF keeps its quantization unless a dtype is given)")
     out.add_argument("--quantize", "-q", action="store_true",
                      help="quantize the base model with mlx-lm (a GGUF is first dequantized to float16; the drafter "
                           "is not quantized)")

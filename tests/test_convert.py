@@ -255,6 +255,7 @@ def test_help_shows_examples():
     # what an interrupted conversion leaves, and what --force does to a link, are said there
     text = " ".join(proc.stdout.split())
     assert "an error, Ctrl-C, SIGTERM or SIGHUP leaves nothing" in text and "the link stays" in text
+    assert "weights' dtype, the drafter's too" in text
 
 
 def test_safetensors_checkpoint_logits_match_pytorch(converted, llama):
