@@ -86,7 +86,8 @@ class OutputFolder:
                                       "choose another output folder")
         above = unwritable_ancestor(self.target)  # checked before any long work
         if above is not None:
-            raise ConversionError(f"cannot create the output folder {self.shown}: {above} is not a folder you can write")
+            raise ConversionError(f"cannot create the output folder {self.shown}: {above} is not a folder you can "
+                                  "write")
 
     @property
     def shown(self) -> str:
