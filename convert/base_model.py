@@ -151,8 +151,11 @@ def _check_space(model: nn.Module, dest: Path):
     the write failed at the very end, "is the disk full", after minutes of work. (`dest`: the staging folder; .bin
     shards rewritten there are deleted before the write.)"""
     need = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-    staged = sum(f.stat().st_size for f in (dest / STAGING).glob("*") if f.is_file())
-    free = shutil.disk_usage(dest).free + staged
+    try:
+        staged = sum(f.stat().st_size for f in (dest / STAGING).glob("*") if f.is_file())
+        free = shutil.disk_usage(dest).free + staged
+    except OSError:  # a file system that does not say: the write will tell
+        return
     if need > free:
         raise ConversionError(f"the weights need {_size(need)} and {dest.parent} has {_size(free)} free: make room "
                               "or choose another --out")
