@@ -5,6 +5,7 @@ They only display what they are given; the app decides what happens (see app.py)
 
 from typing import List, Optional, Tuple
 
+from markdown_it import MarkdownIt
 from rich.text import Text
 from textual import events
 from textual.binding import Binding
@@ -20,11 +21,18 @@ class UserMessage(Static):
         self.border_title = "you"
 
 
+def _markdown_parser() -> MarkdownIt:
+    """Textual's parser ("gfm-like") with raw HTML read as text: the widget drops HTML it cannot draw, so a
+    reasoning model's <think> block vanished whole, and a reply's "<b>42</b>" or "use <br> here" lost its tags
+    (the reply shown was not the one the model gave, which the conversation keeps and Ctrl+Y copies)."""
+    return MarkdownIt("gfm-like", {"html": False})
+
+
 class AssistantMessage(Markdown):
-    """A reply, rendered as Markdown while it streams in."""
+    """A reply, rendered as Markdown while it streams in (HTML in it shown as written)."""
 
     def __init__(self):
-        super().__init__("", classes="assistant -streaming")
+        super().__init__("", classes="assistant -streaming", parser_factory=_markdown_parser)
         self.border_title = "assistant"
         self.text = ""
         self._stream = None

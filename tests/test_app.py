@@ -1429,3 +1429,20 @@ async def test_a_beam_set_while_the_model_loads_is_kept():
         await ready(pilot)
         assert (app.settings.beam_width, app.settings.beam_length, app.settings.tree) == (5, 4, None)
         assert "5 × 4 (width × length)" in panel(app)
+
+
+async def test_html_in_a_reply_is_shown_as_written():
+    """Textual's Markdown drops raw HTML it cannot draw: a reasoning model's <think> block vanished whole
+    (Qwen3 is in the registry), and "<b>42</b>" or "<br>" lost their tags, so the reply on screen was not
+    the one the conversation keeps (and Ctrl+Y copies). HTML is shown as the model wrote it."""
+    from textual.widgets._markdown import MarkdownParagraph
+
+    reply = "<think>\nSix times seven.\n</think>\n\nThe answer is <b>42</b>; a <br> breaks a line, `<p>` too."
+    app = create_app(FakeEngine([reply]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "What is 6 x 7?")
+        await finished(pilot)
+        shown = [p.render().plain for p in app.query_one(AssistantMessage).query(MarkdownParagraph)]
+        assert shown == ["<think> Six times seven. </think>", "The answer is <b>42</b>; a <br> breaks a line, <p> too."]
+        assert app.messages[-1]["content"] == reply
