@@ -126,8 +126,12 @@ def reply_rows(stats: Optional[Stats], baseline: Baseline, status: str) -> List[
         rows.append(("cost model", f"plain {c.get('plain_ms', 0):.0f} ms · 16 tokens {c.get('x16', 0):.1f}× · "
                                    f"64 {c.get('x64', 0):.1f}×"))
     if spec and stats.accepted_lengths:
+        # Draft tokens accepted per step (a step's tokens but the base model's own), on one scale for the whole
+        # reply: the most a beam accepts, or the reply's longest step. Scaled to the recent steps alone (an
+        # adaptive reply has no beam length), 24 plain steps drew full bars, "████", as if every draft held.
         recent = stats.accepted_lengths[-SPARK_STEPS:]
-        rows.append(("accepted", sparkline(recent, stats.beam_length)))
+        top = max(stats.beam_length, max(stats.accepted_lengths)) - 1
+        rows.append(("accepted", sparkline([max(n - 1, 0) for n in recent], top)))
         rows.extend(histogram(stats.accepted_lengths, stats.beam_length))
     if spec and stats.decode_seconds > 0:
         d, v = stats.draft_seconds / stats.decode_seconds, stats.verify_seconds / stats.decode_seconds

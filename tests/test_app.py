@@ -16,7 +16,7 @@ import pytest
 
 from app.__main__ import configure_parser
 from app.app import ChatApp, create_app
-from app.engine import Engine, EngineError, FakeEngine, Settings
+from app.engine import Engine, EngineError, FakeEngine, Settings, Stats
 from app.widgets import AssistantMessage, LoadStatus, Notice, PromptInput, StatsPanel, UserMessage
 
 SIZE = (120, 40)
@@ -101,7 +101,7 @@ async def test_stats_panel_after_a_speculative_reply():
         assert "speedup      1.94×\n  vs plain   20.0 tok/s (warm-up run)" in text
         assert "decoding     speculative 3×4" in text
         assert "draft/verify 20% / 80% of decode" in text
-        assert "accepted     ▆▃▅█▅▅" in text  # scaled to the beam length
+        assert "accepted     ▆▁▃█▃▃" in text  # drafts accepted per step, scaled to the beam length (L - 1)
         assert "  2 tok      ████████████████ 3\n  3 tok      █████ 1" in text
         assert "peak memory  512 MB" in text
         assert "prefill      0.05 s · 5 tokens" in text
@@ -109,6 +109,24 @@ async def test_stats_panel_after_a_speculative_reply():
                     "device       cpu (fake)", "beam         3 × 4 (width × length)", "status       done (eos)"):
             assert row in text
 
+
+
+def test_the_accepted_sparkline_keeps_one_scale_and_puts_plain_steps_at_the_bottom():
+    """The sparkline was scaled to its last 24 steps where a reply has no beam length (adaptive, the default):
+    24 plain steps (1 token each, nothing accepted) drew full bars, as if every draft had been accepted,
+    and one longer step in the window shrank the rest. It shows the drafts each step accepted, on one scale
+    for the whole reply."""
+    from app.stats_view import Baseline, as_text, reply_rows
+
+    def line(**stats):
+        rows = as_text(reply_rows(Stats(steps=len(stats["accepted_lengths"]), **stats), Baseline(), "done"))
+        return next(r for r in rows.splitlines() if r.startswith("accepted "))[13:]
+
+    parked = (5,) + (1,) * 24  # adaptive: one step of 5 tokens, then 24 plain ones
+    assert line(mode="auto", accepted_lengths=parked) == "▁" * 24
+    assert line(mode="auto", accepted_lengths=(1,) * 30) == "▁" * 24  # nothing ever accepted
+    assert line(mode="auto", accepted_lengths=(5, 1, 3)) == "█▁▅"
+    assert line(mode="redrafter", beam_length=4, accepted_lengths=(1, 4, 2)) == "▁█▃"
 
 async def test_tuned_beam_shape_is_the_default_unless_given():
     app = create_app(FakeEngine([REPLY], beam_shape=(2, 6)), Settings())
