@@ -1464,3 +1464,14 @@ async def test_html_in_a_reply_is_shown_as_written():
         shown = [p.render().plain for p in app.query_one(AssistantMessage).query(MarkdownParagraph)]
         assert shown == ["<think> Six times seven. </think>", "The answer is <b>42</b>; a <br> breaks a line, <p> too."]
         assert app.messages[-1]["content"] == reply
+
+
+def test_the_readmes_chat_section_names_every_option():
+    """The README's Chat section gave six of redrafter-chat's sixteen options (no --temperature, --top-p,
+    --max-tokens or --system, none of the drafting ones): a reader of it did not learn the chat takes them."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("\n## Chat\n", 1)[1].split("\n## ", 1)[0]
+    options = [max(a.option_strings, key=len) for a in configure_parser()._actions if a.option_strings]
+    assert [o for o in options if o != "--help" and o not in section] == []
