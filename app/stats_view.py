@@ -60,7 +60,10 @@ def sparkline(values: Sequence[int], top: int) -> str:
 
 
 def histogram(values: Sequence[int], top: int) -> List[Row]:
-    """One bar per length 1..max: how many steps emitted that many tokens."""
+    """One bar per length 1..top (a beam's lengths, zeros included), then per longer length that occurred:
+    how many steps emitted that many tokens. (A copied run makes steps of up to 4 x lookup + 1 tokens: one
+    row per length up to the longest gave 33 rows for one step of 33, most of them "· 0", and pushed the
+    rest of the panel out of sight.)"""
     if not values:
         return []
     longest = max(max(values), top, 1)
@@ -68,7 +71,7 @@ def histogram(values: Sequence[int], top: int) -> List[Row]:
     most = max(counts) or 1
     return [
         (f"  {n} tok", ("█" * round(c / most * BAR_WIDTH) or ("▏" if c else "·")) + f" {c}")
-        for n, c in enumerate(counts, start=1)
+        for n, c in enumerate(counts, start=1) if c or n <= max(top, 1)
     ]
 
 

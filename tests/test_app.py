@@ -128,6 +128,20 @@ def test_the_accepted_sparkline_keeps_one_scale_and_puts_plain_steps_at_the_bott
     assert line(mode="auto", accepted_lengths=(5, 1, 3)) == "█▁▅"
     assert line(mode="redrafter", beam_length=4, accepted_lengths=(1, 4, 2)) == "▁█▃"
 
+
+def test_the_histogram_rows_past_the_beam_are_the_lengths_that_occurred():
+    """A copied run (lookup, the context graph) makes steps of up to 4 x lookup + 1 tokens: the histogram had
+    a row for every length up to the longest, 33 rows for one step of 33, most of them "· 0", which pushed
+    the rest of the panel out of sight. Rows run to the beam length, then only lengths that occurred."""
+    from app.stats_view import Baseline, as_text, reply_rows
+
+    def rows(**stats):
+        text = as_text(reply_rows(Stats(steps=len(stats["accepted_lengths"]), **stats), Baseline(), "done"))
+        return [r.split()[0] for r in text.splitlines() if r.endswith(tuple("0123456789")) and " tok " in r]
+
+    assert rows(mode="redrafter", beam_length=4, accepted_lengths=(1, 33, 2, 9)) == ["1", "2", "3", "4", "9", "33"]
+    assert rows(mode="auto", accepted_lengths=(1, 3, 1, 17)) == ["1", "3", "17"]
+
 async def test_tuned_beam_shape_is_the_default_unless_given():
     app = create_app(FakeEngine([REPLY], beam_shape=(2, 6)), Settings())
     async with app.run_test(size=SIZE) as pilot:
