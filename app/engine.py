@@ -325,6 +325,9 @@ class Engine(EngineThread):
                 "Pass --drafter PATH to use a ReDrafter head."
             )
 
+        if not m.tokenizer.has_chat_template:  # (the chat said nothing, and its replies ran on from the user's text)
+            notices.append(f"{m.name} has no chat template: the conversation reaches it as plain text, its turns "
+                           "(and --system) joined by line breaks, so it continues the text rather than answering.")
         plain_tps = None
         if self.warm_up:
             self._stop_if_closing()

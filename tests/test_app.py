@@ -1489,3 +1489,24 @@ def test_the_readmes_chat_section_names_every_option():
     section = readme.split("\n## Chat\n", 1)[1].split("\n## ", 1)[0]
     options = [max(a.option_strings, key=len) for a in configure_parser()._actions if a.option_strings]
     assert [o for o in options if o != "--help" and o not in section] == []
+
+
+def test_a_model_without_a_chat_template_is_said(tiny_kit, tmp_path):
+    """A model with no chat template gets the conversation as plain text (its turns joined by line breaks),
+    and continues it rather than answering; redrafter-train notes it, the chat said nothing."""
+    import json
+
+    path = tiny_kit.write_folder(tmp_path / "m", tiny_kit.model(seed=0))
+    for template in path.glob("chat_template*"):
+        template.unlink()
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    for folder, said in ((path, True), (tiny_kit.write_folder(tmp_path / "chat", tiny_kit.model(seed=0)), False)):
+        engine = Engine(str(folder), warm_up=False, use_drafter=False)
+        try:
+            notices = engine.load(lambda stage, text: None).notices
+            assert any("has no chat template: the conversation reaches it as plain text" in n for n in notices) == said
+        finally:
+            engine.close()
+            engine.wait(10)
