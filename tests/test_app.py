@@ -1510,3 +1510,19 @@ def test_a_model_without_a_chat_template_is_said(tiny_kit, tmp_path):
         finally:
             engine.close()
             engine.wait(10)
+
+
+def test_the_library_never_imports_the_app_or_textual():
+    """Imports point one way: app -> redrafter_mlx. A library module that imported app or textual would make
+    every API user, bench and training run depend on the chat's UI (and tie its import time to Textual's)."""
+    import ast
+    from pathlib import Path
+
+    library = Path(__file__).resolve().parents[1] / "redrafter_mlx"
+    found = []
+    for path in sorted(library.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            found += [f"{path.name}: {n}" for n in names if n.split(".")[0] in ("app", "convert", "textual")]
+    assert found == []
