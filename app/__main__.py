@@ -246,6 +246,12 @@ def main(argv=None) -> int:
     if args.temperature == 0.0 and args.top_p != 1.0:  # redrafter_mlx.cli.sampling_error's rule, without --seed
         parser.error("--top-p applies to sampling, and --temperature 0 decodes greedily: add --temperature T above 0, "
                      "or drop it")
+    if args.system is not None:  # bytes that are not UTF-8 (another locale's argv): every reply failed, the chat open
+        try:
+            args.system.encode("utf-8")
+        except UnicodeEncodeError as e:
+            parser.error(f"--system is not valid text: {e.reason} at character {e.start} (bytes that are not UTF-8: "
+                         "is the terminal's locale UTF-8?)")
     if args.model is not None and not args.model.strip():  # said after the screen opened, in the library's words
         parser.error("--model is empty: give a registry name, a path or a hub id, or leave --model out (smollm2-135m)")
     unused = unused_drafting_error(args)

@@ -1526,3 +1526,17 @@ def test_the_library_never_imports_the_app_or_textual():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
             found += [f"{path.name}: {n}" for n in names if n.split(".")[0] in ("app", "convert", "textual")]
     assert found == []
+
+
+def test_a_system_prompt_that_is_not_text_is_refused_while_parsing(monkeypatch, capsys):
+    """--system given in bytes that are not UTF-8 (a Latin-1 terminal's "é") reaches Python with lone
+    surrogates, which the tokenizer refuses: the chat opened, loaded the model, and every reply failed."""
+    import app.app as app_module
+    from app.__main__ import main
+
+    monkeypatch.setattr(app_module, "create_app", lambda *a: pytest.fail("the chat opened"))
+    monkeypatch.setattr("app.__main__.has_terminal", lambda: True)
+    with pytest.raises(SystemExit) as e:
+        main(["--system", b"R\xe9ponds en fran\xe7ais".decode("utf-8", "surrogateescape")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--system is not valid text" in err and err.count("\n") == 1
