@@ -6,6 +6,7 @@ They only display what they are given; the app decides what happens (see app.py)
 from typing import List, Optional, Tuple
 
 from markdown_it import MarkdownIt
+from rich.table import Table
 from rich.text import Text
 from textual import events
 from textual.binding import Binding
@@ -192,18 +193,21 @@ class StatsPanel(Static):
         if plain == self.plain:
             return
         self.plain = plain
-        text = Text(no_wrap=False)
+        # A grid, so that a value too long for its column wraps under itself: as one text, "adaptive · 0% of
+        # steps parked (plain)" and "adaptive (sized each step to this machine)", rows of the default mode,
+        # went on at the panel's left edge, under the labels.
+        grid = Table.grid()
+        grid.add_column(width=13, no_wrap=True)
+        grid.add_column()
         for label, value in rows:
             if value is None:
-                text.append(label + "\n", style="bold")
+                grid.add_row(Text(label, style="bold"))
             else:
-                text.append(f"{label:<13}", style="dim")
-                text.append(value + "\n")
-        text.rstrip()
+                grid.add_row(Text(label, style="dim"), Text(value))
         # The panel's size is fixed by chat.tcss (width 48, height 1fr, scrolls), so no layout
         # pass: one over the whole screen (every Markdown block of the transcript) cost ~20 ms
         # per update, which slowed decoding while a reply streamed.
-        self.update(text, layout=False)
+        self.update(grid, layout=False)
 
 
 class Transcript(VerticalScroll):

@@ -1540,3 +1540,21 @@ def test_a_system_prompt_that_is_not_text_is_refused_while_parsing(monkeypatch, 
         main(["--system", b"R\xe9ponds en fran\xe7ais".decode("utf-8", "surrogateescape")])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "--system is not valid text" in err and err.count("\n") == 1
+
+
+async def test_a_stats_value_too_long_for_its_column_wraps_under_itself():
+    """The panel was one text: a value longer than its column went on at the panel's left edge, under the
+    labels ("(plain)" and "64 3.0×" below "decoding" and "cost model", rows of the default adaptive mode).
+    It wraps under its own column now."""
+    from textual.geometry import Region
+
+    app = create_app(FakeEngine([REPLY]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "hi")
+        await finished(pilot)
+        stats = app.query_one(StatsPanel)
+        lines = [strip.text[2:].rstrip() for strip in stats.render_lines(Region(0, 0, *stats.size))]
+        decoding = next(i for i, line in enumerate(lines) if line.startswith("decoding "))
+        assert lines[decoding + 1] == " " * 13 + "(plain)"  # 48 columns: "adaptive · 0% of steps parked" first
+        assert not any(line.startswith(("(plain)", "64 ")) for line in lines)
