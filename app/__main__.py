@@ -231,8 +231,9 @@ def settings_from(args) -> Settings:
 
 def has_terminal() -> bool:
     """The chat draws on a terminal and reads keys from one: with input or output redirected it drew
-    escape codes into the file and waited forever, spinning a core."""
-    return sys.stdin.isatty() and sys.stdout.isatty()
+    escape codes into the file and waited forever, spinning a core. Textual draws on standard error:
+    `redrafter-chat 2>chat.log` drew the whole screen into the log and left the terminal blank."""
+    return sys.stdin.isatty() and sys.stdout.isatty() and sys.stderr.isatty()
 
 
 def main(argv=None) -> int:

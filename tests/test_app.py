@@ -897,6 +897,24 @@ def test_the_chat_without_a_terminal_says_so_and_exits():
     assert "python -m redrafter_mlx PROMPT" in out.stderr
 
 
+
+def test_the_chat_with_standard_error_redirected_says_so_and_exits():
+    """Textual draws the screen on standard error: `redrafter-chat 2>chat.log` in a terminal drew it all into
+    the log, left the terminal blank and waited for keys. It is refused as other redirections are."""
+    import os
+    import pty
+    import subprocess
+
+    leader, follower = pty.openpty()  # a terminal for input and output
+    try:
+        out = subprocess.run([sys.executable, "-m", "app", "--model", "nope"], stdin=follower, stdout=follower,
+                             stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert out.returncode == 2
+    assert out.stderr.splitlines()[-1].startswith("redrafter-chat: error: the chat needs a terminal")
+
 # ---- snapshots (regenerate with: pytest tests/test_app.py --snapshot-update) -----------------
 
 
