@@ -117,8 +117,9 @@ def configure_parser() -> argparse.ArgumentParser:
     p.add_argument("-L", "--beam-length", type=_positive, default=None, metavar="N",
                    help="tokens per beam, the base model's own next token included (default: tuned, else 4)")
     p.add_argument("--lookup", type=_non_negative, default=None, metavar="N",
-                   help="also draft up to N tokens copied from the conversation where its last tokens recur "
-                   "(one more beam, checked like the others; 0 = off; default: tuned, else 8)")
+                   help="also draft N tokens copied from the conversation where its last tokens recur, twice as "
+                   "many after a copy taken whole, up to 4N (one more beam, checked like the others; 0 = off; "
+                   "default: tuned, else 8)")
     p.add_argument("--tree", type=_non_negative, default=None, metavar="N",
                    help="draft a dynamic tree of up to N nodes (at most W children per node, L - 1 levels, "
                    "unlikely nodes dropped) instead of W x L beams (0 = beams; default: tuned, else 0)")

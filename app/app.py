@@ -27,7 +27,7 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from .engine import EngineError, EngineInfo, Settings, Stats
+from .engine import COPY_GROWTH, EngineError, EngineInfo, Settings, Stats
 from .messages import LoadFailed, LoadFinished, LoadProgress, ReplyFailed, ReplyProgress, ReplyStatus
 from .stats_view import Baseline, speculative_state, stats_rows
 from .widgets import AssistantMessage, LoadStatus, Notice, PromptInput, StatsPanel, Transcript, UserMessage
@@ -223,7 +223,8 @@ class ChatApp(App):
         if info.drafter is None and not self.settings.adaptive and self.settings.lookup is not None:
             n = self.settings.lookup  # the engine drafts the copy alone (mode auto, lookup=N), as the main CLI does
             self._note(f"Without a drafter, --lookup {n} drafts the conversation's copy alone (fixed): "
-                       + (f"up to {n} tokens a step." if n else "nothing, so replies decode plainly.")
+                       + (f"{n} tokens a step, twice as many after a copy taken whole, up to {n * COPY_GROWTH}." if n
+                          else "nothing, so replies decode plainly.")
                        + " /auto sizes drafting to this machine instead.")
         elif info.drafter is None and not self.settings.adaptive:
             self.settings.adaptive = True

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 STAGES = ("fetch", "load", "warm-up")
+COPY_GROWTH = 4  # redrafter_mlx.lookup.MAX_GROWTH: a lookup copy taken whole doubles, up to this many times N
 NO_DRAFTER = "speculation drafts from the conversation alone where that pays, else decodes plainly"
 Progress = Callable[[str, str], None]  # (stage, text)
 Messages = List[dict]  # [{"role": "user" | "assistant", "content": str}, ...]

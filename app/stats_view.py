@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from .engine import EngineInfo, Settings, Stats
+from .engine import COPY_GROWTH, EngineInfo, Settings, Stats
 
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_STEPS = 24  # steps shown in the sparkline
@@ -162,7 +162,8 @@ def session_rows(info: Optional[EngineInfo], settings: Settings, failed: bool = 
         ("device", info.device),
         ("speculative", speculative_state(info, settings)),
         ("beam", "adaptive (sized each step to this machine)" if settings.adaptive
-                 else (f"none: the copy alone, up to {settings.lookup} tokens" if settings.lookup
+                 else (f"none: the copy alone, {settings.lookup} tokens (up to {settings.lookup * COPY_GROWTH})"
+                       if settings.lookup
                        else "none (--lookup 0: plain decoding)") if info.drafter is None
                  else f"{settings.beam_width} × {settings.beam_length} (width × length)"
                  + (f", tree of {settings.tree} nodes" if settings.tree else "")),

@@ -1120,13 +1120,32 @@ async def test_no_drafter_with_a_lookup_drafts_the_copy_alone():
         await ready(pilot)
         assert not app.settings.adaptive
         assert any("--lookup 8 drafts the conversation's copy alone" in str(n.render()) for n in app.query(Notice))
-        assert "beam         none: the copy alone, up to 8 tokens" in panel(app)
+        assert "beam         none: the copy alone, 8 tokens (up to 32)" in panel(app)
         await ask(pilot, "Hi")
         await finished(pilot)
         assert not engine.calls[-1][1].adaptive and engine.calls[-1][1].lookup == 8
         await pilot.press("f6")  # a beam still needs the drafter: the copy stays
         assert not app.settings.adaptive and any("copy alone" in str(n.message) for n in app._notifications)
 
+
+
+async def test_the_lookup_copy_is_said_to_grow_as_it_does():
+    """A fixed lookup copy taken whole is twice as long the next step, up to 4 x N (lookup.CopyLength): with
+    --lookup 4 and no drafter, steps of 16 tokens. The chat said "up to 4 tokens a step" (its note), "the copy
+    alone, up to 4 tokens" (the panel) and "draft up to N tokens" (--help)."""
+    from redrafter_mlx.lookup import MAX_GROWTH
+
+    from app.engine import COPY_GROWTH
+
+    assert COPY_GROWTH == MAX_GROWTH
+    app = create_app(FakeEngine(["x"], drafter=None), Settings(adaptive=False, lookup=4))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        note = next(str(n.render()) for n in app.query(Notice) if "--lookup 4" in str(n.render()))
+        assert "4 tokens a step, twice as many after a copy taken whole, up to 16." in note
+        assert "beam         none: the copy alone, 4 tokens (up to 16)" in panel(app)
+    lookup = next(a for a in configure_parser()._actions if "--lookup" in a.option_strings)
+    assert "up to 4N" in lookup.help and "up to N" not in lookup.help
 
 def test_the_engine_drafts_the_copy_alone_without_a_drafter(tiny_loaded):
     """What the engine asks of the library: with no drafter and a lookup given, fixed drafting of the
