@@ -80,6 +80,17 @@ def _short_path(path: str) -> str:
     return str(Path(*parts[-2:])) if len(parts) > 2 else path
 
 
+SYSTEM_SHOWN = 60  # characters of --system the panel shows
+
+
+def _system_prompt(system: Optional[str]) -> str:
+    """The system prompt as the panel shows it: on one line, cut to SYSTEM_SHOWN characters."""
+    text = " ".join((system or "").split())
+    if not text:  # (redrafter_mlx.tokenizer takes a blank one for none)
+        return "the chat template's default"
+    return f"“{text}”" if len(text) <= SYSTEM_SHOWN else f"“{text[:SYSTEM_SHOWN - 1].rstrip()}…”"
+
+
 def speculative_state(info: Optional[EngineInfo], settings: Settings) -> str:
     if not settings.speculative:
         return "off"
@@ -169,6 +180,8 @@ def session_rows(info: Optional[EngineInfo], settings: Settings, failed: bool = 
                  + (f", tree of {settings.tree} nodes" if settings.tree else "")),
         ("sampling", f"temp {settings.temperature:g} · top-p {settings.top_p:g}"),
         ("max tokens", str(settings.max_tokens)),
+        # (the model reads it before every conversation, and nothing on screen said so)
+        ("system", _system_prompt(settings.system)),
         ("context", f"{info.context_length} tokens"),
     ]
     return rows

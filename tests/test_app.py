@@ -1595,3 +1595,15 @@ async def test_a_stats_value_too_long_for_its_column_wraps_under_itself():
         decoding = next(i for i, line in enumerate(lines) if line.startswith("decoding "))
         assert lines[decoding + 1] == " " * 13 + "(plain)"  # 48 columns: "adaptive · 0% of steps parked" first
         assert not any(line.startswith(("(plain)", "64 ")) for line in lines)
+
+
+async def test_the_session_panel_shows_the_system_prompt():
+    """--system is read by the model before every conversation (new chats included), and nothing on screen
+    said one was in effect: the Session panel shows it (cut to one line), or the template's default."""
+    long = "You are a terse assistant. Answer in one sentence, and never use lists or headings at all."
+    for system, shown in ((None, "the chat template's default"), ("  ", "the chat template's default"),
+                          ("Answer\nbriefly.", "“Answer briefly.”"), (long, "“" + long[:59].rstrip() + "…”")):
+        app = create_app(FakeEngine(["x"]), Settings(system=system))
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot)
+            assert f"system       {shown}" in panel(app)
