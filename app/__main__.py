@@ -276,7 +276,7 @@ def main(argv=None) -> int:
     engine = Engine(args.model, args.drafter, use_drafter=not args.no_drafter)
     app = create_app(engine, settings)
     app.run()  # quitting cancels a running reply and closes the engine (ChatApp.on_unmount)
-    status = 0
+    status = 1 if app.return_code else 0  # Textual's 1 after an error it printed (the shell was told 0)
     if app.load_error is not None:  # the screen is gone: say it where it stays
         print(f"redrafter-chat: error: {app.load_error}", file=sys.stderr)
         status = 1

@@ -874,7 +874,7 @@ def test_command_line_refusals_and_the_drafting_rule(monkeypatch, capsys):
 
     class Failed:
         load_error = "unknown model 'nope': not a known name"
-        status = "load failed"
+        status, return_code = "load failed", 0
 
         def run(self):
             pass
@@ -1607,3 +1607,24 @@ async def test_the_session_panel_shows_the_system_prompt():
         async with app.run_test(size=SIZE) as pilot:
             await ready(pilot)
             assert f"system       {shown}" in panel(app)
+
+
+def test_an_app_that_ended_on_an_error_exits_with_status_1(monkeypatch):
+    """Textual prints an error that ends the app and sets its return code to 1; redrafter-chat exited 0
+    all the same, so a shell or script took the crash for a quit."""
+    import app.app as app_module
+    from app.__main__ import main
+
+    class Ended:
+        load_error, status = None, "ready"
+
+        def __init__(self, code):
+            self.return_code = code
+
+        def run(self):
+            pass
+
+    monkeypatch.setattr("app.__main__.has_terminal", lambda: True)
+    for code, status in ((1, 1), (0, 0), (None, 0)):
+        monkeypatch.setattr(app_module, "create_app", lambda *a, code=code: Ended(code))
+        assert main(["--model", "nope"]) == status
