@@ -42,7 +42,8 @@ UPDATE_SECONDS = 0.1
 FINISH_NOTES = {
     "eos": "",
     "length": "stopped: max tokens",
-    "context": "stopped: context full",
+    # the conversation fills the model's context: a next message cannot fit (it failed, and only then said so)
+    "context": "stopped: context full · Ctrl+N starts a new chat",
     "cancelled": "cancelled",
 }
 HELP = """\

@@ -700,6 +700,27 @@ async def test_a_reply_that_fails_before_a_word_takes_its_turn_back():
         assert any("shorten it" in str(n.render()) for n in app.query(Notice))
 
 
+
+async def test_a_reply_that_fills_the_context_says_how_to_go_on():
+    """A reply stopped by the context length leaves a conversation that no next message fits: the bubble said
+    "stopped: context full", and the next message failed before saying to start a new chat."""
+    from app.engine import Chunk
+
+    engine = FakeEngine(["x"])
+
+    def fills(messages, settings, should_stop, on_status=None):
+        engine.calls.append((messages, settings))
+        yield Chunk("A long answer", Stats(new_tokens=3, steps=2), "context")
+
+    engine._reply = fills
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "Tell me everything.")
+        await finished(pilot)
+        assert app.status == "done (context)"
+        assert app.query_one(AssistantMessage).border_subtitle == "stopped: context full · Ctrl+N starts a new chat"
+
 async def test_a_long_prompt_shows_its_reading_and_a_cancel_then_withdraws_it():
     engine = FakeEngine(["x"], hold_after=0, prefill_status=("reading the prompt: 512 of 2048 tokens",))
     app = create_app(engine)
