@@ -1194,6 +1194,44 @@ def test_the_engine_drafts_the_copy_alone_without_a_drafter(tiny_loaded):
         engine.wait(10)
 
 
+
+async def test_a_reply_cancelled_mid_way_leaves_the_conversation_and_the_kv_cache_whole(tiny_kit, tmp_path):
+    """Esc mid-reply on the real engine (adaptive, then a fixed beam): the streamed part stays as the assistant
+    turn, and the next reply, drawn on the conversation's KV cache, is token for token what plain decoding
+    gives for the conversation as shown."""
+    from redrafter_mlx import generate
+    from redrafter_mlx.drafter import new_drafter, save_drafter
+
+    model = tiny_kit.model(seed=0)
+    path = tiny_kit.write_folder(tmp_path / "m", model)
+    save_drafter(new_drafter(model.args, lm_head="shared", seed=1), path / "drafter")
+    for settings in (Settings(max_tokens=24), Settings(max_tokens=24, adaptive=False, beam_width=3, beam_length=4)):
+        engine = Engine(str(path), warm_up=False)
+        stream = engine._stream
+
+        def held(messages, settings, should_stop, on_status, stream=stream):  # the first reply waits for Esc
+            for n, chunk in enumerate(stream(messages, settings, should_stop, on_status)):
+                while n == 4 and len(messages) == 1 and not should_stop():
+                    time.sleep(0.01)
+                yield chunk
+
+        engine._stream = held
+        app = create_app(engine, settings)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot)
+            await ask(pilot, "the a the 12 héllo")
+            await wait_for(pilot, lambda: app.reply_view is not None and app.reply_view.text)
+            await pilot.press("escape")
+            await finished(pilot)
+            assert app.status == "cancelled" and app.messages[-1]["content"]
+            assert app.messages[-1]["content"] == transcript_replies(app)[-1]
+            await ask(pilot, "日本 the é")
+            await finished(pilot)
+            shown = app.messages[:-1]
+            plain = engine.call(lambda: generate(engine._m, shown, mode="ar", max_tokens=24).text)
+            assert app.messages[-1] == {"role": "assistant", "content": plain}
+            assert app.stats.cached_tokens > 0  # drawn on the cache the cancelled reply left
+
 async def test_the_prefill_row_says_how_many_tokens_it_read():
     """On later turns the prefill's seconds cover only the prompt's part the KV cache did not hold, while the
     row gave the whole prompt's tokens ("0.05 s · 1500 tokens", an impossibly fast prefill): it says the
