@@ -13,6 +13,7 @@ from .config import WEIGHT_FORMATS
 from .errors import SettingError
 from .tokenizer import is_blank
 from .tree_search import DEFAULT_MIN_PROB
+from .lookup import MAX_GROWTH
 from .tuning import DEFAULT_LOOKUP, DEFAULT_TREE, drafting
 
 
@@ -51,8 +52,9 @@ def main(argv=None) -> int:
     p.add_argument("--beam-length", type=cli.positive, default=None, metavar="L",
                    help="tokens per beam, the base model's own next token included (default: tuned, else 4)")
     p.add_argument("--lookup", type=cli.non_negative, default=None, metavar="N",
-                   help="also draft up to N tokens copied from the context where its last tokens recur "
-                        f"(0 = off; default: tuned, else {DEFAULT_LOOKUP})")
+                   help="also draft N tokens copied from the context where its last tokens recur, doubling "
+                        f"while copies are taken whole, up to {MAX_GROWTH}N (0 = off; default: tuned, else "
+                        f"{DEFAULT_LOOKUP})")
     p.add_argument("--tree", type=cli.non_negative, default=None, metavar="N",
                    help="draft a dynamic tree of up to N nodes (at most W children per node, L - 1 levels, "
                         "unlikely nodes dropped) instead of W x L beams (0 = beams; default: tuned, else "

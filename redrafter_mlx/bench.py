@@ -49,6 +49,7 @@ from . import cli
 from .errors import ContextLengthError, RedrafterError
 from .files import unwritable_ancestor, write_json
 from .graph import graph_name, parse_graph
+from .lookup import MAX_GROWTH
 from .tokenizer import is_blank
 from .config import FLOAT_FORMATS, WEIGHT_FORMATS
 from .tree_search import DEFAULT_MIN_PROB
@@ -495,8 +496,9 @@ def parse_args(argv=None):
     p.add_argument("--lengths", type=lambda t: parse_shapes(t, "--lengths"), default=None, metavar="L[,L...]",
                    help="beam lengths --grid runs (default: 3,4,5)")
     p.add_argument("--lookup", type=lambda t: parse_shapes(t, "--lookup", minimum=0), default=None,
-                   help="tokens of the context-lookup beam added to the drafter's (0 = none); a comma-separated "
-                   f"list runs each (default: tuned, else {DEFAULT_LOOKUP})")
+                   help="tokens of the context-lookup beam added to the drafter's, doubling while copies are taken "
+                   f"whole, up to {MAX_GROWTH}x (0 = none); a comma-separated list runs each (default: tuned, else "
+                   f"{DEFAULT_LOOKUP})")
     p.add_argument("--tree", type=lambda t: parse_shapes(t, "--tree", minimum=0), default=None,
                    help="draft a dynamic tree of up to N nodes (W wide, L - 1 deep, unlikely nodes dropped) "
                    f"instead of W x L beams (0 = beams); a comma-separated list runs each (default: tuned with the "

@@ -325,3 +325,20 @@ def test_counts_of_train_and_distill_are_checked_as_the_other_options(capsys):
         with pytest.raises(SystemExit):
             main(argv)
         assert said in capsys.readouterr().err
+
+
+def test_lookup_help_says_the_copy_grows(capsys):
+    """A lookup copy taken whole doubles the next step, up to lookup.MAX_GROWTH x N (CopyLength); the
+    library's and the bench's --help said "up to N tokens" (the chat's said so too, fixed before)."""
+    import pytest
+
+    from redrafter_mlx import __main__ as main_cli
+    from redrafter_mlx import bench
+    from redrafter_mlx.lookup import MAX_GROWTH
+
+    for parse in (lambda: main_cli.main(["--help"]), lambda: bench.parse_args(["--help"])):
+        with pytest.raises(SystemExit):
+            parse()
+        text = " ".join(capsys.readouterr().out.split())
+        assert "doubling while copies are taken whole" in text and (f"up to {MAX_GROWTH}N" in text
+                                                                     or f"up to {MAX_GROWTH}x" in text)
