@@ -112,6 +112,9 @@ class Event:
     stats: RunStats
     step: Optional[StepStats] = None
     finish_reason: Optional[str] = None  # "eos" | "length" | "context" | "cancelled" on the last event
+    # The prompt's token ids as the model read them (chat template included), on the first event
+    # only (None on later ones): what `generate` returns as prompt_tokens, without rendering it again.
+    prompt_ids: Optional[List[int]] = None
 
 
 @dataclass
@@ -419,12 +422,16 @@ def stream(
     stopped = should_stop or (lambda: False)
     eos = tok.eos_token_ids
 
+    first_event = True
+
     def event(new: List[int], step: Optional[StepStats], reason: Optional[str]) -> Event:
+        nonlocal first_event
         text = detok.add(new) + (detok.flush() if reason else "")
         stats.peak_memory_mb = mx.get_peak_memory() / 1e6  # live, for UIs (a cheap host query)
         if ctl is not None:
             stats.controller = ctl.summary()
-        return Event(text, new, stats, step, reason)
+        read, first_event = (ids if first_event else None), False
+        return Event(text, new, stats, step, reason, read)
 
     # ---- prefill: the prompt's last logits give the first token --------------------------
     saved = len(pc.ids)
@@ -634,12 +641,13 @@ def generate(loaded, prompt, **kwargs) -> Generation:
     """Run `stream` to the end; returns text, token ids, prompt ids and stats."""
     _check_names("generate", kwargs)
     _check_loaded("generate", loaded)
-    text, tokens, steps, last, events = [], [], [], None, 0
+    text, tokens, steps, last, events, prompt_ids = [], [], [], None, 0, None
     for last in stream(loaded, prompt, **kwargs):
+        if events == 0:
+            prompt_ids = last.prompt_ids  # the ids stream read (rendering the template again could differ)
         events += 1
         text.append(last.text)
         tokens.extend(last.tokens)
         if last.step is not None:
             steps.append(last.step)
-    prompt_ids = loaded.tokenizer.prompt_ids(prompt, system=kwargs.get("system"))
     return Generation("".join(text), tokens, prompt_ids, last.stats, last.finish_reason, events, steps)

@@ -84,6 +84,26 @@ def test_stream_events(tiny_loaded):
     assert g.events == len(events) == 5 and len(g.step_stats) == g.stats.steps == 4
 
 
+
+def test_generate_returns_the_prompt_ids_stream_read(tiny_loaded, monkeypatch):
+    """generate() rendered the chat template a second time for prompt_tokens, after stream had: twice the
+    work, and ids the model never read where a template is not deterministic (a date in it) or the
+    tokenizer changed in between. The first event carries the ids stream read; later ones carry None."""
+    real, calls = tiny_loaded.tokenizer.prompt_ids, []
+
+    def prompt_ids(prompt, system=None):  # a template that renders differently each time
+        calls.append(prompt)
+        return real(prompt, system=system) + [5] * len(calls)
+
+    monkeypatch.setattr(tiny_loaded.tokenizer, "prompt_ids", prompt_ids)
+    g = generate(tiny_loaded, PROMPT, mode="ar", max_tokens=3)
+    assert len(calls) == 1 and g.prompt_tokens == real(PROMPT) + [5] and g.stats.prompt_tokens == len(g.prompt_tokens)
+    events = list(stream(tiny_loaded, PROMPT, mode="ar", max_tokens=3))
+    assert events[0].prompt_ids == real(PROMPT) + [5, 5] and [e.prompt_ids for e in events[1:]] == [None, None]
+    # a reply cancelled before its first token still says what was read
+    cancelled = generate(tiny_loaded, PROMPT, mode="ar", max_tokens=3, should_stop=lambda: True)
+    assert cancelled.finish_reason == "cancelled" and cancelled.prompt_tokens == real(PROMPT) + [5, 5, 5]
+
 def with_drafter(tiny_kit, tmp_path):
     """The tiny model loaded with a (random) drafter of its own."""
     from redrafter_mlx import load
