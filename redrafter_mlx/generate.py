@@ -427,7 +427,11 @@ def stream(
     def event(new: List[int], step: Optional[StepStats], reason: Optional[str]) -> Event:
         nonlocal first_event
         text = detok.add(new) + (detok.flush() if reason else "")
-        stats.peak_memory_mb = mx.get_peak_memory() / 1e6  # live, for UIs (a cheap host query)
+        # Live, for UIs (a cheap host query). MLX keeps one peak per process, which every stream resets
+        # as it starts: kept as the highest read, so a stream started beside this one (another thread,
+        # interleaved generators) does not take back what this one had already reported (3.9 MB after a
+        # long prompt fell to 0.4 at the next step).
+        stats.peak_memory_mb = max(stats.peak_memory_mb, mx.get_peak_memory() / 1e6)
         if ctl is not None:
             stats.controller = ctl.summary()
         read, first_event = (ids if first_event else None), False

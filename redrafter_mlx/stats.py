@@ -61,6 +61,8 @@ class RunStats:
     grafted_tokens: int = 0  # graph drafting: grafted nodes verified
     graft_accepted_tokens: int = 0  # graph drafting: accepted tokens that were grafted nodes
     controller: Dict[str, float] = field(default_factory=dict)  # its cost model's figures, live
+    # MLX memory in use at its highest since the reply began, in MB: MLX counts one per process, so
+    # streams running beside this one (other threads, interleaved generators) count in it too
     peak_memory_mb: float = 0.0
     accepted_lengths: List[int] = field(default_factory=list)  # tokens produced per step (an end token included)
 

@@ -514,3 +514,17 @@ def test_peak_memory_is_reported_live(tiny_loaded):
     """UIs show peak memory during a reply, so every event carries it, not just the last."""
     seen = [e.stats.peak_memory_mb for e in stream(tiny_loaded, PROMPT, mode="ar", max_tokens=5)]
     assert len(seen) == 5 and all(mb > 0 for mb in seen)  # read as each event arrives (stats is shared)
+
+
+def test_a_stream_started_beside_another_does_not_take_back_its_peak_memory(tiny_loaded):
+    """MLX keeps one peak per process and every stream resets it as it starts: a stream whose long
+    prompt peaked at ~4 MB reported ~0.4 MB from the step after a second stream on the same model had
+    started. Each stream's figure now never falls, and the second's counts from its own start."""
+    long_prompt = [3 + i % 200 for i in range(400)]  # its prefill needs far more memory than a decode step
+    a = stream(tiny_loaded, long_prompt, mode="ar", max_tokens=4)
+    first = next(a).stats.peak_memory_mb
+    b = stream(tiny_loaded, [3, 4, 5], mode="ar", max_tokens=4)
+    b_first = next(b).stats.peak_memory_mb
+    seen = [(x.stats.peak_memory_mb, y.stats.peak_memory_mb) for x, y in zip(a, b)]
+    assert len(seen) == 3 and all(mb >= first for mb, _ in seen)
+    assert b_first < first  # B read the peak since its own start, not A's prefill
