@@ -367,7 +367,8 @@ class TreeModel:
 
     def _run_decoder(self, tokens: mx.array, cache, pos: Optional[mx.array] = None) -> mx.array:
         """The decoder's hidden state after its final norm (without the head a decoder applies itself).
-        pos: (B, T) the tokens' positions in a tree forward, for a learned position embedding."""
+        pos: (B, T) the tokens' positions in a tree forward, for a learned position embedding.
+        The shadows below are set on the shared decoder: callers hold self.state.lock."""
         shadows = {}  # instance attributes shadow the child modules of these names while the decoder runs
         if self._decoder_head is not None:
             shadows[self._decoder_head] = lambda h: h
@@ -391,6 +392,15 @@ class TreeModel:
         shape (..., T, T) over the new tokens (each also sees the whole cache) or
         (..., T, offset + T) over all of them; True = may attend.
         """
+        # One forward at a time per model: the tree state, and the head or position embedding
+        # _run_decoder shadows on the decoder, are shared by every thread using this model (a plain
+        # forward in one thread during another's tree forward rotated its tokens at the other's
+        # positions, and the first to finish took the other's shadows away). MLX builds the graph
+        # here and computes it later, so the lock is held for the building only.
+        with self.state.lock:
+            return self._hidden(tokens, cache, positions, mask)
+
+    def _hidden(self, tokens: mx.array, cache: Optional[Cache], positions: Optional[mx.array], mask: Mask) -> mx.array:
         if tokens.ndim == 1:
             tokens = tokens[None]
         if positions is None and (mask is None or isinstance(mask, str)):
@@ -430,11 +440,12 @@ class TreeModel:
         h = hidden.reshape(-1, 1, shape[-1]) if hidden.ndim != 3 else hidden
         owner, name = self._head_owner, self._decoder_name
         stub = _HiddenStub(self.decoder, h)
-        object.__setattr__(owner, name, stub)  # the instance attribute shadows the child module
-        try:
-            out = owner(mx.zeros(h.shape[:2], dtype=mx.int32))
-        finally:
-            object.__delattr__(owner, name)
+        with self.state.lock:  # the shadow is seen by every thread using this model (see hidden)
+            object.__setattr__(owner, name, stub)  # the instance attribute shadows the child module
+            try:
+                out = owner(mx.zeros(h.shape[:2], dtype=mx.int32))
+            finally:
+                object.__delattr__(owner, name)
         if isinstance(out, tuple):
             out = out[0]
         if self._decoder_head is not None:  # the head code above passed the decoder's output on as it was

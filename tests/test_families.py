@@ -194,6 +194,66 @@ def test_the_controls_fail_sequential_positions_and_a_causal_mask():
     assert rel(wrong_mask[0, 4], want) > 1e-2 and rel(wrong_pos[0, 4], want) > 1e-2
 
 
+
+@pytest.mark.parametrize("family", ["llama", "gpt_neox", "gpt2"])
+def test_a_forward_in_another_thread_waits_for_a_tree_forward_on_the_same_model(family):
+    """The tree state, and the output head (gpt_neox's embed_out) or position embedding (gpt2's wpe) that a
+    forward shadows on the shared decoder, were seen by every thread: a plain forward run while another
+    thread's tree forward was inside the decoder read its positions (gpt2: its position embeddings), and
+    took its shadowed head away when it ended (gpt_neox: the tree forward's hidden states came out as logits)."""
+    import threading
+
+    model = model_of(family)
+    layers = model.layers
+    cache = model.make_cache()
+    model(mx.array([PROMPT]), cache)
+    positions, mask = tree_inputs(PARENTS, len(PROMPT))
+    want_tree, want_tree_hidden = model(mx.array([TOKENS]), cache, positions=positions, mask=mask)
+    cache.rewind(len(TOKENS))
+    want_plain, want_plain_hidden = model(mx.array([PROMPT[:5]]))
+    mx.eval(want_tree, want_tree_hidden, want_plain, want_plain_hidden, [(c.keys, c.values) for c in cache])
+
+    tree_thread, inside, go = [], threading.Event(), threading.Event()
+    first = layers[0]
+
+    class Pause:  # the tree forward waits inside the decoder, at its first layer, until told to go on
+        def __call__(self, *args, **kwargs):
+            if threading.current_thread() in tree_thread:
+                inside.set()
+                go.wait(10)
+            return first(*args, **kwargs)
+
+        def __getattr__(self, name):  # what model code reads off a layer (llama: use_sliding)
+            return getattr(first, name)
+
+    layers[0] = Pause()
+    results, errors = {}, []
+
+    def run(name, *args, **kwargs):
+        try:
+            results[name] = model(*args, **kwargs)
+            mx.eval(results[name])  # in the thread that built it (MLX's streams are per thread)
+        except Exception as e:  # (the test reads them below)
+            errors.append(e)
+
+    a = threading.Thread(target=run, args=("tree", mx.array([TOKENS]), cache), kwargs=dict(positions=positions, mask=mask))
+    b = threading.Thread(target=run, args=("plain", mx.array([PROMPT[:5]])))
+    tree_thread.append(a)
+    a.start()
+    assert inside.wait(10), errors
+    b.start()
+    b.join(0.5)  # (unfixed, it ran to the end inside the tree forward)
+    go.set()
+    a.join(10)
+    b.join(10)
+    layers[0] = first
+    assert not errors, errors
+    for name, (want_logits, want_hidden) in (("tree", (want_tree, want_tree_hidden)),
+                                             ("plain", (want_plain, want_plain_hidden))):
+        logits, hidden = results[name]
+        assert hidden.shape == want_hidden.shape and logits.shape == want_logits.shape, (family, name)
+        assert rel(hidden, want_hidden) < 1e-5 and rel(logits, want_logits) < 1e-5, (family, name)
+
 def loaded_of(model, drafter=None):
     return LoadedModel(model=model, tokenizer=CharTokenizer(), args=model.args, name="tiny", path=Path("."),
                        weight_format="float32", drafter=drafter)
