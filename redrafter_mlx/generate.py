@@ -426,6 +426,11 @@ def stream(
 
     def event(new: List[int], step: Optional[StepStats], reason: Optional[str]) -> Event:
         nonlocal first_event
+        # Queue the keys and values the cache keeps past this yield: MLX computes a lazy array only on
+        # the thread that built it (its streams are per thread), and the next step, or the next turn on
+        # this PromptCache, may run on another (a chat's second turn on another worker thread failed
+        # with "There is no Stream(cpu, 4) in current thread" where the first had committed a path).
+        mx.async_eval(pc.cache.state)
         text = detok.add(new) + (detok.flush() if reason else "")
         # Live, for UIs (a cheap host query). MLX keeps one peak per process, which every stream resets
         # as it starts: kept as the highest read, so a stream started beside this one (another thread,
@@ -574,6 +579,7 @@ def stream(
                     pc.cache.commit(start, path)
                     pc.ids.extend(int(t) for t in tree.tokens[path])
                     h = hidden[0, path[-1]]
+                    mx.async_eval(h)  # the next step drafts from it, perhaps on another thread (see event)
                     token = mx.array(bonus, dtype=mx.int32)
                     new = [int(t) for t in tree.tokens[path[1:]]] + [bonus]
                     beam = beam_of(tree, path)

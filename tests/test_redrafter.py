@@ -594,6 +594,35 @@ def test_threads_sharing_a_model_take_turns(monkeypatch):
         assert [got[0], got[1]] == want
 
 
+
+@pytest.mark.parametrize("kw", [dict(beam_width=4, beam_length=4), dict(tree=8), {}])
+def test_a_conversation_or_a_stream_goes_on_in_another_thread(kw):
+    """MLX computes a lazy array only on the thread that built it: a chat's second turn run on another
+    worker thread with the same PromptCache (a server's thread pool), or a stream resumed on another
+    thread (a sync generator read through a thread pool), failed with "There is no Stream(cpu, 4) in
+    current thread" where a step had committed a path whose keys were still lazy."""
+    import threading
+
+    def in_thread(fn):
+        out = []
+        thread = threading.Thread(target=lambda: out.append(fn()))
+        thread.start()
+        thread.join()
+        return out[0] if out else None
+
+    m = tiny_loaded(seed=0)
+    pc = PromptCache(m.model)
+    first = in_thread(lambda: generate(m, PROMPT, mode="redrafter", max_tokens=30, prompt_cache=pc, **kw))
+    assert first is not None and first.stats.tokens_per_step > 2  # paths of several tokens were committed
+    following = PROMPT + first.tokens + [3, 4]
+    second = in_thread(lambda: generate(m, following, mode="redrafter", max_tokens=30, prompt_cache=pc, **kw))
+    assert second is not None and second.stats.cached_tokens >= len(PROMPT + first.tokens) - 1  # (the last not fed)
+    assert second.tokens == generate(m, following, mode="ar", max_tokens=30).tokens
+    events = stream(m, PROMPT, mode="redrafter", max_tokens=30, **kw)
+    begun = in_thread(lambda: [next(events) for _ in range(3)])
+    assert begun is not None
+    assert [t for e in begun + list(events) for t in e.tokens] == generate(m, PROMPT, mode="ar", max_tokens=30).tokens
+
 def test_interrupted_step_rolls_back(monkeypatch):
     m = tiny_loaded()
     pc = PromptCache(m.model)
