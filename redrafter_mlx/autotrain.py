@@ -29,7 +29,6 @@ redrafter_mlx/data/README.md. `--prompts` uses your own instead.
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import sys
@@ -469,33 +468,20 @@ def report(m: Dict, out=None):
               "(--force installs it)", file=out)
 
 
-def main(argv=None):
+RESUME = "run the same command again to resume"
+
+
+def main(argv=None) -> int:
     args = parse_args(argv)
+    return cli.run("redrafter-train", lambda: _train(args), resume=RESUME)
+
+
+def _train(args):
     try:
         report(run(args))
-    except RedrafterError as e:  # as the other command lines say a user error: one line, status 2
-        print(f"redrafter-train: error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        # on a line of its own: the interrupted stage's progress bar was left mid-line
-        print("\nredrafter-train: interrupted; run the same command again to resume", file=sys.stderr)
-        sys.exit(130)
-    except BrokenPipeError:  # the reader of the report is gone (`| head -1`): quietly, as the other commands end
-        try:  # (it said "error: Broken pipe; run the same command again to resume" after a finished run)
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
-        sys.exit(1)
-    except OSError as e:  # a folder that cannot be written, a full disk: the stages done so far are kept
-        from .cli import describe
-
-        sys.exit(f"redrafter-train: error: {describe(e)}; run the same command again to resume")
-    except RuntimeError as e:  # MLX's own writes (a checkpoint, a drafter) on a full disk: it ended in a traceback
-        said = cli.write_failure(e)
-        if said is None:
-            raise
-        sys.exit(f"redrafter-train: error: {said} (then run the same command again to resume)")
+    except KeyboardInterrupt as e:  # every stage keeps its work: say so (cli.run puts it on a line of its own)
+        raise KeyboardInterrupt(f"interrupted; {RESUME}") from e
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

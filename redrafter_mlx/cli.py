@@ -240,12 +240,14 @@ def write_failure(error: BaseException) -> Optional[str]:
     return None
 
 
-def run(prog: str, body: Callable[[], Optional[int]]) -> int:
+def run(prog: str, body: Callable[[], Optional[int]], resume: Optional[str] = None) -> int:
     """Run a command's body and return its exit status. A user error (`RedrafterError`) ends it
     with one line on stderr and status 2; an OS error (a path that cannot be read or written, a
-    full disk) or MLX failing to write a file the same with status 1; Ctrl-C with 130 (and what the
-    body said of where it stopped); output cut short by the reader (`... | head`) quietly, as other
-    command-line tools do. Anything else is a bug and keeps its traceback."""
+    full disk) or MLX failing to write a file the same with status 1, followed by `resume` (how a
+    command that keeps its work goes on, e.g. "run the same command again to resume") if given;
+    Ctrl-C with 130 (and what the body said of where it stopped); output cut short by the reader
+    (`... | head`) quietly, as other command-line tools do. Anything else is a bug and keeps its
+    traceback."""
     try:
         return body() or 0
     except RedrafterError as e:
@@ -258,13 +260,13 @@ def run(prog: str, body: Callable[[], Optional[int]]) -> int:
             pass
         return 1
     except OSError as e:
-        print(f"{prog}: error: {describe(e)}", file=sys.stderr)
+        print(f"{prog}: error: {describe(e)}" + (f"; {resume}" if resume else ""), file=sys.stderr)
         return 1
     except RuntimeError as e:
         said = write_failure(e)
         if said is None:
             raise
-        print(f"{prog}: error: {said}", file=sys.stderr)
+        print(f"{prog}: error: {said}" + (f" (then {resume})" if resume else ""), file=sys.stderr)  # said ends in "?"
         return 1
     except KeyboardInterrupt as e:  # a body may say where it stopped and how to go on: KeyboardInterrupt(text)
         said = e.args[0] if e.args and isinstance(e.args[0], str) else "cancelled"

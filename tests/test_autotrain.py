@@ -46,17 +46,14 @@ def test_train_command_resumes_installs_and_keeps_a_better_drafter(tiny_model_di
 
     with monkeypatch.context() as m:  # killed after the first batch of replies
         interrupt_after(m, distill, "write_shard", 1)
-        with pytest.raises(SystemExit) as stopped:
-            autotrain.main(argv)
-    assert stopped.value.code == 130 and "interrupted" in capsys.readouterr().err
+        assert autotrain.main(argv) == 130
+    assert "interrupted" in capsys.readouterr().err
     answered = (work / "distill" / "done.txt").read_text().split()
     assert 0 < len(answered) < 10
 
     with monkeypatch.context() as m:  # killed after the third training checkpoint (step 6 of 8)
         interrupt_after(m, train, "save_checkpoint", 3)
-        with pytest.raises(SystemExit) as stopped:
-            autotrain.main(argv)
-    assert stopped.value.code == 130
+        assert autotrain.main(argv) == 130
     assert len((work / "distill" / "done.txt").read_text().split()) == 10  # the rest answered, none twice
     assert json.loads((work / "train" / "checkpoint" / "state.json").read_text())["step"] == 6
 
@@ -116,9 +113,7 @@ def test_train_command_refuses_mt_bench_and_missing_prompt_files(tiny_model_dir,
                        (["--eval-prompts", str(bench)],
                         f"error: {re.escape(str(bench))}: MT-Bench is the benchmark: .* nor choose which one is installed"),
                        (["--prompts", str(tmp_path / "none.jsonl")], "no prompt file")):
-        with pytest.raises(SystemExit) as stopped:
-            autotrain.main(["--model", str(tiny_model_dir), *argv])
-        assert stopped.value.code == 2  # a user error's status, as the other command lines (it was 1)
+        assert autotrain.main(["--model", str(tiny_model_dir), *argv]) == 2  # a user error's status (it was 1)
         err = capsys.readouterr().err
         assert re.search(said, err) and err.startswith("redrafter-train: error: ") and err.count("\n") == 1, err
 
@@ -174,9 +169,7 @@ def test_new_prompts_start_afresh_and_long_eval_prompts_are_left_out(tiny_model_
     assert steps == list(range(1, 9))  # trained anew, not resumed at step 8
     two = tmp_path / "two.jsonl"
     two.write_text(json.dumps({"prompt": "x"}) + "\n" + json.dumps({"prompt": "y"}) + "\n")
-    with pytest.raises(SystemExit) as stopped:
-        autotrain.main(argv + ["--prompts", str(two)])
-    assert stopped.value.code == 2 and "give at least 3" in capsys.readouterr().err
+    assert autotrain.main(argv + ["--prompts", str(two)]) == 2 and "give at least 3" in capsys.readouterr().err
 
     # every file given seeds self-instruct: two prompts first and twelve after were refused (the first file's alone)
     class Checked(Exception):
@@ -226,9 +219,8 @@ def test_a_run_refused_after_parsing_leaves_no_work_folder(tiny_model_dir, tmp_p
     long.write_text(json.dumps({"prompt": "word " * 600}) + "\n")
     work = tmp_path / "new" / "work"
     for argv, said in ((["--prompts", str(two)], "give at least 3"), (["--eval-prompts", str(long)], "leaves room")):
-        with pytest.raises(SystemExit) as stopped:
-            autotrain.main(["--model", str(tiny_model_dir), "--work", str(work), *argv])
-        assert stopped.value.code == 2 and said in capsys.readouterr().err
+        assert autotrain.main(["--model", str(tiny_model_dir), "--work", str(work), *argv]) == 2
+        assert said in capsys.readouterr().err
         assert not (tmp_path / "new").exists()
 
 
@@ -243,10 +235,9 @@ def test_a_work_folder_holding_someone_elses_train_folder_is_refused_not_emptied
     (project / "train").mkdir(parents=True)
     (project / "train" / "data.csv").write_text("mine\n")
     (project / "state.json").write_text('{"mine": 1}')
-    with pytest.raises(SystemExit) as stopped:
-        autotrain.main(["--model", str(tiny_model_dir), "--work", str(project)])
+    assert autotrain.main(["--model", str(tiny_model_dir), "--work", str(project)]) == 2
     err = capsys.readouterr().err
-    assert stopped.value.code == 2 and err.count("\n") == 1, err
+    assert err.count("\n") == 1, err
     assert "train/, state.json, which redrafter-train did not write" in err
     assert (project / "train" / "data.csv").read_text() == "mine\n" and (project / "state.json").is_file()
     # an earlier run's folder (state.json with its figures, from before data_key.txt) is its own, and no refusal
@@ -262,10 +253,9 @@ def test_a_drafter_place_that_cannot_be_written_is_refused_before_loading(tiny_m
 
     monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("loaded the model before checking its drafter place"))
     monkeypatch.setattr(autotrain, "unwritable_ancestor", lambda path: path.parent)
-    with pytest.raises(SystemExit) as stopped:
-        autotrain.main(["--model", str(tiny_model_dir), "--work", str(tmp_path / "work")])
+    assert autotrain.main(["--model", str(tiny_model_dir), "--work", str(tmp_path / "work")]) == 2
     err = capsys.readouterr().err
-    assert stopped.value.code == 2 and err.count("\n") == 1 and "cannot be written" in err, err
+    assert err.count("\n") == 1 and "cannot be written" in err, err
 
 
 def test_a_full_disk_while_mlx_writes_is_one_line(tiny_model_dir, tmp_path, capsys, monkeypatch):
@@ -274,10 +264,17 @@ def test_a_full_disk_while_mlx_writes_is_one_line(tiny_model_dir, tmp_path, caps
         raise RuntimeError("[save_safetensors] Unable to write 1441433 bytes to file.")
 
     monkeypatch.setattr(autotrain, "run", full)
-    with pytest.raises(SystemExit) as stopped:
-        autotrain.main(["--model", str(tiny_model_dir), "--work", str(tmp_path / "work")])
-    assert stopped.value.code == ("redrafter-train: error: Unable to write 1441433 bytes to file: is the disk full, or "
-                                  "the folder not writable? (then run the same command again to resume)")
+    assert autotrain.main(["--model", str(tiny_model_dir), "--work", str(tmp_path / "work")]) == 1
+    assert capsys.readouterr().err == ("redrafter-train: error: Unable to write 1441433 bytes to file: is the disk "
+                                       "full, or the folder not writable? (then run the same command again to resume)\n")
+
+    def denied(args):  # an OS error (a folder that cannot be written) says the same: the stages done are kept
+        raise PermissionError(13, "Permission denied", str(tmp_path / "work" / "distill"))
+
+    monkeypatch.setattr(autotrain, "run", denied)
+    assert autotrain.main(["--model", str(tiny_model_dir), "--work", str(tmp_path / "work")]) == 1
+    assert capsys.readouterr().err == (f"redrafter-train: error: Permission denied: {tmp_path / 'work' / 'distill'}; "
+                                       "run the same command again to resume\n")
 
     def bug(args):
         raise RuntimeError("something else")
@@ -295,10 +292,10 @@ def test_evaluation_prompts_that_are_training_prompts_are_left_out(tiny_model_di
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"task {i}"}) + "\n" for i in range(5)))
     monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("loaded the model for no evaluation prompts"))
-    with pytest.raises(SystemExit) as stopped:
-        autotrain.main(["--model", str(tiny_model_dir), "--prompts", str(prompts), "--eval-prompts", str(prompts)])
+    assert autotrain.main(["--model", str(tiny_model_dir), "--prompts", str(prompts), "--eval-prompts",
+                           str(prompts)]) == 2
     err = capsys.readouterr().err
-    assert stopped.value.code == 2 and err.count("\n") == 1, err
+    assert err.count("\n") == 1, err
     assert f"every evaluation prompt in {prompts} is a training prompt too" in err
     kept = autotrain._held_out(["task 1", "say hi", "task 4", "say bye"], [["task 0", "task 1"], ["task 4"]], "e.jsonl")
     assert kept == ["say hi", "say bye"]
@@ -315,9 +312,7 @@ def test_ctrl_c_is_said_on_a_line_of_its_own(tiny_model_dir, capsys, monkeypatch
         raise KeyboardInterrupt
 
     monkeypatch.setattr(autotrain, "run", interrupted)
-    with pytest.raises(SystemExit) as stopped:
-        autotrain.main(["--model", str(tiny_model_dir)])
-    assert stopped.value.code == 130
+    assert autotrain.main(["--model", str(tiny_model_dir)]) == 130
     assert capsys.readouterr().err.endswith("29/143\nredrafter-train: interrupted; run the same command again to "
                                             "resume\n")
 
@@ -331,8 +326,8 @@ def test_a_model_without_a_chat_template_is_noted(tiny_model_dir, tmp_path, caps
     (tiny_model_dir / "tokenizer_config.json").write_text(json.dumps(config))
     long = tmp_path / "long.jsonl"
     long.write_text(json.dumps({"prompt": "word " * 600}) + "\n")
-    with pytest.raises(SystemExit):
-        autotrain.main(["--model", str(tiny_model_dir), "--work", str(tmp_path / "w"), "--eval-prompts", str(long)])
+    assert autotrain.main(["--model", str(tiny_model_dir), "--work", str(tmp_path / "w"), "--eval-prompts",
+                           str(long)]) == 2
     notes = [line for line in capsys.readouterr().err.splitlines() if "note:" in line]
     assert notes == [f"redrafter-train: note: {tiny_model_dir} has no chat template, so the prompts reach it as plain "
                      "text to continue (as chat messages will): for a chat model, give it one (python -m convert "
@@ -377,9 +372,7 @@ def test_a_reader_gone_from_the_report_ends_quietly(tiny_model_dir, capsys, monk
 
     monkeypatch.setattr(autotrain, "run", lambda args: {})
     monkeypatch.setattr(autotrain, "report", gone)
-    with pytest.raises(SystemExit) as stopped:
-        autotrain.main(["--model", str(tiny_model_dir)])
-    assert stopped.value.code == 1 and capsys.readouterr().err == ""
+    assert autotrain.main(["--model", str(tiny_model_dir)]) == 1 and capsys.readouterr().err == ""
 
 
 def test_a_prompt_list_cut_short_does_not_stop_every_later_run(tiny_model_dir, tmp_path, tiny_budget, capsys):
@@ -394,3 +387,15 @@ def test_a_prompt_list_cut_short_does_not_stop_every_later_run(tiny_model_dir, t
     assert again["key"] == chosen["key"] and again["tasks"][: len(chosen["tasks"])] == chosen["tasks"]
     assert not [p.name for p in work.iterdir() if p.name.startswith(".")]
 
+
+
+def test_the_module_command_exits_with_the_status_main_returns(tmp_path):
+    """`python -m redrafter_mlx.autotrain` (the README's other spelling of redrafter-train) ends with main's status,
+    as the console script does: a user error is status 2 in one line, not 0."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "redrafter_mlx.autotrain", "--prompts", str(tmp_path / "none.jsonl")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out
+    assert out.stderr == f"redrafter-train: error: no prompt file at {tmp_path / 'none.jsonl'}\n", out.stderr

@@ -68,6 +68,14 @@ def test_run_ends_user_and_os_errors_with_one_line(capsys):
                                        "the folder not writable?\n")
     with pytest.raises(RuntimeError):
         cli.run("tool", fails(RuntimeError("[matmul] shapes do not match")))
+    # a command that keeps its work says how to go on after an OS error or a failed write (redrafter-train)
+    assert cli.run("tool", fails(FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), "/no/such")),
+                   resume="run it again") == 1
+    assert capsys.readouterr().err == "tool: error: No such file or directory: /no/such; run it again\n"
+    assert cli.run("tool", fails(RuntimeError("[write] Unable to write 1 bytes to file.")), resume="run it again") == 1
+    assert capsys.readouterr().err.endswith("the folder not writable? (then run it again)\n")
+    assert cli.run("tool", fails(CorruptModelError("x.gguf is truncated")), resume="run it again") == 2
+    assert capsys.readouterr().err == "tool: error: x.gguf is truncated\n"  # a user error: fixed, not resumed
 
 
 def test_a_closed_pipe_ends_quietly():
