@@ -15,7 +15,7 @@ holding, per sample, the prompt and reply ids, the base model's final hidden sta
 the reply positions (float16) and, for sampled replies, its greedy token at each of them:
 all that training needs, the base model never runs again. A `done.txt` lists the
 prompt keys already answered, so an interrupted run resumes where it stopped.
-MT-Bench is evaluation data: files named mt_bench* are refused.
+MT-Bench is evaluation data: files named mt_bench*, and MT-Bench questions in any file, are refused.
 """
 
 import hashlib
@@ -38,17 +38,29 @@ from .config import WEIGHT_FORMATS  # noqa: E402
 from .files import signals_held, write_json  # noqa: E402
 
 
+MT_BENCH = "MT-Bench is the benchmark: it must not train a drafter, nor choose which one is installed (measure the " \
+           "result on it with redrafter-bench)"
+MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+
+
+def mt_bench_question(row) -> bool:
+    """A row of MT-Bench (question ids 81-160 in its eight categories), whatever the file is called:
+    FastChat names it question.jsonl, and Spec-Bench's question.jsonl holds it too."""
+    qid = row.get("question_id") if isinstance(row, dict) else None
+    return isinstance(qid, int) and 81 <= qid <= 160 and row.get("category") in MT_BENCH_CATEGORIES
+
+
 def read_prompts(paths: Sequence[Path]) -> List[str]:
     """User messages from alpaca ({instruction, input}), self-instruct seeds ({instruction,
     instances}), GSM8K ({question}), {prompt} and Spec-Bench ({turns}: the first) JSONL files, in
     file order. A row with none of those keys is an error that names its line (such rows were
-    skipped, saying nothing); a row whose prompt is blank is skipped."""
+    skipped, saying nothing); a row whose prompt is blank is skipped. MT-Bench, by the file's name
+    or a row's question id and category, is refused."""
     out = []
     for path in paths:
         if "mt_bench" in Path(path).name:
             # (read_prompt_files names the file: it was named twice, and "for training" of --eval-prompts)
-            raise ValueError("MT-Bench is the benchmark: it must not train a drafter, nor choose which one is "
-                             "installed (measure the result on it with redrafter-bench)")
+            raise ValueError(MT_BENCH)
         for n, line in enumerate(Path(path).read_text(encoding="utf-8-sig").splitlines(), 1):
             if not line.strip():
                 continue
@@ -56,6 +68,8 @@ def read_prompts(paths: Sequence[Path]) -> List[str]:
                 row = json.loads(line)
             except json.JSONDecodeError as e:  # its own "line 1" is the line's, not the file's
                 raise ValueError(f"line {n} is not JSON: {e.msg} (column {e.colno})") from e
+            if mt_bench_question(row):  # (under another name it trained the drafter on the benchmark)
+                raise ValueError(f"line {n} is MT-Bench question {row['question_id']} ({row['category']}): {MT_BENCH}")
             try:
                 if not isinstance(row, dict):
                     raise TypeError(f"a row is a JSON object, not a {type(row).__name__}")

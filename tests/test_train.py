@@ -262,6 +262,16 @@ def test_mt_bench_is_refused(tmp_path):
     f.write_text(json.dumps({"turns": ["x"]}) + "\n")
     with pytest.raises(ValueError, match="MT-Bench is the benchmark"):
         read_prompts([f])
+    # under FastChat's name for it (question.jsonl, in Spec-Bench's too, or in HuggingFaceH4's rows) it trained
+    for row in ({"question_id": 81, "category": "writing", "turns": ["Compose a travel blog post."]},
+                {"question_id": 160, "category": "humanities", "prompt": ["Explain a theory.", "Now simpler."]}):
+        f = tmp_path / "question.jsonl"
+        f.write_text(json.dumps({"question_id": 1, "category": "writing", "turns": ["a"]}) + "\n" + json.dumps(row) + "\n")
+        with pytest.raises(ValueError, match=f"line 2 is MT-Bench question {row['question_id']} "
+                                             f"\\({row['category']}\\): MT-Bench is the benchmark"):
+            read_prompts([f])
+    f.write_text(json.dumps({"question_id": 161, "category": "translation", "turns": ["Translate: hallo"]}) + "\n")
+    assert read_prompts([f]) == ["Translate: hallo"]  # Spec-Bench's other tasks are not MT-Bench
     assert interleave([["a", "b", "c"], ["x"]]) == ["a", "x", "b", "c"]
 
 
