@@ -553,9 +553,37 @@ def main(argv=None):
         p.error(bad_out)
     if args.eval_only and args.eval_prompts is None:  # it loaded the model, did nothing and exited 0
         p.error("--eval-only evaluates a drafter on --eval-prompts FILE: give them")
+    unused = _unused_options(p, args)
+    if unused:
+        p.error(unused)
     if args.eval_drafter is not None and not (args.eval_drafter / "config.json").is_file():
         p.error(f"--eval-drafter {args.eval_drafter}: no drafter there (a folder with config.json and the weights)")
     return cli.run("python -m redrafter_mlx.train", lambda: _train(args))
+
+
+TRAINING_OPTIONS = ("data", "depth", "steps", "batch", "lr", "warmup", "weight_decay", "val_every", "val_fraction",
+                    "soft", "greedy_targets", "exit_dim", "layers", "draft_vocab", "save_every", "reload_every", "dtype")
+EVAL_OPTIONS = ("eval_drafter", "eval_per_category", "eval_max_tokens", "beam_shapes")
+
+
+def _unused_options(p, args) -> Optional[str]:
+    """Options given (set to other than their default) that nothing would use: they ran, ignored, saying
+    nothing (--beam-shapes without --eval-prompts trained and evaluated nothing; --steps with --eval-only)."""
+    defaults = vars(p.parse_args(["--out", str(args.out)]))  # (string defaults gone through their types)
+
+    def given(names):
+        return ["--" + name.replace("_", "-") for name in names if getattr(args, name) != defaults[name]]
+
+    if args.eval_only and given(TRAINING_OPTIONS):
+        return f"--eval-only trains nothing: drop {', '.join(given(TRAINING_OPTIONS))}"
+    unused = given(EVAL_OPTIONS)
+    if args.eval_prompts is None and unused:
+        return (f"{', '.join(unused)} appl{'ies' if len(unused) == 1 else 'y'} to the evaluation on --eval-prompts "
+                f"FILE: give it, or drop {'it' if len(unused) == 1 else 'them'}")
+    if not args.val_every and given(["val_fraction"]):
+        return "--val-fraction is the share held out for validation every --val-every N steps: give --val-every N, " \
+               "or drop it"
+    return None
 
 
 @contextlib.contextmanager

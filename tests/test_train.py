@@ -614,6 +614,28 @@ def test_training_refuses_data_it_cannot_use(patterned, tmp_path, capsys, monkey
         with pytest.raises(SystemExit):
             train_module.main(["--out", str(tmp_path / "e"), *argv])
         assert said in capsys.readouterr().err
+    # options that nothing would use ran, ignored, saying nothing: evaluation settings without --eval-prompts
+    # (trained, evaluated nothing), training settings with --eval-only, --val-fraction without --val-every
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text("{}")
+    for argv, said in ((["--data", str(tmp_path), "--beam-shapes", "8x5"],
+                        "--beam-shapes applies to the evaluation on --eval-prompts FILE: give it, or drop it"),
+                       (["--data", str(tmp_path), "--eval-max-tokens", "5", "--eval-drafter", str(drafter)],
+                        "--eval-drafter, --eval-max-tokens apply to the evaluation on --eval-prompts FILE: give it, "
+                        "or drop them"),
+                       (["--eval-only", "--eval-prompts", "q.jsonl", "--data", str(tmp_path), "--steps", "3"],
+                        "--eval-only trains nothing: drop --data, --steps"),
+                       (["--data", str(tmp_path), "--val-fraction", "0.5"],
+                        "--val-fraction is the share held out for validation every --val-every N steps")):
+        with pytest.raises(SystemExit) as stopped:
+            train_module.main(["--out", str(tmp_path / "e"), *argv])
+        err = capsys.readouterr().err
+        assert stopped.value.code == 2 and said in err and err.count("\n") == 1, err
+    # given at their defaults they change nothing, and are not refused (as --beam-shapes 4x5 with no evaluation)
+    assert train_module.main(["--out", str(tmp_path / "e"), "--data", str(tmp_path), "--beam-shapes", "4x5",
+                              "--val-fraction", "0.05"]) == 2  # (past parsing, to tmp_path's missing shards)
+    assert "no distillation shards" in capsys.readouterr().err
 
 
 def test_self_instruct_needs_three_seeds(tmp_path):
