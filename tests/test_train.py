@@ -443,8 +443,27 @@ def test_evaluation_counts_the_end_token_a_step_stopped_at(monkeypatch):
     stats = RunStats(step_tokens=10, end_tokens=1, steps=11, decode_seconds=1.0)  # plain-like: 1 token a step
     monkeypatch.setattr(importlib.import_module("redrafter_mlx.generate"), "generate", lambda *a, **k: SimpleNamespace(stats=stats))
     assert evaluate(None, ["q"], 4, 5)["tokens_per_step"] == stats.tokens_per_step == 1.0
-    rows = evaluate_shapes(None, [{"prompt": "q", "category": "coding"}], [(4, 5)], out=io.StringIO())
+    said = io.StringIO()
+    rows = evaluate_shapes(None, [{"prompt": "q", "category": "coding"}], [(4, 5)], out=said, progress=False)
     assert rows[0]["tokens_per_step"] == rows[0]["per_category"]["coding"] == 1.0
+    assert json.loads(said.getvalue()) == rows[0]
+
+
+def test_evaluation_after_training_shows_its_progress(monkeypatch, capsys):
+    """train --eval-prompts decoded every question at every shape (5 minutes on the 2-core CPU) showing nothing
+    until each shape's line."""
+    import importlib
+    from types import SimpleNamespace
+
+    from redrafter_mlx.stats import RunStats
+    from redrafter_mlx.train import evaluate_shapes
+
+    stats = RunStats(step_tokens=10, end_tokens=1, steps=11, decode_seconds=1.0)
+    monkeypatch.setattr(importlib.import_module("redrafter_mlx.generate"), "generate", lambda *a, **k: SimpleNamespace(stats=stats))
+    questions = [{"prompt": "q", "category": "coding"}, {"prompt": "r", "category": "math"}]
+    rows = evaluate_shapes(None, questions, [(1, 3), (4, 5)], out=io.StringIO())
+    err = capsys.readouterr().err
+    assert len(rows) == 2 and "evaluate" in err and "4/4" in err and "shape=4x5" in err, err
 
 
 def test_held_out_validation_keeps_the_best(patterned, tmp_path):
