@@ -441,7 +441,9 @@ def main(argv=None):
     unused = [flag for flag, given in (("--data", args.data), ("--offset", args.offset), ("--limit", args.limit),
                                        ("--batch-tokens", args.batch_tokens), ("--max-prompt-tokens", args.max_prompt_tokens),
                                        ("--self-instruct", args.self_instruct), ("--temperature", args.temperature),
-                                       ("--seed", args.seed is not None)) if given]
+                                       ("--seed", args.seed is not None),
+                                       ("--batch-size", args.batch_size != p.get_default("batch_size")),
+                                       ("--max-tokens", args.max_tokens != p.get_default("max_tokens"))) if given]
     if args.backfill_greedy and unused:  # they were ignored, saying nothing: backfilling answers no prompts
         p.error(f"--backfill-greedy only adds greedy tokens to the shards in --out, answering no prompts: drop "
                 f"{', '.join(unused)}")

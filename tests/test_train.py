@@ -170,7 +170,8 @@ def test_distill_cli_rejects_a_non_positive_max_prompt_tokens(tmp_path, capsys):
         main(["--out", str(tmp_path / "o"), "--data", str(data), "--seed", "3"])
     assert "--seed applies to sampling" in capsys.readouterr().err
     # --backfill-greedy answers no prompts: the options that choose and answer them were ignored, saying nothing
-    for extra in (["--data", str(data)], ["--self-instruct", "4"], ["--limit", "2"], ["--temperature", "0.8"]):
+    for extra in (["--data", str(data)], ["--self-instruct", "4"], ["--limit", "2"], ["--temperature", "0.8"],
+                  ["--max-tokens", "5"], ["--batch-size", "3"]):  # (these two were still ignored)
         with pytest.raises(SystemExit):
             main(["--out", str(tmp_path / "o"), "--backfill-greedy", *extra])
         err = capsys.readouterr().err
