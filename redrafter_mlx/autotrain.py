@@ -129,6 +129,9 @@ def measure(loaded, drafters: Dict[str, object], prompts: List[str], max_tokens:
     loaded.drafter = None
     generate(loaded, prompts[0], mode="ar", max_tokens=8)  # warm-up: the first forwards set up kernels
     bar = tqdm(total=len(runs) * len(prompts), desc="evaluate", unit="reply")
+    # `auto`'s first reply calibrates the cost model where this machine and model were never measured (seconds
+    # on a CPU, minutes on a fresh CUDA GPU): said above the bar, as the other commands say it (the bar stood still)
+    say = lambda text: bar.write(text, file=sys.stderr)  # noqa: E731
     plain_tokens = None
     for mode, key, kw in runs:
         loaded.drafter_path, loaded.drafter = drafters[key] if key else (None, None)
@@ -138,7 +141,7 @@ def measure(loaded, drafters: Dict[str, object], prompts: List[str], max_tokens:
         outputs = []
         for p in prompts:
             g = generate(loaded, p, mode="ar" if mode == "ar" else "redrafter" if key else "auto",
-                         max_tokens=max_tokens, **kw)
+                         max_tokens=max_tokens, progress=say if mode == "auto" else None, **kw)
             tokens += g.stats.step_tokens
             ends += g.stats.end_tokens  # a step that emitted the end token emitted a token (as RunStats counts)
             steps += g.stats.steps

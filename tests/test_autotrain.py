@@ -399,3 +399,23 @@ def test_the_module_command_exits_with_the_status_main_returns(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out
     assert out.stderr == f"redrafter-train: error: no prompt file at {tmp_path / 'none.jsonl'}\n", out.stderr
+
+
+def test_the_evaluation_says_when_it_measures_this_machine(monkeypatch, capsys):
+    """auto's first reply calibrates the cost model where the machine and model were never measured (minutes on a
+    fresh CUDA GPU): the other commands print a status line, redrafter-train's evaluation bar stood still, silent."""
+    import importlib
+    from types import SimpleNamespace
+
+    from redrafter_mlx.stats import RunStats
+
+    def generate(loaded, prompt, mode, max_tokens, progress=None, **kw):
+        if progress is not None:
+            progress("measuring this machine's verification cost (once)")
+        return SimpleNamespace(stats=RunStats(step_tokens=4, steps=4, decode_seconds=1.0), tokens=[1, 2, 3, 4])
+
+    monkeypatch.setattr(importlib.import_module("redrafter_mlx.generate"), "generate", generate)
+    results = autotrain.measure(SimpleNamespace(drafter=None), {"new": ("path", object())}, ["a", "b"], 8)
+    assert results["auto (new)"]["identical_to_ar"]
+    said = [line for line in capsys.readouterr().err.replace("\r", "\n").splitlines() if "measuring" in line]
+    assert said and set(said) == {"measuring this machine's verification cost (once)"}, said
