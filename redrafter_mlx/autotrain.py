@@ -396,7 +396,8 @@ def run(args) -> Dict:
         drafter = train(loaded.model, samples, work / "train", depth=depth, steps=budget.steps, batch=512, lr=1e-3,
                         warmup=min(50, budget.steps // 5), weight_decay=0.01, draft_vocab=vocab,
                         eos_ids=loaded.tokenizer.eos_token_ids, save_every=min(25, max(budget.steps // 4, 1)), log=f,
-                        val_every=max(budget.steps // 4, 1), save_dtype=mx.float16)
+                        val_every=max(budget.steps // 4, 1), save_dtype=mx.float16,
+                        val_advice="give more prompts (--prompts)" if user_prompts else "use --budget standard")
     final = work / "train" / "drafter"
     save_copy(drafter, final, mx.float16, {"training": {"steps": budget.steps, "depth": depth}})
     trained = work / "train" / "best" if (work / "train" / "best" / "config.json").is_file() else final

@@ -310,6 +310,7 @@ def train(
     soft: float = 0.0,
     greedy_targets: bool = False,
     model: Optional[dict] = None,
+    val_advice: str = "give more replies or a larger share (--val-fraction)",
 ) -> Drafter:
     """Train (or resume) a 'shared'-head drafter for `base` on distillation samples.
 
@@ -328,7 +329,9 @@ def train(
     which is what decoding rewards, decides).
 
     model: names the base model ({"name", "weights": `weights_fingerprint`}) in the checkpoint; a
-    checkpoint of another drafter shape, depth or named model is refused (`check_same_run`)."""
+    checkpoint of another drafter shape, depth or named model is refused (`check_same_run`).
+
+    val_advice: what the caller's user can do when nothing can be validated (in the caller's options)."""
     from tqdm import tqdm
 
     out = Path(out)
@@ -365,8 +368,8 @@ def train(
             if not usable and not val["said"]:  # it validated nothing, saying nothing (said again after a reload)
                 why = (f"the {len(val_samples)} held-out replies are under 2 tokens" if val_samples else
                        f"none of the {len(held)} replies is held out at a share of {val_fraction}")
-                print(f"validation: {why}, so nothing is validated and no best drafter kept: give more replies or "
-                      "a larger share (--val-fraction)", file=sys.stderr)
+                print(f"validation: {why}, so nothing is validated and no best drafter kept: {val_advice}",
+                      file=sys.stderr)
             val["said"] = not usable
         return PositionData(samples, depth, greedy_targets), mx.array(remap)
 

@@ -380,6 +380,9 @@ def test_a_prompt_list_cut_short_does_not_stop_every_later_run(tiny_model_dir, t
     a JSONDecodeError traceback. It is written whole or not at all, and one cut short is chosen again."""
     work, argv = tiny_run(tiny_model_dir, tmp_path)
     autotrain.main(argv)
+    # (10 replies hold none out for validation: the advice named --val-fraction, an option of train, not of this command)
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("validation:")]
+    assert said and said[0].endswith("no best drafter kept: give more prompts (--prompts)"), said
     chosen = json.loads((work / "prompts.json").read_text())
     (work / "prompts.json").write_text(json.dumps(chosen)[:50])
     autotrain.main(argv)
