@@ -277,7 +277,13 @@ def distill(loaded, prompts: List[str], out: Path, batch_size: int = 16, max_tok
     out.mkdir(parents=True, exist_ok=True)
     done_file = out / "done.txt"
     done = set(done_file.read_text().split()) if done_file.exists() else set()
-    todo = [(key_of(p), p) for p in prompts if key_of(p) not in done]
+    unique = {}  # each prompt once, at its first place
+    for p in prompts:
+        unique.setdefault(key_of(p), p)
+    if len(unique) < len(prompts):  # (each copy was answered, the same greedy reply trained on again and again)
+        print(f"distill: {len(prompts) - len(unique)} of {len(prompts)} prompts repeat earlier ones, and are answered "
+              "once", file=sys.stderr)
+    todo = [(k, p) for k, p in unique.items() if k not in done]
     index = next_shard_index(out)
     tok = loaded.tokenizer
     encoded = [(k, tok.prompt_ids(p)) for k, p in todo]

@@ -99,6 +99,18 @@ def test_distill_round_trip_and_resume(samples, tmp_path):
     assert len(sorted(out.glob("shard-*.npz"))) == len(shards) + 1
 
 
+def test_a_prompt_given_twice_is_answered_once(tmp_path, capsys):
+    """A prompt repeated in a file, or a file given twice, was answered for each copy: the same greedy reply was
+    distilled again (time) and weighed double in training."""
+    prompts = ["say cats", "say dogs", "say cats", "say rivers", "say dogs"]
+    assert distill(TinyLoaded(tiny_model()), prompts, tmp_path, batch_size=8, max_tokens=4, progress=False) == 3
+    assert "distill: 2 of 5 prompts repeat earlier ones, and are answered once" in capsys.readouterr().err
+    got = [s["prompt"].tolist() for s in read_shards(tmp_path)]
+    tok = TinyTokenizer()
+    assert sorted(got) == sorted(tok.prompt_ids(p) for p in ["say cats", "say dogs", "say rivers"])
+    assert len((tmp_path / "done.txt").read_text().split()) == 3
+
+
 def test_ctrl_c_as_a_shard_is_written_keeps_its_prompts_done(tmp_path, monkeypatch, ctrl_c_raises):
     """A shard and its prompts' keys in done.txt are written together: Ctrl-C right after the
     shard was renamed into place left its keys out, and a resumed run answered the batch again."""
