@@ -573,6 +573,10 @@ def main(argv=None):
         p.error(unused)
     if args.eval_drafter is not None and not (args.eval_drafter / "config.json").is_file():
         p.error(f"--eval-drafter {args.eval_drafter}: no drafter there (a folder with config.json and the weights)")
+    if args.eval_only and args.eval_drafter is None and not (args.out / "drafter" / "config.json").is_file():
+        # (said after the model had loaded, leaving an empty --out behind)
+        p.error(f"--eval-only evaluates {args.out / 'drafter'}, and no drafter is there: give --eval-drafter PATH, or "
+                "the --out of a finished training run")
     return cli.run("python -m redrafter_mlx.train", lambda: _train(args))
 
 

@@ -642,10 +642,13 @@ def test_training_refuses_data_it_cannot_use(patterned, tmp_path, capsys, monkey
     # --eval-only without prompts loaded the model, did nothing and exited 0; a missing drafter was not said
     for argv, said in ((["--eval-only"], "--eval-only evaluates a drafter on --eval-prompts"),
                        (["--eval-only", "--eval-prompts", "q.jsonl", "--eval-drafter", str(tmp_path / "none")],
-                        "no drafter there")):
+                        "no drafter there"),
+                       (["--eval-only", "--eval-prompts", "q.jsonl"],  # OUT/drafter: said after loading the model
+                        f"--eval-only evaluates {tmp_path / 'e' / 'drafter'}, and no drafter is there")):
         with pytest.raises(SystemExit):
             train_module.main(["--out", str(tmp_path / "e"), *argv])
         assert said in capsys.readouterr().err
+        assert not (tmp_path / "e").exists()
     # options that nothing would use ran, ignored, saying nothing: evaluation settings without --eval-prompts
     # (trained, evaluated nothing), training settings with --eval-only, --val-fraction without --val-every
     drafter = tmp_path / "drafter"
