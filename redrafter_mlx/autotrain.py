@@ -80,7 +80,17 @@ BUDGET_HELP = (
 
 
 def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "--", name).strip("-") or "model"
+    return re.sub(r"[^A-Za-z0-9._-]+", "--", name).strip("-.") or "model"
+
+
+def default_work(resolved, asked: Optional[str]) -> Path:
+    """The package cache's work folder for a model: by its full path for a local one. (By the name as typed,
+    `--model .` worked in the cache's train/ folder itself, shared by every model run that way, each run of
+    another one deleting the last one's work; `--model ..` was refused for a --work it had not been given.)"""
+    from . import registry
+
+    local = asked is not None and Path(asked).expanduser().exists()
+    return registry.cache_dir() / "train" / _safe(str(resolved.path.resolve()) if local else resolved.name)
 
 
 class Log:
@@ -343,7 +353,7 @@ def run(args) -> Dict:
     seeds = [p for g in groups for p in g] if user_prompts else groups[0]
     check_seeds(seeds)  # before the model loads
     resolved = registry.resolve(args.model)
-    work = args.work or registry.cache_dir() / "train" / _safe(resolved.name)
+    work = args.work or default_work(resolved, args.model)
     _check_work_folder(work)  # before the model loads
     _check_installable(resolved.drafter_home)
     loaded = load(args.model, weight_format=args.weight_format, use_drafter=False,

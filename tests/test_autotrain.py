@@ -422,3 +422,22 @@ def test_the_evaluation_says_when_it_measures_this_machine(monkeypatch, capsys):
     assert results["auto (new)"]["identical_to_ar"]
     said = [line for line in capsys.readouterr().err.replace("\r", "\n").splitlines() if "measuring" in line]
     assert said and set(said) == {"measuring this machine's verification cost (once)"}, said
+
+
+def test_the_default_work_folder_of_a_local_model_is_its_own(tiny_model_dir, tmp_path, monkeypatch):
+    """`--model .` worked in the cache's train/ folder itself, shared by every model trained that way (each run of
+    another model deleted the last one's work, "starting afresh"); `--model ..` was refused for a --work it was not
+    given. A local model's work folder is named by its full path, however it is typed."""
+    from redrafter_mlx import registry
+
+    monkeypatch.setenv("REDRAFTER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tiny_model_dir)
+    (tiny_model_dir / "sub").mkdir()
+    works = {autotrain.default_work(registry.resolve(name), name) for name in (".", str(tiny_model_dir), "../" +
+                                                                                tiny_model_dir.name)}
+    assert len(works) == 1
+    work = works.pop()
+    assert work.parent == registry.cache_dir() / "train" and work.name.endswith(tiny_model_dir.name)
+    monkeypatch.chdir(tiny_model_dir / "sub")
+    assert autotrain.default_work(registry.resolve(".."), "..") == work
+    assert autotrain._safe("..") == autotrain._safe(".") == "model" and autotrain._safe("org/name") == "org--name"
