@@ -83,14 +83,20 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "--", name).strip("-.") or "model"
 
 
+def model_label(resolved, asked: Optional[str]) -> str:
+    """The model as the work folder and the manifest name it: its full path for a local one (as typed,
+    `--model .` named nothing: "# Drafter for ."), else its registry name or hub id."""
+    local = asked is not None and Path(asked).expanduser().exists()
+    return str(resolved.path.resolve()) if local else resolved.name
+
+
 def default_work(resolved, asked: Optional[str]) -> Path:
     """The package cache's work folder for a model: by its full path for a local one. (By the name as typed,
     `--model .` worked in the cache's train/ folder itself, shared by every model run that way, each run of
     another one deleting the last one's work; `--model ..` was refused for a --work it had not been given.)"""
     from . import registry
 
-    local = asked is not None and Path(asked).expanduser().exists()
-    return registry.cache_dir() / "train" / _safe(str(resolved.path.resolve()) if local else resolved.name)
+    return registry.cache_dir() / "train" / _safe(model_label(resolved, asked))
 
 
 class Log:
@@ -435,7 +441,7 @@ def run(args) -> Dict:
     old = results.get(f"{shape} (in place)")
     log.stage(5, "install", str(home))
     manifest = {
-        "model": resolved.name, "budget": args.budget, "budget_settings": asdict(budget),
+        "model": model_label(resolved, args.model), "budget": args.budget, "budget_settings": asdict(budget),
         "command": "redrafter-train " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("redrafter-train")
         else f"redrafter-train --model {resolved.name} --budget {args.budget}",
         "machine": _platform.device_description(), "mlx": mx.__version__, "weight_format": loaded.weight_format,

@@ -440,4 +440,8 @@ def test_the_default_work_folder_of_a_local_model_is_its_own(tiny_model_dir, tmp
     assert work.parent == registry.cache_dir() / "train" and work.name.endswith(tiny_model_dir.name)
     monkeypatch.chdir(tiny_model_dir / "sub")
     assert autotrain.default_work(registry.resolve(".."), "..") == work
+    assert autotrain.model_label(registry.resolve(".."), "..") == str(tiny_model_dir.resolve())  # (the manifest's)
+    hub = registry.ResolvedModel("org/name", tmp_path / "hub" / "snapshots" / "abc")  # (a registry name or hub id)
+    assert autotrain.model_label(hub, "org/name") == "org/name" and autotrain.default_work(hub, "org/name").name == \
+        "org--name"
     assert autotrain._safe("..") == autotrain._safe(".") == "model" and autotrain._safe("org/name") == "org--name"
