@@ -563,6 +563,10 @@ def main(argv=None):
     not_folders = [str(folder) for folder in args.data or () if not folder.is_dir()]
     if not args.eval_only and not_folders:  # said after the model had loaded, as "no distillation shards"
         p.error(f"--data {' '.join(not_folders)}: not a folder; give the --out folder of python -m redrafter_mlx.distill")
+    twice = [str(folder) for i, folder in enumerate(args.data or ()) if folder.resolve() in
+             {f.resolve() for f in args.data[:i]}]
+    if twice:  # its replies were read once per mention, and trained on as many times
+        p.error(f"--data {' '.join(twice)}: given twice; give each distillation folder once")
     bad_out = cli.run_folder_error("--out", args.out)
     if bad_out:
         p.error(bad_out)

@@ -662,7 +662,9 @@ def test_training_refuses_data_it_cannot_use(patterned, tmp_path, capsys, monkey
                        (["--eval-only", "--eval-prompts", "q.jsonl", "--data", str(tmp_path), "--steps", "3"],
                         "--eval-only trains nothing: drop --data, --steps"),
                        (["--data", str(tmp_path), "--val-fraction", "0.5"],
-                        "--val-fraction is the share held out for validation every --val-every N steps")):
+                        "--val-fraction is the share held out for validation every --val-every N steps"),
+                       (["--data", str(tmp_path), str(tmp_path / "." )],  # (its replies were trained on twice)
+                        f"--data {tmp_path}: given twice; give each distillation folder once")):
         with pytest.raises(SystemExit) as stopped:
             train_module.main(["--out", str(tmp_path / "e"), *argv])
         err = capsys.readouterr().err
