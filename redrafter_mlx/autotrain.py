@@ -474,6 +474,10 @@ def report(m: Dict, out=None):
           f"{shape}: {ev[shape + ' (new)']['tokens_per_step']} tokens/step"
           + (f" (the drafter in place: {ev[shape + ' (in place)']['tokens_per_step']})"
              if shape + " (in place)" in ev else ""), file=out)
+    differed = [name for name, row in ev.items() if not row["identical_to_ar"]]
+    if differed:  # (recorded in the manifest alone: greedy output is promised identical to plain decoding)
+        print(f"warning: {', '.join(differed)} gave replies that differ from plain decoding on the held-out prompts, "
+              "which greedy decoding must never do: please report it", file=out)
     if m["installed"]:
         print(f"installed {m['installed']} (redrafter-chat --model {m['model']} and load() use it)", file=out)
     elif ev[shape + " (new)"]["tokens_per_step"] <= 1.0:

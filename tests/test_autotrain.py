@@ -445,3 +445,18 @@ def test_the_default_work_folder_of_a_local_model_is_its_own(tiny_model_dir, tmp
     assert autotrain.model_label(hub, "org/name") == "org/name" and autotrain.default_work(hub, "org/name").name == \
         "org--name"
     assert autotrain._safe("..") == autotrain._safe(".") == "model" and autotrain._safe("org/name") == "org--name"
+
+
+def test_replies_that_differ_from_plain_decoding_are_said(capsys):
+    """The evaluation checks that every decoding gives plain decoding's replies, and a difference (a broken
+    promise: greedy output is lossless) was kept in the manifest alone."""
+    same = {"tokens_per_step": 2.0, "tokens_per_second": 10.0, "speedup": 1.2, "identical_to_ar": True}
+    results = {"ar": dict(same, tokens_per_step=1.0), "auto (new)": same, "fixed 4x5 (new)": same}
+    manifest = {"evaluation": {"results": results}, "installed": "/m/drafter", "model": "m", "kept_at": "/w/train/best"}
+    autotrain.report(manifest)
+    assert "warning" not in capsys.readouterr().out
+    results["auto (new)"] = dict(same, identical_to_ar=False)
+    autotrain.report(manifest)
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == ("warning: auto (new) gave replies that differ from plain decoding on the held-out prompts, which "
+                      "greedy decoding must never do: please report it"), out
