@@ -18,7 +18,7 @@ command again):
 5. install: the drafter, with a README and manifest.json (data, steps, time, machine,
    held-out accuracy, tokens/step, speedup), goes to the model's drafter home (beside a GGUF
    file or in a model folder; for hub models in this package's cache), unless the drafter
-   already there drafts more tokens per step, or none of the new drafter's drafts were accepted
+   already there drafts as many tokens per step or more, or none of the new drafter's drafts were accepted
    (then `--force` installs it anyway).
 
 The work (prompts answered, checkpoints) is kept in `--work` (default: this package's cache,
@@ -255,8 +255,8 @@ def parse_args(argv=None):
                    help="folder for the resumable work (default: the package cache, train/<model>); a run on other "
                         "prompts, another model or other settings starts it afresh, deleting the earlier run's work")
     p.add_argument("--force", action="store_true",
-                   help="install even when the drafter in place drafts more tokens per step, or when none of the "
-                        "new drafter's drafts were accepted")
+                   help="install even when the drafter in place drafts as many tokens per step or more, or when "
+                        "none of the new drafter's drafts were accepted")
     p.add_argument("--weight-format", default="auto", choices=WEIGHT_FORMATS,
                    help="the format the base model runs in while distilling and evaluating (default: auto, the "
                         "fastest here)")

@@ -584,8 +584,8 @@ def main(argv=None):
     return cli.run("python -m redrafter_mlx.train", lambda: _train(args))
 
 
-TRAINING_OPTIONS = ("data", "depth", "steps", "batch", "lr", "warmup", "weight_decay", "val_every", "val_fraction",
-                    "soft", "greedy_targets", "exit_dim", "layers", "draft_vocab", "save_every", "reload_every", "dtype")
+TRAINING_OPTIONS = ("data", "depth", "steps", "batch", "lr", "warmup", "weight_decay", "val_every", "val_fraction", "soft",
+                    "greedy_targets", "exit_dim", "layers", "draft_vocab", "save_every", "reload_every", "dtype")
 EVAL_OPTIONS = ("eval_drafter", "eval_per_category", "eval_max_tokens", "beam_shapes")
 
 
