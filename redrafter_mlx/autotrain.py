@@ -27,8 +27,10 @@ self-instruct seed tasks (Apache-2.0) and GSM8K train questions (MIT); see
 redrafter_mlx/data/README.md. `--prompts` uses your own instead.
 """
 
+import contextlib
 import hashlib
 import json
+import os
 import re
 import shutil
 import sys
@@ -342,7 +344,37 @@ def _start_afresh_if_other_data(work: Path, groups: List[List[str]], model: str,
     mark.write_text(key + "\n")
 
 
+@contextlib.contextmanager
+def one_run_in(work: Path):
+    """Hold `work` for this run (an advisory lock, released when the run or its process ends): a second
+    redrafter-train on the same model (another terminal) worked in the same folder at the same time, writing
+    its replies over the first one's (distill numbers shards from the count at its start) and its training
+    steps into the same checkpoint. Where the file system has no locks, runs are not kept apart."""
+    try:
+        import fcntl
+    except ImportError:  # (Windows)
+        yield
+        return
+    fd = os.open(work, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RedrafterError(f"another redrafter-train is working in {work}: let it finish (or stop it: the work "
+                                 "is kept), or give this run another --work") from None
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)
+
+
 def run(args) -> Dict:
+    with contextlib.ExitStack() as held:
+        return _run(args, lambda work: held.enter_context(one_run_in(work)))
+
+
+def _run(args, hold) -> Dict:
     from . import registry
     from .distill import distill, interleave, read_shards, self_instruct
     from .drafter import load_drafter
@@ -370,6 +402,7 @@ def run(args) -> Dict:
               file=sys.stderr)
     eval_set = _fitting(loaded, eval_set, eval_source, budget.eval_tokens)
     work.mkdir(parents=True, exist_ok=True)
+    hold(work)  # before any of it is read or changed
     from .costs import model_files_digest
 
     _start_afresh_if_other_data(work, groups, model_files_digest(resolved.path), f"{args.budget} {args.weight_format}")

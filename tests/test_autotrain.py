@@ -3,6 +3,7 @@ resumed, installed where load() finds it, and not overwriting a drafter as good 
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -460,3 +461,19 @@ def test_replies_that_differ_from_plain_decoding_are_said(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[1] == ("warning: auto (new) gave replies that differ from plain decoding on the held-out prompts, which "
                       "greedy decoding must never do: please report it"), out
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="advisory locks (fcntl)")
+def test_a_second_run_in_the_same_work_folder_is_refused_while_the_first_works(tiny_model_dir, tmp_path, capsys):
+    """Two runs at once in one work folder (the same model from two terminals) wrote their replies over each
+    other's (shards numbered from the count at each one's start) and their steps into the same checkpoint."""
+    work = tmp_path / "work"
+    work.mkdir()
+    with autotrain.one_run_in(work):  # the first run, still working
+        assert autotrain.main(["--model", str(tiny_model_dir), "--work", str(work)]) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert err[-1] == (f"redrafter-train: error: another redrafter-train is working in {work}: let it finish (or "
+                           "stop it: the work is kept), or give this run another --work"), err
+        assert sorted(p.name for p in work.iterdir()) == []  # nothing of the first run's touched
+    with autotrain.one_run_in(work):  # once it has ended, the folder is free
+        pass
