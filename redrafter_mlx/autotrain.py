@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import sys
 import time
@@ -264,7 +265,9 @@ def parse_args(argv=None):
                         "fastest here)")
     p.add_argument("--batch-size", type=cli.positive, default=None,
                    help="prompts answered together (default: 128 on a CPU, 64 on a GPU)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given, for the manifest
+    return args
 
 
 def _held_out(prompts: List[str], groups: List[List[str]], source) -> List[str]:
@@ -475,8 +478,9 @@ def _run(args, hold) -> Dict:
     log.stage(5, "install", str(home))
     manifest = {
         "model": model_label(resolved, args.model), "budget": args.budget, "budget_settings": asdict(budget),
-        "command": "redrafter-train " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("redrafter-train")
-        else f"redrafter-train --model {resolved.name} --budget {args.budget}",
+        # (from sys.argv when its name was redrafter-train: python -m redrafter_mlx.autotrain was recorded as
+        # "--model M --budget B", its --prompts and other options left out)
+        "command": shlex.join(["redrafter-train", *getattr(args, "argv", [])]),
         "machine": _platform.device_description(), "mlx": mx.__version__, "weight_format": loaded.weight_format,
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
         "data": {"prompts": "your prompts (" + ", ".join(str(p) for p in args.prompts) + ")" if user_prompts

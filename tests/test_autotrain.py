@@ -65,6 +65,8 @@ def test_train_command_resumes_installs_and_keeps_a_better_drafter(tiny_model_di
     home = tiny_model_dir / "drafter"
     manifest = json.loads((home / "manifest.json").read_text())
     assert manifest["data"]["replies"] == 10 and manifest["training"]["steps"] == 8
+    # the command as given (called otherwise than as redrafter-train, it was "--model M --budget B" alone)
+    assert manifest["command"] == "redrafter-train " + " ".join(argv)
     assert manifest["evaluation"]["results"]["auto (new)"]["identical_to_ar"]
     assert "held-out" in (home / "README.md").read_text().lower()
     out = capsys.readouterr().out
