@@ -469,6 +469,9 @@ def _distill(args):
     from .loader import load
 
     if args.backfill_greedy:
+        if not any(args.out.glob("shard-*.npz")):  # (it loaded the model and said "added greedy tokens to 0 shards")
+            raise RedrafterError(f"no distillation shards in {args.out} to add greedy tokens to: give the --out of a "
+                                 "sampled distillation run")
         loaded = load(args.model, weight_format=args.weight_format, use_drafter=False)
         print(f"added greedy tokens to {backfill_greedy(loaded.model, args.out)} shards", file=sys.stderr)
         return

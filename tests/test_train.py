@@ -170,7 +170,8 @@ def test_distill_skips_prompts_over_max_prompt_tokens_and_answers_them_later(tmp
     assert sorted(len(s["prompt"]) for s in read_shards(out)) == lengths
 
 
-def test_distill_cli_rejects_a_non_positive_max_prompt_tokens(tmp_path, capsys):
+def test_distill_cli_rejects_a_non_positive_max_prompt_tokens(tmp_path, capsys, monkeypatch):
+    from redrafter_mlx import loader
     from redrafter_mlx.distill import main
 
     data = tmp_path / "p.jsonl"
@@ -188,6 +189,10 @@ def test_distill_cli_rejects_a_non_positive_max_prompt_tokens(tmp_path, capsys):
             main(["--out", str(tmp_path / "o"), "--backfill-greedy", *extra])
         err = capsys.readouterr().err
         assert f"answering no prompts: drop {extra[0]}" in err and len(err.strip().splitlines()) == 1
+    # a folder with no shards: it loaded the model, then said "added greedy tokens to 0 shards"
+    monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("loaded the model for a folder with no shards"))
+    assert main(["--out", str(tmp_path / "none"), "--backfill-greedy"]) == 2
+    assert f"no distillation shards in {tmp_path / 'none'} to add greedy tokens to" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["distill", "train"])
