@@ -391,7 +391,16 @@ def self_instruct(loaded, seeds: List[str], n: int, path: Path, batch_size: int 
                 examples="\n".join(f"{j + 1}. {_shortened(seeds[i])}" for j, i in enumerate(p)), next=len(p) + 1))
             for p in picks
         ]
-        rows = generate_batch(loaded.model, prompts, 64, stops, temperature=0.7)
+        # a batch can take minutes on a large model, and the tasks it wrote are counted at its end: the bar says
+        # how far the batch is (it stood at 0 tasks, saying nothing, for the whole first batch)
+        written = {"tokens": 0, "batch": tries // batch_size + 1}
+
+        def tick():
+            written["tokens"] += 1
+            if written["tokens"] % 8 == 0:
+                bar.set_postfix_str(f"batch {written['batch']}: {written['tokens']} of up to 64 tokens")
+
+        rows = generate_batch(loaded.model, prompts, 64, stops, temperature=0.7, on_step=tick)
         tries += batch_size
         new = []
         for reply, _, _ in rows:

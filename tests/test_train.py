@@ -134,6 +134,26 @@ def test_ctrl_c_as_a_shard_is_written_keeps_its_prompts_done(tmp_path, monkeypat
     assert (tmp_path / "done.txt").read_text().split() == ["k1", "k2"]
 
 
+def test_self_instruct_progress_moves_within_a_batch(tmp_path, monkeypatch):
+    """Its bar counts tasks, known at a batch's end: it stood at 0 for the whole first batch (a minute for the
+    default model on the 2-core CPU, more for a larger one). It says how far the batch is."""
+    import tqdm
+
+    said = []
+
+    class Bar(tqdm.tqdm):
+        def set_postfix_str(self, s="", refresh=True):
+            super().set_postfix_str(s, refresh)
+            said.append((self.n, s))
+
+    monkeypatch.setattr(tqdm, "tqdm", Bar)
+    loaded = TinyLoaded(tiny_model(1))
+    loaded.tokenizer = WordTokenizer()
+    seeds = ["Write a poem about the sea.", "Sort these numbers: 3, 1, 2.", "Explain photosynthesis.", "Name a color."]
+    self_instruct(loaded, seeds, 4, tmp_path / "si.jsonl", batch_size=8)
+    assert said and said[0] == (0, "batch 1: 8 of up to 64 tokens"), said
+
+
 def test_distill_progress_bar_moves_within_a_batch(tmp_path, monkeypatch):
     """One batch of replies can take minutes: the bar advances per decoding step, never past the
     prompts answered so far, and lands on the exact count at each batch's end."""
