@@ -485,9 +485,10 @@ def eval_prompts(path: Path, per_category: int) -> List[dict]:
 
 
 def evaluate_shapes(loaded, questions: List[dict], shapes, max_tokens: int = 128, out=sys.stderr,
-                    progress: bool = True) -> List[dict]:
+                    progress: bool = True, record=None) -> List[dict]:
     """tokens/step per beam shape (W, L), overall and per category; one JSON line per shape, and a
-    progress bar over the replies (16 questions at two shapes took 5 minutes on a CPU, showing nothing)."""
+    progress bar over the replies (16 questions at two shapes took 5 minutes on a CPU, showing nothing).
+    `record(row)` is called as each shape's row is done (a run stopped later keeps it)."""
     from tqdm import tqdm
 
     results = []
@@ -507,6 +508,8 @@ def evaluate_shapes(loaded, questions: List[dict], shapes, max_tokens: int = 128
                "per_category": {c: round(t / max(n, 1), 3) for c, (t, n) in per_cat.items()},
                "seconds": round(time.perf_counter() - t0, 1)}
         bar.write(json.dumps(row), file=out)  # (above the bar, when both go to the terminal)
+        if record is not None:
+            record(row)
         results.append(row)
     bar.close()
     return results
@@ -680,9 +683,12 @@ def _train(args):
         print(f"saved {args.out / 'drafter'}", file=sys.stderr)
     if questions is not None:
         loaded.drafter = load_drafter(args.eval_drafter or args.out / "drafter", loaded.model)
-        with open(args.out / "eval.jsonl", "a") as f:
-            for row in evaluate_shapes(loaded, questions, args.beam_shapes, args.eval_max_tokens):
+        with open(args.out / "eval.jsonl", "a") as f:  # each shape's row as it is done: Ctrl-C lost them all
+            def record(row):
                 f.write(json.dumps(row) + "\n")
+                f.flush()
+
+            evaluate_shapes(loaded, questions, args.beam_shapes, args.eval_max_tokens, record=record)
 
 
 if __name__ == "__main__":

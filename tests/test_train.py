@@ -504,6 +504,33 @@ def test_evaluation_after_training_shows_its_progress(monkeypatch, capsys):
     assert len(rows) == 2 and "evaluate" in err and "4/4" in err and "shape=4x5" in err, err
 
 
+def test_an_evaluation_stopped_at_a_later_shape_keeps_the_rows_done(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """train --eval-prompts wrote eval.jsonl after the last beam shape: Ctrl-C during the last one lost every row."""
+    import importlib
+
+    from redrafter_mlx import train as train_module
+    from redrafter_mlx.drafter import new_drafter, save_drafter
+    from redrafter_mlx.loader import load
+
+    save_drafter(new_drafter(load(str(tiny_model_dir), use_drafter=False).model.args), tmp_path / "d")
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question_id": 1, "category": "writing", "turns": ["Say hi"]}) + "\n")
+    module = importlib.import_module("redrafter_mlx.generate")
+    real = module.generate
+
+    def stopped_at_the_second_shape(loaded, prompt, **kw):
+        if kw.get("beam_width") == 2:
+            raise KeyboardInterrupt
+        return real(loaded, prompt, **kw)
+
+    monkeypatch.setattr(module, "generate", stopped_at_the_second_shape)
+    assert train_module.main(["--model", str(tiny_model_dir), "--eval-only", "--eval-drafter", str(tmp_path / "d"),
+                              "--eval-prompts", str(questions), "--out", str(tmp_path / "out"), "--beam-shapes",
+                              "1x3,2x3", "--eval-max-tokens", "4"]) == 130
+    rows = [json.loads(line) for line in (tmp_path / "out" / "eval.jsonl").read_text().splitlines()]
+    assert [(r["beam_width"], r["beam_length"]) for r in rows] == [(1, 3)]
+
+
 def test_held_out_validation_keeps_the_best(patterned, tmp_path):
     from redrafter_mlx.drafter import load_drafter
     from redrafter_mlx.train import is_held_out
