@@ -30,7 +30,6 @@ redrafter_mlx/data/README.md. `--prompts` uses your own instead.
 import contextlib
 import hashlib
 import json
-import os
 import re
 import shlex
 import shutil
@@ -48,7 +47,7 @@ from . import cli  # noqa: E402
 from .distill import check_seeds, read_prompt_files  # noqa: E402
 from .config import WEIGHT_FORMATS  # noqa: E402
 from .errors import RedrafterError  # noqa: E402
-from .files import replace_folder, staging_folder, unwritable_ancestor, write_json  # noqa: E402
+from .files import one_run_in, replace_folder, staging_folder, unwritable_ancestor, write_json  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 TRAIN_PROMPTS = DATA / "train_prompts.jsonl"
@@ -347,34 +346,11 @@ def _start_afresh_if_other_data(work: Path, groups: List[List[str]], model: str,
     mark.write_text(key + "\n")
 
 
-@contextlib.contextmanager
-def one_run_in(work: Path):
-    """Hold `work` for this run (an advisory lock, released when the run or its process ends): a second
-    redrafter-train on the same model (another terminal) worked in the same folder at the same time, writing
-    its replies over the first one's (distill numbers shards from the count at its start) and its training
-    steps into the same checkpoint. Where the file system has no locks, runs are not kept apart."""
-    try:
-        import fcntl
-    except ImportError:  # (Windows)
-        yield
-        return
-    fd = os.open(work, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RedrafterError(f"another redrafter-train is working in {work}: let it finish (or stop it: the work "
-                                 "is kept), or give this run another --work") from None
-        except OSError:
-            pass
-        yield
-    finally:
-        os.close(fd)
-
-
 def run(args) -> Dict:
-    with contextlib.ExitStack() as held:
-        return _run(args, lambda work: held.enter_context(one_run_in(work)))
+    with contextlib.ExitStack() as held:  # the work folder, held from when it is made to the end (files.one_run_in)
+        return _run(args, lambda work: held.enter_context(one_run_in(
+            work, f"another redrafter-train is working in {work}: let it finish (or stop it: the work is kept), or "
+                  "give this run another --work")))
 
 
 def _run(args, hold) -> Dict:

@@ -35,7 +35,7 @@ import mlx.core as mx  # noqa: E402
 from . import cli  # noqa: E402
 from .errors import RedrafterError  # noqa: E402
 from .config import WEIGHT_FORMATS  # noqa: E402
-from .files import signals_held, write_json  # noqa: E402
+from .files import one_run_in, signals_held, write_json  # noqa: E402
 
 
 MT_BENCH = "MT-Bench is the benchmark: it must not train a drafter, nor choose which one is installed (measure the " \
@@ -482,29 +482,35 @@ def _distill(args):
             raise RedrafterError(f"no distillation shards in {args.out} to add greedy tokens to: give the --out of a "
                                  "sampled distillation run")
         loaded = load(args.model, weight_format=args.weight_format, use_drafter=False)
-        print(f"added greedy tokens to {backfill_greedy(loaded.model, args.out)} shards", file=sys.stderr)
+        with one_run_in(args.out, _busy(args.out)):
+            print(f"added greedy tokens to {backfill_greedy(loaded.model, args.out)} shards", file=sys.stderr)
         return
     per_file = read_prompt_files(args.data)
     source = same_source(args.out, args.model, args.temperature)  # before the model loads
     loaded = load(args.model, weight_format=args.weight_format, use_drafter=False)
-    if source is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        write_json(args.out / "source.json", source)
-    if args.self_instruct:
-        seeds = [q for f, qs in zip(args.data, per_file) if "seed_tasks" in Path(f).name for q in qs]
-        seeds = seeds or [q for qs in per_file for q in qs]
-        tasks = self_instruct(loaded, seeds, args.self_instruct, args.out / "self_instruct.jsonl", args.batch_size)
-        per_file.append(tasks)
-    prompts = interleave(per_file)[args.offset :]
-    if args.limit:
-        prompts = prompts[: args.limit]
-    try:
-        n = distill(loaded, prompts, args.out, args.batch_size, args.max_tokens, temperature=args.temperature,
-                    seed=args.seed, batch_tokens=args.batch_tokens, max_prompt_tokens=args.max_prompt_tokens)
-    except KeyboardInterrupt as e:  # (it said "cancelled")
-        raise KeyboardInterrupt(f"cancelled; the replies written so far are in {args.out}: the same command "
-                                "answers the rest") from e
-    print(f"answered {n} prompts into {args.out}", file=sys.stderr)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with one_run_in(args.out, _busy(args.out)):
+        if source is not None:
+            write_json(args.out / "source.json", source)
+        if args.self_instruct:
+            seeds = [q for f, qs in zip(args.data, per_file) if "seed_tasks" in Path(f).name for q in qs]
+            seeds = seeds or [q for qs in per_file for q in qs]
+            tasks = self_instruct(loaded, seeds, args.self_instruct, args.out / "self_instruct.jsonl", args.batch_size)
+            per_file.append(tasks)
+        prompts = interleave(per_file)[args.offset :]
+        if args.limit:
+            prompts = prompts[: args.limit]
+        try:
+            n = distill(loaded, prompts, args.out, args.batch_size, args.max_tokens, temperature=args.temperature,
+                        seed=args.seed, batch_tokens=args.batch_tokens, max_prompt_tokens=args.max_prompt_tokens)
+        except KeyboardInterrupt as e:  # (it said "cancelled")
+            raise KeyboardInterrupt(f"cancelled; the replies written so far are in {args.out}: the same command "
+                                    "answers the rest") from e
+        print(f"answered {n} prompts into {args.out}", file=sys.stderr)
+
+
+def _busy(out: Path) -> str:
+    return f"another distill is writing into {out}: let it finish (or stop it: its replies are kept), or give another --out"
 
 
 def same_source(out: Path, model: Optional[str], temperature: float) -> Optional[dict]:

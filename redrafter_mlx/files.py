@@ -33,7 +33,7 @@ try:
 except ImportError:  # (Windows: no advisory locks; writes stay atomic, a concurrent update can lose an entry)
     fcntl = None
 
-from .errors import CorruptModelError, one_line
+from .errors import CorruptModelError, RedrafterError, one_line
 
 
 def write_json(path: Path, data: Any, indent: Optional[int] = 1) -> Path:
@@ -69,6 +69,27 @@ def folder_lock(folder: Path):
     finally:
         if fd is not None:
             os.close(fd)  # (closing the descriptor releases the lock)
+
+
+@contextlib.contextmanager
+def one_run_in(folder: Path, busy: str):
+    """Hold `folder` for one long run (an advisory lock, released when the block or its process ends): a
+    second run at once in the same folder (the same command from another terminal) worked side by side,
+    writing its shards and checkpoints over the first one's. Another process holding it is a
+    RedrafterError saying `busy`; where the file system has no locks, runs are not kept apart."""
+    fd = os.open(folder, os.O_RDONLY) if fcntl is not None else None
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RedrafterError(busy) from None
+            except OSError:
+                pass
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def update_json(path: Path, change: Callable[[Dict[str, Any]], Dict[str, Any]], indent: Optional[int] = 1) -> Path:

@@ -42,7 +42,7 @@ from . import cli  # noqa: E402
 from .config import DrafterArgs  # noqa: E402
 from .drafter import Drafter, load_drafter, save_drafter  # noqa: E402
 from .errors import RedrafterError  # noqa: E402
-from .files import read_json_object, replace_folder, staging_folder, write_json  # noqa: E402
+from .files import one_run_in, read_json_object, replace_folder, staging_folder, write_json  # noqa: E402
 from .tuning import parse_shapes  # noqa: E402
 
 
@@ -666,21 +666,24 @@ def _train(args):
     loaded = load(args.model, use_drafter=False)
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.eval_only:
-        print(f"{len(samples)} replies, {sum(len(s['reply']) for s in samples)} tokens", file=sys.stderr)
-        t0 = time.perf_counter()
-        with open_log(args.out) as log, _says_where_it_stopped(args.out / "checkpoint", args.steps):
-            drafter = train(loaded.model, samples, args.out, depth=args.depth, steps=args.steps, batch=args.batch,
-                            lr=args.lr, warmup=args.warmup, weight_decay=args.weight_decay, exit_dim=args.exit_dim, layers=args.layers,
-                            draft_vocab=args.draft_vocab, eos_ids=loaded.tokenizer.eos_token_ids,
-                            save_every=args.save_every, log=log, reload=samples_now, reload_every=args.reload_every,
-                            val_every=args.val_every, val_fraction=args.val_fraction,
-                            save_dtype=getattr(mx, args.dtype), soft=args.soft, greedy_targets=args.greedy_targets,
-                            model={"name": loaded.name, "weights": weights_fingerprint(loaded.path)})
-        save_copy(drafter, args.out / "drafter", getattr(mx, args.dtype), {"training": {
-            "depth": args.depth, "steps": args.steps, "batch": args.batch, "lr": args.lr, "soft": args.soft,
-            "greedy_targets": args.greedy_targets,
-            "replies": len(latest["samples"]), "seconds_this_run": round(time.perf_counter() - t0)}})
-        print(f"saved {args.out / 'drafter'}", file=sys.stderr)
+        busy = f"another training run is working in {args.out}: let it finish (or stop it: its checkpoint is kept), " \
+               "or give another --out"
+        with one_run_in(args.out, busy):  # (two at once wrote their steps into one checkpoint)
+            print(f"{len(samples)} replies, {sum(len(s['reply']) for s in samples)} tokens", file=sys.stderr)
+            t0 = time.perf_counter()
+            with open_log(args.out) as log, _says_where_it_stopped(args.out / "checkpoint", args.steps):
+                drafter = train(loaded.model, samples, args.out, depth=args.depth, steps=args.steps, batch=args.batch,
+                                lr=args.lr, warmup=args.warmup, weight_decay=args.weight_decay, exit_dim=args.exit_dim, layers=args.layers,
+                                draft_vocab=args.draft_vocab, eos_ids=loaded.tokenizer.eos_token_ids,
+                                save_every=args.save_every, log=log, reload=samples_now, reload_every=args.reload_every,
+                                val_every=args.val_every, val_fraction=args.val_fraction,
+                                save_dtype=getattr(mx, args.dtype), soft=args.soft, greedy_targets=args.greedy_targets,
+                                model={"name": loaded.name, "weights": weights_fingerprint(loaded.path)})
+            save_copy(drafter, args.out / "drafter", getattr(mx, args.dtype), {"training": {
+                "depth": args.depth, "steps": args.steps, "batch": args.batch, "lr": args.lr, "soft": args.soft,
+                "greedy_targets": args.greedy_targets,
+                "replies": len(latest["samples"]), "seconds_this_run": round(time.perf_counter() - t0)}})
+            print(f"saved {args.out / 'drafter'}", file=sys.stderr)
     if questions is not None:
         loaded.drafter = load_drafter(args.eval_drafter or args.out / "drafter", loaded.model)
         with open(args.out / "eval.jsonl", "a") as f:  # each shape's row as it is done: Ctrl-C lost them all

@@ -466,16 +466,40 @@ def test_replies_that_differ_from_plain_decoding_are_said(capsys):
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="advisory locks (fcntl)")
-def test_a_second_run_in_the_same_work_folder_is_refused_while_the_first_works(tiny_model_dir, tmp_path, capsys):
+def test_a_second_run_in_the_same_folder_is_refused_while_the_first_works(tiny_model_dir, tmp_path, capsys):
     """Two runs at once in one work folder (the same model from two terminals) wrote their replies over each
     other's (shards numbered from the count at each one's start) and their steps into the same checkpoint."""
     work = tmp_path / "work"
     work.mkdir()
-    with autotrain.one_run_in(work):  # the first run, still working
+    with autotrain.one_run_in(work, "busy"):  # the first run, still working
         assert autotrain.main(["--model", str(tiny_model_dir), "--work", str(work)]) == 2
         err = capsys.readouterr().err.splitlines()
         assert err[-1] == (f"redrafter-train: error: another redrafter-train is working in {work}: let it finish (or "
                            "stop it: the work is kept), or give this run another --work"), err
         assert sorted(p.name for p in work.iterdir()) == []  # nothing of the first run's touched
-    with autotrain.one_run_in(work):  # once it has ended, the folder is free
+    with autotrain.one_run_in(work, "busy"):  # once it has ended, the folder is free
         pass
+    # distill and train hold their --out the same way
+    from redrafter_mlx import distill as distill_module
+    from redrafter_mlx import train as train_module
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"say {w}"}) + "\n" for w in ("a", "b", "c")))
+    with autotrain.one_run_in(work, "busy"):
+        assert distill_module.main(["--model", str(tiny_model_dir), "--data", str(prompts), "--out", str(work),
+                                    "--max-tokens", "4"]) == 2
+        assert capsys.readouterr().err.splitlines()[-1] == (
+            f"python -m redrafter_mlx.distill: error: another distill is writing into {work}: let it finish (or stop "
+            "it: its replies are kept), or give another --out")
+        assert sorted(p.name for p in work.iterdir()) == []
+    assert distill_module.main(["--model", str(tiny_model_dir), "--data", str(prompts), "--out", str(work),
+                                "--max-tokens", "4"]) == 0
+    with autotrain.one_run_in(work, "busy"):
+        assert train_module.main(["--model", str(tiny_model_dir), "--data", str(work), "--out", str(tmp_path / "t"),
+                                  "--steps", "1", "--batch", "8"]) == 0  # (another folder: not held)
+        assert train_module.main(["--model", str(tiny_model_dir), "--data", str(work), "--out", str(work),
+                                  "--steps", "1", "--batch", "8"]) == 2
+        assert capsys.readouterr().err.splitlines()[-1] == (
+            f"python -m redrafter_mlx.train: error: another training run is working in {work}: let it finish (or stop "
+            "it: its checkpoint is kept), or give another --out")
+        assert not (work / "checkpoint").exists()
