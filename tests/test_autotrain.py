@@ -335,6 +335,14 @@ def test_a_model_without_a_chat_template_is_noted(tiny_model_dir, tmp_path, caps
     assert notes == [f"redrafter-train: note: {tiny_model_dir} has no chat template, so the prompts reach it as plain "
                      "text to continue (as chat messages will): for a chat model, give it one (python -m convert "
                      "--chat-template)"], notes
+    # python -m redrafter_mlx.distill said nothing of it
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "say hi"}) + "\n")
+    assert distill.main(["--model", str(tiny_model_dir), "--data", str(prompts), "--out", str(tmp_path / "d"),
+                         "--max-tokens", "4"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "note:" in line]
+    assert notes == [f"distill: note: {tiny_model_dir} has no chat template, so the prompts reach it as plain text to continue "
+                     "(as chat messages will): for a chat model, give it one (python -m convert --chat-template)"], notes
 
 
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, a folder no one can write in")
