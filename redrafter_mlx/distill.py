@@ -489,8 +489,9 @@ def _distill(args):
     source = same_source(args.out, args.model, args.temperature)  # before the model loads
     loaded = load(args.model, weight_format=args.weight_format, use_drafter=False)
     if not loaded.tokenizer.has_chat_template:  # (redrafter-train says so; this command said nothing)
-        print(f"distill: note: {loaded.name} has no chat template, so the prompts reach it as plain text to continue (as chat "
-              "messages will): for a chat model, give it one (python -m convert --chat-template)", file=sys.stderr)
+        print(f"distill: note: {loaded.name} has no chat template, so the prompts reach it as plain text to continue "
+              "(as chat messages will): for a chat model, give it one (python -m convert --chat-template)",
+              file=sys.stderr)
     args.out.mkdir(parents=True, exist_ok=True)
     with one_run_in(args.out, _busy(args.out)):
         if source is not None:
@@ -513,7 +514,8 @@ def _distill(args):
 
 
 def _busy(out: Path) -> str:
-    return f"another distill is writing into {out}: let it finish (or stop it: its replies are kept), or give another --out"
+    return f"another distill is writing into {out}: let it finish (or stop it: its replies are kept), or give " \
+           "another --out"
 
 
 def same_source(out: Path, model: Optional[str], temperature: float) -> Optional[dict]:

@@ -587,8 +587,9 @@ def main(argv=None):
     return cli.run("python -m redrafter_mlx.train", lambda: _train(args))
 
 
-TRAINING_OPTIONS = ("data", "depth", "steps", "batch", "lr", "warmup", "weight_decay", "val_every", "val_fraction", "soft",
-                    "greedy_targets", "exit_dim", "layers", "draft_vocab", "save_every", "reload_every", "dtype")
+TRAINING_OPTIONS = ("data", "depth", "steps", "batch", "lr", "warmup", "weight_decay", "val_every", "val_fraction",
+                    "soft", "greedy_targets", "exit_dim", "layers", "draft_vocab", "save_every", "reload_every",
+                    "dtype")
 EVAL_OPTIONS = ("eval_drafter", "eval_per_category", "eval_max_tokens", "beam_shapes")
 
 
@@ -673,7 +674,8 @@ def _train(args):
             t0 = time.perf_counter()
             with open_log(args.out) as log, _says_where_it_stopped(args.out / "checkpoint", args.steps):
                 drafter = train(loaded.model, samples, args.out, depth=args.depth, steps=args.steps, batch=args.batch,
-                                lr=args.lr, warmup=args.warmup, weight_decay=args.weight_decay, exit_dim=args.exit_dim, layers=args.layers,
+                                lr=args.lr, warmup=args.warmup, weight_decay=args.weight_decay,
+                                exit_dim=args.exit_dim, layers=args.layers,
                                 draft_vocab=args.draft_vocab, eos_ids=loaded.tokenizer.eos_token_ids,
                                 save_every=args.save_every, log=log, reload=samples_now, reload_every=args.reload_every,
                                 val_every=args.val_every, val_fraction=args.val_fraction,
