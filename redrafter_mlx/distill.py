@@ -554,6 +554,11 @@ def read_prompt_files(paths: List[Path]) -> List[List[str]]:
             raise RedrafterError(f"no prompt file at {path}")
         try:
             prompts = read_prompts([Path(path)])
+        except UnicodeDecodeError as e:  # (it said "'utf-8' codec can't decode byte 0x8b in position 1: ...")
+            gzip = Path(path).read_bytes()[:2] == b"\x1f\x8b"
+            raise RedrafterError(f"{path} is not UTF-8 text, which JSONL is" + (
+                ": it is gzip-compressed, so uncompress it first (gunzip)" if gzip else
+                f" (byte {e.start} is {e.object[e.start:e.start + 1]!r}): save it as UTF-8")) from e
         except (ValueError, AttributeError) as e:  # json.JSONDecodeError is a ValueError
             raise RedrafterError(f"{path}: {str(e).splitlines()[0]}") from e
         if not prompts:

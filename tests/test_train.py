@@ -366,6 +366,17 @@ def test_prompt_rows_of_the_wrong_shape_and_lone_surrogates(tmp_path):
     f.write_text('{"question": 5}\n')
     with pytest.raises(RedrafterError, match="a prompt is text, not int"):
         read_prompt_files([f])
+    # bytes that are not UTF-8 were said in Python's words ("'utf-8' codec can't decode byte 0x8b in position 1")
+    import gzip
+
+    f.write_bytes(gzip.compress(b'{"prompt": "hi"}\n'))
+    with pytest.raises(RedrafterError, match=r"p.jsonl is not UTF-8 text, which JSONL is: it is gzip-compressed, so "
+                                             r"uncompress it first \(gunzip\)$"):
+        read_prompt_files([f])
+    f.write_bytes('{"prompt": "caf\u00e9"}\n'.encode("latin-1"))
+    with pytest.raises(RedrafterError, match=r"p.jsonl is not UTF-8 text, which JSONL is \(byte 15 is b'\\xe9'\): "
+                                             r"save it as UTF-8$"):
+        read_prompt_files([f])
     f.write_text('{"instruction": "ok"}\nnot json\n')  # it said "line 1 column 1", the bad line's own
     with pytest.raises(RedrafterError, match=r"p.jsonl: line 2 is not JSON: Expecting value \(column 1\)$"):
         read_prompt_files([f])
