@@ -71,8 +71,10 @@ def read_prompts(paths: Sequence[Path]) -> List[str]:
             if mt_bench_question(row):  # (under another name it trained the drafter on the benchmark)
                 raise ValueError(f"line {n} is MT-Bench question {row['question_id']} ({row['category']}): {MT_BENCH}")
             try:
-                if not isinstance(row, dict):
-                    raise TypeError(f"a row is a JSON object, not a {type(row).__name__}")
+                if not isinstance(row, dict):  # in JSON's words ("not a NoneType" for a line of null)
+                    what = {type(None): "null", bool: "true or false", int: "a number", float: "a number",
+                            str: "a string"}.get(type(row), "a list")
+                    raise TypeError(f"a row is a JSON object, not {what}")
                 keys = ("instruction", "question", "prompt", "turns")
                 if not any(k in row for k in keys):
                     raise KeyError(f"none of {', '.join(keys)} (it has {', '.join(map(str, row)) or 'no keys'})")

@@ -361,6 +361,10 @@ def test_prompt_rows_of_the_wrong_shape_and_lone_surrogates(tmp_path):
     with pytest.raises(RedrafterError, match="line 2 .*a row is a JSON object, not a list") as e:
         read_prompt_files([f])
     assert "AttributeError" not in str(e.value)
+    for line, what in (("null", "null"), ('"a prompt"', "a string"), ("5", "a number")):  # (null was "a NoneType")
+        f.write_text(line + "\n")
+        with pytest.raises(RedrafterError, match=f"line 1 .*a row is a JSON object, not {what}$"):
+            read_prompt_files([f])
     f.write_text('{"question_id": 1, "turns": ["First turn", "second"]}\n{"instruction": ""}\n')  # Spec-Bench
     assert read_prompts([f]) == ["First turn"]
     f.write_text('{"question": 5}\n')
