@@ -164,8 +164,8 @@ def _files_info(info: Dict[str, Any], root: Optional[Path], report: Reporter) ->
 
 def _record_drafter(target: Path, info: Dict[str, Any], report: Reporter):
     """A drafter converted alone into MODEL/drafter: MODEL's manifest.json names it (it went on naming the
-    drafter converted with the model, hashes and all)."""
-    from .output import model_manifest_of, record_drafter
+    drafter converted with the model, hashes and all; redrafter-train's install does the same)."""
+    from redrafter_mlx.files import model_manifest_of, record_drafter
 
     manifest = model_manifest_of(target)
     if manifest is None:

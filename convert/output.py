@@ -10,7 +10,6 @@ The manifest (`manifest.json`) records the sources, the sha256 of every input fi
 dtype, the quantization and the versions of the tools that wrote the folder.
 """
 
-import datetime
 import hashlib
 import json
 import os
@@ -20,8 +19,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
-from redrafter_mlx.errors import RedrafterError, one_line
-from redrafter_mlx.files import replace_folder, signals_held, staging_folder, unwritable_ancestor, write_json
+from redrafter_mlx.errors import RedrafterError
+from redrafter_mlx.files import CONVERTER, replace_folder, signals_held, staging_folder, unwritable_ancestor, utc_now
 
 MANIFEST = "manifest.json"
 
@@ -223,44 +222,16 @@ def tool_versions() -> Dict[str, str]:
     return out
 
 
-TOOL = "python -m convert"
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+TOOL = CONVERTER
 
 
 def write_manifest(folder: Path, base: Optional[Dict[str, Any]], drafter: Optional[Dict[str, Any]], **extra):
     manifest = {
         "tool": TOOL,
         "versions": tool_versions(),
-        "created": _now(),
+        "created": utc_now(),
         "base": base,
         "drafter": drafter,
     }
     manifest.update(extra)
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-
-
-def model_manifest_of(drafter_folder: Path) -> Optional[Path]:
-    """The manifest of the model folder `drafter_folder` is the drafter of (`MODEL/drafter`, where
-    redrafter_mlx.load looks), when this converter wrote that model; else None."""
-    path = Path(drafter_folder).parent / MANIFEST
-    if Path(drafter_folder).name != "drafter" or not (path.parent / "config.json").is_file():
-        return None
-    try:
-        return path if json.loads(path.read_text()).get("tool") == TOOL else None
-    except (OSError, ValueError, AttributeError):  # none, unreadable, or not an object: not ours to change
-        return None
-
-
-def record_drafter(manifest: Path, drafter: Dict[str, Any]) -> Optional[str]:
-    """Make the model manifest's `drafter` entry describe the drafter now in MODEL/drafter (it went on
-    naming the drafter converted with the model). Returns why it could not, or None."""
-    try:
-        data = json.loads(manifest.read_text())
-        data["drafter"] = {**drafter, "created": _now()}
-        write_json(manifest, data, indent=2)
-    except (OSError, ValueError, TypeError) as e:
-        return f"{manifest} still describes the drafter that was there before ({one_line(e)})"
-    return None

@@ -17,7 +17,8 @@ command again):
    with the one already in place, if any;
 5. install: the drafter, with a README and manifest.json (data, steps, time, machine,
    held-out accuracy, tokens/step, speedup), goes to the model's drafter home (beside a GGUF
-   file or in a model folder; for hub models in this package's cache), unless the drafter
+   file or in a model folder, whose manifest.json then names it where the converter wrote one;
+   for hub models in this package's cache), unless the drafter
    already there drafts as many tokens per step or more, or none of the new drafter's drafts were accepted
    (then `--force` installs it anyway).
 
@@ -47,7 +48,8 @@ from . import cli  # noqa: E402
 from .distill import check_seeds, read_prompt_files  # noqa: E402
 from .config import WEIGHT_FORMATS  # noqa: E402
 from .errors import RedrafterError  # noqa: E402
-from .files import one_run_in, replace_folder, staging_folder, unwritable_ancestor, write_json  # noqa: E402
+from .files import (model_manifest_of, one_run_in, record_drafter, replace_folder, signals_held,  # noqa: E402
+                    staging_folder, unwritable_ancestor, write_json)
 
 DATA = Path(__file__).parent / "data"
 TRAIN_PROMPTS = DATA / "train_prompts.jsonl"
@@ -195,17 +197,34 @@ def held_out_accuracy(train_dir: Path) -> Optional[Dict]:
 
 def install(src: Path, home: Path, manifest: Dict):
     """Copy the drafter folder `src` to `home` with its manifest: written beside, then swapped
-    in, so an interruption leaves either the old drafter or the new one, never half of one."""
+    in, so an interruption leaves either the old drafter or the new one, never half of one.
+    A model folder the converter wrote (home is MODEL/drafter) has its manifest.json's `drafter`
+    entry name the new drafter in the same moment (it went on naming the one converted with the
+    model, hashes and all)."""
+    from .registry import sha256_of
+
     home.parent.mkdir(parents=True, exist_ok=True)
+    model_manifest = model_manifest_of(home)
     tmp = staging_folder(home, "new-")
+    failed = None
     try:
         shutil.copytree(src, tmp, dirs_exist_ok=True)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
         (tmp / "README.md").write_text(readme(manifest))
-        replace_folder(tmp, home)
+        if model_manifest is not None:  # (hashed before the swap: the swap and the entry change together)
+            entry = {"source": str(src), "command": manifest["command"], "manifest": f"{home.name}/manifest.json",
+                     "config": json.loads((tmp / "config.json").read_text()),
+                     "sha256": {f.name: sha256_of(f) for f in sorted(tmp.iterdir())
+                                if f.name in ("config.json", "model.safetensors")}}
+        with signals_held():
+            replace_folder(tmp, home)
+            if model_manifest is not None:
+                failed = record_drafter(model_manifest, entry)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if failed:  # the drafter is in place: a note, not a failed run
+        print(f"redrafter-train: note: {failed}", file=sys.stderr)
 
 
 def readme(m: Dict) -> str:

@@ -14,9 +14,14 @@ A JSON file several processes add entries to (the cost-model cache, `beam_shape.
 changed by `update_json`, which holds a lock on its folder from reading it to replacing it: two
 processes that each read the file, added their entry and wrote it back kept only one of the
 entries.
+
+A model folder the converter wrote (`python -m convert`) describes its drafter in its manifest.json:
+whatever puts another drafter into MODEL/drafter (the converter, redrafter-train) makes that entry
+name it (`model_manifest_of`, `record_drafter`).
 """
 
 import contextlib
+import datetime
 import json
 import os
 import re
@@ -105,6 +110,37 @@ def update_json(path: Path, change: Callable[[Dict[str, Any]], Dict[str, Any]], 
         except (OSError, ValueError):
             data = {}
         return write_json(path, change(data if isinstance(data, dict) else {}), indent=indent)
+
+
+CONVERTER = "python -m convert"  # the "tool" of the manifest.json the converter writes in a model folder
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def model_manifest_of(drafter_folder: Path) -> Optional[Path]:
+    """The manifest of the model folder `drafter_folder` is the drafter of (`MODEL/drafter`, where
+    redrafter_mlx.load looks), when the converter wrote that model; else None."""
+    path = Path(drafter_folder).parent / "manifest.json"
+    if Path(drafter_folder).name != "drafter" or not (path.parent / "config.json").is_file():
+        return None
+    try:
+        return path if json.loads(path.read_text()).get("tool") == CONVERTER else None
+    except (OSError, ValueError, AttributeError):  # none, unreadable, or not an object: not ours to change
+        return None
+
+
+def record_drafter(manifest: Path, drafter: Dict[str, Any]) -> Optional[str]:
+    """Make the model manifest's `drafter` entry describe the drafter now in MODEL/drafter (it went on
+    naming the drafter converted with the model). Returns why it could not, or None."""
+    try:
+        data = json.loads(manifest.read_text())
+        data["drafter"] = {**drafter, "created": utc_now()}
+        write_json(manifest, data, indent=2)
+    except (OSError, ValueError, TypeError) as e:
+        return f"{manifest} still describes the drafter that was there before ({one_line(e)})"
+    return None
 
 
 def read_json_object(path: Path, what: str) -> Dict[str, Any]:

@@ -511,3 +511,73 @@ def test_a_second_run_in_the_same_folder_is_refused_while_the_first_works(tiny_m
             f"python -m redrafter_mlx.train: error: another training run is working in {work}: let it finish (or stop "
             "it: its checkpoint is kept), or give another --out")
         assert not (work / "checkpoint").exists()
+
+
+def _installed_manifest(command="redrafter-train --model M"):
+    """What `run` hands `install` (readme() reads these)."""
+    return {"model": "M", "budget": "tiny", "command": command, "machine": "cpu", "finished": "now",
+            "data": {"prompts": "p", "replies": 1, "tokens": 1}, "training": {"steps": 1, "depth": 4, "draft_vocab": 8},
+            "held_out": None, "seconds": {"train": 1.0},
+            "evaluation": {"prompts": 1, "max_tokens": 8, "results": {}}}
+
+
+def test_an_installed_drafter_is_named_by_the_converted_model_s_manifest(tiny_model_dir, tiny_kit, tmp_path, capsys):
+    """redrafter-train put its drafter into MODEL/drafter and left MODEL/manifest.json (the converter's) naming the
+    drafter converted with the model, hashes and all (the converter updates it when it converts a drafter there).
+    The entry now names the drafter installed, in the same moment; a manifest the converter did not write is left
+    alone."""
+    from convert.cli import main as convert_main
+    from redrafter_mlx.drafter import new_drafter, save_drafter
+    from redrafter_mlx.registry import sha256_of
+
+    args = tiny_kit.model(seed=0).args
+    old, new = tmp_path / "old", tmp_path / "work" / "train" / "best"
+    save_drafter(new_drafter(args, lm_head="shared", seed=1), old)
+    save_drafter(new_drafter(args, lm_head="shared", seed=2), new)
+    model = tmp_path / "model"
+    assert convert_main(["--model", str(tiny_model_dir), "--drafter", str(old), "--out", str(model), "--quiet"]) == 0
+    before = json.loads((model / "manifest.json").read_text())
+    assert before["drafter"]["source"] == str(old)
+
+    autotrain.install(new, model / "drafter", _installed_manifest())
+    after = json.loads((model / "manifest.json").read_text())
+    entry = after["drafter"]
+    assert entry["source"] == str(new) and entry["command"] == "redrafter-train --model M"
+    assert entry["sha256"]["model.safetensors"] == sha256_of(model / "drafter" / "model.safetensors")
+    assert entry["config"] == json.loads((model / "drafter" / "config.json").read_text())
+    assert {k: v for k, v in after.items() if k != "drafter"} == {k: v for k, v in before.items() if k != "drafter"}
+    assert capsys.readouterr().err == ""
+    assert load(str(model)).drafter_path == model / "drafter"
+    # a model folder the converter did not write: its manifest.json is not ours to change
+    (model / "manifest.json").write_text('{"tool": "something else", "drafter": null}')
+    autotrain.install(old, model / "drafter", _installed_manifest())
+    assert (model / "manifest.json").read_text() == '{"tool": "something else", "drafter": null}'
+
+
+def test_ctrl_c_as_a_drafter_is_installed_still_names_it_in_the_model_manifest(tiny_model_dir, tiny_kit, tmp_path,
+                                                                                 monkeypatch, ctrl_c_raises):
+    """Ctrl-C is held while the drafter is renamed into MODEL/drafter: the manifest is updated in the same moment,
+    and the interruption comes after both."""
+    import os
+    import signal
+
+    from convert.cli import main as convert_main
+    from redrafter_mlx import files
+    from redrafter_mlx.drafter import new_drafter, save_drafter
+
+    new = tmp_path / "best"
+    save_drafter(new_drafter(tiny_kit.model(seed=0).args, lm_head="shared", seed=2), new)
+    model = tmp_path / "model"
+    assert convert_main(["--model", str(tiny_model_dir), "--out", str(model), "--quiet"]) == 0
+    rename = os.rename
+
+    def rename_and_press_ctrl_c(a, b):
+        if Path(b) == model / "drafter":
+            signal.raise_signal(signal.SIGINT)
+        return rename(a, b)
+
+    monkeypatch.setattr(files.os, "rename", rename_and_press_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        autotrain.install(new, model / "drafter", _installed_manifest())
+    assert (model / "drafter" / "model.safetensors").is_file()
+    assert json.loads((model / "manifest.json").read_text())["drafter"]["source"] == str(new)

@@ -1371,7 +1371,7 @@ def test_a_model_manifest_that_cannot_be_rewritten_is_a_note_not_a_failure(tmp_p
     conversion is done), not as "error: ... nothing was written"."""
     import errno
 
-    import convert.output
+    from redrafter_mlx import files
 
     model = tmp_path / "model"
     assert run_convert(capsys, "--model", mlx_ckpt[0], "--out", model)[0] == 0
@@ -1380,7 +1380,7 @@ def test_a_model_manifest_that_cannot_be_rewritten_is_a_note_not_a_failure(tmp_p
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(convert.output, "write_json", full_disk)
+    monkeypatch.setattr(files, "write_json", full_disk)
     new = write_numpy_drafter(tmp_path / "new", H, V, exit_dim=2 * H, layers=1)
     rc, lines = run_convert(capsys, "--drafter", new, "--base", model, "--out", model / "drafter")
     assert rc == 0 and lines == [f"[convert] note: {model / 'manifest.json'} still describes the drafter that was "
