@@ -20,13 +20,20 @@ can be shared with another machine) and the weight format (stored 4-bit weights 
 token to verify k on a CPU, where float weights cost ~2x). An entry under the device's
 description alone (a shipped drafter's, or one --tune wrote before) is read where no entry for
 the exact machine and format is stored.
+
+A shape is measured with one drafter: --tune stores the drafter's digest (`drafter_digest`) with
+its entry, and an entry measured with another drafter (the one redrafter-train or the converter
+has since put in MODEL/drafter) is not used, with a note: the drafter's own file, else the
+defaults, apply until --tune runs again. An entry without a digest (a shipped drafter's, one
+written before digests were stored) is read as before.
 """
 
 import argparse
+import hashlib
 import json
 import time
 from pathlib import Path
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ._platform import device_description
 from .costs import machine_key
@@ -79,16 +86,49 @@ def device_keys(weight_format: Optional[str] = None) -> List[str]:
     return [exact, device_description()]
 
 
-def read_tuned(folder: Optional[Path], device: Optional[str] = None,
-               weight_format: Optional[str] = None) -> Optional[Tuned]:
+SAMPLE = 1 << 20  # bytes read from each end of a drafter's weights for its digest
+
+
+def drafter_digest(folder: Optional[Path]) -> Optional[str]:
+    """A digest of the drafter in `folder`: its config.json, and its weights' size and first and
+    last MiB (every tensor of a drafter trained or converted anew differs; a few MiB read per load,
+    not a 1 GB hash). From the bytes, not the path or the modification times, so a model folder
+    moved or copied keeps its tuned entries. None where it cannot be read."""
+    if folder is None:
+        return None
+    h = hashlib.sha256()
+    try:
+        for f in (Path(folder) / "config.json", Path(folder) / "model.safetensors"):
+            size = f.stat().st_size
+            h.update(f"{f.name} {size}\n".encode())
+            with open(f, "rb") as r:
+                h.update(r.read(SAMPLE))
+                if size > 2 * SAMPLE:
+                    r.seek(size - SAMPLE)
+                h.update(r.read())
+    except OSError:
+        return None
+    return h.hexdigest()[:16]
+
+
+def read_tuned(folder: Optional[Path], device: Optional[str] = None, weight_format: Optional[str] = None,
+               drafter: Optional[str] = None, note: Optional[Callable[[str], None]] = None) -> Optional[Tuned]:
     """The Tuned entry stored for `device` (default: this one, under the first of device_keys()
-    the file holds) in folder/beam_shape.json, or None; tree is 0 (beams) when not stored."""
+    the file holds) in folder/beam_shape.json, or None; tree is 0 (beams) when not stored.
+    `drafter`: the digest of the drafter it is for (drafter_digest); an entry measured with
+    another one is None, said to `note`."""
     if folder is None or not (Path(folder) / FILE).is_file():
         return None
     try:
         data = json.loads((Path(folder) / FILE).read_text())
         keys = [device] if device else device_keys(weight_format)
         entry = next((data[k] for k in keys if k in data), None)
+        if entry and drafter is not None and "drafter_digest" in entry and entry["drafter_digest"] != drafter:
+            if note:
+                then = f"another drafter (the one then at {entry['drafter']})" if entry.get("drafter") else "no drafter"
+                note(f"the beam shape in {Path(folder) / FILE} was tuned for this device with {then}: not used; run "
+                     "redrafter-bench --tune again to tune it for this drafter")
+            return None
         if entry:
             w, n, tree = int(entry["beam_width"]), int(entry["beam_length"]), int(entry.get("tree") or 0)
             lookup = entry.get("lookup")
@@ -108,11 +148,13 @@ def read_beam_shape(folder: Optional[Path], device: Optional[str] = None) -> Opt
     return tuned[:2] if tuned else None
 
 
-def find_tuned(model_path: Path, drafter_path: Optional[Path], weight_format: Optional[str] = None) -> Optional[Tuned]:
-    """The Tuned entry for this device (and weight format): the model folder's file first, then
-    the drafter's."""
-    return (read_tuned(model_folder(model_path), weight_format=weight_format)
-            or read_tuned(drafter_path, weight_format=weight_format))
+def find_tuned(model_path: Path, drafter_path: Optional[Path], weight_format: Optional[str] = None,
+               note: Optional[Callable[[str], None]] = None) -> Optional[Tuned]:
+    """The Tuned entry for this device (and weight format) measured with this drafter: the model
+    folder's file first, then the drafter's."""
+    digest = drafter_digest(drafter_path)
+    return (read_tuned(model_folder(model_path), weight_format=weight_format, drafter=digest, note=note)
+            or read_tuned(drafter_path, weight_format=weight_format, drafter=digest, note=note))
 
 
 class Drafting(NamedTuple):
@@ -170,6 +212,7 @@ def save_beam_shape(loaded, width: int, length: int, measured: Dict[str, Any], t
         "lookup": int(lookup),
         "tree_min_prob": float(tree_min_prob),
         "drafter": str(loaded.drafter_path) if loaded.drafter_path else None,
+        "drafter_digest": drafter_digest(loaded.drafter_path),  # (read_tuned: not used with another drafter)
         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         **measured,
     }

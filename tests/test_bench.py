@@ -755,6 +755,44 @@ def test_a_tuned_shape_is_kept_per_machine_and_weight_format(model_dir, monkeypa
     assert load(str(model_dir), weight_format="float32").beam_shape == (2, 4)
 
 
+def test_a_shape_tuned_with_another_drafter_is_not_used(model_dir, tmp_path):
+    """--tune's entry in the model folder stayed in place when redrafter-train or the converter replaced
+    MODEL/drafter, and the new drafter ran with the shape (tree, lookup, floor) tuned for the old one. The
+    entry now carries the drafter's digest and is not used with another drafter (a note says so): the new
+    drafter's own beam_shape.json, else the defaults, apply until --tune runs again. A model folder
+    copied elsewhere keeps its entry (the digest is of the drafter's bytes, not its path)."""
+    import shutil
+
+    from redrafter_mlx._platform import device_description
+    from redrafter_mlx.tuning import save_beam_shape
+
+    m = load(str(model_dir))
+    save_beam_shape(m, 2, 4, {"speedup": 1.0}, tree=5, lookup=0, tree_min_prob=0.3)
+    m = load(str(model_dir))
+    assert (*m.beam_shape, m.tree, m.lookup, m.tree_min_prob) == (2, 4, 5, 0, 0.3)
+    copy = shutil.copytree(model_dir, tmp_path / "copy")
+    assert load(str(copy)).beam_shape == (2, 4)
+
+    # a drafter put in its place, as redrafter-train and the converter do: a new folder
+    save_drafter(new_drafter(m.args, lm_head="shared", seed=2), model_dir / "drafter")
+    said = []
+    m = load(str(model_dir), progress=said.append)
+    assert (m.beam_shape, m.tree, m.lookup, m.tree_min_prob) == (None, None, None, None)
+    assert tuple(drafting(m)) == (*DEFAULT_SHAPE, DEFAULT_TREE, DEFAULT_LOOKUP, DEFAULT_MIN_PROB)
+    notes = [s for s in said if "another drafter" in s]
+    assert len(notes) == 1 and str(model_dir / FILE) in notes[0] and "--tune again" in notes[0], said
+    # the new drafter's own file (as a shipped drafter's, keyed by the device alone) is read instead
+    (model_dir / "drafter" / FILE).write_text(json.dumps({device_description(): {"beam_width": 1, "beam_length": 3}}))
+    assert load(str(model_dir)).beam_shape == (1, 3)
+    # tuned again with this drafter: its entry is used
+    save_beam_shape(m, 3, 5, {"speedup": 1.0})
+    assert load(str(model_dir)).beam_shape == (3, 5)
+    # given another drafter by hand, the shape tuned with this one is not used either
+    other = tmp_path / "other"
+    save_drafter(new_drafter(m.args, lm_head="shared", seed=3), other)
+    assert load(str(model_dir), drafter=str(other)).beam_shape is None
+
+
 def test_the_table_fits_long_category_and_variant_names():
     """Spec-Bench's "math_reasoning" was cut to 12 characters, and a variant such as
     "redrafter+tree6@0.001" pushed its row out of the columns."""
