@@ -21,7 +21,8 @@ curve is measured, not assumed:
   pipelined decoding steps (what a parked controller costs) and the drafter's levels;
 - the result is cached on disk (`cost_model.json` beside the model, else in the user cache),
   keyed by device, model file, weight format and MLX version, so a change of any of them
-  measures again; a run that finds the machine much faster than its cached curve (a curve
+  measures again (the drafter's levels by the drafter's digest: one put in another's place is
+  timed anew); a run that finds the machine much faster than its cached curve (a curve
   measured while another process was busy) marks it, and the next `cost_model` measures again
   (`heal_cached`, once per curve);
 - `CostModel.observe_*` refines it online from the real steps' timings: a load factor that
@@ -445,6 +446,32 @@ def model_files_digest(path) -> str:
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
 
+SAMPLE = 1 << 20  # bytes read from each end of a drafter's weights for its digest
+
+
+def drafter_digest(folder: Optional[Path]) -> Optional[str]:
+    """A digest of the drafter in `folder`: its config.json, and its weights' size and first and
+    last MiB (every tensor of a drafter trained or converted anew differs; a few MiB read per load,
+    not a 1 GB hash). From the bytes, not the path or the modification times, so a model folder
+    moved or copied keeps its tuned shapes (tuning.py) and its drafter's timing. None where it
+    cannot be read."""
+    if folder is None:
+        return None
+    h = hashlib.sha256()
+    try:
+        for f in (Path(folder) / "config.json", Path(folder) / "model.safetensors"):
+            size = f.stat().st_size
+            h.update(f"{f.name} {size}\n".encode())
+            with open(f, "rb") as r:
+                h.update(r.read(SAMPLE))
+                if size > 2 * SAMPLE:
+                    r.seek(size - SAMPLE)
+                h.update(r.read())
+    except OSError:
+        return None
+    return h.hexdigest()[:16]
+
+
 def cpu_name() -> str:
     """The processor's model name ('' where it cannot be read)."""
     import platform
@@ -504,7 +531,10 @@ def cache_paths(loaded) -> List[Path]:
 
 
 def drafter_key(loaded) -> str:
-    return str(getattr(loaded, "drafter_path", None))
+    """The drafter a figure of seconds per level is for: its digest (drafter_digest), else its path.
+    (By path alone, a drafter put in place of another, e.g. in MODEL/drafter, kept the other's figure.)"""
+    path = getattr(loaded, "drafter_path", None)
+    return drafter_digest(path) or str(path)
 
 
 def read_cached(loaded) -> Optional[CostModel]:

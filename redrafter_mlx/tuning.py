@@ -29,14 +29,13 @@ written before digests were stored) is read as before.
 """
 
 import argparse
-import hashlib
 import json
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ._platform import device_description
-from .costs import machine_key
+from .costs import drafter_digest, machine_key
 from .files import update_json
 from .tree_search import DEFAULT_MIN_PROB
 
@@ -84,31 +83,6 @@ def device_keys(weight_format: Optional[str] = None) -> List[str]:
     description alone (the shipped drafters' entries, and --tune's before it named the machine)."""
     exact = machine_key() + (f" | {weight_format}" if weight_format else "")
     return [exact, device_description()]
-
-
-SAMPLE = 1 << 20  # bytes read from each end of a drafter's weights for its digest
-
-
-def drafter_digest(folder: Optional[Path]) -> Optional[str]:
-    """A digest of the drafter in `folder`: its config.json, and its weights' size and first and
-    last MiB (every tensor of a drafter trained or converted anew differs; a few MiB read per load,
-    not a 1 GB hash). From the bytes, not the path or the modification times, so a model folder
-    moved or copied keeps its tuned entries. None where it cannot be read."""
-    if folder is None:
-        return None
-    h = hashlib.sha256()
-    try:
-        for f in (Path(folder) / "config.json", Path(folder) / "model.safetensors"):
-            size = f.stat().st_size
-            h.update(f"{f.name} {size}\n".encode())
-            with open(f, "rb") as r:
-                h.update(r.read(SAMPLE))
-                if size > 2 * SAMPLE:
-                    r.seek(size - SAMPLE)
-                h.update(r.read())
-    except OSError:
-        return None
-    return h.hexdigest()[:16]
 
 
 def read_tuned(folder: Optional[Path], device: Optional[str] = None, weight_format: Optional[str] = None,

@@ -806,6 +806,25 @@ def test_a_new_drafter_times_its_levels_and_keeps_the_cached_curve(tiny_loaded, 
     assert entry["measured_at"] == stamp and len(entry["draft_level"]) == 2
 
 
+def test_a_drafter_put_in_place_of_another_times_its_own_levels(tiny_loaded, monkeypatch):
+    """The cached seconds per drafter level were keyed by the drafter's path: a drafter redrafter-train or the
+    converter put in MODEL/drafter (another width, depth or draft vocabulary: another cost) was costed with the
+    figure timed for the one it replaced. The figure is keyed by the drafter's digest now."""
+    from redrafter_mlx.drafter import load_drafter, new_drafter, save_drafter
+
+    m = tiny_loaded
+    home = m.path / "drafter"
+    timed = []
+    real = costs.time_drafter
+    monkeypatch.setattr(costs, "time_drafter", lambda *a, **kw: timed.append(1) or real(*a, **kw))
+    for seed in (1, 1, 2):  # the same drafter twice (timed once), then another one in its place
+        save_drafter(new_drafter(m.args, lm_head="shared", seed=seed), home)
+        m.drafter, m.drafter_path = load_drafter(home, m.model), home
+        assert costs.cost_model(m).draft_level > 0
+    assert len(timed) == 2
+    assert len(json.loads((m.path / costs.FILE).read_text())[costs.cache_key(m)]["draft_level"]) == 2
+
+
 def test_a_damaged_cost_cache_is_measured_again(tiny_loaded):
     (tiny_loaded.path / costs.FILE).write_text("{not json")
     c = costs.cost_model(tiny_loaded)
