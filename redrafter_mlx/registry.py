@@ -259,6 +259,9 @@ def resolve(name: Optional[str] = None, progress=None) -> ResolvedModel:
             return ResolvedModel(name, fetch_hub(name, progress))
         except (ModelNotFoundError, NetworkError) as e:  # "models/mine" mistyped is tried as a hub id: say both
             raise type(e)(f"{e} (nor is {name!r} a local path)") from e
+    if any(sep and sep in name for sep in (os.sep, os.altsep, "/")) or name.startswith((".", "~")) \
+            or path.suffix == ".safetensors":  # a path, not a name mistyped: the list of names is no help
+        raise ModelNotFoundError(f"no such file or folder: {name} (a model is a .gguf file or a model folder)")
     raise ModelNotFoundError(
         f"unknown model {name!r}: not a known name ({', '.join(sorted(models))}), "
         "an existing .gguf file or folder, or a Hugging Face hub id (org/name)"

@@ -61,7 +61,12 @@ def test_missing_gguf_file(tmp_path):
 
 
 def test_missing_folder(tmp_path):
-    raises(ModelNotFoundError, lambda: load(str(tmp_path / "missing" / "folder" / "x")), "unknown model", "missing")
+    """A name that is a path said "unknown model ...: not a known name (<the registry's names>)": it says the
+    path does not exist, and lists the names only where the name could be one."""
+    for name in (str(tmp_path / "missing" / "folder" / "x"), "/nonexistent/model", "./mine", "~/no-such-model-here",
+                 "weights.safetensors"):
+        msg = raises(ModelNotFoundError, lambda: load(name), "no such file or folder", Path(name).expanduser().name)
+        assert "unknown model" not in msg and registry.default_model_name() not in msg
 
 
 def test_file_that_is_not_a_model(tmp_path):
