@@ -99,6 +99,11 @@ def speculative_state(info: Optional[EngineInfo], settings: Settings) -> str:
     return "on"
 
 
+def counted(n: int, noun: str) -> str:
+    """'1 token', '2 tokens' (the panel said "1 tokens read", "1 tokens · 1 steps")."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
 def reply_rows(stats: Optional[Stats], baseline: Baseline, status: str) -> List[Row]:
     rows: List[Row] = [("Reply", None), ("status", status)]
     if stats is None:
@@ -114,7 +119,7 @@ def reply_rows(stats: Optional[Stats], baseline: Baseline, status: str) -> List[
     rows.append(("tok/s", f"{stats.tokens_per_second:.1f}" if stats.steps else "—"))
     per_step = f"{stats.last_step_tokens} last · {stats.tokens_per_step:.2f} mean"
     rows.append(("tokens/step", per_step if stats.steps else "—"))
-    accepted = f"{stats.acceptance:.0%} ({stats.accepted_tokens} drafts accepted)"
+    accepted = f"{stats.acceptance:.0%} ({counted(stats.accepted_tokens, 'draft')} accepted)"
     if stats.mode == "auto" and stats.steps and stats.parked_share >= 1.0:
         accepted = "— (nothing drafted: every step plain)"  # it said "0% (0 drafts accepted)"
     rows.append(("acceptance", accepted if spec and stats.steps else "—"))
@@ -153,10 +158,10 @@ def reply_rows(stats: Optional[Stats], baseline: Baseline, status: str) -> List[
     # the seconds are those of the tokens read: the ones the KV cache held from the turns before are not
     # (it read "0.05 s · 1500 tokens" on a later turn, an impossibly fast prefill)
     read = stats.prompt_tokens - stats.cached_tokens
-    rows.append(("prefill", f"{stats.prefill_seconds:.2f} s · {read:,} tokens"
+    rows.append(("prefill", f"{stats.prefill_seconds:.2f} s · {counted(read, 'token')}"
                  + (f" read + {stats.cached_tokens:,} cached" if stats.cached_tokens else "")))
     rows.append(("peak memory", f"{stats.peak_memory_mb:,.0f} MB"))
-    rows.append(("generated", f"{stats.new_tokens} tokens · {stats.steps} steps"))
+    rows.append(("generated", f"{counted(stats.new_tokens, 'token')} · {counted(stats.steps, 'step')}"))
     return rows
 
 

@@ -1059,6 +1059,20 @@ async def test_the_opening_notice_says_plain_decoding_when_speculation_starts_of
         assert "is off (plain decoding; adaptive when on)" in said and "off, adaptive" not in said
 
 
+def test_the_panel_counts_one_token_and_one_step_in_the_singular():
+    """The panel said "1 tokens read", "1 tokens · 0 steps" and "(1 drafts accepted)"."""
+    from app.engine import Stats
+    from app.stats_view import Baseline, reply_rows
+
+    one = Stats(mode="redrafter", prompt_tokens=1, new_tokens=1, steps=1, acceptance=0.5, accepted_tokens=1,
+                beam_width=2, beam_length=3)
+    rows = dict(reply_rows(one, Baseline(), "done"))
+    assert rows["prefill"] == "0.00 s · 1 token" and rows["generated"] == "1 token · 1 step"
+    assert rows["acceptance"] == "50% (1 draft accepted)"
+    rows = dict(reply_rows(replace(one, prompt_tokens=7, cached_tokens=6, new_tokens=2, steps=0), Baseline(), "done"))
+    assert rows["prefill"] == "0.00 s · 1 token read + 6 cached" and rows["generated"] == "2 tokens · 0 steps"
+
+
 def test_an_adaptive_reply_is_measured_against_the_controllers_plain_steps():
     """The warm-up's 8 tokens on "Hello" read 14.9 tok/s in one session and 5.0 in another, so a reply
     decoded plainly throughout showed 1.80x or 0.56x, and "0% (0 drafts accepted)" of no drafts."""
