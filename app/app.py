@@ -391,7 +391,7 @@ class ChatApp(App):
             if view is not None:
                 await view.remove()
         prompt = self.query_one(PromptInput)
-        if prompt.value:
+        if prompt.value or self._after_reply == self._new_chat:  # (a new chat's box began with the old message)
             return False
         prompt.value = PromptInput.given_back(turn["content"])
         prompt.cursor_position = len(prompt.value)

@@ -358,6 +358,27 @@ async def test_new_chat_during_a_reply_cancels_it_first():
         assert app.messages == [] and not app.query(AssistantMessage)
 
 
+async def test_new_chat_while_a_reply_is_cancelled_before_a_word_leaves_the_box_empty():
+    """Ctrl+N while a reply was being cancelled before its first word put the withdrawn message back into the
+    new chat's prompt box, as if to send it again in a chat the user had just asked to start afresh."""
+    engine = FakeEngine(["x"], hold_after=0)
+    stop_seen, held = threading.Event(), engine._reply
+    engine._reply = lambda m, s, should_stop, on_status=None: held(m, s, lambda: stop_seen.is_set() and should_stop(),
+                                                                    on_status)
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "Explain.")
+        await wait_for(pilot, lambda: app.generating)
+        await pilot.press("escape")
+        assert app.status == "cancelling"
+        await pilot.press("ctrl+n")
+        stop_seen.set()  # the cancel ends after Ctrl+N
+        await finished(pilot)
+        await wait_for(pilot, lambda: engine.new_chats == 1)
+        assert app.messages == [] and not app.query(UserMessage) and app.query_one(PromptInput).value == ""
+
+
 async def test_toggle_speculative_and_change_the_beam_live():
     engine = FakeEngine(["One two three four five six seven."])
     app = create_app(engine)
