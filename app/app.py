@@ -376,8 +376,9 @@ class ChatApp(App):
         await self.reply_view.finish("error")
         if msg.text:  # keep what was streamed, as a cancel would
             self.messages.append({"role": "assistant", "content": msg.text})
-        else:  # the model never answered: leave the prompt out of the conversation
-            await self._withdraw()
+        else:  # the model never answered: leave the prompt out of the conversation, and the panel's figures
+            await self._withdraw()  # those of the reply before it, as a cancel before a word does (they went blank)
+            self.stats = self._before[1]
         self._note(f"The reply failed: {msg.error}", "error")
         self.status = "error"
         await self._reply_ended()

@@ -780,6 +780,29 @@ async def test_a_reply_cancelled_before_a_word_leaves_the_stats_panel_as_it_was(
         assert panel(app) == before
 
 
+async def test_a_reply_that_fails_before_a_word_leaves_the_previous_figures_in_the_panel():
+    """A reply cancelled before its first word gives the panel back the figures of the reply before it; one
+    that failed before its first word left them blank ("tok/s —", no "generated")."""
+    engine = FakeEngine(["First answer."])
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "one")
+        await finished(pilot)
+        before = panel(app)
+        assert "generated    2 tokens" in before
+
+        def fails(messages, settings, should_stop, on_status=None):
+            raise EngineError("the prompt has 9 tokens but fake-135m has a context of 4: shorten it")
+            yield
+
+        engine._reply = fails
+        await ask(pilot, "a long question")
+        await finished(pilot)
+        assert app.status == "error" and app.query_one(PromptInput).value == "a long question"
+        assert panel(app) == before.replace("done (eos)", "error")
+
+
 async def test_a_pasted_text_keeps_its_line_breaks():
     engine = FakeEngine(["ok"])
     app = create_app(engine)
