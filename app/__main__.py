@@ -176,6 +176,22 @@ def missing_path(args) -> Optional[str]:
     return None
 
 
+def unknown_name(args) -> Optional[str]:
+    """A --model that is neither a path here nor a registry name nor a hub id (org/name), said before the
+    chat opens (the screen opened, and then said the model did not load), in redrafter_mlx.registry.resolve's
+    words. Its registry is read without loading mlx-lm (a fraction of a second, not the seconds a load takes)."""
+    model = args.model
+    if not model or not model.strip() or "/" in model or os.sep in model or Path(model).expanduser().exists():
+        return None
+    from redrafter_mlx.registry import known_models
+
+    names = known_models()
+    if model in names:
+        return None
+    return (f"--model {model}: not a known name ({', '.join(sorted(names))}), an existing .gguf file or folder, "
+            "or a Hugging Face hub id (org/name)")
+
+
 def fixed_drafting(args) -> bool:
     """Any drafting option fixes the drafting; without one the adaptive controller sizes each step.
     The rule of redrafter_mlx.tuning.fixed_drafting (tests check they agree), written here because
@@ -259,7 +275,7 @@ def main(argv=None) -> int:
     unused = unused_drafting_error(args)
     if unused:
         parser.error(unused)
-    missing = missing_path(args)
+    missing = missing_path(args) or unknown_name(args)
     if missing:
         parser.error(missing)
     too_big = draft_size_error(args)

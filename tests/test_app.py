@@ -938,7 +938,7 @@ def test_command_line_refusals_and_the_drafting_rule(monkeypatch, capsys):
                                                           a.tree_min_prob)
 
     class Failed:
-        load_error = "unknown model 'nope': not a known name"
+        load_error = "no model 'org/nope' on the Hugging Face hub"
         status, return_code = "load failed", 0
 
         def run(self):
@@ -946,8 +946,8 @@ def test_command_line_refusals_and_the_drafting_rule(monkeypatch, capsys):
 
     monkeypatch.setattr(app_module, "create_app", lambda engine, settings: Failed())
     monkeypatch.setattr("app.__main__.has_terminal", lambda: True)
-    assert main(["--model", "nope"]) == 1
-    assert capsys.readouterr().err == "redrafter-chat: error: unknown model 'nope': not a known name\n"
+    assert main(["--model", "org/nope"]) == 1
+    assert capsys.readouterr().err == "redrafter-chat: error: no model 'org/nope' on the Hugging Face hub\n"
 
 
 def test_the_chat_without_a_terminal_says_so_and_exits():
@@ -955,7 +955,7 @@ def test_the_chat_without_a_terminal_says_so_and_exits():
     spinning a core: it needs a terminal, and says so in one line before loading anything."""
     import subprocess
 
-    out = subprocess.run([sys.executable, "-m", "app", "--model", "nope"], stdin=subprocess.DEVNULL,
+    out = subprocess.run([sys.executable, "-m", "app", "--model", "org/nope"], stdin=subprocess.DEVNULL,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.splitlines()[-1].startswith("redrafter-chat: error: the chat needs a terminal")
@@ -972,7 +972,7 @@ def test_the_chat_with_standard_error_redirected_says_so_and_exits():
 
     leader, follower = pty.openpty()  # a terminal for input and output
     try:
-        out = subprocess.run([sys.executable, "-m", "app", "--model", "nope"], stdin=follower, stdout=follower,
+        out = subprocess.run([sys.executable, "-m", "app", "--model", "org/nope"], stdin=follower, stdout=follower,
                              stderr=subprocess.PIPE, text=True, timeout=120)
     finally:
         os.close(follower)
@@ -1081,13 +1081,15 @@ def test_drafts_too_big_are_refused_while_parsing(capsys):
 
 
 def test_a_missing_model_path_or_drafter_is_refused_before_the_chat_opens(monkeypatch, capsys, tmp_path):
-    """The screen opened, and the error waited for Ctrl+Q (with no terminal, forever)."""
+    """The screen opened, and the error waited for Ctrl+Q (with no terminal, forever); an unknown registry name
+    (--model nope) was said only after the screen opened, where a missing path was refused before."""
     import app.app as app_module
     from app.__main__ import main
 
     monkeypatch.setattr(app_module, "create_app", lambda *a: pytest.fail("the chat opened"))
     for argv, said in ((["--model", str(tmp_path / "none.gguf")], "none.gguf: no such file or folder"),
                        (["--model", "./models/mine"], "--model ./models/mine: no such file or folder"),
+                       (["--model", "nope"], "--model nope: not a known name (gemma3-1b-4bit, "),
                        (["--drafter", str(tmp_path)], "no drafter there")):
         with pytest.raises(SystemExit):
             main(argv)
@@ -1744,4 +1746,4 @@ def test_an_app_that_ended_on_an_error_exits_with_status_1(monkeypatch):
     monkeypatch.setattr("app.__main__.has_terminal", lambda: True)
     for code, status in ((1, 1), (0, 0), (None, 0)):
         monkeypatch.setattr(app_module, "create_app", lambda *a, code=code: Ended(code))
-        assert main(["--model", "nope"]) == status
+        assert main(["--model", "org/nope"]) == status
