@@ -480,9 +480,9 @@ def _run(args, graphs) -> int:
     shapes, lookups, trees = args.shapes, args.lookup, args.tree
     rows, report = read_results(args.results)
     if report.get("complete") is False:  # its figures covered what the run finished, saying nothing
-        asked = report.get("settings", {}).get("limit")
+        asked, held = report.get("settings", {}).get("limit"), len({r.get("question_id") for r in rows})
         print(f"{PROG}: note: {args.results} is the report of a redrafter-bench run that stopped early (\"complete\": "
-              f"false): it holds {len({r.get('question_id') for r in rows})} questions"
+              f"false): it holds {held} question{'' if held == 1 else 's'}"  # (it said "1 questions")
               + (f" of the {asked} asked for" if isinstance(asked, int) else ""), file=sys.stderr)
     fmt = decoded_format(report)
     named = report.get("model")

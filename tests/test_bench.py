@@ -520,6 +520,11 @@ def test_replay_says_when_the_report_is_of_a_run_that_stopped_early(model_dir, p
     assert "stopped early (\"complete\": false): it holds 2 questions" in err
     # named as its errors and --help name it (notes said "replay: note:")
     assert err.startswith(f"python -m redrafter_mlx.replay: note: {out} is the report of")
+    first = [r for r in report["results"] if r["mode"] == "ar"][:1]
+    out.write_text(json.dumps({**report, "complete": False, "results": first}))
+    assert replay.main([str(out), "--shapes", "2x3"]) == 0
+    err = capsys.readouterr().err
+    assert "it holds 1 question" in err and "1 questions" not in err
 
 
 def test_replay_takes_a_reply_that_ended_at_its_first_token(model_dir, prompts, tmp_path, capsys):
