@@ -195,8 +195,10 @@ def new_drafter(base_args, exit_dim: int = None, num_draft_layers: int = 1, lm_h
     return Drafter(args)
 
 
-def check_compatible(args: DrafterArgs, base_args, where: str = "drafter",
-                     advice: str = "use the drafter trained for this model (or --no-drafter)"):
+DRAFTER_ADVICE = "use the drafter trained for this model (or --no-drafter)"
+
+
+def check_compatible(args: DrafterArgs, base_args, where: str = "drafter", advice: str = DRAFTER_ADVICE):
     if args.base_model_type and args.base_model_type != base_args.model_type:
         raise DrafterMismatchError(
             f"{where} was trained for a {args.base_model_type!r} base model, not this {base_args.model_type!r} one: "
@@ -251,8 +253,8 @@ def check_draft_vocab(drafter: Drafter) -> None:
         raise ValueError(f"draft_vocab holds ids outside the vocabulary (0 to {drafter.args.vocab_size - 1})")
 
 
-def load_drafter(path: Union[str, Path], base=None) -> Drafter:
-    """Load a drafter folder; when `base` is given, refuse one that does not fit it."""
+def load_drafter(path: Union[str, Path], base=None, advice: str = DRAFTER_ADVICE) -> Drafter:
+    """Load a drafter folder; when `base` is given, refuse one that does not fit it (saying `advice`)."""
     path = Path(path).expanduser()
     cfg_path = path / "config.json"
     if path.is_file():  # it said "no drafter at d/config.json: expected d/config.json/config.json"
@@ -262,7 +264,7 @@ def load_drafter(path: Union[str, Path], base=None) -> Drafter:
         raise ModelNotFoundError(f"no drafter at {path}: expected {cfg_path}")
     args = drafter_args(read_json_object(cfg_path, "drafter config"), cfg_path)
     if base is not None:
-        check_compatible(args, base.args, f"the drafter at {path}")
+        check_compatible(args, base.args, f"the drafter at {path}", advice)
     weights_path = path / "model.safetensors"
     if not weights_path.is_file():
         raise ModelNotFoundError(f"drafter at {path} has no model.safetensors")

@@ -398,19 +398,21 @@ def load(
     return loaded
 
 
-def attach_drafter(loaded: LoadedModel, drafter, progress: Optional[Callable[[str], None]] = None) -> LoadedModel:
+def attach_drafter(loaded: LoadedModel, drafter, progress: Optional[Callable[[str], None]] = None,
+                   advice: Optional[str] = None) -> LoadedModel:
     """Load the drafter folder `drafter` for `loaded` (one loaded with use_drafter=False) as load(drafter=...)
     does: with the beam shape, tree, lookup and floor `redrafter-bench --tune` stored for this device (the
     model folder's, else the drafter's). A drafter that fails to load leaves `loaded` as it was. The chat
     loads its --drafter so, after the base model, that a bad drafter does not cost the model: attaching it
-    by hand kept the tuned shape out."""
-    from .drafter import load_drafter
+    by hand kept the tuned shape out. advice: what the error of a drafter that does not fit the model says to
+    do (a command's own options; by default, the drafter for this model or --no-drafter)."""
+    from .drafter import DRAFTER_ADVICE, load_drafter
 
     path = Path(drafter).expanduser()  # as --model's is: "--drafter=~/d" (no shell expands it) passed the CLI's check
     tidy(Path(os.path.abspath(path)))  # as a model folder's path is (registry.resolve)
     if progress:
         progress(f"loading drafter {path}")
-    loaded.drafter = load_drafter(path, loaded.model)
+    loaded.drafter = load_drafter(path, loaded.model, advice or DRAFTER_ADVICE)
     loaded.drafter_path = path
     tuned = find_tuned(loaded.path, path, getattr(loaded, "weight_format", None), progress)
     if tuned:

@@ -31,7 +31,7 @@ from . import cli
 from .config import WEIGHT_FORMATS
 from ._platform import on_cpu
 from .bench import format_of, parse_shapes as parse_ints
-from .errors import ModelNotFoundError, RedrafterError
+from .errors import DrafterMismatchError, ModelNotFoundError, RedrafterError
 from .graph import graph_name, parse_graph
 from .tokenizer import is_token_id
 from .tree_search import DEFAULT_MIN_PROB
@@ -475,7 +475,7 @@ def decoded_format(report: Dict) -> str:
 
 
 def _run(args, graphs) -> int:
-    from .loader import load
+    from .loader import attach_drafter, find_drafter, load
 
     shapes, lookups, trees = args.shapes, args.lookup, args.tree
     rows, report = read_results(args.results)
@@ -488,16 +488,26 @@ def _run(args, graphs) -> int:
     named = report.get("model")
     if not args.model and not (isinstance(named, str) and named.strip()):  # it loaded the default model, saying nothing
         raise RedrafterError(f"{args.results} names no model: pass --model, the one its outputs came from")
-    # --no-drafter loads none: a drafter found beside the model that fails to load stopped the replay, saying to
-    # pass --no-drafter
+    # The drafter is attached below: one that does not fit the model said to pass --no-drafter, which replay takes
+    # only with --auto, and one found beside the model without its weights that the report's model "cannot be
+    # loaded here"
     try:
-        loaded = load(args.model or named, drafter=args.drafter, weight_format=fmt, use_drafter=not args.no_drafter)
+        loaded = load(args.model or named, weight_format=fmt, use_drafter=False)
     except ModelNotFoundError as e:
         if args.model:
             raise
         # it said only "unknown model ...", of a name the user never typed (a model moved since the bench ran)
         raise ModelNotFoundError(f"{args.results} names the model {named!r}, which cannot be loaded here ({e}): "
                                  "pass --model, the model its outputs came from") from e
+    drafter = None if args.no_drafter else args.drafter or find_drafter(loaded.resolved)
+    if drafter is not None:
+        instead = "pass --drafter PATH, or --auto PROFILE --no-drafter to replay the context copy alone"
+        try:
+            attach_drafter(loaded, drafter, advice=f"use the drafter trained for this model ({instead})")
+        except RedrafterError as e:
+            if args.drafter or isinstance(e, DrafterMismatchError):
+                raise
+            raise type(e)(f"{e} (the drafter found for {loaded.name}: {instead})") from e
     if named and not same_model(named, loaded):  # replayed silently; only ids past the vocabulary were caught
         print(f"{PROG}: note: {args.results} was decoded by {named}, and {loaded.name} replays it: its figures are "
               "that model's only if the two are the same", file=sys.stderr)

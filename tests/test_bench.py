@@ -527,6 +527,33 @@ def test_replay_says_when_the_report_is_of_a_run_that_stopped_early(model_dir, p
     assert "it holds 1 question" in err and "1 questions" not in err
 
 
+def test_replay_says_what_works_when_the_drafter_does_not_fit(tiny_kit, model_dir, prompts, tmp_path, capsys):
+    """A drafter that does not fit the model (found beside it or given) stopped the replay saying to pass
+    --no-drafter, which replay takes only with --auto; one found without its weights said that the report's model
+    "cannot be loaded here". Both say what replay takes."""
+    from redrafter_mlx import replay
+
+    out = tmp_path / "r.json"
+    assert run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 1, "--max-tokens", 8, "--modes", "ar",
+               "--json", out)[0] == 0
+    other = tiny_kit.model(seed=0, hidden_size=48)
+    save_drafter(new_drafter(other.args, lm_head="shared", seed=1), model_dir / "drafter")
+    assert replay.main([str(out), "--shapes", "2x3"]) == 2
+    err = capsys.readouterr().err
+    assert "hidden size 48" in err and "pass --drafter PATH, or --auto PROFILE --no-drafter" in err
+    assert "cannot be loaded here" not in err and "(or --no-drafter)" not in err
+    assert replay.main([str(out), "--shapes", "2x3", "--drafter", str(model_dir / "drafter")]) == 2  # given: the same
+    assert "pass --drafter PATH, or --auto PROFILE --no-drafter" in capsys.readouterr().err
+    assert replay.main([str(out), "--auto", "mkl", "--no-drafter"]) == 0
+    capsys.readouterr()
+    save_drafter(new_drafter(tiny_kit.model(seed=0).args, lm_head="shared", seed=1), model_dir / "drafter")
+    (model_dir / "drafter" / "model.safetensors").unlink()
+    assert replay.main([str(out), "--shapes", "2x3"]) == 2
+    err = capsys.readouterr().err
+    assert "model.safetensors" in err and "pass --drafter PATH, or --auto PROFILE --no-drafter" in err
+    assert "cannot be loaded here" not in err
+
+
 def test_replay_takes_a_reply_that_ended_at_its_first_token(model_dir, prompts, tmp_path, capsys):
     # the bench writes "tokens": [] for a reply whose first token was the end of turn; replay refused the whole
     # file ("has no 'tokens' list, or an empty one")
