@@ -572,7 +572,9 @@ def parse_args(argv=None):
             args.beam_width is not None or args.beam_length is not None)):  # (the floor was dropped, saying nothing)
         p.error(cli.FLOOR_WITH_BEAMS)
     if args.graph and args.tune:
-        p.error("--tune stores a tree shape: run it without --graph")
+        # (it said "--tune stores a tree shape", which told no one why)
+        p.error("--tune measures fixed trees and stores the fastest; --graph drafting is not tuned: run --tune "
+                "without --graph")
     graphs = args.graph and any(k is not None for k, _ in args.graph)
     shaped = args.grid or args.beam_width is not None or args.beam_length is not None  # the tree then defaults to 0
     if graphs and args.fixed and "redrafter" in args.modes and (

@@ -907,6 +907,8 @@ def test_a_single_shape_with_the_grid_is_refused(capsys):
                                                          "--beam-width would be ignored"),
                        (["--grid", "--widths", "2000", "--lengths", "3", "--beam-width", "1"], "--beam-width would be"),
                        (["--tune", "--beam-length", "5"], "--tune runs the grid, every shape"),
+                       (["--tune", "--graph", "1"], "--tune measures fixed trees and stores the fastest; --graph "
+                                                    "drafting is not tuned"),  # it said "--tune stores a tree shape"
                        (["--grid", "--beam-width", "2", "--beam-length", "3"], "--beam-width and --beam-length")):
         with pytest.raises(SystemExit):
             bench.parse_args(["--prompts", "x", "--modes", "ar,redrafter", *argv])
