@@ -335,6 +335,12 @@ def _speedup(figures: Dict) -> str:
     return f"{figures['speedup']:.2f}x" if "speedup" in figures else "-"
 
 
+def _rate(value: float, spec: str) -> str:
+    """A decode figure (tokens/step, tok/s) in `spec`, or `-` where no decode step ran (a one-token reply
+    showed 0.00 tokens/step and 0.00 tok/s)."""
+    return format(value, spec) if value else "-"
+
+
 def print_categories(cats: Dict[str, Dict[str, Dict]], modes: List[str], out=None, what: str = "category"):
     out = out or sys.stdout
     shown = [m for m in modes if m != "ar"] or modes
@@ -346,7 +352,7 @@ def print_categories(cats: Dict[str, Dict[str, Dict]], modes: List[str], out=Non
         cells = []
         for m in shown:
             v = row.get(m)
-            cells.append(f"{v['tokens_per_step']:>{w - 10}.2f} {_speedup(v):>9}" if v else f"{'-':>{w}}")
+            cells.append(f"{_rate(v['tokens_per_step'], '.2f'):>{w - 10}} {_speedup(v):>9}" if v else f"{'-':>{w}}")
         print(f"{cat or '(none)':<{c}} " + " ".join(cells), file=out)  # (lines without one: a row with no name)
 
 
@@ -362,7 +368,7 @@ def print_table(results: List[Dict], summary: Dict, modes: List[str], out=None):
     for r, question in zip(results, labels):
         print(
             f"{question:>{q}} {str(r['category']):<{c}} {variant_of(r):<{v}} {r['new_tokens']:>5} {r['steps']:>5} "
-            f"{r['tokens_per_step']:>8.2f} {r['tokens_per_second']:>7.2f}",
+            f"{_rate(r['tokens_per_step'], '.2f'):>8} {_rate(r['tokens_per_second'], '.2f'):>7}",
             file=out,
         )
     print(file=out)
@@ -382,7 +388,8 @@ def print_table(results: List[Dict], summary: Dict, modes: List[str], out=None):
         if "identical_to_ar" in s:
             extra += f"  identical_to_ar {s['identical_to_ar']}"
         print(
-            f"{mode:<{v}} tok/s {s['tokens_per_second']:7.2f}  tokens/step {s['tokens_per_step']:5.2f}  "
+            f"{mode:<{v}} tok/s {_rate(s['tokens_per_second'], '.2f'):>7}  "
+            f"tokens/step {_rate(s['tokens_per_step'], '.2f'):>5}  "
             f"speedup {_speedup(s):>6}  peak {s['peak_memory_mb']:.0f} MB{extra}",
             file=out,
         )

@@ -1069,11 +1069,14 @@ def test_replay_help_gives_the_tree_floor_it_uses(capsys):
 
 def test_no_speedup_where_ar_timed_no_decode_step(model_dir, prompts, tmp_path, capsys):
     """With replies of one token (--max-tokens 1) no decode step is timed, and every mode's speedup read 0.00x,
-    ar's over itself included; there is none to give, so the tables say '-', as without an ar run."""
+    ar's over itself included; there is none to give, so the tables say '-', as without an ar run. The same for
+    tokens/step and tok/s, which read 0.00."""
     out = tmp_path / "b.json"
     rc, text, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 1, "--modes", "ar,mlx-lm",
                       "--json", out)
     assert rc == 0 and "0.00x" not in text and "speedup      -" in text
+    # nor a decode step's figures: they read "tok/s    0.00  tokens/step  0.00" (the report keeps its 0.0)
+    assert "0.00" not in text and "tok/s       -  tokens/step     -" in text
     report = json.loads(out.read_text())
     assert not any("speedup" in s for s in report["summary"].values())
     assert not any("speedup" in v for cat in report["categories"].values() for v in cat.values())
