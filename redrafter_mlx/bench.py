@@ -87,6 +87,14 @@ def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
                 raise TypeError(f"a line is a JSON object, not a {type(row).__name__}")
             if "turns" not in row and isinstance(row.get("prompt"), str):  # a one-turn line (the shipped prompts)
                 row = {**row, "turns": [row["prompt"]], "category": row.get("category", row.get("source", ""))}
+            elif "turns" not in row and "prompt" in row:  # it said "it has none" (of 'turns')
+                prompt = row["prompt"]
+                if isinstance(prompt, list) and prompt and all(isinstance(m, dict) and "content" in m for m in prompt):
+                    raise TypeError("'prompt' is a list of messages ({role, content}, as HuggingFaceH4's sets "
+                                    "write), and a question is a string: give the user message's text")
+                what = {type(None): "null", bool: "true or false", int: "a number", float: "a number",
+                        dict: "an object"}.get(type(prompt), "a list")
+                raise TypeError(f"'prompt' is {what}, and a question is a string")
             if not isinstance(row["turns"], list):  # and "unhashable type: 'slice'" of an object
                 raise TypeError(f"'turns' must be a list of non-empty questions, not a {type(row['turns']).__name__}")
             asked = row["turns"][:turns]
@@ -103,7 +111,8 @@ def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
             if not isinstance(category, str):
                 raise TypeError(f"'category' must be a string, not {category!r}")
         except (json.JSONDecodeError, KeyError, TypeError) as e:
-            why = "it has none" if isinstance(e, KeyError) else e  # a KeyError's text is the key alone
+            # a KeyError's text is the key alone
+            why = f"it has neither (its keys: {', '.join(map(str, row)) or 'none'})" if isinstance(e, KeyError) else e
             raise RedrafterError(f"{path}:{n} is not a Spec-Bench line with 'turns' (or a line with 'prompt'): "
                                  f"{why}") from e
         if qid in seen:  # results are matched to ar's by question: a second one read as not identical to ar

@@ -245,7 +245,8 @@ def test_prompt_files_that_would_have_failed_after_the_run(tmp_path):
                         ([{"category": None, "turns": ["a"]}], "'category' must be a string"),
                         ([{"question_id": [1], "turns": ["a"]}], "'question_id' must be"),
                         ([{"question_id": 1.5, "turns": ["a"]}], "must be a whole number or a string, not 1.5$"),
-                        ([{"question": "a"}], "not a Spec-Bench line with 'turns' .*: it has none$"),
+                        ([{"question": "a"}],  # (it said "it has none")
+                         "not a Spec-Bench line with 'turns' .*: it has neither \\(its keys: question\\)$"),
                         ([["a"]], "a line is a JSON object, not a list$"),  # "list indices must be integers or ..."
                         ([{"turns": {"a": 1}}], "'turns' must be a list of non-empty questions, not a dict$"),
                         ([{"turns": ["\u200b"]}], "'turns' must be a list of non-empty questions$"),

@@ -484,6 +484,26 @@ def test_eval_helpers(tmp_path):
     assert [q["prompt"] for q in eval_prompts(f, 2)] == ["q0", "q1", "q3", "q4", "q5"]
 
 
+def test_eval_prompts_say_what_shape_a_row_has(tmp_path, capsys, monkeypatch):
+    """train --eval-prompts with a HuggingFaceH4-style row ('prompt' a list of messages) said "is not a Spec-Bench
+    line with 'turns' (or a line with 'prompt'): it has none", of a row that has a 'prompt'."""
+    import redrafter_mlx.loader as loader
+    import redrafter_mlx.train as train_module
+
+    f = tmp_path / "h4.jsonl"
+    f.write_text(json.dumps({"prompt_id": "x", "prompt": [{"role": "user", "content": "Hi"}]}) + "\n")
+    monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("loaded a model before checking the prompts"))
+    assert train_module.main(["--out", str(tmp_path / "o"), "--data", str(tmp_path), "--eval-prompts", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "h4.jsonl:1" in err and "'prompt' is a list of messages" in err and "give the user message's text" in err
+    assert "it has none" not in err
+    for row, said in (({"prompt": 5}, "'prompt' is a number, and a question is a string"),
+                      ({"text": "Hi"}, "it has neither (its keys: text)")):
+        f.write_text(json.dumps(row) + "\n")
+        assert train_module.main(["--out", str(tmp_path / "o"), "--data", str(tmp_path), "--eval-prompts", str(f)]) == 2
+        assert said in capsys.readouterr().err
+
+
 def test_evaluation_counts_the_end_token_a_step_stopped_at(monkeypatch):
     """train's evaluation left out the end-of-turn token a step emitted, which RunStats.tokens_per_step and
     redrafter-train count: replies that ended early read as under 1 token a step (0.917 for MT-Bench coding)."""
