@@ -327,8 +327,9 @@ SEEDS_SHOWN = 3  # seed tasks in each self-instruct prompt
 def check_seeds(seeds: Sequence[str]):
     """Self-instruct needs SEEDS_SHOWN seed tasks or more (also checked before any model loads)."""
     if len(seeds) < SEEDS_SHOWN:
-        raise RedrafterError(f"{len(seeds)} prompts to write new tasks from: give at least {SEEDS_SHOWN} (self-instruct "
-                             f"shows the model {SEEDS_SHOWN} at a time), and a few hundred for a useful drafter")
+        raise RedrafterError(f"{len(seeds)} prompt{'' if len(seeds) == 1 else 's'} to write new tasks from: give at "
+                             f"least {SEEDS_SHOWN} (self-instruct shows the model {SEEDS_SHOWN} at a time), and a few "
+                             "hundred for a useful drafter")
 
 
 def clean_task(text: str) -> str:

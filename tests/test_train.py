@@ -474,6 +474,18 @@ def test_reload_follows_a_growing_data_folder(patterned, tmp_path):
     assert d.draft_vocab.size == 8 and d2.draft_vocab.size == 16
 
 
+def test_too_few_seed_prompts_are_counted_in_words():
+    """One seed prompt was "1 prompts to write new tasks from"."""
+    from redrafter_mlx.distill import check_seeds
+    from redrafter_mlx.errors import RedrafterError
+
+    for seeds, said in ((["a"], "1 prompt to write new tasks from: give at least 3"),
+                        (["a", "b"], "2 prompts to write new tasks from"), ([], "0 prompts to write")):
+        with pytest.raises(RedrafterError, match=f"^{said}"):
+            check_seeds(seeds)
+    check_seeds(["a", "b", "c"])
+
+
 def test_eval_helpers(tmp_path):
     from redrafter_mlx.train import eval_prompts, parse_shapes
 
