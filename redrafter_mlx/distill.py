@@ -291,10 +291,14 @@ def distill(loaded, prompts: List[str], out: Path, batch_size: int = 16, max_tok
     encoded = [(k, tok.prompt_ids(p)) for k, p in todo]
     limit = min(loaded.context_length - max_tokens - 1, max_prompt_tokens or loaded.context_length)
     kept = [(k, ids) for k, ids in encoded if len(ids) <= limit]
-    if len(kept) < len(encoded):
-        print(f"distill: skipped {len(encoded) - len(kept)} of {len(encoded)} prompts longer than {limit} tokens",
-              file=sys.stderr)
+    if len(kept) < len(encoded):  # of all the prompts: a resume said "skipped 3 of 3", of the 3 left
+        before = len(unique) - len(todo)
+        said = f" ({before} answered before{'' if kept else '; none left to answer'})" if before else ""
+        print(f"distill: skipped {len(encoded) - len(kept)} of {len(unique)} prompt{'s' if len(unique) > 1 else ''} "
+              f"longer than {limit} tokens{said}", file=sys.stderr)
     encoded = kept
+    if not encoded:  # (a resume with nothing left to answer drew an empty 0/0 bar)
+        return 0
     budget = batch_tokens or batch_size * (max_tokens + 128)
     batches = length_batches([len(ids) + max_tokens for _, ids in encoded], batch_size, budget)
     bar = tqdm(total=len(encoded), desc="distill", unit="prompt", disable=not progress,

@@ -185,6 +185,10 @@ def test_distill_skips_prompts_over_max_prompt_tokens_and_answers_them_later(tmp
                    max_prompt_tokens=30) == 2
     assert "skipped 1 of 3 prompts longer than 30 tokens" in capsys.readouterr().err
     assert sorted(len(s["prompt"]) for s in read_shards(out)) == lengths[:2]
+    # resumed, it said "skipped 1 of 1 prompts", of the one left, and drew an empty 0/0 bar: it says it once
+    assert distill(TinyLoaded(model), prompts, out, batch_size=4, max_tokens=8, max_prompt_tokens=30) == 0
+    err = capsys.readouterr().err
+    assert err == "distill: skipped 1 of 3 prompts longer than 30 tokens (2 answered before; none left to answer)\n"
     # not marked done: a run without the limit answers just the skipped one
     assert distill(TinyLoaded(model), prompts, out, batch_size=4, max_tokens=8, progress=False) == 1
     assert sorted(len(s["prompt"]) for s in read_shards(out)) == lengths
