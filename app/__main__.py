@@ -165,10 +165,12 @@ def draft_size_error(args):
 def missing_path(args) -> Optional[str]:
     """A --model or --drafter that names a local path that is not there, said before the chat opens
     (the screen opened, and the error waited for Ctrl+Q). redrafter_mlx.cli.drafter_error's rule
-    for the drafter; a model is a path when it ends in .gguf or starts with /, . or ~ (else it may
-    be a registry name or a hub id)."""
+    for the drafter; a model is a path when it ends in .gguf or .safetensors, starts with /, . or ~,
+    or holds a path separator without being org/name (else it may be a registry name or a hub id)."""
     model = args.model
-    if model and model.strip() and (model.endswith(".gguf") or model.startswith(("/", ".", "~"))) \
+    parts = model.replace(os.sep, "/").split("/") if model else []
+    if model and model.strip() and (model.endswith((".gguf", ".safetensors")) or model.startswith(("/", ".", "~"))
+                                    or len(parts) > 2 or len(parts) == 2 and not all(parts)) \
             and not Path(model).expanduser().exists():
         return f"--model {model}: no such file or folder"
     if args.drafter is not None and not (Path(args.drafter).expanduser() / "config.json").is_file():

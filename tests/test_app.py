@@ -1090,6 +1090,8 @@ def test_a_missing_model_path_or_drafter_is_refused_before_the_chat_opens(monkey
     for argv, said in ((["--model", str(tmp_path / "none.gguf")], "none.gguf: no such file or folder"),
                        (["--model", "./models/mine"], "--model ./models/mine: no such file or folder"),
                        (["--model", "nope"], "--model nope: not a known name (gemma3-1b-4bit, "),
+                       (["--model", "models/mine/v2"], "--model models/mine/v2: no such file or folder"),
+                       (["--model", "mine.safetensors"], "--model mine.safetensors: no such file or folder"),
                        (["--drafter", str(tmp_path)], "no drafter there")):
         with pytest.raises(SystemExit):
             main(argv)
