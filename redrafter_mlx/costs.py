@@ -66,6 +66,9 @@ PLAIN_CAP = 1.25  # the plain estimate stays within this factor of verifying one
 HEAL_STEPS = 32  # steps of one kind a run observes before it may judge the cached curve (heal_cached)
 HEAL_RATIO = 0.75  # ... and finds them under this share of the curve's figures: measured under load
 TABLE = 256  # verify(n) is tabulated for n = 1 .. TABLE (the controller drafts at most 64 nodes)
+_TABLE_N = np.arange(1, TABLE + 1)
+_TABLE_X = np.log2(_TABLE_N.astype(np.float64))
+_MIDDLES = np.concatenate([[0.0], np.arange(1, 8) + 0.5])  # the correction buckets' middles in log2(n) (bucket 0: n = 1)
 
 
 class CostModel:
@@ -81,6 +84,8 @@ class CostModel:
             raise ValueError("a cost model's sizes must rise: 1, 2, 4, ...")
         self.seconds = np.maximum.accumulate(np.asarray(seconds, dtype=np.float64))  # never cheaper for more
         self.draft_level = draft_level  # drafter seconds per tree level (None: not measured yet)
+        self._base_table = self.base(_TABLE_N)  # base(n), n = 1 .. TABLE: fixed, read by every verification
+        self._base = self._base_table.tolist()
         self.source = source
         self.shape_buckets = shape_buckets  # new shapes cost a compilation here: pad trees (TreeModel.use_shape_buckets)
         self.correction = np.ones(8)  # per bucket floor(log2 n), 1 .. 128+: the curve's shape here
@@ -108,8 +113,7 @@ class CostModel:
         """verify(n) for n = 1 .. TABLE, kept as a table: every decision reads it (a step on a
         GPU or an Apple chip takes a few ms, so a lookup must cost microseconds, not a numpy
         interpolation per call)."""
-        n = np.arange(1, TABLE + 1)
-        self._curve = self._corrected(n)
+        self._curve = self._corrected(_TABLE_N, self._base_table)
         self._list = self._curve.tolist()
         self.version = getattr(self, "version", -1) + 1  # what caches of figures derived from the curve key on
 
@@ -129,7 +133,7 @@ class CostModel:
     def _bucket(n):
         return np.minimum(np.log2(np.maximum(n, 1)).astype(int), 7)
 
-    def _corrected(self, n: np.ndarray) -> np.ndarray:
+    def _corrected(self, n: np.ndarray, base: Optional[np.ndarray] = None) -> np.ndarray:
         """base(n) times the corrections, interpolated in log2(n) between the buckets' middles (a
         bucket never observed takes its nearest observed neighbour's), and never cheaper for
         more tokens. Applied bucket by bucket as steps, neighbouring corrections of 1.3 and 0.96
@@ -137,13 +141,13 @@ class CostModel:
         controller then verified 15-token trees for nodes worth ~0.07 tokens each, and ran at
         0.91x the fixed tree's speed with the same tokens per step."""
         seen = np.flatnonzero(self._seen)
-        corr = self.correction.copy()
+        corr = self.correction
         if seen.size:
             nearest = seen[np.argmin(np.abs(np.arange(corr.size)[:, None] - seen[None, :]), axis=1)]
             corr = corr[nearest]
-        middles = np.concatenate([[0.0], np.arange(1, corr.size) + 0.5])  # bucket 0 is n = 1 alone
-        x = np.log2(np.maximum(np.asarray(n, dtype=np.float64), 1.0))
-        return np.maximum.accumulate(self.load * self.base(n) * np.interp(x, middles, corr))
+        x = _TABLE_X if n is _TABLE_N else np.log2(np.maximum(np.asarray(n, dtype=np.float64), 1.0))
+        base = self.base(n) if base is None else base  # (base: base(n) known already)
+        return np.maximum.accumulate(self.load * base * np.interp(x, _MIDDLES, corr))
 
     def verify(self, n: int) -> float:
         """Seconds to verify n tokens (n = 1: a plain forward that is not pipelined)."""
@@ -162,8 +166,8 @@ class CostModel:
 
     # ---- online refinement -------------------------------------------------------------------
     def observe_verify(self, n: int, seconds: float):
-        b = self._bucket(n)
-        r = seconds / max(self.base(n), 1e-9)
+        b = min(max(int(n), 1).bit_length() - 1, 7)  # _bucket(n), without numpy
+        r = seconds / max(self._base[n - 1] if 1 <= n <= TABLE else self.base(n), 1e-9)
         q = r / (self.load * self.correction[b])  # this step against the curve
         self._since_verify = 0
         if not self._move_load(q):

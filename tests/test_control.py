@@ -191,6 +191,23 @@ def test_without_a_drafter_only_the_copy_is_verified_and_only_where_it_pays():
     assert Controller(flat_costs(), has_drafter=False).next_step([1, 2, 3, 4, 5], True, 100) == "plain"
 
 
+def test_the_quick_forms_of_buckets_and_the_curve_give_the_same_figures():
+    """Per-step shortcuts (lists instead of small numpy arrays, tabulated figures) change no number."""
+    from redrafter_mlx.control import Acceptance
+
+    for n, run in itertools.product((0, 2, 3, 5), (False, True)):
+        assert Acceptance.lookup_buckets(n, 3, 14, run) == Acceptance.lookup_bucket(n, np.arange(3, 15), run).tolist()
+    a = CostModel(SIZES, [0.003 * r for r in (1, 1.14, 1.61, 2.02, 2.47, 3.66, 6.3)], plain=0.003)
+    for n in (1, 2, 3, 5, 8, 63, 64, 65, 200, 256, 300):
+        assert a._base[n - 1] == a.base(n) if n <= costs.TABLE else True
+        assert min(max(n, 1).bit_length() - 1, 7) == int(CostModel._bucket(n))
+    rng = np.random.default_rng(0)
+    for n in rng.integers(1, 300, 200).tolist():
+        a.observe_verify(n, a.verify(n) * float(rng.lognormal(0, 0.3)))
+    table = a.verify_curve(costs.TABLE)
+    assert np.array_equal(table, a._corrected(np.arange(1, costs.TABLE + 1)))
+
+
 def test_copies_are_scored_in_hindsight_position_by_position():
     ctl = Controller(flat_costs(), has_drafter=False)
     ids = [1, 2, 3, 4, 5, 6, 7, 1, 2]
