@@ -227,7 +227,7 @@ class Controller:
             return False
         levels = np.arange(1, n + 1)
         tokens = 1.0 + np.cumsum(BEST_ACCEPTANCE ** levels)
-        seconds = self.costs.verify_curve(n + 1)[1:] + levels * (self.costs.draft_level or 0.0)
+        seconds = self.costs.verify_curve(n + 1)[1:] + levels * (self.costs.draft_level or 0.0) + self.costs.overhead
         return bool(np.max(tokens * self.costs.plain / seconds) > 1.0)
 
     def _copy(self, ids, root_known: bool, room: int):
@@ -249,7 +249,9 @@ class Controller:
             first = 1.0
         if copy.size == 0:
             return None, None
-        return first * np.cumsum(self._copy_path(copy.size, n, run)), self.costs.verify_curve(copy.size + 1)[1:] / self.costs.plain
+        # a copying step costs its verification and the host's bookkeeping of a speculative step
+        seconds = self.costs.verify_curve(copy.size + 1)[1:] + self.costs.overhead
+        return first * np.cumsum(self._copy_path(copy.size, n, run)), seconds / self.costs.plain
 
     def _copy_path(self, size: int, n: int, run: bool) -> np.ndarray:
         """P(the copy's first j tokens are all accepted), j = 1 .. size, for a copy matched on an
@@ -274,7 +276,8 @@ class Controller:
         b = int(np.argmax(speed))
         extra = (1.0 - gains[0]) * self.draft_mass
         packed = b + 2 + int(round(self.draft_nodes))  # root, the copy's b + 1 tokens, the head's usual nodes
-        drafting = (1.0 + gains[b] + extra) * self.costs.plain / (self.costs.verify(packed) + self.draft_seconds)
+        seconds = self.costs.verify(packed) + self.draft_seconds + self.costs.overhead
+        drafting = (1.0 + gains[b] + extra) * self.costs.plain / seconds
         return bool(speed[b] > drafting)
 
     # ---- one speculative step -------------------------------------------------------------------
@@ -337,7 +340,8 @@ class Controller:
         2-core CPU, and a miss at their first token lost the lot (on MT-Bench replies that
         rephrase their own earlier sentences); where the copy holds, the next step's copy runs at
         the copy's own rate, which is the rate to weigh its tokens at."""
-        speed = (1.0 + np.cumsum(self._copy_path(copy.size, n, run))) / self.costs.verify_curve(copy.size + 1)[1:]
+        seconds = self.costs.verify_curve(copy.size + 1)[1:] + self.costs.overhead
+        speed = (1.0 + np.cumsum(self._copy_path(copy.size, n, run))) / seconds
         return copy[: int(np.argmax(speed)) + 1]
 
     def _choose(self, root: int, cands: Candidates, copies, n_max: int, levels: int) -> Plan:
@@ -463,7 +467,8 @@ class Controller:
         self.acceptance.update(d[d >= 0], hits[d >= 0], l[l >= 0], hits[l >= 0])
         self.costs.observe_verify(packed, verify_seconds)
         # The step's seconds as measured (a fixed cost profile: as modeled, so replays are exact).
-        seconds = self.costs.step_seconds(packed, verify_seconds)
+        # (and the host's bookkeeping around it, which a plain step's timing holds for its own part)
+        seconds = self.costs.step_seconds(packed, verify_seconds) + self.costs.overhead
         if kind == "draft":
             self.costs.observe_draft(plan.forwards, draft_seconds)
             seconds += self.costs.drafting_seconds(plan.forwards, draft_seconds)
@@ -505,6 +510,10 @@ class Controller:
     def observe_plain(self, seconds: float):
         """A pipelined plain step's time: what speculation competes with."""
         self.costs.observe_plain(seconds)
+
+    def observe_overhead(self, seconds: float):
+        """A speculative step's host seconds outside its drafting and verification (costs.py)."""
+        self.costs.observe_overhead(seconds)
 
     def summary(self) -> Dict[str, float]:
         return {**self.costs.summary(), "draft_depth": self.depth, "floor": self.last_floor,

@@ -594,6 +594,9 @@ def stream(
                         on_path = node[path[1:]]
                         copied = plan.from_lookup[on_path] & (plan.draft_bucket[on_path] < 0)
                         ctl.observe(kind, plan, on_path, tree.size, t_verify - t_draft, t_done - t_verify)
+                        # the host work this step did outside drafting and verifying: deciding it (where the step
+                        # before drafted too; after a plain step, that step's time holds it) and learning from it
+                        ctl.observe_overhead(t_draft - t_step + time.perf_counter() - t_done)
                     else:
                         copied = context_only(tree, rows, path, sources_np)
                         copy_length.update(copy.size, copy_taken(tree, rows, path) if copy.size else 0)

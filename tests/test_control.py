@@ -191,6 +191,40 @@ def test_without_a_drafter_only_the_copy_is_verified_and_only_where_it_pays():
     assert Controller(flat_costs(), has_drafter=False).next_step([1, 2, 3, 4, 5], True, 100) == "plain"
 
 
+def test_a_speculative_steps_host_work_counts_against_it():
+    """The host's own work around a speculative step (deciding it, mapping the accepted path back,
+    learning from it) is charged to such steps: a copy that beats a plain step on its verification
+    alone does not once a step's bookkeeping costs as much as a plain step (a fast machine, where a
+    plain step takes a few ms, a small model on a GPU). A fixed profile (replays) never counts it."""
+    ids = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]  # the copy would continue 4, 5, 6, ...
+    curve = [0.003 * r for r in (1, 1.0, 1.0, 1.2, 1.5, 2.2, 3.2)]
+    ctl = Controller(CostModel(SIZES, curve, plain=0.003), has_drafter=False)
+    assert ctl.next_step(ids, True, 100) == "lookup"
+    ctl.observe_overhead(0.003)
+    assert ctl.costs.overhead == pytest.approx(0.003) and ctl.costs.summary()["overhead_ms"] == pytest.approx(3.0)
+    assert ctl.next_step(ids, True, 100) == "plain"
+    fixed = Controller(FixedCosts(SIZES, curve), has_drafter=False)
+    fixed.observe_overhead(0.003)
+    assert fixed.costs.overhead == 0.0 and fixed.next_step(ids, True, 100) == "lookup"
+
+
+def test_the_host_work_of_a_step_is_averaged_and_a_stall_does_not_dominate_it():
+    costs = CostModel(SIZES, [0.01 * n for n in SIZES], plain=0.01)
+    costs.observe_overhead(0.001)
+    assert costs.overhead == pytest.approx(0.001)  # the first reading as it is
+    costs.observe_overhead(5.0)  # a collector's pause: clipped to a plain step
+    assert costs.overhead == pytest.approx(0.001 + 0.1 * (0.01 - 0.001))
+
+
+def test_decoding_charges_speculative_steps_their_host_work():
+    m = with_costs(tiny_loaded(), CostModel(SIZES, [0.1 * (1 + 0.3 * (n - 1) / 63) for n in SIZES],
+                                            draft_level=0.001))
+    ar = generate(m, PROMPT, mode="ar", max_tokens=60)
+    auto = generate(m, PROMPT, mode="auto", max_tokens=60)
+    assert auto.tokens == ar.tokens and auto.stats.accepted_tokens > 0
+    assert 0.0 < m.controllers[id(m.drafter)].costs.overhead
+
+
 def test_the_quick_forms_of_buckets_and_the_curve_give_the_same_figures():
     """Per-step shortcuts (lists instead of small numpy arrays, tabulated figures) change no number."""
     from redrafter_mlx.control import Acceptance
