@@ -161,3 +161,21 @@ def write_shards(folder: Path, weights: dict, index: dict = None) -> dict:
         (folder / "model.safetensors.index.json").write_text(json.dumps(
             {**index, "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}))
     return shards
+
+
+def ctrl_c_as_renamed_to(monkeypatch, target: Path):
+    """Press Ctrl-C (SIGINT) as files.py renames something to `target`, then let the rename go on:
+    what holds signals around a folder swap must finish it before the interrupt lands."""
+    import os
+    import signal
+
+    from redrafter_mlx import files
+
+    rename = os.rename
+
+    def rename_and_press_ctrl_c(a, b):
+        if Path(b) == Path(target):
+            signal.raise_signal(signal.SIGINT)
+        return rename(a, b)
+
+    monkeypatch.setattr(files.os, "rename", rename_and_press_ctrl_c)

@@ -558,25 +558,16 @@ def test_ctrl_c_as_a_drafter_is_installed_still_names_it_in_the_model_manifest(t
                                                                                  monkeypatch, ctrl_c_raises):
     """Ctrl-C is held while the drafter is renamed into MODEL/drafter: the manifest is updated in the same moment,
     and the interruption comes after both."""
-    import os
-    import signal
+    from helpers import ctrl_c_as_renamed_to
 
     from convert.cli import main as convert_main
-    from redrafter_mlx import files
     from redrafter_mlx.drafter import new_drafter, save_drafter
 
     new = tmp_path / "best"
     save_drafter(new_drafter(tiny_kit.model(seed=0).args, lm_head="shared", seed=2), new)
     model = tmp_path / "model"
     assert convert_main(["--model", str(tiny_model_dir), "--out", str(model), "--quiet"]) == 0
-    rename = os.rename
-
-    def rename_and_press_ctrl_c(a, b):
-        if Path(b) == model / "drafter":
-            signal.raise_signal(signal.SIGINT)
-        return rename(a, b)
-
-    monkeypatch.setattr(files.os, "rename", rename_and_press_ctrl_c)
+    ctrl_c_as_renamed_to(monkeypatch, model / "drafter")
     with pytest.raises(KeyboardInterrupt):
         autotrain.install(new, model / "drafter", _installed_manifest())
     assert (model / "drafter" / "model.safetensors").is_file()

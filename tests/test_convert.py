@@ -33,7 +33,7 @@ from redrafter_mlx.config import DrafterArgs
 from redrafter_mlx.drafter import Drafter, new_drafter, save_drafter
 from redrafter_mlx.loader import new_model
 
-from helpers import write_shards
+from helpers import ctrl_c_as_renamed_to, write_shards
 
 H, V, LAYERS = 64, 128, 2
 CHAT_TEMPLATE = (
@@ -1199,22 +1199,10 @@ def test_a_drafter_that_fails_leaves_the_model_manifest_as_it_was(tmp_path, caps
 def test_ctrl_c_as_a_drafter_goes_into_a_model_folder_still_names_it(tmp_path, capsys, monkeypatch, mlx_ckpt,
                                                                        ctrl_c_raises):
     """Ctrl-C is held while the drafter is renamed in: the model's manifest is updated in the same moment."""
-    import os
-    import signal
-
-    from redrafter_mlx import files
-
     model = tmp_path / "model"
     assert run_convert(capsys, "--model", mlx_ckpt[0], "--out", model)[0] == 0
     new = write_numpy_drafter(tmp_path / "new", H, V, exit_dim=2 * H, layers=2)
-    rename = os.rename
-
-    def rename_and_press_ctrl_c(a, b):
-        if Path(b) == model / "drafter":
-            signal.raise_signal(signal.SIGINT)
-        return rename(a, b)
-
-    monkeypatch.setattr(files.os, "rename", rename_and_press_ctrl_c)
+    ctrl_c_as_renamed_to(monkeypatch, model / "drafter")
     rc, lines = run_convert(capsys, "--drafter", new, "--base", model, "--out", model / "drafter")
     assert rc == 130 and len(lines) == 1 and "is whole" in lines[0], lines
     assert _drafter_entry(model / "manifest.json")["source"] == str(new)
