@@ -167,11 +167,10 @@ def missing_path(args) -> Optional[str]:
     (the screen opened, and the error waited for Ctrl+Q). redrafter_mlx.cli.drafter_error's rule
     for the drafter; a model is a path when it ends in .gguf or .safetensors, starts with /, . or ~,
     or holds a path separator without being org/name (else it may be a registry name or a hub id)."""
+    from redrafter_mlx.registry import looks_like_path
+
     model = args.model
-    parts = model.replace(os.sep, "/").split("/") if model else []
-    if model and model.strip() and (model.endswith((".gguf", ".safetensors")) or model.startswith(("/", ".", "~"))
-                                    or len(parts) > 2 or len(parts) == 2 and not all(parts)) \
-            and not Path(model).expanduser().exists():
+    if model and model.strip() and looks_like_path(model) and not Path(model).expanduser().exists():
         return f"--model {model}: no such file or folder"
     if args.drafter is not None and not (Path(args.drafter).expanduser() / "config.json").is_file():
         return f"--drafter {args.drafter}: no drafter there (a folder with config.json and the weights)"

@@ -227,6 +227,16 @@ def fetch_hub(repo: str, progress=None) -> Path:
         ) from e
 
 
+def looks_like_path(name: str) -> bool:
+    """Whether a --model names a local path rather than a registry name or a hub id (org/name): it
+    ends in .gguf or .safetensors, starts with /, . or ~, or holds a path separator without being
+    org/name. (resolve and the chat's check before its screen opens read it the same way.)"""
+    if name.endswith((".gguf", ".safetensors")) or name.startswith(("/", ".", "~")):
+        return True
+    parts = name.replace(os.sep, "/").split("/")
+    return len(parts) > 2 or (len(parts) == 2 and not all(parts))
+
+
 def resolve(name: Optional[str] = None, progress=None) -> ResolvedModel:
     """Resolve a registry name, local path or hub id to a local GGUF file or folder."""
     models = known_models()
@@ -259,8 +269,7 @@ def resolve(name: Optional[str] = None, progress=None) -> ResolvedModel:
             return ResolvedModel(name, fetch_hub(name, progress))
         except (ModelNotFoundError, NetworkError) as e:  # "models/mine" mistyped is tried as a hub id: say both
             raise type(e)(f"{e} (nor is {name!r} a local path)") from e
-    if any(sep and sep in name for sep in (os.sep, os.altsep, "/")) or name.startswith((".", "~")) \
-            or path.suffix == ".safetensors":  # a path, not a name mistyped: the list of names is no help
+    if looks_like_path(name):  # a path, not a name mistyped: the list of names is no help
         raise ModelNotFoundError(f"no such file or folder: {name} (a model is a .gguf file or a model folder)")
     raise ModelNotFoundError(
         f"unknown model {name!r}: not a known name ({', '.join(sorted(models))}), "
