@@ -112,7 +112,10 @@ def expand(drafter, base, h: mx.array, token: int, width: int, depth: int, budge
         else:
             top_ids = top
         top_logp = mx.take_along_axis(logp, top, axis=-1)  # (F, k)
-        top_ids, top_logp = np.array(top_ids), np.array(top_logp)  # one sync per level
+        # one sync per level: evaluated together (np.array of each in turn waited twice, the second
+        # time for the gather alone: a round trip to the device per level on a GPU)
+        mx.eval(top_ids, top_logp)
+        top_ids, top_logp = np.array(top_ids), np.array(top_logp)
         candidate = (frontier_score[:, None] + top_logp).reshape(-1)  # (F * k,)
         keep = np.flatnonzero(candidate >= log_min)
         if keep.size == 0:
