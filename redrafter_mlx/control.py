@@ -227,7 +227,7 @@ class Controller:
             return False
         levels = np.arange(1, n + 1)
         tokens = 1.0 + np.cumsum(BEST_ACCEPTANCE ** levels)
-        seconds = self.costs.verify_curve(n + 1)[1:] + levels * (self.costs.draft_level or 0.0) + self.costs.overhead
+        seconds = self.costs.speculative_curve(n + 1) + levels * (self.costs.draft_level or 0.0)
         return bool(np.max(tokens * self.costs.plain / seconds) > 1.0)
 
     def _copy(self, ids, root_known: bool, room: int):
@@ -249,8 +249,7 @@ class Controller:
             first = 1.0
         if copy.size == 0:
             return None, None
-        # a copying step costs its verification and the host's bookkeeping of a speculative step
-        seconds = self.costs.verify_curve(copy.size + 1)[1:] + self.costs.overhead
+        seconds = self.costs.speculative_curve(copy.size + 1)
         return first * np.cumsum(self._copy_path(copy.size, n, run)), seconds / self.costs.plain
 
     def _copy_path(self, size: int, n: int, run: bool) -> np.ndarray:
@@ -276,7 +275,7 @@ class Controller:
         b = int(np.argmax(speed))
         extra = (1.0 - gains[0]) * self.draft_mass
         packed = b + 2 + int(round(self.draft_nodes))  # root, the copy's b + 1 tokens, the head's usual nodes
-        seconds = self.costs.verify(packed) + self.draft_seconds + self.costs.overhead
+        seconds = self.costs.speculative(packed) + self.draft_seconds
         drafting = (1.0 + gains[b] + extra) * self.costs.plain / seconds
         return bool(speed[b] > drafting)
 
@@ -340,7 +339,7 @@ class Controller:
         2-core CPU, and a miss at their first token lost the lot (on MT-Bench replies that
         rephrase their own earlier sentences); where the copy holds, the next step's copy runs at
         the copy's own rate, which is the rate to weigh its tokens at."""
-        seconds = self.costs.verify_curve(copy.size + 1)[1:] + self.costs.overhead
+        seconds = self.costs.speculative_curve(copy.size + 1)
         speed = (1.0 + np.cumsum(self._copy_path(copy.size, n, run))) / seconds
         return copy[: int(np.argmax(speed)) + 1]
 

@@ -168,6 +168,15 @@ class CostModel:
     def ratio(self, n: int) -> float:
         return self.verify(n) / self.verify(1)
 
+    def speculative(self, n: int) -> float:
+        """Seconds of a speculative step verifying n tokens, drafting aside: the verification and
+        the host's bookkeeping around it (`overhead`), which a plain step's own timing holds."""
+        return self.verify(n) + self.overhead
+
+    def speculative_curve(self, n_max: int) -> np.ndarray:
+        """speculative(n) for n = 2 .. n_max (the root and at least one draft), indexed by n - 2."""
+        return self.verify_curve(n_max)[1:] + self.overhead
+
     # ---- online refinement -------------------------------------------------------------------
     def observe_verify(self, n: int, seconds: float):
         b = min(max(int(n), 1).bit_length() - 1, 7)  # _bucket(n), without numpy
