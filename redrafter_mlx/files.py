@@ -56,19 +56,24 @@ def write_json(path: Path, data: Any, indent: Optional[int] = 1) -> Path:
 
 
 @contextlib.contextmanager
-def folder_lock(folder: Path):
-    """An exclusive advisory lock (flock) on `folder` for the block: processes that update a
-    file in it take turns. Where the folder cannot be locked (no flock, a file system without
-    it) the block runs unlocked."""
+def folder_lock(folder: Path, busy: Optional[str] = None):
+    """An exclusive advisory lock (flock) on `folder` for the block, released when the block or its
+    process ends: processes that update a file in it take turns. With `busy`, the folder is held for
+    one long run instead of waited for: another process holding it is a RedrafterError saying `busy`
+    (a second run at once in the same folder, the same command from another terminal, had worked side
+    by side, writing its shards and checkpoints over the first one's). Where the folder cannot be
+    locked (no flock, a file system without it) the block runs unlocked."""
     fd = None
     if fcntl is not None:
         try:
             fd = os.open(folder, os.O_RDONLY)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
+            fcntl.flock(fd, fcntl.LOCK_EX | (fcntl.LOCK_NB if busy is not None else 0))
+        except OSError as e:
             if fd is not None:
                 os.close(fd)
             fd = None
+            if busy is not None and isinstance(e, BlockingIOError):
+                raise RedrafterError(busy) from None
     try:
         yield
     finally:
@@ -76,25 +81,9 @@ def folder_lock(folder: Path):
             os.close(fd)  # (closing the descriptor releases the lock)
 
 
-@contextlib.contextmanager
 def one_run_in(folder: Path, busy: str):
-    """Hold `folder` for one long run (an advisory lock, released when the block or its process ends): a
-    second run at once in the same folder (the same command from another terminal) worked side by side,
-    writing its shards and checkpoints over the first one's. Another process holding it is a
-    RedrafterError saying `busy`; where the file system has no locks, runs are not kept apart."""
-    fd = os.open(folder, os.O_RDONLY) if fcntl is not None else None
-    try:
-        if fd is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise RedrafterError(busy) from None
-            except OSError:
-                pass
-        yield
-    finally:
-        if fd is not None:
-            os.close(fd)
+    """Hold `folder` for one long run: `folder_lock` with `busy` as the error where another holds it."""
+    return folder_lock(folder, busy)
 
 
 def update_json(path: Path, change: Callable[[Dict[str, Any]], Dict[str, Any]], indent: Optional[int] = 1) -> Path:
