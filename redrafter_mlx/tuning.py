@@ -16,10 +16,13 @@ DEFAULT_SHAPE. A shape stored for another device is not used.
 
 --tune stores its entry under `device_keys()[0]`: the machine as the cost curve keys it
 (`costs.machine_key`: on a CPU its model and the cores this process may use, since a model folder
-can be shared with another machine) and the weight format (stored 4-bit weights cost ~k times one
-token to verify k on a CPU, where float weights cost ~2x). An entry under the device's
-description alone (a shipped drafter's, or one --tune wrote before) is read where no entry for
-the exact machine and format is stored.
+can be shared with another machine), the weight format (stored 4-bit weights cost ~k times one
+token to verify k on a CPU, where float weights cost ~2x) and the model it measured
+(`model_label`: a GGUF file's name, or the folder's safetensors weights), since one folder can hold
+several models (GGUF files of two quantizations, a GGUF beside safetensors) and each has its own
+entry. An entry under the machine and format alone (one --tune wrote before it named the model),
+else under the device's description alone (a shipped drafter's, or an older --tune's), is read
+where no entry for the exact machine, format and model is stored.
 
 A shape is measured with one drafter: --tune stores the drafter's digest (`drafter_digest`) with
 its entry, and an entry measured with another drafter (the one redrafter-train or the converter
@@ -77,25 +80,36 @@ class Tuned(NamedTuple):
     tree_min_prob: Optional[float] = None
 
 
-def device_keys(weight_format: Optional[str] = None) -> List[str]:
+def model_label(path: Optional[Path]) -> str:
+    """Which model of its folder an entry is for: a GGUF file's name, or "safetensors" for a model
+    folder's own weights (a folder can hold both, and GGUF files of several quantizations)."""
+    path = Path(path) if path is not None else None
+    return path.name if path is not None and path.is_file() else "safetensors"
+
+
+def device_keys(weight_format: Optional[str] = None, model: Optional[Path] = None) -> List[str]:
     """The keys an entry for this device is read under, the first the one --tune writes: the
-    machine (costs.machine_key) and, where known, the weight format; then the device's
+    machine (costs.machine_key) and, where known, the weight format and the model (model_label);
+    then the machine and format alone (--tune's before it named the model); then the device's
     description alone (the shipped drafters' entries, and --tune's before it named the machine)."""
-    exact = machine_key() + (f" | {weight_format}" if weight_format else "")
-    return [exact, device_description()]
+    machine = machine_key() + (f" | {weight_format}" if weight_format else "")
+    keys = [f"{machine} | {model_label(model)}"] if model is not None else []
+    return [*keys, machine, device_description()]
 
 
 def read_tuned(folder: Optional[Path], device: Optional[str] = None, weight_format: Optional[str] = None,
-               drafter: Optional[str] = None, note: Optional[Callable[[str], None]] = None) -> Optional[Tuned]:
-    """The Tuned entry stored for `device` (default: this one, under the first of device_keys()
-    the file holds) in folder/beam_shape.json, or None; tree is 0 (beams) when not stored.
+               drafter: Optional[str] = None, note: Optional[Callable[[str], None]] = None,
+               model: Optional[Path] = None) -> Optional[Tuned]:
+    """The Tuned entry stored for `device` (default: this one, under the first of
+    device_keys(weight_format, model) the file holds) in folder/beam_shape.json, or None; tree is 0
+    (beams) when not stored.
     `drafter`: the digest of the drafter it is for (drafter_digest); an entry measured with
     another one is None, said to `note`."""
     if folder is None or not (Path(folder) / FILE).is_file():
         return None
     try:
         data = json.loads((Path(folder) / FILE).read_text())
-        keys = [device] if device else device_keys(weight_format)
+        keys = [device] if device else device_keys(weight_format, model)
         entry = next((data[k] for k in keys if k in data), None)
         if entry and drafter is not None and "drafter_digest" in entry and entry["drafter_digest"] != drafter:
             if note:
@@ -127,7 +141,8 @@ def find_tuned(model_path: Path, drafter_path: Optional[Path], weight_format: Op
     """The Tuned entry for this device (and weight format) measured with this drafter: the model
     folder's file first, then the drafter's."""
     digest = drafter_digest(drafter_path)
-    return (read_tuned(model_folder(model_path), weight_format=weight_format, drafter=digest, note=note)
+    return (read_tuned(model_folder(model_path), weight_format=weight_format, drafter=digest, note=note,
+                       model=model_path)
             or read_tuned(drafter_path, weight_format=weight_format, drafter=digest, note=note))
 
 
@@ -175,8 +190,8 @@ def drafting(loaded, beam_width: Optional[int] = None, beam_length: Optional[int
 def save_beam_shape(loaded, width: int, length: int, measured: Dict[str, Any], tree: int = 0,
                     lookup: int = DEFAULT_LOOKUP, tree_min_prob: float = DEFAULT_MIN_PROB) -> Path:
     """Store (width, length), the dynamic-tree node budget (0: beams), the lookup length and the
-    tree's probability floor for this machine and weight format (device_keys()[0]) in the model
-    folder, keeping other entries.
+    tree's probability floor for this machine, weight format and model file (device_keys()[0]) in the
+    model folder, keeping other entries (another model's in the same folder among them).
     The file is replaced atomically, and `loaded` adopts the values. Returns its path."""
     path = model_folder(loaded.path) / FILE
     entry = {
@@ -190,7 +205,8 @@ def save_beam_shape(loaded, width: int, length: int, measured: Dict[str, Any], t
         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         **measured,
     }
-    update_json(path, lambda data: {**data, device_keys(getattr(loaded, "weight_format", None))[0]: entry})
+    key = device_keys(getattr(loaded, "weight_format", None), Path(loaded.path))[0]
+    update_json(path, lambda data: {**data, key: entry})
     loaded.beam_shape = (int(width), int(length))
     loaded.tree, loaded.lookup, loaded.tree_min_prob = int(tree), int(lookup), float(tree_min_prob)
     return path

@@ -773,8 +773,8 @@ def test_a_tuned_shape_is_kept_per_machine_and_weight_format(model_dir, monkeypa
     assert m.beam_shape == (1, 3)  # the older entry, read where this machine has none
     save_beam_shape(m, 2, 4, {"speedup": 1.0}, tree=5, lookup=0, tree_min_prob=0.3)
     stored = json.loads((model_dir / FILE).read_text())
-    assert set(stored) == {device_description(), device_keys("float32")[0]}
-    assert "CPU one, 2 cores | float32" in device_keys("float32")[0]
+    assert set(stored) == {device_description(), device_keys("float32", model_dir)[0]}
+    assert "CPU one, 2 cores | float32 | safetensors" in device_keys("float32", model_dir)[0]
     m = load(str(model_dir), weight_format="float32")
     assert (*m.beam_shape, m.tree, m.lookup, m.tree_min_prob) == (2, 4, 5, 0, 0.3)
     # another format, another CPU, fewer cores: not this entry (the description's, as before tuning)
@@ -786,6 +786,32 @@ def test_a_tuned_shape_is_kept_per_machine_and_weight_format(model_dir, monkeypa
     assert load(str(model_dir), weight_format="float32").beam_shape == (1, 3)
     monkeypatch.setattr(costs, "cpu_name", lambda: "CPU one", raising=False)
     assert load(str(model_dir), weight_format="float32").beam_shape == (2, 4)
+
+
+def test_each_model_in_a_shared_folder_keeps_its_own_tuned_shape(tiny_kit, tmp_path):
+    """Two GGUF files (two quantizations of a model, say) and safetensors weights in one folder shared one
+    beam_shape.json entry, keyed by machine and weight format alone: a model never tuned drafted with the shape
+    tuned on another, and tuning one replaced the other's. Each model file now has an entry of its own; one
+    --tune wrote before entries named the model is still read by a model that has none."""
+    from redrafter_mlx.costs import drafter_digest
+    from redrafter_mlx.tuning import device_keys, save_beam_shape
+
+    model = tiny_kit.model(seed=0)
+    folder = tiny_kit.write_folder(tmp_path / "both", model)
+    a, b = (tiny_kit.write_gguf(folder / f"m.{q}.gguf", model) for q in ("Q4_1", "Q8_0"))
+    d = tmp_path / "d"
+    save_drafter(new_drafter(model.args, lm_head="shared", seed=1), d)
+    save_beam_shape(load(str(a), drafter=str(d)), 2, 5, {})
+    assert load(str(b), drafter=str(d)).beam_shape is None and load(str(folder), drafter=str(d)).beam_shape is None
+    save_beam_shape(load(str(b), drafter=str(d)), 3, 3, {})
+    save_beam_shape(load(str(folder), drafter=str(d)), 1, 4, {})
+    assert [load(str(p), drafter=str(d)).beam_shape for p in (a, b, folder)] == [(2, 5), (3, 3), (1, 4)]
+    stored = json.loads((folder / FILE).read_text())
+    assert len(stored) == 3 and all(any(k.endswith(f" | {n}") for k in stored)
+                                    for n in ("m.Q4_1.gguf", "m.Q8_0.gguf", "safetensors"))
+    older = {device_keys("float32")[0]: {"beam_width": 4, "beam_length": 2, "drafter_digest": drafter_digest(d)}}
+    (folder / FILE).write_text(json.dumps({**older, **{k: v for k, v in stored.items() if "Q8_0" not in k}}))
+    assert [load(str(p), drafter=str(d)).beam_shape for p in (a, b, folder)] == [(2, 5), (4, 2), (1, 4)]
 
 
 def test_a_shape_tuned_with_another_drafter_is_not_used(model_dir, tmp_path):
