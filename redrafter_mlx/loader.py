@@ -414,7 +414,8 @@ def attach_drafter(loaded: LoadedModel, drafter, progress: Optional[Callable[[st
         progress(f"loading drafter {path}")
     loaded.drafter = load_drafter(path, loaded.model, advice or DRAFTER_ADVICE)
     loaded.drafter_path = path
-    tuned = find_tuned(loaded.path, path, getattr(loaded, "weight_format", None), progress)
+    own = find_drafter(loaded.resolved) if isinstance(loaded.resolved, registry.ResolvedModel) else None
+    tuned = find_tuned(loaded.path, path, getattr(loaded, "weight_format", None), progress, own)
     if tuned:
         loaded.beam_shape, loaded.tree = tuned[:2], tuned.tree
         loaded.lookup, loaded.tree_min_prob = tuned.lookup, tuned.tree_min_prob

@@ -27,8 +27,12 @@ where no entry for the exact machine, format and model is stored.
 A shape is measured with one drafter: --tune stores the drafter's digest (`drafter_digest`) with
 its entry, and an entry measured with another drafter (the one redrafter-train or the converter
 has since put in MODEL/drafter) is not used, with a note: the drafter's own file, else the
-defaults, apply until --tune runs again. An entry without a digest (a shipped drafter's, one
-written before digests were stored) is read as before.
+defaults, apply until --tune runs again. An entry without a digest in the drafter's own folder (a
+shipped drafter's) is that drafter's. One in the model folder (a hand-written one, or one --tune
+wrote before digests were stored) is used only where it can be told to be this drafter's
+(`untraced`): the drafter it names, where it names one still there, is this one, else this
+one is the drafter installed for the model (loader.find_drafter); and this drafter's files
+are no newer than the entry's measured_at (a drafter put in its place since is another).
 """
 
 import argparse
@@ -97,24 +101,58 @@ def device_keys(weight_format: Optional[str] = None, model: Optional[Path] = Non
     return [*keys, machine, device_description()]
 
 
+def _same_folder(a, b) -> bool:
+    return a is not None and b is not None and Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+
+
+def untraced(entry: Dict[str, Any], drafter_path: Optional[Path], own_drafter: Optional[Path]) -> Optional[str]:
+    """Why an entry without a drafter digest cannot be told to be the drafter at `drafter_path`'s
+    (a few words for a note), or None where it can: the drafter it names (an absolute path, still
+    there) is this one, or it names none still there and this one is `own_drafter`, the drafter
+    installed for the model; and this drafter's files are no newer than its measured_at."""
+    named = entry.get("drafter")
+    named = Path(named) if isinstance(named, str) and Path(named).is_absolute() else None
+    if named is not None and (named / "config.json").is_file():
+        if not _same_folder(named, drafter_path):
+            return f"with another drafter (the one at {named})"
+    elif not _same_folder(drafter_path, own_drafter):
+        return f"with no record of its drafter, and {drafter_path} is not the drafter installed for this model"
+    try:
+        then = time.mktime(time.strptime(str(entry["measured_at"]), "%Y-%m-%d %H:%M:%S"))
+        written = max((Path(drafter_path) / f).stat().st_mtime for f in ("config.json", "model.safetensors"))
+    except (KeyError, ValueError, OverflowError, OSError):
+        return None  # (no time stored: a hand-written entry)
+    if written > then + 1.0:  # (measured_at is to the second)
+        return f"before the drafter at {drafter_path} was written (it has no record of its drafter's digest)"
+    return None
+
+
 def read_tuned(folder: Optional[Path], device: Optional[str] = None, weight_format: Optional[str] = None,
                drafter: Optional[str] = None, note: Optional[Callable[[str], None]] = None,
-               model: Optional[Path] = None) -> Optional[Tuned]:
+               model: Optional[Path] = None,
+               untraced_why: Optional[Callable[[Dict[str, Any]], Optional[str]]] = None) -> Optional[Tuned]:
     """The Tuned entry stored for `device` (default: this one, under the first of
     device_keys(weight_format, model) the file holds) in folder/beam_shape.json, or None; tree is 0
     (beams) when not stored.
     `drafter`: the digest of the drafter it is for (drafter_digest); an entry measured with
-    another one is None, said to `note`."""
+    another one is None, said to `note`. `untraced_why`: for an entry without a digest, why it
+    cannot be taken for this drafter's (see `untraced`), None where it can; the entry is then None,
+    said to `note`."""
     if folder is None or not (Path(folder) / FILE).is_file():
         return None
     try:
         data = json.loads((Path(folder) / FILE).read_text())
         keys = [device] if device else device_keys(weight_format, model)
         entry = next((data[k] for k in keys if k in data), None)
+        why = None
         if entry and drafter is not None and "drafter_digest" in entry and entry["drafter_digest"] != drafter:
+            why = f"with another drafter (the one then at {entry['drafter']})" if entry.get("drafter") \
+                else "with no drafter"
+        elif entry and "drafter_digest" not in entry and untraced_why is not None:
+            why = untraced_why(entry)
+        if why:
             if note:
-                then = f"another drafter (the one then at {entry['drafter']})" if entry.get("drafter") else "no drafter"
-                note(f"the beam shape in {Path(folder) / FILE} was tuned for this device with {then}: not used; run "
+                note(f"the beam shape in {Path(folder) / FILE} was tuned for this device {why}: not used; run "
                      "redrafter-bench --tune again to tune it for this drafter")
             return None
         if entry:
@@ -137,12 +175,14 @@ def read_beam_shape(folder: Optional[Path], device: Optional[str] = None) -> Opt
 
 
 def find_tuned(model_path: Path, drafter_path: Optional[Path], weight_format: Optional[str] = None,
-               note: Optional[Callable[[str], None]] = None) -> Optional[Tuned]:
+               note: Optional[Callable[[str], None]] = None, own_drafter: Optional[Path] = None) -> Optional[Tuned]:
     """The Tuned entry for this device (and weight format) measured with this drafter: the model
-    folder's file first, then the drafter's."""
+    folder's file first, then the drafter's. own_drafter: the drafter installed for (or shipped
+    with) the model, None where it has none (an entry in the model folder that records no digest
+    is taken for that one's only: `untraced`)."""
     digest = drafter_digest(drafter_path)
     return (read_tuned(model_folder(model_path), weight_format=weight_format, drafter=digest, note=note,
-                       model=model_path)
+                       model=model_path, untraced_why=lambda entry: untraced(entry, drafter_path, own_drafter))
             or read_tuned(drafter_path, weight_format=weight_format, drafter=digest, note=note))
 
 

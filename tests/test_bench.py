@@ -852,6 +852,45 @@ def test_a_shape_tuned_with_another_drafter_is_not_used(model_dir, tmp_path):
     assert load(str(model_dir), drafter=str(other)).beam_shape is None
 
 
+def test_an_entry_without_a_drafter_digest_is_used_only_with_the_drafter_it_was_tuned_with(model_dir, tmp_path):
+    """An entry --tune wrote before it stored the drafter's digest (or one written by hand) was used with any
+    drafter: given another one by hand, or after redrafter-train put a new one in MODEL/drafter. It is now
+    used only where the load can tell it is this drafter's: the drafter it names (if still there) is this
+    one, else this one is the drafter installed for the model; and this drafter is no newer than the entry's
+    measured_at. A load that drops it says so."""
+    import shutil
+    import time
+
+    from redrafter_mlx.tuning import device_keys
+
+    older = {"beam_width": 2, "beam_length": 5, "drafter": str(model_dir / "drafter"),
+             "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    (model_dir / FILE).write_text(json.dumps({device_keys()[-1]: older}))
+    other = tmp_path / "other"
+    save_drafter(new_drafter(load(str(model_dir), use_drafter=False).args, lm_head="shared", seed=3), other)
+    assert load(str(model_dir)).beam_shape == (2, 5)  # the drafter it was tuned with, beside the model
+    assert load(str(model_dir), drafter=str(model_dir / "drafter")).beam_shape == (2, 5)  # the same, given
+    said = []
+    assert load(str(model_dir), drafter=str(other), progress=said.append).beam_shape is None
+    assert [s for s in said if f"another drafter (the one at {model_dir / 'drafter'})" in s and "--tune" in s], said
+    # written by hand, naming no drafter: the model's own drafter only
+    (model_dir / FILE).write_text(json.dumps({device_keys()[-1]: {"beam_width": 1, "beam_length": 3}}))
+    assert load(str(model_dir)).beam_shape == (1, 3)
+    said = []
+    assert load(str(model_dir), drafter=str(other), progress=said.append).beam_shape is None
+    assert [s for s in said if "is not the drafter installed for this model" in s], said
+    # a model folder moved elsewhere keeps it (the drafter it names is gone: the installed one is taken for it)
+    (model_dir / FILE).write_text(json.dumps({device_keys()[-1]: older}))
+    moved = shutil.copytree(model_dir, tmp_path / "moved")
+    shutil.rmtree(model_dir / "drafter")
+    assert load(str(moved)).beam_shape == (2, 5)
+    # a drafter put in place of the one it was tuned with, after the tune
+    (moved / FILE).write_text(json.dumps({device_keys()[-1]: {**older, "measured_at": "2020-01-01 00:00:00"}}))
+    said = []
+    assert load(str(moved), progress=said.append).beam_shape is None
+    assert [s for s in said if "before the drafter at" in s], said
+
+
 def test_the_table_fits_long_category_and_variant_names():
     """Spec-Bench's "math_reasoning" was cut to 12 characters, and a variant such as
     "redrafter+tree6@0.001" pushed its row out of the columns."""
