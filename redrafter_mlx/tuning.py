@@ -43,6 +43,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ._platform import device_description
 from .costs import drafter_digest, machine_key
+from .errors import one_line
 from .files import update_json
 from .tree_search import DEFAULT_MIN_PROB
 
@@ -140,8 +141,11 @@ def read_tuned(folder: Optional[Path], device: Optional[str] = None, weight_form
     said to `note`."""
     if folder is None or not (Path(folder) / FILE).is_file():
         return None
+    path = Path(folder) / FILE
     try:
-        data = json.loads((Path(folder) / FILE).read_text())
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON {type(data).__name__}, not an object of entries")
         keys = [device] if device else device_keys(weight_format, model)
         entry = next((data[k] for k in keys if k in data), None)
         why = None
@@ -152,7 +156,7 @@ def read_tuned(folder: Optional[Path], device: Optional[str] = None, weight_form
             why = untraced_why(entry)
         if why:
             if note:
-                note(f"the beam shape in {Path(folder) / FILE} was tuned for this device {why}: not used; run "
+                note(f"the beam shape in {path} was tuned for this device {why}: not used; run "
                      "redrafter-bench --tune again to tune it for this drafter")
             return None
         if entry:
@@ -163,8 +167,13 @@ def read_tuned(folder: Optional[Path], device: Optional[str] = None, weight_form
             p = float(p) if p is not None and 0.0 < float(p) <= 1.0 else None
             if w >= 1 and n >= 1 and tree >= 0:
                 return Tuned(w, n, tree, lookup, p)
-    except (ValueError, KeyError, TypeError, AttributeError):
-        pass  # a damaged file means "not tuned", never a failed load
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        # a damaged or unreadable file means "not tuned", never a failed load (a file the user cannot read
+        # failed every load of the model with PermissionError); said, as a hand-edited file gone wrong is
+        if note:
+            what = f"KeyError: {e}" if isinstance(e, KeyError) else one_line(e)
+            note(f"cannot read the beam shape in {path} ({what}): not used; run redrafter-bench --tune again to "
+                 "store it anew")
     return None
 
 

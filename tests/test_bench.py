@@ -891,6 +891,33 @@ def test_an_entry_without_a_drafter_digest_is_used_only_with_the_drafter_it_was_
     assert [s for s in said if "before the drafter at" in s], said
 
 
+def test_a_beam_shape_file_that_cannot_be_read_is_not_used_and_the_load_says_so(model_dir, monkeypatch):
+    """A beam_shape.json the user cannot read failed every load of the model with a PermissionError traceback,
+    and a damaged one (a hand edit gone wrong) was ignored, saying nothing. Either is now not used, and the
+    load says so through progress."""
+    import pathlib
+
+    from redrafter_mlx.tuning import device_keys
+
+    said = []
+    for text in ("{not json", "[1, 2]", json.dumps({device_keys()[-1]: {"beam_width": "four"}})):
+        (model_dir / FILE).write_text(text)
+        said.clear()
+        assert load(str(model_dir), progress=said.append).beam_shape is None
+        assert [s for s in said if s.startswith(f"cannot read the beam shape in {model_dir / FILE} (")], (text, said)
+    real = pathlib.Path.read_text
+
+    def refused(self, *a, **kw):
+        if self.name == FILE:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(pathlib.Path, "read_text", refused)  # (chmod does not bind root: simulated)
+    said.clear()
+    assert load(str(model_dir), progress=said.append).beam_shape is None
+    assert [s for s in said if "cannot read the beam shape" in s and "Permission denied" in s], said
+
+
 def test_the_table_fits_long_category_and_variant_names():
     """Spec-Bench's "math_reasoning" was cut to 12 characters, and a variant such as
     "redrafter+tree6@0.001" pushed its row out of the columns."""
