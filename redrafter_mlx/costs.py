@@ -571,7 +571,11 @@ def drafter_key(loaded) -> str:
 
 def read_cached(loaded) -> Optional[CostModel]:
     key, dkey = cache_key(loaded), drafter_key(loaded)
-    for path in cache_paths(loaded):
+    # The place write_cached writes first (the first that can be written) is read first: a model folder that can no
+    # longer be written kept its old curve in front of the one measured again into the user cache, which was then
+    # measured again on every run (a curve marked stale, or cut short) and never read.
+    paths = sorted(cache_paths(loaded), key=lambda path: unwritable_ancestor(path) is not None)
+    for path in paths:
         try:
             entry = json.loads(path.read_text()).get(key)
             if not entry:

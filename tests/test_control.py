@@ -4,6 +4,7 @@ cost curves, parking and recovery, losslessness through the trees it picks, the 
 import importlib
 import itertools
 import json
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -964,6 +965,38 @@ def test_a_curve_measured_under_load_is_measured_again_once(tiny_loaded, monkeyp
     assert not costs.heal_cached(m, again)
     costs.cost_model(m)
     assert calls == [1]
+
+
+def test_a_curve_in_a_model_folder_that_can_no_longer_be_written_is_measured_again_once(tiny_loaded, monkeypatch,
+                                                                                         tmp_path):
+    """A model folder holding a cached curve that can no longer be written (a read-only mount, another user's
+    folder): a curve measured there again (marked stale by a run, or cut short) went to the user cache, but the
+    folder's old one was read first every time, so it was measured again on every run and never refreshed. The
+    place a curve is written to (the user cache here) is read first."""
+    m = tiny_loaded
+    monkeypatch.setenv("REDRAFTER_CACHE", str(tmp_path / "cache"))
+    first = costs.cost_model(m)
+    path = m.path / costs.FILE
+    data = json.loads(path.read_text())
+    data[costs.cache_key(m)]["stale"] = "a run found the machine faster"
+    path.write_text(json.dumps(data))
+    real_update, real_unwritable = costs.update_json, costs.unwritable_ancestor
+
+    def refused(where, *a, **kw):
+        if Path(where).parent == m.path:
+            raise PermissionError(13, "Permission denied", str(where))
+        return real_update(where, *a, **kw)
+
+    monkeypatch.setattr(costs, "update_json", refused)  # (chmod does not bind root: simulated)
+    monkeypatch.setattr(costs, "unwritable_ancestor",
+                        lambda where: m.path if Path(where).parent == m.path else real_unwritable(where))
+    calls = []
+    real = costs.calibrate
+    monkeypatch.setattr(costs, "calibrate", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    assert costs.cost_model(m).source == "measured" and calls == [1]
+    again = costs.cost_model(m)
+    assert calls == [1] and again.source == f"cached ({costs.cache_paths(m)[1]})" and not again.stale
+    assert json.loads(path.read_text())[costs.cache_key(m)]["seconds"] == first.seconds.tolist()  # left as it was
 
 
 def test_a_run_marks_a_cached_curve_it_found_too_slow(tiny_loaded, monkeypatch):
