@@ -845,13 +845,16 @@ def _measure(args, stop) -> int:
             print(f"redrafter-bench: note: the tune measured {measured} tokens of plain decoding, too few to tell "
                   f"shapes apart reliably (fewer than {TUNE_MIN_TOKENS}; the default tune measures 6 questions of up "
                   "to 256 tokens): the stored shape is a rough guess", file=sys.stderr)
+        # (whose entry it is: a load of this model in another weight format, e.g. "auto" after a tune with
+        # --weight-format stored, does not use it, and nothing had said so)
+        whose = f" for {loaded.name} with {loaded.weight_format} weights on this machine"
         if plain:
             print(f"plain decoding beat every beam shape on this device (best W={best['beam_width']} "
                   f"L={best['beam_length']}: {best.get('speedup', 0):.2f}x over ar); W=1 L=1 (plain decoding) "
-                  f"stored in {path}")
+                  f"stored in {path}{whose}")
         else:
             print(f"fastest shape W={best['beam_width']} L={best['beam_length']}" + (f" tree {tree}" if tree else "") + " "
-                  f"({best.get('speedup', 0):.2f}x over ar) stored in {path}")
+                  f"({best.get('speedup', 0):.2f}x over ar) stored in {path}{whose}")
     return stop.status if interrupted else 0
 
 

@@ -606,6 +606,7 @@ def test_tune_stores_the_default_shape_per_device(model_dir, prompts, capsys):
                         "--widths", "1,2", "--lengths", "2,3", "--tree", "0,3", "--tree-min-prob", "0.01,0.5",
                         "--lookup", "0,4")
     assert rc == 0 and "stored in" in text
+    assert f"stored in {model_dir / FILE} for {model_dir} with float32 weights on this machine" in text  # (whose)
     assert "redrafter-bench: note: the tune measured" in err and "too few to tell shapes apart" in err  # 3 x 8 tokens
     stored = json.loads((model_dir / FILE).read_text())
     assert len(stored) == 1
