@@ -894,14 +894,17 @@ def test_an_entry_without_a_drafter_digest_is_used_only_with_the_drafter_it_was_
 
 def test_a_beam_shape_file_that_cannot_be_read_is_not_used_and_the_load_says_so(model_dir, monkeypatch):
     """A beam_shape.json the user cannot read failed every load of the model with a PermissionError traceback,
-    and a damaged one (a hand edit gone wrong) was ignored, saying nothing. Either is now not used, and the
-    load says so through progress."""
+    and a damaged one (a hand edit gone wrong) was ignored, saying nothing, or, where it held a shape or tree
+    larger than generate drafts, failed every call of fixed drafting over options never given. Either is now
+    not used, and the load says so through progress."""
     import pathlib
 
     from redrafter_mlx.tuning import device_keys
 
     said = []
-    for text in ("{not json", "[1, 2]", json.dumps({device_keys()[-1]: {"beam_width": "four"}})):
+    for text in ("{not json", "[1, 2]", *(json.dumps({device_keys()[-1]: {"beam_width": 4, "beam_length": 6, **bad}})
+                                          for bad in ({"beam_width": "four"}, {"tree": 5000}, {"beam_width": 1000},
+                                                      {"lookup": 2000}))):
         (model_dir / FILE).write_text(text)
         said.clear()
         assert load(str(model_dir), progress=said.append).beam_shape is None
@@ -913,6 +916,10 @@ def test_a_beam_shape_file_that_cannot_be_read_is_not_used_and_the_load_says_so(
             raise PermissionError(13, "Permission denied", str(self))
         return real(self, *a, **kw)
 
+    # (a tree of 5000 nodes, more than generate drafts, failed every fixed-drafting call, "tree 5000: drafts are
+    # limited to 1024 tokens a step", though no tree was given)
+    (model_dir / FILE).write_text(json.dumps({device_keys()[-1]: {"beam_width": 4, "beam_length": 6, "tree": 5000}}))
+    assert generate(load(str(model_dir)), "hello", max_tokens=3, lookup=0).stats.new_tokens == 3
     monkeypatch.setattr(pathlib.Path, "read_text", refused)  # (chmod does not bind root: simulated)
     said.clear()
     assert load(str(model_dir), progress=said.append).beam_shape is None
