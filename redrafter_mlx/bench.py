@@ -24,7 +24,7 @@ with --turns, "turns" (the same per turn).
 summary); `--plot` draws speedup and tokens/step against the shape and the accepted-length
 histogram of the fastest shape; `--tune` runs the grid and stores the fastest shape whose
 greedy output equals ar's in the model folder (`beam_shape.json`, per machine, weight
-format and model file: tuning.device_keys; for the drafter it measured: another one put in its place does not
+format, model file and drafter: tuning.device_keys; another drafter put in its place does not
 use it), where `load()`, the API, the chat and this bench pick it up as
 the default of fixed drafting (any drafting option given; adaptive drafting, mode "auto"
 with none, sizes each step itself). When plain decoding beats every shape, --tune stores W=1

@@ -25,9 +25,11 @@ else under the device's description alone (a shipped drafter's, or an older --tu
 where no entry for the exact machine, format and model is stored.
 
 A shape is measured with one drafter: --tune stores the drafter's digest (`drafter_digest`) with
-its entry, and an entry measured with another drafter (the one redrafter-train or the converter
-has since put in MODEL/drafter) is not used, with a note: the drafter's own file, else the
-defaults, apply until --tune runs again. An entry without a digest in the drafter's own folder (a
+its entry and in its key, so a tune with another drafter (`--tune --drafter PATH`) keeps this
+one's entry. Where this model was tuned here with other drafters only (the one redrafter-train or
+the converter has since put in MODEL/drafter replaced the one tuned), or an older entry names
+another drafter's digest, none is used, with a note: the drafter's own file, else the defaults,
+apply until --tune runs again. An entry without a digest in the drafter's own folder (a
 shipped drafter's) is that drafter's. One in the model folder (a hand-written one, or one --tune
 wrote before digests were stored) is used only where it can be told to be this drafter's
 (`untraced`): the drafter it names, where it names one still there, is this one, else this
@@ -93,13 +95,16 @@ def model_label(path: Optional[Path]) -> str:
     return path.name if path is not None and path.is_file() else "safetensors"
 
 
-def device_keys(weight_format: Optional[str] = None, model: Optional[Path] = None) -> List[str]:
+def device_keys(weight_format: Optional[str] = None, model: Optional[Path] = None,
+                drafter: Optional[str] = None) -> List[str]:
     """The keys an entry for this device is read under, the first the one --tune writes: the
-    machine (costs.machine_key) and, where known, the weight format and the model (model_label);
-    then the machine and format alone (--tune's before it named the model); then the device's
-    description alone (the shipped drafters' entries, and --tune's before it named the machine)."""
+    machine (costs.machine_key) and, where known, the weight format, the model (model_label) and
+    the drafter's digest (drafter_digest); then the machine and format alone (--tune's before it
+    named the model and the drafter); then the device's description alone (the shipped drafters'
+    entries, and --tune's before it named the machine)."""
     machine = machine_key() + (f" | {weight_format}" if weight_format else "")
-    keys = [f"{machine} | {model_label(model)}"] if model is not None else []
+    keys = [f"{machine} | {model_label(model)}" + (f" | drafter {drafter}" if drafter else "")] if model is not None \
+        else []
     return [*keys, machine, device_description()]
 
 
@@ -134,10 +139,11 @@ def read_tuned(folder: Optional[Path], device: Optional[str] = None, weight_form
                model: Optional[Path] = None,
                untraced_why: Optional[Callable[[Dict[str, Any]], Optional[str]]] = None) -> Optional[Tuned]:
     """The Tuned entry stored for `device` (default: this one, under the first of
-    device_keys(weight_format, model) the file holds) in folder/beam_shape.json, or None; tree is 0
-    (beams) when not stored.
+    device_keys(weight_format, model, drafter) the file holds) in folder/beam_shape.json, or None;
+    tree is 0 (beams) when not stored.
     `drafter`: the digest of the drafter it is for (drafter_digest); an entry measured with
-    another one is None, said to `note`. `untraced_why`: for an entry without a digest, why it
+    another one, or none where the model was tuned here with other drafters only, is None, said to
+    `note`. `untraced_why`: for an entry without a digest, why it
     cannot be taken for this drafter's (see `untraced`), None where it can; the entry is then None,
     said to `note`."""
     if folder is None or not (Path(folder) / FILE).is_file():
@@ -147,10 +153,19 @@ def read_tuned(folder: Optional[Path], device: Optional[str] = None, weight_form
         data = json.loads(path.read_text())
         if not isinstance(data, dict):
             raise ValueError(f"a JSON {type(data).__name__}, not an object of entries")
-        keys = [device] if device else device_keys(weight_format, model)
-        entry = next((data[k] for k in keys if k in data), None)
+        keys = [device] if device else device_keys(weight_format, model, drafter)
+        found = next((k for k in keys if k in data), None)
+        entry = data[found] if found is not None else None
         why = None
-        if entry and drafter is not None and "drafter_digest" in entry and entry["drafter_digest"] != drafter:
+        # This model tuned here with other drafters only (each has an entry of its own): an older entry (one
+        # keyed by the machine alone) is not this drafter's either.
+        mine = keys[0] if not device and model is not None and drafter else None
+        others = [v for k, v in data.items() if mine and k != mine and isinstance(v, dict)
+                  and k.startswith(mine.rsplit(" | drafter ", 1)[0] + " | drafter ")]
+        if mine and found != mine and others:
+            then = others[-1].get("drafter")
+            why = "with another drafter" + (f" (the one then at {then})" if then else "")
+        elif entry and drafter is not None and "drafter_digest" in entry and entry["drafter_digest"] != drafter:
             why = f"with another drafter (the one then at {entry['drafter']})" if entry.get("drafter") \
                 else "with no drafter"
         elif entry and "drafter_digest" not in entry and untraced_why is not None:
@@ -245,8 +260,9 @@ def drafting(loaded, beam_width: Optional[int] = None, beam_length: Optional[int
 def save_beam_shape(loaded, width: int, length: int, measured: Dict[str, Any], tree: int = 0,
                     lookup: int = DEFAULT_LOOKUP, tree_min_prob: float = DEFAULT_MIN_PROB) -> Path:
     """Store (width, length), the dynamic-tree node budget (0: beams), the lookup length and the
-    tree's probability floor for this machine, weight format and model file (device_keys()[0]) in the
-    model folder, keeping other entries (another model's in the same folder among them).
+    tree's probability floor for this machine, weight format, model file and drafter (device_keys()[0])
+    in the model folder, keeping other entries (another model's in the same folder, or this one's
+    with another drafter, among them).
     The file is replaced atomically, and `loaded` adopts the values. Returns its path."""
     path = model_folder(loaded.path) / FILE
     entry = {
@@ -260,7 +276,7 @@ def save_beam_shape(loaded, width: int, length: int, measured: Dict[str, Any], t
         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         **measured,
     }
-    key = device_keys(getattr(loaded, "weight_format", None), Path(loaded.path))[0]
+    key = device_keys(getattr(loaded, "weight_format", None), Path(loaded.path), entry["drafter_digest"])[0]
     update_json(path, lambda data: {**data, key: entry})
     loaded.beam_shape = (int(width), int(length))
     loaded.tree, loaded.lookup, loaded.tree_min_prob = int(tree), int(lookup), float(tree_min_prob)

@@ -764,6 +764,7 @@ def test_a_tuned_shape_is_kept_per_machine_and_weight_format(model_dir, monkeypa
 
     from redrafter_mlx import costs
     from redrafter_mlx._platform import device_description
+    from redrafter_mlx.costs import drafter_digest
     from redrafter_mlx.tuning import device_keys, save_beam_shape
 
     monkeypatch.setattr(costs, "on_cpu", lambda: True, raising=False)
@@ -774,8 +775,9 @@ def test_a_tuned_shape_is_kept_per_machine_and_weight_format(model_dir, monkeypa
     assert m.beam_shape == (1, 3)  # the older entry, read where this machine has none
     save_beam_shape(m, 2, 4, {"speedup": 1.0}, tree=5, lookup=0, tree_min_prob=0.3)
     stored = json.loads((model_dir / FILE).read_text())
-    assert set(stored) == {device_description(), device_keys("float32", model_dir)[0]}
-    assert "CPU one, 2 cores | float32 | safetensors" in device_keys("float32", model_dir)[0]
+    digest = drafter_digest(model_dir / "drafter")
+    assert set(stored) == {device_description(), device_keys("float32", model_dir, digest)[0]}
+    assert f"CPU one, 2 cores | float32 | safetensors | drafter {digest}" in device_keys("float32", model_dir, digest)[0]
     m = load(str(model_dir), weight_format="float32")
     assert (*m.beam_shape, m.tree, m.lookup, m.tree_min_prob) == (2, 4, 5, 0, 0.3)
     # another format, another CPU, fewer cores: not this entry (the description's, as before tuning)
@@ -808,7 +810,7 @@ def test_each_model_in_a_shared_folder_keeps_its_own_tuned_shape(tiny_kit, tmp_p
     save_beam_shape(load(str(folder), drafter=str(d)), 1, 4, {})
     assert [load(str(p), drafter=str(d)).beam_shape for p in (a, b, folder)] == [(2, 5), (3, 3), (1, 4)]
     stored = json.loads((folder / FILE).read_text())
-    assert len(stored) == 3 and all(any(k.endswith(f" | {n}") for k in stored)
+    assert len(stored) == 3 and all(any(f" | {n} | drafter " in k for k in stored)
                                     for n in ("m.Q4_1.gguf", "m.Q8_0.gguf", "safetensors"))
     older = {device_keys("float32")[0]: {"beam_width": 4, "beam_length": 2, "drafter_digest": drafter_digest(d)}}
     (folder / FILE).write_text(json.dumps({**older, **{k: v for k, v in stored.items() if "Q8_0" not in k}}))
@@ -851,6 +853,11 @@ def test_a_shape_tuned_with_another_drafter_is_not_used(model_dir, tmp_path):
     other = tmp_path / "other"
     save_drafter(new_drafter(m.args, lm_head="shared", seed=3), other)
     assert load(str(model_dir), drafter=str(other)).beam_shape is None
+    # tuned with that one too (--tune --drafter PATH), each drafter keeps its own entry: the tune with the
+    # other drafter replaced the model's own one's, which it then did not use ("tuned with another drafter")
+    save_beam_shape(load(str(model_dir), drafter=str(other)), 1, 2, {"speedup": 1.0})
+    assert load(str(model_dir), drafter=str(other)).beam_shape == (1, 2)
+    assert load(str(model_dir)).beam_shape == (3, 5)
 
 
 def test_an_entry_without_a_drafter_digest_is_used_only_with_the_drafter_it_was_tuned_with(model_dir, tmp_path):
