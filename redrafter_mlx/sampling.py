@@ -30,13 +30,25 @@ from .errors import SettingError
 SEED_MAX = 2**64 - 1  # mx.random.key takes an unsigned 64-bit seed
 
 
-def position_key(seed: int, position: int) -> int:
-    """A 64-bit key for (seed, position): SplitMix64's finalizer over the two, so nearby seeds and
-    positions get unrelated draws."""
-    z = (seed + 0x9E3779B97F4A7C15 * (position + 1)) & SEED_MAX
+GOLDEN = 0x9E3779B97F4A7C15  # SplitMix64's increment: 2**64 / the golden ratio, odd
+
+
+def _mix(z: int) -> int:
+    """SplitMix64's finalizer: a bijection of 64-bit integers that spreads every input bit."""
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & SEED_MAX
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & SEED_MAX
     return z ^ (z >> 31)
+
+
+def position_key(seed: int, position: int) -> int:
+    """A 64-bit key for (seed, position), so nearby seeds and positions get unrelated draws.
+
+    The seed is mixed on its own first, then offset by the position and mixed again. Mixing
+    seed + GOLDEN * (position + 1) in one go made seed s at position p + 1 the key of seed
+    s + GOLDEN at position p: two replies with such seeds drew shifted copies of each other's
+    noise. Both steps are bijections, so at one position no two seeds share a key, nor two
+    positions with one seed."""
+    return _mix((_mix((seed + GOLDEN) & SEED_MAX) + GOLDEN * (position + 1)) & SEED_MAX)
 
 
 @dataclass

@@ -266,6 +266,23 @@ def test_positional_draws_follow_the_nucleus_and_are_independent():
     assert len(set(spread.tolist())) > 1
 
 
+def test_seeds_a_golden_step_apart_draw_unrelated_noise():
+    """position_key mixed seed + GOLDEN * (position + 1) in one go, so seed s at position p + 1 had
+    the key of seed s + GOLDEN at position p: two replies with such seeds drew shifted copies of one
+    noise. Keys of nearby (seed, position) pairs, and of seeds a multiple of GOLDEN apart, now all differ."""
+    from redrafter_mlx.sampling import GOLDEN, SEED_MAX, position_key
+
+    logits = mx.zeros((32, 64))  # uniform over 64 tokens: equal draws at 32 positions by chance are ~64**-32
+    for seed in (0, 7, SEED_MAX):
+        for shift in (1, 2, 5):
+            other = (seed + shift * GOLDEN) & SEED_MAX
+            a = np.array(Sampler(1.0, seed=seed)(logits, np.arange(shift, shift + 32)))
+            b = np.array(Sampler(1.0, seed=other)(logits, np.arange(32)))
+            assert not np.array_equal(a, b), (seed, shift)
+    pairs = [(s, p) for s in list(range(8)) + [(k * GOLDEN) & SEED_MAX for k in range(1, 8)] for p in range(64)]
+    assert len({position_key(s, p) for s, p in pairs}) == len(pairs)
+
+
 @pytest.mark.parametrize("kw", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5)])
 def test_bad_sampling_parameters(tiny_loaded, kw):
     with pytest.raises(ValueError, match="temperature|top_p"):
