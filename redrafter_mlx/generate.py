@@ -651,7 +651,8 @@ _SETTINGS = [name for name in inspect.signature(stream).parameters if name not i
 
 
 def generate(loaded, prompt, **kwargs) -> Generation:
-    """Run `stream` to the end; returns text, token ids, prompt ids and stats."""
+    """Run `stream` to the end, with its settings (see help(stream)); returns text, token ids,
+    prompt ids and stats."""
     _check_names("generate", kwargs)
     _check_loaded("generate", loaded)
     text, tokens, steps, last, events, prompt_ids = [], [], [], None, 0, None
@@ -664,3 +665,7 @@ def generate(loaded, prompt, **kwargs) -> Generation:
         if last.step is not None:
             steps.append(last.step)
     return Generation("".join(text), tokens, prompt_ids, last.stats, last.finish_reason, events, steps)
+
+
+# help(generate), an editor's hints and inspect read stream's settings, not **kwargs (which said nothing of them)
+generate.__signature__ = inspect.signature(stream).replace(return_annotation=Generation)

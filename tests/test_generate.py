@@ -300,6 +300,18 @@ def test_bad_generation_parameters(tiny_loaded):
         generate(tiny_loaded, PROMPT, mode="redrafter")
 
 
+def test_generate_shows_the_settings_it_takes():
+    """generate(loaded, prompt, **kwargs) showed help(), inspect and editors no setting at all."""
+    import inspect
+
+    from redrafter_mlx import Generation
+
+    sig = inspect.signature(generate)
+    assert list(sig.parameters) == list(inspect.signature(stream).parameters)
+    assert sig.parameters["temperature"].default == 0.0 and sig.parameters["seed"].default is None
+    assert sig.return_annotation is Generation
+
+
 # ---- stopping rules ------------------------------------------------------------------------
 
 def test_eos_stops_generation(tiny_loaded):
