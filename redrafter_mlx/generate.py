@@ -198,7 +198,8 @@ _SHARED_LOCK = threading.RLock()  # for models without a TreeState (the tests' s
 def _one_step_at_a_time(fn):
     """`stream` computes each event holding its model's lock, so threads sharing a loaded model
     take turns step by step (their trees share the model's tree state: two at once broke
-    verification)."""
+    verification). Its checks run when it is called: `fn` yields None once they have passed,
+    before anything runs."""
 
     @functools.wraps(fn)
     def wrapper(loaded, prompt, *args, **kwargs):
@@ -206,19 +207,29 @@ def _one_step_at_a_time(fn):
         _check_loaded(fn.__name__, loaded)
         lock = getattr(getattr(loaded.model, "state", None), "lock", None) or _SHARED_LOCK
         inner = fn(loaded, prompt, *args, **kwargs)
-        try:
-            while True:
-                with lock:
-                    try:
-                        ev = next(inner)
-                    except StopIteration:
-                        return
-                yield ev
-        finally:
-            with lock:
-                inner.close()
+        # A setting, prompt or model refused at the call, as Python refuses a bad argument: a generator's
+        # checks had waited for the first next(), so `it = stream(m, p, temprature=0.7)` said nothing
+        # there, and the error came where the events were read (another thread, a UI's worker).
+        with lock:
+            next(inner)
+        return _events(inner, lock)
 
     return wrapper
+
+
+def _events(inner, lock) -> Iterator["Event"]:
+    """The events of `inner`, a stream past its checks, each computed holding `lock`."""
+    try:
+        while True:
+            with lock:
+                try:
+                    ev = next(inner)
+                except StopIteration:
+                    return
+            yield ev
+    finally:
+        with lock:
+            inner.close()
 
 
 @_one_step_at_a_time
@@ -247,6 +258,8 @@ def stream(
 ) -> Iterator[Event]:
     """Generate a reply, yielding an Event per step.
 
+    The settings, the model and the prompt are checked when stream() is called (the errors below
+    are raised there); the model runs from the first next() on.
     loaded: a LoadedModel from `load()`. prompt: text (wrapped in the chat template), a list
     of {"role", "content"} messages (roles: system, user, assistant, tool), or a list of token
     ids (used as is).
@@ -411,6 +424,7 @@ def stream(
             f"the prompt has {len(ids)} tokens but {loaded.name} has a context of {limit}: "
             + ("shorten the conversation or start a new chat" if turns > 1 else "shorten it")
         )
+    yield None  # the checks passed: stream() returns here (_one_step_at_a_time), and the first next() goes on
     ctl = controller(loaded, use_drafter, progress) if adaptive else None  # after the checks: a first call calibrates
     pc = prompt_cache if prompt_cache is not None else PromptCache(model)
     owner = pc.user = object()  # another call on this cache takes it: this stream then stops (below)

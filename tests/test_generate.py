@@ -312,6 +312,34 @@ def test_generate_shows_the_settings_it_takes():
     assert sig.return_annotation is Generation
 
 
+def test_stream_refuses_bad_arguments_when_called(tiny_loaded):
+    """stream() is read as a generator: its checks waited for the first next(), so a typo, a bad
+    setting or an empty prompt said nothing at the call, and the error came wherever the events were
+    read (a UI's worker thread). Now they are raised at the call; the model runs from the first next()."""
+    import threading
+
+    from redrafter_mlx.errors import EmptyPromptError, SettingError
+
+    m = tiny_loaded
+    with pytest.raises(TypeError, match="temprature.*did you mean 'temperature'"):
+        stream(m, PROMPT, temprature=0.7)
+    with pytest.raises(SettingError, match="temperature"):
+        stream(m, PROMPT, temperature=-1)
+    with pytest.raises(SettingError, match="seed"):
+        stream(m, PROMPT, temperature=1.0, seed=-1)
+    with pytest.raises(EmptyPromptError):
+        stream(m, " ")
+    with pytest.raises(SettingError, match="takes the model that load"):
+        stream("smollm2-135m", PROMPT)
+    # checked here, read in another thread: the same reply as generate's
+    kw = dict(max_tokens=12, temperature=1.0, top_p=0.9, seed=11)
+    events, got = stream(m, PROMPT, **kw), []
+    thread = threading.Thread(target=lambda: got.extend(t for e in events for t in e.tokens))
+    thread.start()
+    thread.join()
+    assert got == generate(m, PROMPT, **kw).tokens and len(got) == 12
+
+
 # ---- stopping rules ------------------------------------------------------------------------
 
 def test_eos_stops_generation(tiny_loaded):
