@@ -303,7 +303,9 @@ def stream(
     True, which is asked between prompt chunks and before each decode step ("cancelled").
     temperature: 0 (the default) decodes greedily, token for token plain decoding; above 0, tokens
     are drawn from softmax(logits / temperature) of the base model, restricted to the smallest
-    set of tokens holding top_p of the probability (top_p in (0, 1]; 1: all of them).
+    set of tokens holding top_p of the probability (top_p in (0, 1]; 1: all of them). top_p and
+    seed serve sampling alone: with temperature 0 they are checked and not used (so a caller can
+    switch sampling off without dropping them, as mode "ar" does drafting; the CLIs refuse them).
     seed: sampling's random seed (None: a fresh one for each reply). A draw depends only on the
     seed and its position in the sequence (sampling.py), so a seed gives plain decoding's reply in
     every mode and with every tree, the adaptive controller's (whose trees follow measured
@@ -311,8 +313,9 @@ def stream(
     prompt_cache: a PromptCache(loaded.model) kept across calls (the turns of a chat): the prompt's
     longest prefix it holds is not read again. One per model and conversation, used by one stream
     at a time (a stream whose cache another call used before it ended stops with a SettingError).
-    system: a system prompt, put first before a text prompt or a message list that has no system
-    message (blank or None: the chat template's default); refused with token ids.
+    system: a system prompt, put first before a text prompt or a message list (blank or None: the
+    chat template's default); refused with token ids, and with a message list that begins with a
+    system message of its own.
     progress: called with a line of text while an adaptive call calibrates this machine's cost
     curve (the first call for a device and model, a few seconds), after the settings, the
     prompt and the context length were checked, and per chunk of a prompt (its part not

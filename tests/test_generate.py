@@ -197,6 +197,8 @@ def test_tiny_top_p_is_greedy(tiny_loaded):
     greedy = generate(m, PROMPT, max_tokens=15).tokens
     for seed in (1, 2):
         assert generate(m, PROMPT, max_tokens=15, temperature=1.0, top_p=1e-6, seed=seed).tokens == greedy
+        # with temperature 0, top_p and seed are checked and not used (stream's docstring)
+        assert generate(m, PROMPT, max_tokens=15, top_p=0.3, seed=seed).tokens == greedy
 
 
 def test_a_tiny_temperature_is_greedy(tiny_loaded):
