@@ -122,9 +122,10 @@ def _reply(args) -> int:
              progress=lambda s: print(f"[{s}]", file=sys.stderr))
     print(f"[{m.name}: {m.weight_format} on {m.device}; drafter: {m.drafter_path or 'none'}]", file=sys.stderr)
     shaping = [flag for flag, value in (("--beam-width", args.beam_width), ("--beam-length", args.beam_length),
-                                        ("--tree", args.tree), ("--tree-min-prob", args.tree_min_prob))
-               if value is not None]
-    if m.drafter is None and shaping and m.tree_ok:  # they decoded plainly, dropped, saying nothing
+                                        ("--tree", args.tree), ("--tree-min-prob", args.tree_min_prob),
+                                        ("--graph", args.graph)) if value is not None]
+    # they decoded plainly, dropped, saying nothing (--graph: drafting from the context alone, as without it)
+    if m.drafter is None and shaping and m.tree_ok:
         raise SettingError(f"{', '.join(shaping)} shape{'s' if len(shaping) == 1 else ''} the drafter's drafts, and "
                            f"{m.name} has no drafter: pass --drafter PATH, or drop "
                            + ("it" if len(shaping) == 1 else "them") + " (without a drafter, --lookup N drafts the "

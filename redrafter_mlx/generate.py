@@ -297,7 +297,8 @@ def stream(
     tokens occur in the context gets what followed there (up to `lookup` tokens), and the root's
     copy runs up to 4 x `lookup`, cut by its calibrated probability (graph.root_copy). Needs a
     tree (`tree` > 0) when drafting is fixed; adaptive drafting chooses among grafted nodes as
-    among any. None: a tree, as without GSD.
+    among any. None: a tree, as without GSD. Without a drafter (use_drafter=False, or a model with
+    none) it is not used: no node is drafted to merge, or to graft the context under.
     max_tokens: the longest reply in tokens (>= 1); it also ends at the chat template's end-of-turn
     token (not output), at the model's context length ("context"), or when should_stop() returns
     True, which is asked between prompt chunks and before each decode step ("cancelled").

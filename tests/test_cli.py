@@ -310,7 +310,8 @@ def test_main_cli_refuses_drafter_options_for_a_model_without_a_drafter(tiny_kit
     from redrafter_mlx.__main__ import main
 
     path = tiny_kit.write_folder(tmp_path / "m", tiny_kit.model(seed=0))
-    for given in (["--tree", "4"], ["--beam-width", "2", "--beam-length", "3"], ["--tree-min-prob", "0.5"]):
+    for given in (["--tree", "4"], ["--beam-width", "2", "--beam-length", "3"], ["--tree-min-prob", "0.5"],
+                  ["--graph", "1"]):  # (--graph K: a graph of the drafter's nodes; it was ignored without one)
         assert main(["--model", str(path), *given, "--max-tokens", "2", "hi"]) == 2
         last = capsys.readouterr().err.splitlines()[-1]
         assert last.startswith(f"python -m redrafter_mlx: error: {given[0]}") and "has no drafter" in last, last
