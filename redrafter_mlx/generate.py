@@ -175,14 +175,35 @@ def _check_types(**settings):
             raise SettingError(f"{name} must be {what}, not {value!r}")
 
 
+# Other libraries' names (mlx-lm, Hugging Face transformers) for a setting, or for one not offered here: read as
+# typos, `temp` was "did you mean 'system'?", `top_k` and `stop` "did you mean 'top_p'?", `max_length` 'beam_length'
+_OTHER_NAMES = {
+    "temp": "did you mean 'temperature'?",
+    "max_new_tokens": "did you mean 'max_tokens'?",
+    "max_length": "did you mean 'max_tokens'? It counts the reply's tokens, not the prompt's",
+    "random_seed": "did you mean 'seed'?",
+    "sampler": "temperature and top_p set the sampling",
+    "top_k": "top-k sampling is not offered: top_p limits sampling (draft_top_k shapes drafting, not sampling)",
+    "min_p": "min-p sampling is not offered: top_p limits sampling",
+    "repetition_penalty": "not offered: a reply follows the base model's own distribution",
+    "logits_processors": "not offered: a reply follows the base model's own distribution",
+    "stop": "stop strings are not offered: should_stop, a function asked between steps, ends a reply",
+    "stream": "stream() yields the reply as it comes, generate() returns it whole",
+    "draft_model": "the drafter comes with the model: load(NAME, drafter=PATH)",
+    "num_draft_tokens": "beam_width and beam_length, or tree, size the drafts (none of them: adaptive)",
+}
+
+
 def _check_names(caller: str, kwargs) -> None:
     """An unknown setting names the function the user called and the setting meant, if one is
-    close (`generate(m, p, max_token=9)` said "stream() got an unexpected keyword argument")."""
+    close (`generate(m, p, max_token=9)` said "stream() got an unexpected keyword argument"), or
+    what stands here for another library's setting (_OTHER_NAMES). Only near misses are read as
+    typos: at difflib's default cutoff, `stream` was "did you mean 'system'?"."""
     for name in kwargs:
         if name not in _SETTINGS:
-            close = difflib.get_close_matches(name, _SETTINGS, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}{hint}")
+            close = difflib.get_close_matches(name, _SETTINGS, n=1, cutoff=0.8)
+            hint = _OTHER_NAMES.get(name) or (f"did you mean {close[0]!r}?" if close else "")
+            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}" + (f" ({hint})" if hint else ""))
 
 
 def _check_loaded(caller: str, loaded) -> None:

@@ -342,6 +342,23 @@ def test_stream_refuses_bad_arguments_when_called(tiny_loaded):
     assert got == generate(m, PROMPT, **kw).tokens and len(got) == 12
 
 
+@pytest.mark.parametrize("name,said", [("temp", "did you mean 'temperature'?"), ("max_new_tokens", "'max_tokens'"),
+                                       ("max_length", "'max_tokens'"), ("top_k", "top-k sampling is not offered"),
+                                       ("stop", "should_stop"), ("stream", "stream() yields"),
+                                       ("beam_widht", "did you mean 'beam_width'?")])
+def test_an_unknown_setting_is_not_read_as_an_unrelated_one(tiny_loaded, name, said):
+    """Read as typos of the nearest setting, other libraries' names pointed to unrelated ones: mlx-lm's
+    `temp` was "did you mean 'system'?", `top_k` and `stop` "did you mean 'top_p'?"."""
+    for call in (generate, stream):
+        with pytest.raises(TypeError) as e:
+            call(tiny_loaded, PROMPT, **{name: 1})
+        assert str(e.value).startswith(f"{call.__name__}() got an unexpected keyword argument {name!r}")
+        assert said in str(e.value), str(e.value)
+    with pytest.raises(TypeError) as e:
+        generate(tiny_loaded, PROMPT, colour=1)
+    assert str(e.value) == "generate() got an unexpected keyword argument 'colour'"
+
+
 # ---- stopping rules ------------------------------------------------------------------------
 
 def test_eos_stops_generation(tiny_loaded):
