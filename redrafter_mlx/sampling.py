@@ -119,8 +119,10 @@ def apply_top_p(logits: mx.array, top_p: float) -> mx.array:
     order = mx.argsort(-logits, axis=-1)
     sorted_logits = mx.take_along_axis(logits, order, axis=-1)
     probs = mx.softmax(sorted_logits, axis=-1)
-    # Mass strictly before each token: a token is kept while what precedes it is < top_p.
+    # Mass strictly before each token: a token is kept while what precedes it is < top_p. The likeliest
+    # is kept whatever top_p is: one under float32's least number (~1e-45) rounded to 0 in the comparison
+    # and kept none, and every logit became NaN (token 0 every step).
     before = mx.cumsum(probs, axis=-1) - probs
-    keep_sorted = before < top_p
+    keep_sorted = (before < top_p) | (mx.arange(probs.shape[-1]) == 0)
     keep = mx.put_along_axis(mx.zeros_like(keep_sorted), order, keep_sorted, axis=-1)
     return mx.where(keep, logits, -mx.inf)

@@ -199,6 +199,10 @@ def test_tiny_top_p_is_greedy(tiny_loaded):
         assert generate(m, PROMPT, max_tokens=15, temperature=1.0, top_p=1e-6, seed=seed).tokens == greedy
         # with temperature 0, top_p and seed are checked and not used (stream's docstring)
         assert generate(m, PROMPT, max_tokens=15, top_p=0.3, seed=seed).tokens == greedy
+    # below float32's least number a top_p rounded to 0 and kept no token: NaN, token 0 every step
+    for top_p in (1e-46, 1e-320):
+        assert generate(m, PROMPT, max_tokens=15, temperature=1.0, top_p=top_p, seed=1).tokens == greedy
+        assert generate(m, PROMPT, max_tokens=15, temperature=0.7, top_p=top_p, seed=1, mode="auto").tokens == greedy
 
 
 def test_a_tiny_temperature_is_greedy(tiny_loaded):
@@ -218,6 +222,7 @@ def test_apply_top_p_keeps_the_nucleus():
     assert kept(0.75) == [[False, True, True, False], [True, True, False, False]]
     assert kept(0.9) == [[False, True, True, True], [True, True, True, False]]
     assert kept(1.0) == [[True] * 4] * 2
+    assert kept(1e-46) == [[False, False, True, False], [True, False, False, False]]  # the likeliest, always
     # Kept logits are unchanged.
     out = np.array(apply_top_p(logits, 0.75))
     assert np.allclose(out[0, 1:3], np.log(probs[0, 1:3]))
