@@ -70,7 +70,8 @@ def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
     """The questions, each with its first `turns` turns ("turns"; fewer where it has fewer) and
     the first as "prompt". A line with "prompt" and no "turns" is a one-turn question, its
     "source" the category where it has none."""
-    if not path.is_file():
+    # (not `is_file`: a pipe is read like a file, and `--prompts <(head -4 q.jsonl)`, /dev/fd/63, was "not found")
+    if path.is_dir() or not path.exists():
         raise RedrafterError(f"prompt file {path} is a folder: give a JSONL file" if path.is_dir()
                              else f"prompt file {path} not found")
     out, seen = [], {}

@@ -557,12 +557,16 @@ def read_prompt_files(paths: List[Path]) -> List[List[str]]:
     JSONL, or holds no prompts is a RedrafterError that names it."""
     groups = []
     for path in paths:
-        if not Path(path).is_file():
+        # (not `is_file`: a pipe is read like a file, and `--data <(head -4 p.jsonl)`, /dev/fd/63, was "no prompt
+        # file"; read once, as a pipe can only be)
+        if Path(path).is_dir():
+            raise RedrafterError(f"{path} is a folder: give a prompt JSONL file")
+        if not Path(path).exists():
             raise RedrafterError(f"no prompt file at {path}")
         try:
             prompts = read_prompts([Path(path)])
         except UnicodeDecodeError as e:  # (it said "'utf-8' codec can't decode byte 0x8b in position 1: ...")
-            gzip = Path(path).read_bytes()[:2] == b"\x1f\x8b"
+            gzip = e.object[:2] == b"\x1f\x8b"  # (the file's bytes: read_text decodes them whole)
             raise RedrafterError(f"{path} is not UTF-8 text, which JSONL is" + (
                 ": it is gzip-compressed, so uncompress it first (gunzip)" if gzip else
                 f" (byte {e.start} is {e.object[e.start:e.start + 1]!r}): save it as UTF-8")) from e

@@ -1,5 +1,6 @@
 """Builders for tiny models the tests write themselves (folders, GGUF files, tokenizers)."""
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -179,3 +180,18 @@ def ctrl_c_as_renamed_to(monkeypatch, target: Path):
         return rename(a, b)
 
     monkeypatch.setattr(files.os, "rename", rename_and_press_ctrl_c)
+
+
+@contextlib.contextmanager
+def piped(text: str):
+    """A path that is a pipe holding `text`, as a shell's process substitution gives (`--prompts <(head -4 q.jsonl)`:
+    /dev/fd/63, not a regular file); it can be read once."""
+    import os
+
+    r, w = os.pipe()
+    try:
+        os.write(w, text.encode())  # (small: the pipe's buffer holds it)
+        os.close(w)
+        yield Path(f"/dev/fd/{r}")
+    finally:
+        os.close(r)

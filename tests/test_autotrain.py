@@ -572,3 +572,32 @@ def test_ctrl_c_as_a_drafter_is_installed_still_names_it_in_the_model_manifest(t
         autotrain.install(new, model / "drafter", _installed_manifest())
     assert (model / "drafter" / "model.safetensors").is_file()
     assert json.loads((model / "manifest.json").read_text())["drafter"]["source"] == str(new)
+
+
+def test_prompt_files_from_a_pipe_are_read(tiny_model_dir, tmp_path, capsys):
+    """A prompt file given by process substitution (`--prompts <(head -4 p.jsonl)`: /dev/fd/63, a pipe, not a
+    regular file) was "no prompt file at /dev/fd/63" in distill --data and redrafter-train's --prompts and
+    --eval-prompts. It is read like a file (once: a pipe cannot be read again)."""
+    from helpers import piped
+
+    from redrafter_mlx import distill as distill_module
+
+    rows = "".join(json.dumps({"prompt": f"say {w}"}) + "\n" for w in ("a", "b"))
+    with piped(rows) as path:
+        assert distill_module.main(["--model", str(tiny_model_dir), "--data", str(path), "--out",
+                                    str(tmp_path / "d"), "--max-tokens", "2"]) == 0
+    assert capsys.readouterr().err.splitlines()[-1] == f"answered 2 prompts into {tmp_path / 'd'}"
+    with piped(rows) as path:  # read: two prompts are too few to write new tasks from (before any model loads)
+        assert autotrain.main(["--model", str(tiny_model_dir), "--prompts", str(path)]) == 2
+    assert "error: 2 prompts to write new tasks from: give at least 3" in capsys.readouterr().err
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(rows)
+    with piped(rows) as path:
+        assert autotrain.main(["--model", str(tiny_model_dir), "--prompts", str(prompts), "--eval-prompts",
+                               str(path)]) == 2
+    assert f"error: every evaluation prompt in {path} is a training prompt too" in capsys.readouterr().err
+    with piped("") as path:
+        assert autotrain.main(["--model", str(tiny_model_dir), "--prompts", str(path)]) == 2
+    assert f"error: {path} holds no prompts" in capsys.readouterr().err
+    assert autotrain.main(["--model", str(tiny_model_dir), "--prompts", str(tmp_path)]) == 2  # (was "no prompt file")
+    assert capsys.readouterr().err == f"redrafter-train: error: {tmp_path} is a folder: give a prompt JSONL file\n"

@@ -962,6 +962,18 @@ def test_the_table_fits_long_category_and_variant_names():
     assert [line.index(" 9 ") + 2 for line in lines[1:3]] == [new_ends, new_ends]
 
 
+def test_prompts_from_a_pipe_are_read(model_dir, capsys):
+    """`redrafter-bench --prompts <(head -4 q.jsonl)` gives a pipe (/dev/fd/63), not a regular file: it was "not
+    found"."""
+    from helpers import piped
+
+    with piped("".join(json.dumps(q) + "\n" for q in QUESTIONS[:2])) as path:
+        assert [q["prompt"] for q in bench.read_prompts(path)] == [q["turns"][0] for q in QUESTIONS[:2]]
+    with piped(json.dumps(QUESTIONS[0]) + "\n") as path:
+        rc, text, err = run(capsys, "--model", model_dir, "--prompts", path, "--modes", "ar", "--max-tokens", 2)
+    assert rc == 0, err
+
+
 def test_bad_input_is_reported(model_dir, tmp_path, capsys):
     rc, _, err = run(capsys, "--model", model_dir, "--prompts", tmp_path / "missing.jsonl")
     assert rc == 2 and "not found" in err
