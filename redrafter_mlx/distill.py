@@ -50,6 +50,23 @@ def mt_bench_question(row) -> bool:
     return isinstance(qid, int) and 81 <= qid <= 160 and row.get("category") in MT_BENCH_CATEGORIES
 
 
+def json_kind(value) -> str:
+    """What a JSON value is, in JSON's words ("not a NoneType" was said of a null, "not list" of an array)."""
+    return {type(None): "null", bool: "true or false", int: "a number", float: "a number", str: "a string",
+            dict: "an object"}.get(type(value), "a list")
+
+
+def _text(value, name: str) -> str:
+    """A row's field `name` as a prompt's text; a TypeError in JSON's words otherwise (a list or an object was
+    said as "not list", or, as an alpaca 'input', went into the prompt in Python's words: "[{'role': ...}]")."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and all(isinstance(m, dict) and "content" in m for m in value):
+        raise TypeError(f"{name} is a list of messages ({{role, content}}, as HuggingFaceH4's sets write), and a "
+                        "prompt is text: give the user message's text")
+    raise TypeError(f"{name} is text, not {json_kind(value)}")
+
+
 def read_prompts(paths: Sequence[Path]) -> List[str]:
     """User messages from alpaca ({instruction, input}), self-instruct seeds ({instruction,
     instances}), GSM8K ({question}), {prompt} and Spec-Bench ({turns}: the first) JSONL files, in
@@ -71,23 +88,21 @@ def read_prompts(paths: Sequence[Path]) -> List[str]:
             if mt_bench_question(row):  # (under another name it trained the drafter on the benchmark)
                 raise ValueError(f"line {n} is MT-Bench question {row['question_id']} ({row['category']}): {MT_BENCH}")
             try:
-                if not isinstance(row, dict):  # in JSON's words ("not a NoneType" for a line of null)
-                    what = {type(None): "null", bool: "true or false", int: "a number", float: "a number",
-                            str: "a string"}.get(type(row), "a list")
-                    raise TypeError(f"a row is a JSON object, not {what}")
+                if not isinstance(row, dict):
+                    raise TypeError(f"a row is a JSON object, not {json_kind(row)}")
                 keys = ("instruction", "question", "prompt", "turns")
                 if not any(k in row for k in keys):
                     raise KeyError(f"none of {', '.join(keys)} (it has {', '.join(map(str, row)) or 'no keys'})")
                 turns = row.get("turns")
-                text = row.get("instruction") or row.get("question") or row.get("prompt") or (
-                    turns[0] if isinstance(turns, list) and turns else "")
+                key = next((k for k in keys[:3] if row.get(k)), None)
+                text = _text(row[key], f"'{key}'") if key else (
+                    _text(turns[0], "the first of 'turns'") if isinstance(turns, list) and turns else "")
                 instances = row.get("instances")
                 if instances and not (isinstance(instances, list) and isinstance(instances[0], dict)):
                     raise TypeError("'instances' is a list of {input, output} objects")  # it said "row: 0"
                 extra = row.get("input") or (instances[0].get("input") if instances else "")
+                extra = _text(extra, "'input'" if row.get("input") else "the first instance's 'input'") if extra else ""
                 text = f"{text}\n\n{extra}" if extra else text
-                if not isinstance(text, str):
-                    raise TypeError(f"a prompt is text, not {type(text).__name__}")
             except (AttributeError, KeyError, IndexError, TypeError) as e:
                 why = e.args[0] if isinstance(e, KeyError) and e.args else e
                 raise ValueError(f"line {n} is not an alpaca, self-instruct, GSM8K or Spec-Bench row: {why}") from e

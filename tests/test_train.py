@@ -2,6 +2,7 @@
 
 import io
 import json
+import re
 from pathlib import Path
 
 import mlx.core as mx
@@ -372,7 +373,7 @@ def test_prompt_rows_of_the_wrong_shape_and_lone_surrogates(tmp_path):
     f.write_text('{"question_id": 1, "turns": ["First turn", "second"]}\n{"instruction": ""}\n')  # Spec-Bench
     assert read_prompts([f]) == ["First turn"]
     f.write_text('{"question": 5}\n')
-    with pytest.raises(RedrafterError, match="a prompt is text, not int"):
+    with pytest.raises(RedrafterError, match="'question' is text, not a number$"):  # (it said "not int")
         read_prompt_files([f])
     # bytes that are not UTF-8 were said in Python's words ("'utf-8' codec can't decode byte 0x8b in position 1")
     import gzip
@@ -387,6 +388,33 @@ def test_prompt_rows_of_the_wrong_shape_and_lone_surrogates(tmp_path):
         read_prompt_files([f])
     f.write_text('{"instruction": "ok"}\nnot json\n')  # it said "line 1 column 1", the bad line's own
     with pytest.raises(RedrafterError, match=r"p.jsonl: line 2 is not JSON: Expecting value \(column 1\)$"):
+        read_prompt_files([f])
+
+
+def test_a_prompt_that_is_not_text_is_said_in_json_s_words(tmp_path):
+    """A prompt given as a list of messages was "a prompt is text, not list"; one as an alpaca 'input' (or an
+    instance's) went into the prompt in Python's words ("Say\\n\\n[{'role': 'user', 'content': 'hi'}]") and the
+    model was asked that."""
+    from redrafter_mlx.distill import read_prompt_files
+    from redrafter_mlx.errors import RedrafterError
+
+    messages = [{"role": "user", "content": "hi"}]
+    f = tmp_path / "p.jsonl"
+    for row, said in (({"prompt": messages}, "'prompt' is a list of messages"),
+                      ({"turns": [messages]}, "the first of 'turns' is a list of messages"),
+                      ({"instruction": "Say", "input": messages}, "'input' is a list of messages"),
+                      ({"prompt": messages, "input": "x"}, "'prompt' is a list of messages"),
+                      ({"instruction": {"text": "hi"}}, "'instruction' is text, not an object$"),
+                      ({"question": True}, "'question' is text, not true or false$"),
+                      ({"instruction": "Say", "instances": [{"input": ["a", "b"]}]},
+                       "the first instance's 'input' is text, not a list$")):
+        f.write_text(json.dumps(row) + "\n")
+        with pytest.raises(RedrafterError) as e:
+            read_prompt_files([f])
+        assert re.search(said, str(e.value)) and "{'" not in str(e.value), str(e.value)
+    f.write_text(json.dumps({"prompt": messages}) + "\n")
+    with pytest.raises(RedrafterError, match=r"\(\{role, content\}, as HuggingFaceH4's sets write\), and a prompt is "
+                                             "text: give the user message's text$"):
         read_prompt_files([f])
 
 
