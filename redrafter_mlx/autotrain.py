@@ -212,8 +212,11 @@ def install(src: Path, home: Path, manifest: Dict):
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
         (tmp / "README.md").write_text(readme(manifest))
         if model_manifest is not None:  # (hashed before the swap: the swap and the entry change together)
+            config = json.loads((tmp / "config.json").read_text())
+            # the weights' dtype, as the converter's entry says it (the entry had none)
+            head = mx.load(str(tmp / "model.safetensors"))[f"lm_head.{config['num_draft_layers']}.weight"]
             entry = {"source": str(src), "command": manifest["command"], "manifest": f"{home.name}/manifest.json",
-                     "config": json.loads((tmp / "config.json").read_text()),
+                     "config": config, "dtype": str(head.dtype).replace("mlx.core.", ""),
                      "sha256": {f.name: sha256_of(f) for f in sorted(tmp.iterdir())
                                 if f.name in ("config.json", "model.safetensors")}}
         with signals_held():

@@ -6,6 +6,7 @@ import re
 import sys
 from pathlib import Path
 
+import mlx.core as mx
 import pytest
 
 from redrafter_mlx import autotrain, distill, load, train
@@ -533,7 +534,9 @@ def test_an_installed_drafter_is_named_by_the_converted_model_s_manifest(tiny_mo
     args = tiny_kit.model(seed=0).args
     old, new = tmp_path / "old", tmp_path / "work" / "train" / "best"
     save_drafter(new_drafter(args, lm_head="shared", seed=1), old)
-    save_drafter(new_drafter(args, lm_head="shared", seed=2), new)
+    trained = new_drafter(args, lm_head="shared", seed=2)
+    trained.set_dtype(mx.float16)  # (as redrafter-train saves it)
+    save_drafter(trained, new)
     model = tmp_path / "model"
     assert convert_main(["--model", str(tiny_model_dir), "--drafter", str(old), "--out", str(model), "--quiet"]) == 0
     before = json.loads((model / "manifest.json").read_text())
@@ -545,6 +548,9 @@ def test_an_installed_drafter_is_named_by_the_converted_model_s_manifest(tiny_mo
     assert entry["source"] == str(new) and entry["command"] == "redrafter-train --model M"
     assert entry["sha256"]["model.safetensors"] == sha256_of(model / "drafter" / "model.safetensors")
     assert entry["config"] == json.loads((model / "drafter" / "config.json").read_text())
+    # every field the converter's entry has (its dtype was missing)
+    assert before["drafter"]["dtype"] == "float32" and entry["dtype"] == "float16"
+    assert set(before["drafter"]) <= set(entry), set(before["drafter"]) - set(entry)
     assert {k: v for k, v in after.items() if k != "drafter"} == {k: v for k, v in before.items() if k != "drafter"}
     assert capsys.readouterr().err == ""
     assert load(str(model)).drafter_path == model / "drafter"
