@@ -95,6 +95,8 @@ def read_prompts(paths: Sequence[Path]) -> List[str]:
                     raise KeyError(f"none of {', '.join(keys)} (it has {', '.join(map(str, row)) or 'no keys'})")
                 turns = row.get("turns")
                 key = next((k for k in keys[:3] if row.get(k)), None)
+                if key is None and "turns" in row and not isinstance(turns, list):  # (skipped, saying nothing)
+                    raise TypeError(f"'turns' is a list of questions, not {json_kind(turns)}")
                 text = _text(row[key], f"'{key}'") if key else (
                     _text(turns[0], "the first of 'turns'") if isinstance(turns, list) and turns else "")
                 instances = row.get("instances")

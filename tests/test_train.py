@@ -412,6 +412,11 @@ def test_a_prompt_that_is_not_text_is_said_in_json_s_words(tmp_path):
         with pytest.raises(RedrafterError) as e:
             read_prompt_files([f])
         assert re.search(said, str(e.value)) and "{'" not in str(e.value), str(e.value)
+    # a 'turns' that is not a list: the row was skipped, saying nothing (the file's other prompts read on)
+    for turns, what in (("Say hi", "a string"), (None, "null")):
+        f.write_text(json.dumps({"turns": turns}) + "\n" + json.dumps({"prompt": "ok"}) + "\n")
+        with pytest.raises(RedrafterError, match=f"line 1 .*: 'turns' is a list of questions, not {what}$"):
+            read_prompt_files([f])
     f.write_text(json.dumps({"prompt": messages}) + "\n")
     with pytest.raises(RedrafterError, match=r"\(\{role, content\}, as HuggingFaceH4's sets write\), and a prompt is "
                                              "text: give the user message's text$"):
