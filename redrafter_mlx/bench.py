@@ -47,7 +47,7 @@ from typing import Dict, List
 
 from . import _platform  # noqa: F401  (OpenBLAS before mlx)
 from . import cli
-from .errors import ContextLengthError, RedrafterError
+from .errors import ContextLengthError, RedrafterError, json_kind
 from .files import unwritable_ancestor, write_json
 from .graph import graph_name, parse_graph
 from .lookup import MAX_GROWTH
@@ -85,7 +85,7 @@ def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
         try:
             row = json.loads(line)
             if not isinstance(row, dict):  # it said "list indices must be integers or slices, not str"
-                raise TypeError(f"a line is a JSON object, not a {type(row).__name__}")
+                raise TypeError(f"a line is a JSON object, not {json_kind(row)}")
             if "turns" not in row and isinstance(row.get("prompt"), str):  # a one-turn line (the shipped prompts)
                 row = {**row, "turns": [row["prompt"]], "category": row.get("category", row.get("source", ""))}
             elif "turns" not in row and "prompt" in row:  # it said "it has none" (of 'turns')
@@ -93,11 +93,9 @@ def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
                 if isinstance(prompt, list) and prompt and all(isinstance(m, dict) and "content" in m for m in prompt):
                     raise TypeError("'prompt' is a list of messages ({role, content}, as HuggingFaceH4's sets "
                                     "write), and a question is a string: give the user message's text")
-                what = {type(None): "null", bool: "true or false", int: "a number", float: "a number",
-                        dict: "an object"}.get(type(prompt), "a list")
-                raise TypeError(f"'prompt' is {what}, and a question is a string")
+                raise TypeError(f"'prompt' is {json_kind(prompt)}, and a question is a string")
             if not isinstance(row["turns"], list):  # and "unhashable type: 'slice'" of an object
-                raise TypeError(f"'turns' must be a list of non-empty questions, not a {type(row['turns']).__name__}")
+                raise TypeError(f"'turns' must be a list of non-empty questions, not {json_kind(row['turns'])}")
             asked = row["turns"][:turns]
             if not isinstance(asked, list) or not asked or not all(isinstance(t, str) and not is_blank(t) for t in asked):
                 raise TypeError("'turns' must be a list of non-empty questions")
@@ -107,10 +105,12 @@ def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
                 except UnicodeEncodeError as e:
                     raise TypeError(f"turn {i} is not valid text: {e.reason} at character {e.start}") from None
             qid, category = row.get("question_id", n), row.get("category", "")
-            if isinstance(qid, bool) or not isinstance(qid, (int, str)):
-                raise TypeError(f"'question_id' must be a whole number or a string, not {qid!r}")  # (1.5 is a number)
+            # (each as the file writes it: null, true, ["x"]; it said None, True, ['x'])
+            if isinstance(qid, bool) or not isinstance(qid, (int, str)):  # (1.5 is a number)
+                raise TypeError("'question_id' must be a whole number or a string, not "
+                                + json.dumps(qid, ensure_ascii=False))
             if not isinstance(category, str):
-                raise TypeError(f"'category' must be a string, not {category!r}")
+                raise TypeError(f"'category' must be a string, not {json.dumps(category, ensure_ascii=False)}")
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             # a KeyError's text is the key alone
             why = f"it has neither (its keys: {', '.join(map(str, row)) or 'none'})" if isinstance(e, KeyError) else e

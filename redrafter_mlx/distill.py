@@ -33,7 +33,7 @@ from . import _platform  # noqa: F401
 import mlx.core as mx  # noqa: E402
 
 from . import cli  # noqa: E402
-from .errors import RedrafterError  # noqa: E402
+from .errors import RedrafterError, json_kind  # noqa: E402
 from .config import WEIGHT_FORMATS  # noqa: E402
 from .files import one_run_in, signals_held, write_json  # noqa: E402
 
@@ -48,12 +48,6 @@ def mt_bench_question(row) -> bool:
     FastChat names it question.jsonl, and Spec-Bench's question.jsonl holds it too."""
     qid = row.get("question_id") if isinstance(row, dict) else None
     return isinstance(qid, int) and 81 <= qid <= 160 and row.get("category") in MT_BENCH_CATEGORIES
-
-
-def json_kind(value) -> str:
-    """What a JSON value is, in JSON's words ("not a NoneType" was said of a null, "not list" of an array)."""
-    return {type(None): "null", bool: "true or false", int: "a number", float: "a number", str: "a string",
-            dict: "an object"}.get(type(value), "a list")
 
 
 def _text(value, name: str) -> str:

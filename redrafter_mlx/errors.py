@@ -7,6 +7,13 @@ def one_line(e: BaseException, limit: int = 240) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def json_kind(value) -> str:
+    """What a value read from JSON is, in JSON's words, for a message about a user's file (Python's had said
+    "not a NoneType" of a null, "not a str" of a string, "not list" of an array)."""
+    return {type(None): "null", bool: "true or false", int: "a number", float: "a number", str: "a string",
+            dict: "an object"}.get(type(value), "a list")
+
+
 class RedrafterError(Exception):
     """Base class: anything a user can fix (bad input, missing files, wrong model)."""
 

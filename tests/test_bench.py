@@ -242,13 +242,18 @@ def test_prompt_files_that_would_have_failed_after_the_run(tmp_path):
     path = tmp_path / "q.jsonl"
     for lines, said in (([{"question_id": 7, "turns": ["a"]}, {"question_id": 7, "turns": ["b"]}], "as line 1 does"),
                         ([{"turns": ["a"]}, {"question_id": 1, "turns": ["b"]}], "takes its line number"),
-                        ([{"category": None, "turns": ["a"]}], "'category' must be a string"),
+                        ([{"category": None, "turns": ["a"]}], "'category' must be a string, not null$"),
+                        ([{"category": ["x"], "turns": ["a"]}], "'category' must be a string, not \\[\"x\"\\]$"),
                         ([{"question_id": [1], "turns": ["a"]}], "'question_id' must be"),
+                        ([{"question_id": True, "turns": ["a"]}], "'question_id' must be .*, not true$"),
                         ([{"question_id": 1.5, "turns": ["a"]}], "must be a whole number or a string, not 1.5$"),
                         ([{"question": "a"}],  # (it said "it has none")
                          "not a Spec-Bench line with 'turns' .*: it has neither \\(its keys: question\\)$"),
                         ([["a"]], "a line is a JSON object, not a list$"),  # "list indices must be integers or ..."
-                        ([{"turns": {"a": 1}}], "'turns' must be a list of non-empty questions, not a dict$"),
+                        ([None], "a line is a JSON object, not null$"),  # (Python's words: "not a NoneType")
+                        ([5], "a line is a JSON object, not a number$"),
+                        ([{"turns": {"a": 1}}], "'turns' must be a list of non-empty questions, not an object$"),
+                        ([{"turns": "a"}], "'turns' must be a list of non-empty questions, not a string$"),
                         ([{"turns": ["\u200b"]}], "'turns' must be a list of non-empty questions$"),
                         # it stopped the run when the turn came up (a second turn: after that question's first)
                         ([{"turns": ["a", "b \ud800"]}],
