@@ -504,6 +504,15 @@ def _distill(args):
             print(f"added greedy tokens to {backfill_greedy(loaded.model, args.out)} shards", file=sys.stderr)
         return
     per_file = read_prompt_files(args.data)
+    total = sum(map(len, per_file)) + args.self_instruct
+    if args.offset >= total:  # (it loaded the model and said "answered 0 prompts")
+        raise RedrafterError(f"--offset {args.offset} skips all {total} prompts"
+                             + (f" (with the {args.self_instruct} new tasks)" if args.self_instruct else "")
+                             + ": give a smaller one")
+    seeds = [q for f, qs in zip(args.data, per_file) if "seed_tasks" in Path(f).name for q in qs]
+    seeds = seeds or [q for qs in per_file for q in qs]
+    if args.self_instruct:  # (said after the model had loaded, as its docstring did not promise)
+        check_seeds(seeds)
     source = same_source(args.out, args.model, args.temperature)  # before the model loads
     loaded = load(args.model, weight_format=args.weight_format, use_drafter=False)
     if not loaded.tokenizer.has_chat_template:  # (redrafter-train says so; this command said nothing)
@@ -515,8 +524,6 @@ def _distill(args):
         if source is not None:
             write_json(args.out / "source.json", source)
         if args.self_instruct:
-            seeds = [q for f, qs in zip(args.data, per_file) if "seed_tasks" in Path(f).name for q in qs]
-            seeds = seeds or [q for qs in per_file for q in qs]
             tasks = self_instruct(loaded, seeds, args.self_instruct, args.out / "self_instruct.jsonl", args.batch_size)
             per_file.append(tasks)
         prompts = interleave(per_file)[args.offset :]

@@ -220,6 +220,25 @@ def test_distill_cli_rejects_a_non_positive_max_prompt_tokens(tmp_path, capsys, 
     assert f"no distillation shards in {tmp_path / 'none'} to add greedy tokens to" in capsys.readouterr().err
 
 
+def test_distill_refuses_what_would_answer_nothing_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    """An --offset past every prompt loaded the model, made --out and said "answered 0 prompts"; --self-instruct
+    with too few prompts to write tasks from was refused only after the model had loaded (and --out was made)."""
+    from redrafter_mlx import loader
+    from redrafter_mlx.distill import main
+
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"instruction": f"say {w}"}) + "\n" for w in ("a", "b")))
+    monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("loaded the model"))
+    out = tmp_path / "o"
+    for extra, said in ((["--offset", "2"], "--offset 2 skips all 2 prompts: give a smaller one"),
+                        (["--offset", "9", "--self-instruct", "5"],
+                         "--offset 9 skips all 7 prompts (with the 5 new tasks): give a smaller one"),
+                        (["--self-instruct", "5"], "2 prompts to write new tasks from: give at least 3")):
+        assert main(["--out", str(out), "--data", str(data), *extra]) == 2
+        assert said in capsys.readouterr().err
+        assert not out.exists()
+
+
 @pytest.mark.parametrize("command", ["distill", "train"])
 def test_an_out_that_is_a_file_is_refused_while_parsing(tmp_path, capsys, command):
     """distill --out FILE said "File exists: FILE" (Python's words) after the model had loaded; train the same."""
