@@ -15,12 +15,14 @@ holding, per sample, the prompt and reply ids, the base model's final hidden sta
 the reply positions (float16) and, for sampled replies, its greedy token at each of them:
 all that training needs, the base model never runs again. A `done.txt` lists the
 prompt keys already answered, so an interrupted run resumes where it stopped.
-MT-Bench is evaluation data: files named mt_bench*, and MT-Bench questions in any file, are refused.
+MT-Bench is evaluation data: files whose name holds mt_bench, MT-Bench or mtbench (any case), and MT-Bench
+questions in any file, are refused.
 """
 
 import hashlib
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -69,7 +71,7 @@ def read_prompts(paths: Sequence[Path]) -> List[str]:
     or a row's question id and category, is refused."""
     out = []
     for path in paths:
-        if "mt_bench" in Path(path).name:
+        if re.search(r"mt[-_ ]?bench", Path(path).name, re.IGNORECASE):  # (MT-Bench.jsonl, mtbench_16.jsonl passed)
             # (read_prompt_files names the file: it was named twice, and "for training" of --eval-prompts)
             raise ValueError(MT_BENCH)
         for n, line in enumerate(Path(path).read_text(encoding="utf-8-sig").splitlines(), 1):

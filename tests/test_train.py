@@ -320,10 +320,11 @@ def test_a_self_instruct_line_cut_short_does_not_stop_every_later_run(tmp_path):
 
 
 def test_mt_bench_is_refused(tmp_path):
-    f = tmp_path / "mt_bench.jsonl"
-    f.write_text(json.dumps({"turns": ["x"]}) + "\n")
-    with pytest.raises(ValueError, match="MT-Bench is the benchmark"):
-        read_prompts([f])
+    for name in ("mt_bench.jsonl", "MT-Bench.jsonl", "mtbench_16.jsonl", "my_MT_bench.jsonl"):  # (only the first was)
+        f = tmp_path / name
+        f.write_text(json.dumps({"turns": ["x"]}) + "\n")
+        with pytest.raises(ValueError, match="MT-Bench is the benchmark"):
+            read_prompts([f])
     # under FastChat's name for it (question.jsonl, in Spec-Bench's too, or in HuggingFaceH4's rows) it trained
     for row in ({"question_id": 81, "category": "writing", "turns": ["Compose a travel blog post."]},
                 {"question_id": 160, "category": "humanities", "prompt": ["Explain a theory.", "Now simpler."]}):
