@@ -48,7 +48,7 @@ from typing import Dict, List
 from . import _platform  # noqa: F401  (OpenBLAS before mlx)
 from . import cli
 from .errors import ContextLengthError, RedrafterError, json_kind
-from .files import unwritable_ancestor, write_json
+from .files import json_document, unwritable_ancestor, write_json
 from .graph import graph_name, parse_graph
 from .lookup import MAX_GROWTH
 from .tokenizer import is_blank
@@ -79,6 +79,9 @@ def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
         text = path.read_text(encoding="utf-8-sig")  # (a byte-order mark, as some editors write, is not JSON)
     except (OSError, UnicodeDecodeError) as e:
         raise RedrafterError(f"cannot read prompt file {path}: {e}") from e
+    document = json_document(text, path)
+    if document:
+        raise RedrafterError(f"prompt file {path} is {document}")
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue

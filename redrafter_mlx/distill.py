@@ -37,7 +37,7 @@ import mlx.core as mx  # noqa: E402
 from . import cli  # noqa: E402
 from .errors import RedrafterError, json_kind  # noqa: E402
 from .config import WEIGHT_FORMATS  # noqa: E402
-from .files import one_run_in, signals_held, write_json  # noqa: E402
+from .files import json_document, one_run_in, signals_held, write_json  # noqa: E402
 
 
 MT_BENCH = "MT-Bench is the benchmark: it must not train a drafter, nor choose which one is installed (measure the " \
@@ -74,7 +74,11 @@ def read_prompts(paths: Sequence[Path]) -> List[str]:
         if re.search(r"mt[-_ ]?bench", Path(path).name, re.IGNORECASE):  # (MT-Bench.jsonl, mtbench_16.jsonl passed)
             # (read_prompt_files names the file: it was named twice, and "for training" of --eval-prompts)
             raise ValueError(MT_BENCH)
-        for n, line in enumerate(Path(path).read_text(encoding="utf-8-sig").splitlines(), 1):
+        text = Path(path).read_text(encoding="utf-8-sig")
+        document = json_document(text, path)
+        if document:
+            raise ValueError(f"the file is {document}")
+        for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:

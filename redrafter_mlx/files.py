@@ -25,6 +25,7 @@ import datetime
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -130,6 +131,32 @@ def record_drafter(manifest: Path, drafter: Dict[str, Any]) -> Optional[str]:
     except (OSError, ValueError, TypeError) as e:
         return f"{manifest} still describes the drafter that was there before ({one_line(e)})"
     return None
+
+
+def json_document(text: str, path) -> Optional[str]:
+    """What a file meant to be JSONL (a JSON object a line) is when it is one JSON document over its lines instead,
+    with the jq command that writes it as JSONL; None otherwise. (Read line by line, alpaca_data.json, one indented
+    array, failed as if damaged: "line 1 is not JSON: Expecting value (column 2)".)"""
+    body = text.lstrip()
+    if not body.startswith(("[", "{")):
+        return None
+    if body.startswith("{"):
+        try:  # an object on the first line: JSONL (its other lines are read one by one)
+            json.loads(body.split("\n", 1)[0])
+            return None
+        except ValueError:
+            pass
+    try:
+        whole = json.loads(text)
+    except ValueError:
+        return None
+    quoted = shlex.quote(str(path))
+    if isinstance(whole, list) and whole and all(isinstance(row, dict) for row in whole):
+        return f"one JSON array, not JSONL (a JSON object a line): `jq -c '.[]' {quoted}` writes its items one a line"
+    if isinstance(whole, dict):
+        return f"one JSON object over several lines, not JSONL (a JSON object a line): `jq -c . {quoted}` writes " \
+               "it on one"
+    return None  # (a line that is a list of other things: said of its line)
 
 
 def read_json_object(path: Path, what: str) -> Dict[str, Any]:

@@ -261,6 +261,14 @@ def test_prompt_files_that_would_have_failed_after_the_run(tmp_path):
         path.write_text("\n".join(json.dumps(x) for x in lines))
         with pytest.raises(RedrafterError, match=said):
             bench.read_prompts(path, turns=2)
+    # one JSON document over several lines was "q.jsonl:1 is not a Spec-Bench line ...: Expecting value: line 1
+    # column 2", as if damaged
+    row = {"question_id": 1, "turns": ["a"]}
+    for document, said in (([row], r"one JSON array, not JSONL .*`jq -c '\.\[\]' "),
+                           (row, r"one JSON object over several lines, not JSONL .*`jq -c \. ")):
+        path.write_text(json.dumps(document, indent=2))
+        with pytest.raises(RedrafterError, match=f"prompt file {path} is {said}"):
+            bench.read_prompts(path)
     path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"question_id": 3, "turns": ["hi"]}).encode())
     assert bench.read_prompts(path)[0]["question_id"] == 3
     path.write_bytes(b"\xff\xfe")

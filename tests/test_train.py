@@ -432,6 +432,16 @@ def test_a_prompt_that_is_not_text_is_said_in_json_s_words(tmp_path):
         with pytest.raises(RedrafterError) as e:
             read_prompt_files([f])
         assert re.search(said, str(e.value)) and "{'" not in str(e.value), str(e.value)
+    # one JSON document over several lines (alpaca_data.json, an indented array) was "line 1 is not JSON: Expecting
+    # value (column 2)", as if damaged
+    for document, said in (([{"instruction": "Say hi", "input": ""}], r"one JSON array, not JSONL .*`jq -c '\.\[\]' "),
+                           ({"prompt": "Say hi"}, r"one JSON object over several lines, not JSONL .*`jq -c \. ")):
+        f.write_text(json.dumps(document, indent=4))
+        with pytest.raises(RedrafterError, match=f"p.jsonl: the file is {said}"):
+            read_prompt_files([f])
+    f.write_text(json.dumps([{"instruction": "Say hi"}]) + "\n")  # on one line too
+    with pytest.raises(RedrafterError, match="the file is one JSON array"):
+        read_prompt_files([f])
     # a 'turns' that is not a list: the row was skipped, saying nothing (the file's other prompts read on)
     for turns, what in (("Say hi", "a string"), (None, "null")):
         f.write_text(json.dumps({"turns": turns}) + "\n" + json.dumps({"prompt": "ok"}) + "\n")
