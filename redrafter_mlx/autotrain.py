@@ -268,10 +268,10 @@ def parse_args(argv=None):
     p.add_argument("--model", default=None, help="registry name, model folder, GGUF file or hub id "
                                                  "(default: the registry default)")
     p.add_argument("--budget", choices=sorted(BUDGETS), default="quick", help=BUDGET_HELP)
-    p.add_argument("--prompts", type=Path, nargs="+", default=None, metavar="FILE.jsonl",
+    p.add_argument("--prompts", type=cli.path, nargs="+", default=None, metavar="FILE.jsonl",
                    help="your own training prompts (JSONL lines with 'prompt', 'instruction', 'question' or 'turns'), "
                         "instead of the shipped seed tasks and GSM8K questions; never MT-Bench")
-    p.add_argument("--eval-prompts", type=Path, default=None, metavar="FILE.jsonl",
+    p.add_argument("--eval-prompts", type=cli.path, default=None, metavar="FILE.jsonl",
                    help="held-out prompts for the evaluation, in the same format: the first "
                         f"{BUDGETS['quick'].eval_prompts} (--budget quick) or {BUDGETS['standard'].eval_prompts} "
                         "(standard) that are not training prompts too (default: the shipped held-out set)")

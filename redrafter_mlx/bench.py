@@ -484,7 +484,7 @@ def parse_args(argv=None):
     cli.add_version(p)
     p.add_argument("--model", default=None, help="registry name, local path or hub id (default: the registry default)")
     p.add_argument("--drafter", default=None, help="drafter folder (default: the one found beside the model)")
-    p.add_argument("--prompts", type=Path, default=SHIPPED_PROMPTS,
+    p.add_argument("--prompts", type=cli.path, default=SHIPPED_PROMPTS,
                    help="JSONL file of questions: Spec-Bench lines ({\"question_id\", \"category\", \"turns\": [...]}; "
                         "the first turn of each, unless --turns) or one-turn lines ({\"prompt\": ...}) (default: the "
                         "held-out prompts shipped with the package, self-instruct seed tasks and GSM8K questions no "

@@ -176,6 +176,14 @@ def probability(text: str) -> float:
     return value
 
 
+def path(text: str):
+    """An argparse type: a path, with "~" expanded as a shell does for a word of its own. In `--out=~/runs` no shell
+    expands it: distill made a folder named "~" in the current one, and `--prompts=~/q.jsonl` was not found."""
+    from pathlib import Path
+
+    return Path(text).expanduser()
+
+
 def writable_file(text: str):
     """An argparse type: a file path whose folder exists and can be written, checked before a long run
     whose results would otherwise be lost at the end."""

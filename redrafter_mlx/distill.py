@@ -448,9 +448,9 @@ def main(argv=None):
     p = cli.Parser(prog="python -m redrafter_mlx.distill", description=__doc__.split("\n\n")[0])
     cli.add_version(p)
     p.add_argument("--model", default=None, help="registry name, local path or hub id (default: smollm2-135m)")
-    p.add_argument("--data", nargs="+", type=Path,
+    p.add_argument("--data", nargs="+", type=cli.path,
                    help="prompt JSONL files (never MT-Bench); required unless --backfill-greedy")
-    p.add_argument("--out", type=Path, required=True,
+    p.add_argument("--out", type=cli.path, required=True,
                    help="folder for the replies and hidden states (shards); a run stopped early resumes there (the same "
                         "--model and --temperature: another's is refused)")
     p.add_argument("--offset", type=cli.non_negative, default=0,

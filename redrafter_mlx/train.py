@@ -521,8 +521,8 @@ def main(argv=None):
     p.add_argument("--model", default=None,
                    help="the base model the head drafts for, the one --data was distilled from (registry name, "
                         "local path or hub id; default: smollm2-135m)")
-    p.add_argument("--data", type=Path, nargs="+", help="distillation folder(s) from redrafter_mlx.distill")
-    p.add_argument("--out", type=Path, required=True,
+    p.add_argument("--data", type=cli.path, nargs="+", help="distillation folder(s) from redrafter_mlx.distill")
+    p.add_argument("--out", type=cli.path, required=True,
                    help="run folder: checkpoints (a stopped run resumes from them), train_log.jsonl, OUT/drafter")
     p.add_argument("--depth", type=cli.positive, default=4,
                    help="draft tokens predicted per position (beam length - 1; default: 4)")
@@ -554,8 +554,8 @@ def main(argv=None):
                    help="re-read --data every N steps (a distillation run still adding shards; default: 0, never)")
     p.add_argument("--dtype", default="float16", choices=["float16", "float32"], help="saved weights (default: float16)")
     p.add_argument("--eval-only", action="store_true", help="skip training: evaluate --eval-drafter")
-    p.add_argument("--eval-drafter", type=Path, default=None, help="drafter folder to evaluate (default OUT/drafter)")
-    p.add_argument("--eval-prompts", type=Path, default=None,
+    p.add_argument("--eval-drafter", type=cli.path, default=None, help="drafter folder to evaluate (default OUT/drafter)")
+    p.add_argument("--eval-prompts", type=cli.path, default=None,
                    help="Spec-Bench JSONL (lines with 'turns' and 'category') to report tokens/step on after training")
     p.add_argument("--eval-per-category", type=cli.positive, default=2, help="questions per category (default: 2)")
     p.add_argument("--eval-max-tokens", type=cli.positive, default=128, help="tokens per evaluated reply (default: 128)")

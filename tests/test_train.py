@@ -239,6 +239,31 @@ def test_distill_refuses_what_would_answer_nothing_before_the_model_loads(tmp_pa
         assert not out.exists()
 
 
+def test_a_path_after_an_equals_sign_has_its_tilde_expanded(tmp_path, capsys, monkeypatch):
+    """No shell expands "~" in `--out=~/runs`: distill made a folder named "~" in the current one, and
+    `--prompts=~/q.jsonl`, `--data=~/p.jsonl` were not found. Each path option of the training tools and the bench
+    now expands it, as --work, --json and --drafter did."""
+    from redrafter_mlx import autotrain, bench, loader
+    from redrafter_mlx import train as train_module
+    from redrafter_mlx.distill import main
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("loaded the model"))
+    (tmp_path / "p.jsonl").write_text(json.dumps({"instruction": "hello"}) + "\n")
+    assert main(["--data=~/p.jsonl", "--out=~/o", "--offset", "1"]) == 2  # read: refused for its one prompt
+    assert "--offset 1 skips all 1 prompts" in capsys.readouterr().err
+    (tmp_path / "d").mkdir()
+    assert train_module.main(["--data=~/d", "--out=~/t", "--eval-prompts=~/p.jsonl"]) == 2
+    assert "p.jsonl:1 is not a Spec-Bench line" in capsys.readouterr().err  # (read, before the data)
+    assert train_module.main(["--data=~/d", "--out=~/t"]) == 2
+    assert f"no distillation shards in {tmp_path / 'd'}" in capsys.readouterr().err
+    assert not (tmp_path / "~").exists()
+    assert bench.parse_args(["--prompts=~/q.jsonl"]).prompts == tmp_path / "q.jsonl"
+    args = autotrain.parse_args(["--prompts=~/p.jsonl", "--eval-prompts=~/e.jsonl"])
+    assert (args.prompts, args.eval_prompts) == ([tmp_path / "p.jsonl"], tmp_path / "e.jsonl")
+
+
 @pytest.mark.parametrize("command", ["distill", "train"])
 def test_an_out_that_is_a_file_is_refused_while_parsing(tmp_path, capsys, command):
     """distill --out FILE said "File exists: FILE" (Python's words) after the model had loaded; train the same."""
