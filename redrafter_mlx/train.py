@@ -578,6 +578,10 @@ def main(argv=None):
     unused = _unused_options(p, args)
     if unused:
         p.error(unused)
+    for width, length in args.beam_shapes:  # (refused by decoding after the whole training run)
+        too_big = cli.draft_size_error(width, length, None, None)
+        if too_big:
+            p.error(f"--beam-shapes {width}x{length}: {too_big}")
     if args.eval_drafter is not None and not (args.eval_drafter / "config.json").is_file():
         p.error(f"--eval-drafter {args.eval_drafter}: no drafter there (a folder with config.json and the weights)")
     if args.eval_only and args.eval_drafter is None and not (args.out / "drafter" / "config.json").is_file():

@@ -264,6 +264,21 @@ def test_a_path_after_an_equals_sign_has_its_tilde_expanded(tmp_path, capsys, mo
     assert (args.prompts, args.eval_prompts) == ([tmp_path / "p.jsonl"], tmp_path / "e.jsonl")
 
 
+def test_train_refuses_beam_shapes_decoding_would_refuse_while_parsing(tmp_path, capsys):
+    """--beam-shapes 2000x5 was refused by decoding (over the 1024 tokens a step drafts may hold) only when the
+    evaluation came, after the whole training run."""
+    from redrafter_mlx import train as train_module
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "q.jsonl").write_text(json.dumps({"prompt": "hi"}) + "\n")
+    with pytest.raises(SystemExit) as e:
+        train_module.main(["--data", str(tmp_path / "d"), "--out", str(tmp_path / "t"), "--eval-prompts",
+                           str(tmp_path / "q.jsonl"), "--beam-shapes", "4x5,2000x5"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--beam-shapes 2000x5: beams of 2000 x 5 tokens draft 8000 tokens a step; at most " \
+        "1024" in err, err
+
+
 @pytest.mark.parametrize("command", ["distill", "train"])
 def test_an_out_that_is_a_file_is_refused_while_parsing(tmp_path, capsys, command):
     """distill --out FILE said "File exists: FILE" (Python's words) after the model had loaded; train the same."""
