@@ -361,6 +361,10 @@ def train(
             held = [is_held_out(s, val_fraction) for s in samples]
             val_samples = [s for s, v in zip(samples, held) if v]
             samples = [s for s, v in zip(samples, held) if not v]
+            if not samples:  # (it said "none of the 0 replies has 2 tokens or more ...: distil longer replies")
+                raise RedrafterError(f"all {len(held)} replies are held out for validation at a share of "
+                                     f"{val_fraction}, and none is left to train on: hold out a smaller share "
+                                     "(train --val-fraction), or distil more replies")
             # held-out accuracy is agreement with the greedy token: what greedy decoding accepts
             usable = any(len(s["reply"]) >= 2 for s in val_samples)
             val["data"] = PositionData(val_samples, depth, greedy_targets=True) if usable else None

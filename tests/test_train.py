@@ -511,6 +511,18 @@ def _losses(log: io.StringIO):
     return [json.loads(line)["loss"] for line in log.getvalue().splitlines() if "loss" in json.loads(line)]
 
 
+def test_a_held_out_share_that_leaves_nothing_to_train_on_is_said(patterned, tmp_path):
+    """--val-fraction 1 held every reply out, and training said "none of the 0 replies has 2 tokens or more to
+    learn from: distil longer replies"."""
+    from redrafter_mlx.errors import RedrafterError
+
+    model, data = patterned
+    with pytest.raises(RedrafterError, match=f"all {len(data)} replies are held out for validation at a share of "
+                                             r"1.0, and none is left to train on: hold out a smaller share"):
+        train(model, data, tmp_path / "run", depth=2, steps=2, batch=8, draft_vocab=32, progress=False,
+              val_every=1, val_fraction=1.0)
+
+
 def test_training_reduces_loss(patterned, tmp_path):
     model, data = patterned
     log = io.StringIO()
