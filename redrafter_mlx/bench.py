@@ -48,7 +48,7 @@ from typing import Dict, List
 from . import _platform  # noqa: F401  (OpenBLAS before mlx)
 from . import cli
 from .errors import ContextLengthError, RedrafterError, json_kind
-from .files import json_document, unwritable_ancestor, write_json
+from .files import json_document, not_utf8, unwritable_ancestor, write_json
 from .graph import graph_name, parse_graph
 from .lookup import MAX_GROWTH
 from .tokenizer import is_blank
@@ -77,8 +77,10 @@ def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
     out, seen = [], {}
     try:
         text = path.read_text(encoding="utf-8-sig")  # (a byte-order mark, as some editors write, is not JSON)
-    except (OSError, UnicodeDecodeError) as e:
-        raise RedrafterError(f"cannot read prompt file {path}: {e}") from e
+    except UnicodeDecodeError as e:  # (it said "cannot read prompt file X: 'utf-8' codec can't decode byte ...")
+        raise RedrafterError(f"prompt file {not_utf8(path, e)}") from e
+    except OSError as e:
+        raise RedrafterError(f"cannot read prompt file {path}: {e.strerror or e}") from e  # (not "[Errno 13] ...")
     document = json_document(text, path)
     if document:
         raise RedrafterError(f"prompt file {path} is {document}")

@@ -37,7 +37,7 @@ import mlx.core as mx  # noqa: E402
 from . import cli  # noqa: E402
 from .errors import RedrafterError, json_kind  # noqa: E402
 from .config import WEIGHT_FORMATS  # noqa: E402
-from .files import json_document, one_run_in, signals_held, write_json  # noqa: E402
+from .files import json_document, not_utf8, one_run_in, signals_held, write_json  # noqa: E402
 
 
 MT_BENCH = "MT-Bench is the benchmark: it must not train a drafter, nor choose which one is installed (measure the " \
@@ -590,10 +590,7 @@ def read_prompt_files(paths: List[Path]) -> List[List[str]]:
         try:
             prompts = read_prompts([Path(path)])
         except UnicodeDecodeError as e:  # (it said "'utf-8' codec can't decode byte 0x8b in position 1: ...")
-            gzip = e.object[:2] == b"\x1f\x8b"  # (the file's bytes: read_text decodes them whole)
-            raise RedrafterError(f"{path} is not UTF-8 text, which JSONL is" + (
-                ": it is gzip-compressed, so uncompress it first (gunzip)" if gzip else
-                f" (byte {e.start} is {e.object[e.start:e.start + 1]!r}): save it as UTF-8")) from e
+            raise RedrafterError(not_utf8(path, e)) from e
         except (ValueError, AttributeError) as e:  # json.JSONDecodeError is a ValueError
             raise RedrafterError(f"{path}: {str(e).splitlines()[0]}") from e
         if not prompts:

@@ -133,6 +133,19 @@ def record_drafter(manifest: Path, drafter: Dict[str, Any]) -> Optional[str]:
     return None
 
 
+def not_utf8(path, e: UnicodeDecodeError) -> str:
+    """Why a JSONL file (read whole, so `e.object` is its bytes) is not UTF-8 text, and what to do, for an error:
+    Python's words were "'utf-8' codec can't decode byte 0xff in position 0: invalid start byte"."""
+    head = e.object[:2]
+    if head == b"\x1f\x8b":
+        how = "it is gzip-compressed, so uncompress it first (gunzip)"
+    elif head in (b"\xff\xfe", b"\xfe\xff"):  # (Windows Notepad's "Unicode")
+        how = "it is UTF-16 text: save it as UTF-8"
+    else:
+        how = f"byte {e.start} is 0x{e.object[e.start]:02x}: save it as UTF-8"
+    return f"{path} is not UTF-8 text, which JSONL is: {how}"
+
+
 def json_document(text: str, path) -> Optional[str]:
     """What a file meant to be JSONL (a JSON object a line) is when it is one JSON document over its lines instead,
     with the jq command that writes it as JSONL; None otherwise. (Read line by line, alpaca_data.json, one indented
