@@ -282,6 +282,15 @@ def length_batches(lengths: Sequence[int], batch_size: int, budget: int) -> List
     return batches + [batch] if batch else batches
 
 
+def check_reply_room(loaded, max_tokens: int):
+    """Refuse replies too long to leave a prompt room in the model's context: every prompt was skipped as "longer
+    than -77 tokens", and the run ended saying it had answered 0."""
+    if max_tokens > loaded.context_length - 2:
+        raise RedrafterError(f"replies of up to {max_tokens} tokens leave no room for a prompt in the model's context "
+                             f"of {loaded.context_length} tokens: give --max-tokens {loaded.context_length - 2} or "
+                             "less")
+
+
 def distill(loaded, prompts: List[str], out: Path, batch_size: int = 16, max_tokens: int = 256, progress=True,
             temperature: float = 0.0, seed: int = 0, batch_tokens: Optional[int] = None,
             max_prompt_tokens: Optional[int] = None) -> int:
@@ -292,6 +301,7 @@ def distill(loaded, prompts: List[str], out: Path, batch_size: int = 16, max_tok
     skipped (with a count on stderr). Returns the number answered now."""
     from tqdm import tqdm
 
+    check_reply_room(loaded, max_tokens)
     mx.random.seed(seed)
     out.mkdir(parents=True, exist_ok=True)
     done_file = out / "done.txt"
@@ -521,6 +531,7 @@ def _distill(args):
         check_seeds(seeds)
     source = same_source(args.out, args.model, args.temperature)  # before the model loads
     loaded = load(args.model, weight_format=args.weight_format, use_drafter=False)
+    check_reply_room(loaded, args.max_tokens)  # (before --out is made)
     if not loaded.tokenizer.has_chat_template:  # (redrafter-train says so; this command said nothing)
         print(f"distill: note: {loaded.name} has no chat template, so the prompts reach it as plain text to continue "
               "(as chat messages will): for a chat model, give it one (python -m convert --chat-template)",

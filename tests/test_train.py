@@ -195,6 +195,24 @@ def test_distill_skips_prompts_over_max_prompt_tokens_and_answers_them_later(tmp
     assert sorted(len(s["prompt"]) for s in read_shards(out)) == lengths
 
 
+def test_distill_refuses_replies_that_leave_no_room_for_a_prompt(tiny_model_dir, tmp_path, capsys):
+    """--max-tokens as long as the context skipped every prompt ("skipped 2 of 2 prompts longer than -77 tokens")
+    and ended with status 0, "answered 0 prompts"."""
+    from redrafter_mlx.distill import main
+    from redrafter_mlx.errors import RedrafterError
+
+    with pytest.raises(RedrafterError, match="replies of up to 511 tokens leave no room for a prompt in the model's "
+                                             "context of 512 tokens: give --max-tokens 510 or less$"):
+        distill(TinyLoaded(tiny_model()), ["hello"], tmp_path / "a", max_tokens=511, progress=False)
+    assert distill(TinyLoaded(tiny_model()), ["h"], tmp_path / "a", max_tokens=510, progress=False) == 1  # (1 token)
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"instruction": "hello"}) + "\n")
+    assert main(["--model", str(tiny_model_dir), "--data", str(data), "--out", str(tmp_path / "o"),
+                 "--max-tokens", "5000"]) == 2
+    assert "replies of up to 5000 tokens leave no room for a prompt" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 def test_distill_cli_rejects_a_non_positive_max_prompt_tokens(tmp_path, capsys, monkeypatch):
     from redrafter_mlx import loader
     from redrafter_mlx.distill import main
