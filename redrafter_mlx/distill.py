@@ -483,7 +483,8 @@ def main(argv=None):
     p.add_argument("--temperature", type=cli.temperature, default=0.0, metavar="T",
                    help="sample replies at T instead of greedy ones: more varied contexts, still the model's own "
                         "text (answers are keyed by prompt: use another --out than the greedy run)")
-    p.add_argument("--seed", type=cli.seed, default=None, help="sampling seed with --temperature (default: 0)")
+    p.add_argument("--seed", type=cli.seed, default=None,
+                   help="sampling seed of --temperature and of --self-instruct's new tasks (default: 0)")
     p.add_argument("--backfill-greedy", action="store_true",
                    help="only add the greedy tokens to the shards of an older sampled run in OUT, then stop")
     args = p.parse_args(argv)
@@ -501,9 +502,9 @@ def main(argv=None):
     bad_out = cli.run_folder_error("--out", args.out)
     if bad_out:
         p.error(bad_out)
-    if args.seed is not None and args.temperature == 0.0:  # as the other commands refuse it
-        p.error("--seed applies to sampling, and --temperature 0 answers greedily: add --temperature T above 0, "
-                "or drop it")
+    if args.seed is not None and args.temperature == 0.0 and not args.self_instruct:  # as the other commands refuse it
+        p.error("--seed applies to sampling, and --temperature 0 answers greedily: add --temperature T above 0 "
+                "(or --self-instruct N, whose tasks are sampled), or drop it")
     args.seed = 0 if args.seed is None else args.seed
     return cli.run("python -m redrafter_mlx.distill", lambda: _distill(args))
 
@@ -541,7 +542,9 @@ def _distill(args):
         if source is not None:
             write_json(args.out / "source.json", source)
         if args.self_instruct:
-            tasks = self_instruct(loaded, seeds, args.self_instruct, args.out / "self_instruct.jsonl", args.batch_size)
+            # (with --seed: its tasks were sampled from seed 0 whatever --seed said)
+            tasks = self_instruct(loaded, seeds, args.self_instruct, args.out / "self_instruct.jsonl", args.batch_size,
+                                  seed=args.seed)
             per_file.append(tasks)
         prompts = interleave(per_file)[args.offset :]
         if args.limit:

@@ -213,6 +213,22 @@ def test_distill_refuses_replies_that_leave_no_room_for_a_prompt(tiny_model_dir,
     assert not (tmp_path / "o").exists()
 
 
+def test_distill_seed_reaches_the_self_instruct_tasks(tiny_model_dir, tmp_path, monkeypatch):
+    """--self-instruct's tasks are sampled: they were drawn from seed 0 whatever --seed said (and --seed without
+    --temperature was refused, though self-instruct would sample with it)."""
+    from redrafter_mlx import distill as distill_module
+
+    seeds = []
+    monkeypatch.setattr(distill_module, "self_instruct", lambda *a, seed=0, **k: seeds.append(seed) or ["Name a sea."])
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"instruction": f"say {w}"}) + "\n" for w in ("a", "b", "c")))
+    for extra, seed in (([], 0), (["--seed", "7"], 7), (["--seed", "8", "--temperature", "0.5"], 8)):
+        assert distill_module.main(["--model", str(tiny_model_dir), "--data", str(data), "--out",
+                                    str(tmp_path / f"o{seed}"), "--max-tokens", "2", "--self-instruct", "1",
+                                    *extra]) == 0
+        assert seeds[-1] == seed
+
+
 def test_distill_cli_rejects_a_non_positive_max_prompt_tokens(tmp_path, capsys, monkeypatch):
     from redrafter_mlx import loader
     from redrafter_mlx.distill import main
