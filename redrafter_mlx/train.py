@@ -41,7 +41,7 @@ from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
 from . import cli  # noqa: E402
 from .config import DrafterArgs  # noqa: E402
 from .drafter import Drafter, load_drafter, save_drafter  # noqa: E402
-from .errors import RedrafterError  # noqa: E402
+from .errors import CorruptModelError, RedrafterError, one_line  # noqa: E402
 from .files import one_run_in, read_json_object, replace_folder, staging_folder, write_json  # noqa: E402
 from .tuning import parse_shapes  # noqa: E402
 
@@ -194,10 +194,25 @@ def save_checkpoint(folder: Path, drafter: Drafter, opt, step: int, rng: np.rand
         raise
 
 
+def _damaged(ckpt: Path, why) -> RedrafterError:
+    return RedrafterError(f"the checkpoint {ckpt} is damaged ({why}): delete it to train from the start")
+
+
+def read_state(ckpt: Path) -> dict:
+    """CKPT/state.json: the step, RNG and records of a checkpoint. A damaged one (not JSON, no step) is a
+    RedrafterError that says what to do: it stopped every later run with a traceback from inside json."""
+    try:
+        state = read_json_object(Path(ckpt) / "state.json", "checkpoint's state")
+    except CorruptModelError as e:
+        raise _damaged(ckpt, e) from e
+    if isinstance(state.get("step"), bool) or not isinstance(state.get("step"), int):
+        raise _damaged(ckpt, "its state.json holds no step")
+    return state
+
+
 def checkpoint_step(ckpt: Path) -> int:
     """The step the checkpoint folder `ckpt` holds (0: none yet)."""
-    state = ckpt / "state.json"
-    return json.loads(state.read_text())["step"] if state.is_file() else 0
+    return read_state(ckpt)["step"] if (ckpt / "state.json").is_file() else 0
 
 
 def log_row(line: str) -> Optional[dict]:
@@ -256,7 +271,7 @@ def check_same_run(folder: Path, args: DrafterArgs, depth: int, model: Optional[
         saved = vars(DrafterArgs.from_dict(read_json_object(folder / "drafter" / "config.json", "drafter config")))
     except (OSError, TypeError):  # missing, or not a drafter's config: load_checkpoint says so
         saved = here
-    meta = json.loads((folder / "state.json").read_text())
+    meta = read_state(folder)
     diffs = [f"{k} {saved[k]} there, {here[k]} here" for k in SHAPE_FIELDS if saved[k] != here[k]]
     if meta.get("depth", depth) != depth:
         diffs.append(f"depth {meta['depth']} there, {depth} here")
@@ -274,11 +289,16 @@ def load_checkpoint(folder: Path, drafter: Drafter, opt):
     params = d.parameters()
     params.pop("draft_vocab", None)  # the caller sets the vocabulary from its data
     drafter.update(params)
-    state = mx.load(str(folder / "optimizer.safetensors"))
+    meta = read_state(folder)
+    if "rng" not in meta:
+        raise _damaged(folder, "its state.json holds no RNG state")
+    try:  # (an RNG state of another kind, a missing or cut optimizer file: tracebacks from numpy and MLX)
+        rng = np.random.default_rng()
+        rng.bit_generator.state = meta["rng"]
+        state = mx.load(str(folder / "optimizer.safetensors"))
+    except (RuntimeError, ValueError, TypeError, KeyError) as e:
+        raise _damaged(folder, one_line(e)) from e
     opt.state = tree_unflatten(list(state.items()))
-    meta = json.loads((folder / "state.json").read_text())
-    rng = np.random.default_rng()
-    rng.bit_generator.state = meta["rng"]
     return meta["step"], rng, meta
 
 

@@ -561,6 +561,33 @@ def test_a_held_out_share_that_leaves_nothing_to_train_on_is_said(patterned, tmp
               val_every=1, val_fraction=1.0)
 
 
+def test_a_damaged_checkpoint_is_said_in_one_line(patterned, tmp_path, capsys):
+    """A checkpoint whose state.json is not JSON (or has no step), or whose optimizer file is gone, stopped every
+    later run with a traceback from inside json or MLX."""
+    from redrafter_mlx import train as train_module
+    from redrafter_mlx.errors import RedrafterError
+
+    model, data = patterned
+    run = tmp_path / "run"
+    train(model, data, run, depth=2, steps=2, batch=8, draft_vocab=32, progress=False, save_every=1)
+    (run / "checkpoint" / "optimizer.safetensors").unlink()
+    with pytest.raises(RedrafterError, match=f"^the checkpoint {run / 'checkpoint'} is damaged \\(.*\\): delete it to "
+                                             "train from the start$"):
+        train(model, data, run, depth=2, steps=4, batch=8, draft_vocab=32, progress=False)
+    (run / "checkpoint" / "state.json").write_text('{"step": 2}')
+    with pytest.raises(RedrafterError, match="is damaged \\(its state.json holds no RNG state\\)"):
+        train(model, data, run, depth=2, steps=4, batch=8, draft_vocab=32, progress=False)
+    for text, why in (("garbage", "state.json is not valid JSON"), ('{"rng": 1}', "its state.json holds no step")):
+        (run / "checkpoint" / "state.json").write_text(text)
+        with pytest.raises(RedrafterError, match=why):
+            train(model, data, run, depth=2, steps=4, batch=8, draft_vocab=32, progress=False)
+        (tmp_path / "d").mkdir(exist_ok=True)
+        assert train_module.main(["--data", str(tmp_path / "d"), "--out", str(run)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"python -m redrafter_mlx.train: error: the checkpoint {run / 'checkpoint'} is damaged")
+        assert why in err and len(err.splitlines()) == 1, err
+
+
 def test_training_reduces_loss(patterned, tmp_path):
     model, data = patterned
     log = io.StringIO()
