@@ -108,7 +108,11 @@ class Log:
 
     def __init__(self, work: Path):
         self.path = work / "state.json"
-        self.state = json.loads(self.path.read_text()) if self.path.is_file() else {"seconds": {}}
+        try:  # (damaged, it stopped every later run with a traceback from inside json: its figures are begun again)
+            state = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        except ValueError:
+            state = {}
+        self.state = state if isinstance(state, dict) and isinstance(state.get("seconds"), dict) else {"seconds": {}}
 
     def stage(self, i: int, name: str, what: str):
         print(f"[{i}/5] {name}: {what}", file=sys.stderr, flush=True)

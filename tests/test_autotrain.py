@@ -607,3 +607,17 @@ def test_prompt_files_from_a_pipe_are_read(tiny_model_dir, tmp_path, capsys):
     assert f"error: {path} holds no prompts" in capsys.readouterr().err
     assert autotrain.main(["--model", str(tiny_model_dir), "--prompts", str(tmp_path)]) == 2  # (was "no prompt file")
     assert capsys.readouterr().err == f"redrafter-train: error: {tmp_path} is a folder: give a prompt JSONL file\n"
+
+
+def test_a_damaged_work_state_begins_its_figures_again(tmp_path):
+    """WORK/state.json (the stage times and figures of a run) that is not a JSON object with its times stopped every
+    later run with a traceback from inside json; its figures are begun again."""
+    for text in ("garbage", "[]", '{"seconds": 5}'):
+        (tmp_path / "state.json").write_text(text)
+        log = autotrain.Log(tmp_path)
+        assert log.state == {"seconds": {}}
+        log.stage(1, "self-instruct", "tasks")
+        log.done(replies=3)
+        assert json.loads((tmp_path / "state.json").read_text())["replies"] == 3
+    (tmp_path / "state.json").write_text('{"seconds": {"distill": 2.0}, "replies": 4}')
+    assert autotrain.Log(tmp_path).state == {"seconds": {"distill": 2.0}, "replies": 4}
