@@ -39,7 +39,7 @@ try:
 except ImportError:  # (Windows: no advisory locks; writes stay atomic, a concurrent update can lose an entry)
     fcntl = None
 
-from .errors import CorruptModelError, RedrafterError, one_line
+from .errors import CorruptModelError, RedrafterError, json_kind, one_line
 
 
 def write_json(path: Path, data: Any, indent: Optional[int] = 1) -> Path:
@@ -180,7 +180,8 @@ def read_json_object(path: Path, what: str) -> Dict[str, Any]:
     except ValueError as e:  # not JSON, or not UTF-8 (a UnicodeDecodeError)
         raise CorruptModelError(f"{path} is not valid JSON: {one_line(e)}") from e
     if not isinstance(data, dict):
-        raise CorruptModelError(f"{path} is not a {what}: expected a JSON object, found {type(data).__name__}")
+        # (in JSON's words: "found str" was Python's)
+        raise CorruptModelError(f"{path} is not a {what}: expected a JSON object, found {json_kind(data)}")
     return data
 
 

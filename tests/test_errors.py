@@ -803,7 +803,7 @@ def test_drafter_config_of_the_wrong_shape(tiny_kit, tmp_path):
     (tmp_path / "d" / "config.json").write_text(json.dumps({**cfg, "num_draft_layers": 2}))  # a layer it lacks
     msg = raises(CorruptModelError, lambda: load_drafter(tmp_path / "d", base), "do not fit")
     assert "lm_head" in msg  # the missing parameters are named, not cut off
-    for text, words in ((b'{"hidden_size": \xff}', ["not valid JSON", "utf-8"]), (b'"abc"', ["found str"]),
+    for text, words in ((b'{"hidden_size": \xff}', ["not valid JSON", "utf-8"]), (b'"abc"', ["found a string"]),
                         (json.dumps({**cfg, "embed_scale": "x"}).encode(), ["embed_scale", "'x'"])):
         (tmp_path / "d" / "config.json").write_bytes(text)
         raises(CorruptModelError, lambda: load_drafter(tmp_path / "d", base), *words)

@@ -1218,3 +1218,16 @@ def test_training_on_data_distilled_from_another_model_is_refused(tiny_kit, tiny
                    f"{other}: train with the model the data was distilled from (--model)\n")
     copy = shutil.copytree(tiny_model_dir, tmp_path / "copy")  # the same weights elsewhere
     assert train_module.main(["--model", str(copy), *argv]) == 0
+
+
+def test_a_distillation_record_of_the_wrong_shape_is_said_in_json_s_words(tmp_path):
+    """A JSON file that must hold an object (a distillation record, a config) was "expected a JSON object, found
+    list" (or "found NoneType"), Python's names."""
+    from redrafter_mlx.errors import CorruptModelError
+    from redrafter_mlx.files import read_json_object
+
+    for text, found in (("[1]", "a list"), ("null", "null"), ('"abc"', "a string"), ("3", "a number")):
+        (tmp_path / "source.json").write_text(text)
+        with pytest.raises(CorruptModelError, match=f"source.json is not a distillation record: expected a JSON "
+                                                    f"object, found {found}$"):
+            read_json_object(tmp_path / "source.json", "distillation record")
