@@ -635,6 +635,9 @@ def _unused_options(p, args) -> Optional[str]:
     if args.eval_prompts is None and unused:
         return (f"{', '.join(unused)} appl{'ies' if len(unused) == 1 else 'y'} to the evaluation on --eval-prompts "
                 f"FILE: give it, or drop {'it' if len(unused) == 1 else 'them'}")
+    if args.reload_every >= args.steps:  # (it never re-read the data, saying nothing)
+        return f"--reload-every {args.reload_every} re-reads --data every {args.reload_every} steps, and --steps " \
+               f"{args.steps} ends before the first re-read: give a smaller N, or drop it"
     if not args.val_every and given(["val_fraction"]):
         return "--val-fraction is the share held out for validation every --val-every N steps: give --val-every N, " \
                "or drop it"

@@ -298,6 +298,22 @@ def test_a_path_after_an_equals_sign_has_its_tilde_expanded(tmp_path, capsys, mo
     assert (args.prompts, args.eval_prompts) == ([tmp_path / "p.jsonl"], tmp_path / "e.jsonl")
 
 
+def test_train_refuses_a_reload_every_past_the_last_step(tmp_path, capsys):
+    """--reload-every N with N >= --steps never re-read the data, saying nothing."""
+    from redrafter_mlx import train as train_module
+
+    (tmp_path / "d").mkdir()
+    with pytest.raises(SystemExit) as e:
+        train_module.main(["--data", str(tmp_path / "d"), "--out", str(tmp_path / "t"), "--steps", "200",
+                           "--reload-every", "500"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--reload-every 500 re-reads --data every 500 steps, and --steps 200 ends before " \
+        "the first re-read: give a smaller N, or drop it" in err, err
+    assert train_module.main(["--data", str(tmp_path / "d"), "--out", str(tmp_path / "t"), "--steps", "200",
+                              "--reload-every", "100"]) == 2  # (parsed: then no shards in d)
+    assert "no distillation shards" in capsys.readouterr().err
+
+
 def test_train_refuses_beam_shapes_decoding_would_refuse_while_parsing(tmp_path, capsys):
     """--beam-shapes 2000x5 was refused by decoding (over the 1024 tokens a step drafts may hold) only when the
     evaluation came, after the whole training run."""
