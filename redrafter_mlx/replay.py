@@ -412,8 +412,8 @@ def read_results(path: Path):
     saying what is wrong with any other file."""
     if not path.exists():
         raise RedrafterError(f"results file {path} not found")
-    if not path.is_file():
-        raise RedrafterError(f"results file {path} is not a file")
+    if path.is_dir():  # (not `is_file`: a pipe is read like a file, and `replay <(cat b.json)` was "not a file")
+        raise RedrafterError(f"results file {path} is a folder: give a redrafter-bench --json file")
     try:
         report = json.loads(path.read_text())
         if not isinstance(report, dict) or not isinstance(report.get("results"), list):  # it said "KeyError: 'results'"

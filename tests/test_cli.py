@@ -3,6 +3,7 @@ line on stderr, never a traceback, for what a user can fix."""
 
 import argparse
 import errno
+import json
 import os
 
 from pathlib import Path
@@ -301,6 +302,22 @@ def test_replay_names_itself_as_its_help_does(tmp_path, capsys):
 
     assert replay.main([str(tmp_path / "none.json")]) == 2
     assert capsys.readouterr().err.startswith("python -m redrafter_mlx.replay: error: results file ")
+
+
+def test_replay_reads_its_results_from_a_pipe(tmp_path):
+    """`replay <(cat bench.json)` gives a pipe (/dev/fd/63), not a regular file: it was "is not a file"."""
+    from helpers import piped
+
+    from redrafter_mlx import replay
+    from redrafter_mlx.errors import RedrafterError
+
+    report = {"results": [{"mode": "ar", "question_id": 1, "prompt_tokens": [1, 2], "tokens": [3]}], "settings": {}}
+    with piped(json.dumps(report)) as path:
+        rows, read = replay.read_results(path)
+    assert [r["question_id"] for r in rows] == [1] and read["settings"] == {}
+    with pytest.raises(RedrafterError, match=f"results file {tmp_path} is a folder: give a redrafter-bench --json "
+                                             "file$"):
+        replay.read_results(tmp_path)
 
 
 def test_main_cli_refuses_drafter_options_for_a_model_without_a_drafter(tiny_kit, tmp_path, capsys):
