@@ -111,7 +111,8 @@ class ChatApp(App):
         self._after_reply: Optional[Callable] = None  # runs once the cancelled reply has ended
         self._pending: Optional[ReplyProgress] = None  # newest progress not drawn yet
         self._drawn_at = 0.0  # time.monotonic() of the last streamed redraw
-        self._footer_cancellable: Optional[bool] = None  # the state the footer's bindings show
+        self._footer_state: Optional[tuple] = None  # the state the footer's bindings show
+        self._explaining = False  # on_key runs a hidden (idle) key's action, to say why it does nothing
         self._queued: Optional[str] = None  # a message sent while the model was loading
         self._before = ("ready", None)  # status and stats before the running reply
         self.user_view: Optional[UserMessage] = None  # the prompt bubble of the reply that runs
@@ -161,8 +162,11 @@ class ChatApp(App):
         """Redraw the stats panel and the header from the app's state."""
         status = {"generating": "generating…", "cancelling": "cancelling…"}.get(self.status, self.status)
         self.query_one(StatsPanel).show(stats_rows(self.info, self.settings, self.stats, self.baseline, status))
-        if self.cancellable != self._footer_cancellable:  # the footer shows "Cancel" only while there is one
-            self._footer_cancellable = self.cancellable
+        # the footer shows "Cancel" only while there is one, F5-F8 only with a drafter, no setting keys after a
+        # failed load
+        footer = (self.cancellable, self.status == "load failed", self.info is not None and self.info.drafter is None)
+        if footer != self._footer_state:
+            self._footer_state = footer
             self.refresh_bindings()
         if self.info is not None:
             spec = speculative_state(self.info, self.settings)
@@ -410,7 +414,30 @@ class ChatApp(App):
     def check_action(self, action: str, parameters) -> Optional[bool]:
         if action == "cancel":
             return self.cancellable  # otherwise Ctrl+C goes on to the prompt box (copy)
+        if self._idle(action) and not self._explaining:  # out of the footer; the key still says why (on_key)
+            return False
         return True
+
+    def _idle(self, action: str) -> bool:
+        """Whether an action's key would do nothing now, only say why: F5-F8 without a drafter (the footer
+        showed Width−/Width+/Length−/Length+ over a model with none), and the setting, new-chat and copy keys
+        after a failed load."""
+        if self.status == "load failed":
+            return action in ("beam", "toggle_speculative", "new_chat", "copy_reply")
+        return action == "beam" and self.info is not None and self.info.drafter is None
+
+    async def on_key(self, event):
+        """A key whose binding is hidden because it would do nothing (`_idle`) runs no action in Textual,
+        silently: run it anyway, to say why nothing changes."""
+        for binding in self.BINDINGS:
+            if binding.key == event.key and self._idle(binding.action.partition("(")[0]):
+                event.stop()
+                self._explaining = True
+                try:
+                    await self.run_action(binding.action)
+                finally:
+                    self._explaining = False
+                return
 
     def action_cancel(self):
         if self._queued is not None:  # sent while loading: Esc did nothing, and it was sent once the model loaded

@@ -490,6 +490,30 @@ async def test_missing_drafter_means_plain_decoding_with_a_notice():
         assert "decoding     plain" in panel(app)
 
 
+def footer_keys(app: ChatApp):
+    return {key for key, active in app.screen.active_bindings.items() if active.binding.show and active.enabled}
+
+
+async def test_without_a_drafter_the_footer_leaves_out_the_beam_keys_which_still_say_why():
+    """With no drafter the footer showed F5-F8 (Width−/Width+/Length−/Length+), which can set no beam: they are
+    out of it now, and pressing one still says why the beam stays as it was."""
+    app = create_app(FakeEngine(["Plain."], drafter=None))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        shown = footer_keys(app)
+        assert {"ctrl+n", "ctrl+y", "ctrl+t", "ctrl+q"} <= shown and not shown & {"f5", "f6", "f7", "f8"}
+        before = replace(app.settings)
+        for key in ("f5", "f6", "f7", "f8"):
+            await pilot.press(key)
+        said = [str(n.message) for n in app._notifications]
+        assert len(said) == 4 and all(line.startswith("A fixed beam needs a drafter") for line in said)
+        assert app.settings == before
+    app = create_app(FakeEngine(["Drafted."]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert {"f5", "f6", "f7", "f8"} <= footer_keys(app)
+
+
 async def test_a_message_sent_while_loading_is_kept_and_sent_once_ready():
     gate = threading.Event()  # the load ends when the test says so
     engine = FakeEngine(["Ready now."], load_gate=gate)
@@ -577,6 +601,9 @@ async def test_setting_keys_after_a_failed_load_say_no_model_is_loaded():
         said = [str(n.message) for n in app._notifications]
         assert len(said) == 6 and all(line.startswith("No model is loaded") for line in said)
         assert app.settings == before
+        assert footer_keys(app) == {"ctrl+q"}  # (New chat, Copy, Speculative and F5-F8 would do nothing)
+        await pilot.press("ctrl+n")  # out of the footer, and still saying why when pressed
+        assert str(list(app._notifications)[-1].message) == "Nothing to clear yet: the model did not load."
 
 
 async def test_real_engine_load_error_is_one_readable_line():
