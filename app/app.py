@@ -57,6 +57,9 @@ Keys
 Commands
   /new · /copy · /spec [on|off] · /beam W L · /width N · /length N (a fixed beam) · /auto (adaptive)
   /stats (the panel on/off) · /help · a message starting with / is sent as such when written //"""
+# Textual's copy_to_clipboard writes an OSC 52 sequence and cannot know what the terminal did with it: "Copied"
+# was said in terminals that ignore it (macOS Terminal, tmux without set-clipboard), the clipboard unchanged.
+TO_CLIPBOARD = "to the terminal's clipboard (OSC 52: some terminals ignore it, macOS Terminal among them)."
 COMMANDS = {  # each /command as it is written, for the notice on bad arguments
     "new": "/new", "copy": "/copy", "spec": "/spec, /spec on or /spec off", "beam": "/beam W L (or /beam WxL)",
     "width": "/width N", "length": "/length N", "auto": "/auto", "help": "/help", "stats": "/stats",
@@ -490,14 +493,14 @@ class ChatApp(App):
                 self.notify("Nothing to copy yet: the reply has not begun.", severity="warning")
                 return
             self.copy_to_clipboard(so_far)
-            self.notify(f"Copied the reply so far ({len(so_far)} characters; it is still running).")
+            self.notify(f"Sent the reply so far ({len(so_far)} characters; it is still running) {TO_CLIPBOARD}")
             return
         last = next((m["content"] for m in reversed(self.messages) if m["role"] == "assistant" and m["content"]), None)
         if last is None:
             self.notify("No reply to copy yet.", severity="warning")
             return
         self.copy_to_clipboard(last)
-        self.notify(f"Copied the last reply ({len(last)} characters).")
+        self.notify(f"Sent the last reply ({len(last)} characters) {TO_CLIPBOARD}")
 
     def _later(self) -> str:
         return " (from the next reply)" if self.generating else ""
