@@ -618,16 +618,24 @@ class ChatApp(App):
                         markup=False)
 
     def get_system_commands(self, screen: Screen):
+        """Textual's, and the chat's that would do something now (as the footer: `_idle`): without a drafter the
+        palette listed twenty "Beam W × N" commands that each answered that a beam needs a drafter."""
         yield from super().get_system_commands(screen)
-        yield SystemCommand("New chat", "Clear the conversation and its KV cache", self.action_new_chat)
-        yield SystemCommand("Copy last reply", "Copy the last reply to the clipboard", self.action_copy_reply)
-        yield SystemCommand("Toggle speculative decoding", "ReDrafter on/off, live", self.action_toggle_speculative)
-        yield SystemCommand("Adaptive drafting", "Size each step's draft to this machine (the default)",
-                            self.action_adaptive)
-        for w in (1, 2, 4, 8):
-            for n in (2, 3, 4, 5, 6):
-                set_it = lambda w=w, n=n: self.set_beam(w, n)  # noqa: E731
-                yield SystemCommand(f"Beam {w} × {n}", "Set beam width × length", set_it)
+        if not self._idle("new_chat"):
+            yield SystemCommand("New chat", "Clear the conversation and its KV cache", self.action_new_chat)
+        if not self._idle("copy_reply"):
+            yield SystemCommand("Copy last reply", "Send the last reply to the terminal's clipboard (OSC 52)",
+                                self.action_copy_reply)
+        if not self._idle("toggle_speculative"):
+            yield SystemCommand("Toggle speculative decoding", "ReDrafter on/off, live", self.action_toggle_speculative)
+        if self.status != "load failed":
+            yield SystemCommand("Adaptive drafting", "Size each step's draft to this machine (the default)",
+                                self.action_adaptive)
+        if not self._idle("beam"):
+            for w in (1, 2, 4, 8):
+                for n in (2, 3, 4, 5, 6):
+                    set_it = lambda w=w, n=n: self.set_beam(w, n)  # noqa: E731
+                    yield SystemCommand(f"Beam {w} × {n}", "Set beam width × length", set_it)
         yield SystemCommand("Stats panel", "Show or hide the live stats (F2)", self.action_toggle_stats)
         yield SystemCommand("Keys and commands", "Show help in the transcript", self.action_help)
 

@@ -517,6 +517,32 @@ async def test_without_a_drafter_the_footer_leaves_out_the_beam_keys_which_still
         assert {"f5", "f6", "f7", "f8"} <= footer_keys(app)
 
 
+def palette(app: ChatApp):
+    return [command.title for command in app.get_system_commands(app.screen)]
+
+
+async def test_the_command_palette_lists_only_what_would_do_something():
+    """Ctrl+P listed twenty "Beam W × N" commands over a model with no drafter, each answering that a beam needs
+    one, and every chat command after a failed load: they are left out where they would do nothing."""
+    app = create_app(FakeEngine(["x"]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert "Beam 4 × 4" in palette(app) and "New chat" in palette(app)
+    app = create_app(FakeEngine(["x"], drafter=None))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        listed = palette(app)
+        assert not any(title.startswith("Beam") for title in listed)
+        assert {"New chat", "Copy last reply", "Toggle speculative decoding", "Adaptive drafting"} <= set(listed)
+    app = create_app(FakeEngine(fail_load="no such model"))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.status == "load failed")
+        listed = palette(app)
+        assert "Quit" in listed
+        assert not {"New chat", "Copy last reply", "Toggle speculative decoding", "Adaptive drafting"} & set(listed)
+        assert not any(title.startswith("Beam") for title in listed)
+
+
 async def test_a_message_sent_while_loading_is_kept_and_sent_once_ready():
     gate = threading.Event()  # the load ends when the test says so
     engine = FakeEngine(["Ready now."], load_gate=gate)
