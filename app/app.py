@@ -52,10 +52,10 @@ Keys
   Esc or Ctrl+C cancel the reply, or a message waiting for the model to load
   Ctrl+N new chat · Ctrl+Y copy the last reply · Ctrl+Q quit
   Ctrl+T speculative decoding on/off · F2 stats panel on/off
-  F5/F6 beam width −/+ · F7/F8 beam length −/+ · Ctrl+P all commands
+  {beam_keys} · Ctrl+P all commands
   A pasted text keeps its line breaks, shown as ⏎
 Commands
-  /new · /copy · /spec [on|off] · /beam W L · /width N · /length N (a fixed beam) · /auto (adaptive)
+  /new · /copy · /spec [on|off] · /beam W L · /width N · /length N (a fixed beam{beam_needs}) · /auto (adaptive)
   /stats (the panel on/off) · /help · a message starting with / is sent as such when written //"""
 # Textual's copy_to_clipboard writes an OSC 52 sequence and cannot know what the terminal did with it: "Copied"
 # was said in terminals that ignore it (macOS Terminal, tmux without set-clipboard), the clipboard unchanged.
@@ -573,7 +573,12 @@ class ChatApp(App):
         self._refresh()
 
     def action_help(self):
-        self._note(HELP)
+        # without a drafter F5-F8 and the beam commands only say that a beam needs one (/help listed them as usual)
+        none = self._idle("beam") and self.status != "load failed"
+        self._note(HELP.format(
+            beam_keys="F5-F8 fix a beam: this model has no drafter" if none else
+            "F5/F6 beam width −/+ · F7/F8 beam length −/+",
+            beam_needs=", which needs a drafter: this model has none" if none else ""))
 
     def action_toggle_stats(self):
         self._stats_shown = not self.query_one(StatsPanel).display

@@ -659,6 +659,21 @@ async def test_help_says_esc_also_cancels_a_waiting_message():
         gate.set()
         await ready(pilot)
         assert "Esc or Ctrl+C cancel the reply, or a message waiting for the model to load" in help_text
+        assert "F5/F6 beam width −/+ · F7/F8 beam length −/+" in help_text
+
+
+async def test_help_without_a_drafter_says_the_beam_keys_need_one():
+    """/help listed "F5/F6 beam width −/+ · F7/F8 beam length −/+" and the beam commands over a model with no
+    drafter, where each only answers that a beam needs one."""
+    app = create_app(FakeEngine(["x"], drafter=None))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "/help")
+        await pilot.pause()
+        help_text = " ".join(str(app.query(Notice).last().render()).split())
+        assert "beam width −/+" not in help_text
+        assert "F5-F8 fix a beam: this model has no drafter" in help_text
+        assert "(a fixed beam, which needs a drafter: this model has none)" in help_text
 
 
 def test_command_line():
