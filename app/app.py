@@ -88,6 +88,9 @@ class ChatApp(App):
     BINDINGS = [
         Binding("escape", "cancel", "Cancel"),
         Binding("ctrl+c", "cancel", "Cancel", show=False, priority=True),
+        # with nothing to cancel and no text selected to copy: the binding above replaced Textual's own ctrl+c
+        # (help_quit), and the reflex of quitting with Ctrl+C did nothing at all, silently
+        Binding("ctrl+c", "nothing_to_cancel", show=False, system=True),
         Binding("ctrl+n", "new_chat", "New chat"),
         Binding("ctrl+y", "copy_reply", "Copy"),
         Binding("ctrl+t", "toggle_speculative", "Speculative"),
@@ -457,6 +460,9 @@ class ChatApp(App):
             self._cancel.set()
             self.status = "cancelling"
             self._refresh()
+
+    def action_nothing_to_cancel(self):
+        self.notify("Nothing to cancel: Ctrl+Q quits (Ctrl+C copies selected text).")
 
     async def action_new_chat(self):
         if self.generating:

@@ -289,6 +289,23 @@ async def test_ctrl_c_cancels_and_sending_while_generating_is_refused():
         assert app.status == "cancelled" and len(app.messages) == 2
 
 
+async def test_ctrl_c_with_nothing_to_cancel_says_how_to_quit():
+    """Ctrl+C with no reply running and nothing selected did nothing, silently: the chat's Ctrl+C (cancel)
+    replaced Textual's own, which tells a user quitting by reflex that Ctrl+Q quits. It says so; with text
+    selected in the prompt box it still copies it."""
+    app = create_app(FakeEngine(["x"]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+c")
+        assert [str(n.message) for n in app._notifications] == \
+            ["Nothing to cancel: Ctrl+Q quits (Ctrl+C copies selected text)."]
+        box = app.query_one(PromptInput)
+        box.value = "some text"
+        await pilot.press("shift+home")
+        await pilot.press("ctrl+c")
+        assert app.clipboard == "some text" and len(app._notifications) == 1
+
+
 async def test_sending_while_a_reply_is_being_cancelled_says_so():
     """Enter while a cancelled reply was still stopping (a long prompt's chunk, a step) said "Esc cancels
     it", a key already pressed; it says the reply is being cancelled, and the message stays in the box."""
