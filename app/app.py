@@ -434,7 +434,10 @@ class ChatApp(App):
 
     async def on_key(self, event):
         """A key whose binding is hidden because it would do nothing (`_idle`) runs no action in Textual,
-        silently: run it anyway, to say why nothing changes."""
+        silently: run it anyway, to say why nothing changes. Not over a modal screen (the command palette), which
+        keeps the app's keys from running."""
+        if self.screen.is_modal:
+            return
         for binding in self.BINDINGS:
             if binding.key == event.key and self._idle(binding.action.partition("(")[0]):
                 event.stop()

@@ -528,6 +528,12 @@ async def test_without_a_drafter_the_footer_leaves_out_the_beam_keys_which_still
         said = [str(n.message) for n in app._notifications]
         assert len(said) == 4 and all(line.startswith("A fixed beam needs a drafter") for line in said)
         assert app.settings == before
+        await pilot.press("ctrl+p")  # over the command palette the app's keys do not run, and say nothing
+        await wait_for(pilot, lambda: app.screen.is_modal)
+        await pilot.press("f5")
+        await pilot.pause()
+        assert len(app._notifications) == 4
+        await pilot.press("escape")
     app = create_app(FakeEngine(["Drafted."]))
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
