@@ -41,7 +41,8 @@ STATS_MIN_WIDTH = 100  # narrower terminals start with the stats panel hidden (F
 UPDATE_SECONDS = 0.1
 FINISH_NOTES = {
     "eos": "",
-    "length": "stopped: max tokens",
+    # (it said "max tokens" alone: not how many, nor that the chat's --max-tokens sets it, 256 unless given)
+    "length": "stopped: max tokens ({max_tokens}; --max-tokens sets it)",
     # the conversation fills the model's context: a next message cannot fit (it failed, and only then said so)
     "context": "stopped: context full · Ctrl+N starts a new chat",
     "cancelled": "cancelled",
@@ -360,7 +361,7 @@ class ChatApp(App):
             return
         self.stats = msg.stats
         await self.reply_view.show(msg.text)
-        note = FINISH_NOTES.get(msg.finish_reason, msg.finish_reason)
+        note = FINISH_NOTES.get(msg.finish_reason, msg.finish_reason).format(max_tokens=self.settings.max_tokens)
         if blank(msg.text):  # an empty bubble said nothing at all (a model that ends its turn at once)
             note = "empty reply" + (f" · {note}" if note else "")
         await self.reply_view.finish(note)

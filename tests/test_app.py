@@ -836,6 +836,18 @@ async def test_a_reply_that_fills_the_context_says_how_to_go_on():
         assert app.status == "done (context)"
         assert app.query_one(AssistantMessage).border_subtitle == "stopped: context full · Ctrl+N starts a new chat"
 
+async def test_a_reply_cut_at_max_tokens_says_the_limit_and_its_option():
+    """A reply cut by the token limit said "stopped: max tokens": not which limit (256 unless given), nor that
+    --max-tokens sets it."""
+    app = create_app(FakeEngine(["one two three four five"]), Settings(max_tokens=3))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "Count.")
+        await finished(pilot)
+        assert app.status == "done (length)" and transcript_replies(app) == ["one two three "]
+        assert app.query_one(AssistantMessage).border_subtitle == "stopped: max tokens (3; --max-tokens sets it)"
+
+
 async def test_a_long_prompt_shows_its_reading_and_a_cancel_then_withdraws_it():
     engine = FakeEngine(["x"], hold_after=0, prefill_status=("reading the prompt: 512 of 2048 tokens",))
     app = create_app(engine)
