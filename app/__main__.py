@@ -27,7 +27,7 @@ examples:
   redrafter-chat --temperature 0.7 --top-p 0.9 --max-tokens 512 --system "Answer briefly."
 
 in the app:
-  Enter send · Up/Down prompt history
+  Enter send · Up/Down prompt history · PgUp/PgDn scroll the conversation
   Esc or Ctrl+C cancel the reply (the streamed part stays) or a message waiting for the model to load
   Ctrl+N new chat · Ctrl+Y copy the last reply · Ctrl+T speculative decoding on/off
   F5/F6 beam width -/+ · F7/F8 beam length -/+ (a fixed beam) · /auto adaptive again

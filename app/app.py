@@ -49,7 +49,7 @@ FINISH_NOTES = {
 }
 HELP = """\
 Keys
-  Enter send · ↑/↓ prompt history
+  Enter send · ↑/↓ prompt history · PgUp/PgDn scroll the conversation
   Esc or Ctrl+C cancel the reply, or a message waiting for the model to load
   Ctrl+N new chat · Ctrl+Y copy the last reply · Ctrl+Q quit
   Ctrl+T speculative decoding on/off · F2 stats panel on/off
@@ -96,6 +96,10 @@ class ChatApp(App):
         Binding("ctrl+y", "copy_reply", "Copy"),
         Binding("ctrl+t", "toggle_speculative", "Speculative"),
         Binding("f2", "toggle_stats", "Stats", show=False),
+        # the prompt box has the focus, and a one-line box has no page to turn: PgUp/PgDn did nothing, and a long
+        # reply could be read back by keyboard only after Tab moved the focus to the transcript
+        Binding("pageup", "page_transcript(-1)", "Scroll up", show=False),
+        Binding("pagedown", "page_transcript(1)", "Scroll down", show=False),
         Binding("f5", "beam('width', -1)", "Width−"),
         Binding("f6", "beam('width', 1)", "Width+"),
         Binding("f7", "beam('length', -1)", "Length−"),
@@ -589,6 +593,10 @@ class ChatApp(App):
             beam_keys="F5-F8 fix a beam: this model has no drafter" if none else
             "F5/F6 beam width −/+ · F7/F8 beam length −/+",
             beam_needs=", which needs a drafter: this model has none" if none else ""))
+
+    def action_page_transcript(self, pages: int):
+        transcript = self.query_one(Transcript)
+        transcript.scroll_page_down() if pages > 0 else transcript.scroll_page_up()
 
     def action_toggle_stats(self):
         self._stats_shown = not self.query_one(StatsPanel).display

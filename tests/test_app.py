@@ -442,6 +442,27 @@ async def test_a_drafting_change_while_speculation_is_off_says_it_is_off():
         assert not str(list(app._notifications)[-1].message).endswith("Ctrl+T turns it on.")
 
 
+async def test_page_keys_scroll_the_conversation_from_the_prompt_box():
+    """PgUp/PgDn did nothing with the focus in the prompt box (where it always is: a one-line box has no page to
+    turn), so a long reply could be read back by keyboard only after Tab moved the focus to the transcript."""
+    from app.widgets import Transcript
+
+    long = " ".join(f"word{i}" + ("\n\n" if i % 20 == 0 else "") for i in range(400))
+    app = create_app(FakeEngine([long]), Settings(max_tokens=1000))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "Go on.")
+        await finished(pilot)
+        transcript = app.query_one(Transcript)
+        await wait_for(pilot, lambda: transcript.max_scroll_y > 0 and transcript.scroll_y == transcript.max_scroll_y)
+        assert app.focused is app.query_one(PromptInput)
+        await pilot.press("pageup")
+        await wait_for(pilot, lambda: transcript.scroll_y < transcript.max_scroll_y)
+        await pilot.press("pagedown", "pagedown")
+        await wait_for(pilot, lambda: transcript.scroll_y == transcript.max_scroll_y)
+        assert "PgUp/PgDn scroll the conversation" in configure_parser().format_help()
+
+
 async def test_prompt_history_and_copy():
     app = create_app(FakeEngine(["First.", "Second."]))
     async with app.run_test(size=SIZE) as pilot:
