@@ -210,8 +210,11 @@ class StatsPanel(Static):
         self.update(grid, layout=False)
 
 
-class Transcript(VerticalScroll):
-    """The conversation; stays scrolled to the end while replies stream, until the user scrolls up."""
+class Transcript(VerticalScroll, can_focus=False):
+    """The conversation; stays scrolled to the end while replies stream, until the user scrolls up.
+
+    It never takes the focus (PgUp/PgDn scroll it from the prompt box, the wheel anywhere): a click on a reply,
+    to select its text, moved the focus here, and what was typed next went nowhere, silently."""
 
     def on_mount(self):
         self.anchor()

@@ -463,6 +463,23 @@ async def test_page_keys_scroll_the_conversation_from_the_prompt_box():
         assert "PgUp/PgDn scroll the conversation" in configure_parser().format_help()
 
 
+async def test_a_click_on_the_conversation_leaves_the_typing_in_the_prompt_box():
+    """A click on a reply (to select its text, or by chance) moved the focus to the transcript, and the message
+    typed next went nowhere, silently: the transcript never takes the focus."""
+    from app.widgets import Transcript
+
+    app = create_app(FakeEngine(["A reply with some words."]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "Hi.")
+        await finished(pilot)
+        await pilot.click(Transcript, offset=(5, 3))
+        await pilot.press("o", "k")
+        assert app.query_one(PromptInput).value == "ok"
+        await pilot.press("tab")  # (nothing else to move to)
+        assert app.focused is app.query_one(PromptInput)
+
+
 async def test_prompt_history_and_copy():
     app = create_app(FakeEngine(["First.", "Second."]))
     async with app.run_test(size=SIZE) as pilot:
