@@ -315,6 +315,9 @@ class ChatApp(App):
         self.messages.append({"role": "user", "content": text})
         self.user_view = await self._add(UserMessage(text))
         self.reply_view = await self._add(AssistantMessage())
+        # back to the end, following the reply again: scrolled up to read back (PgUp, the wheel), the transcript
+        # stayed there, and the message sent and its reply streamed out of sight
+        self.query_one(Transcript).scroll_end(animate=False)
         self.reply_id += 1
         self._cancel = threading.Event()
         self._before = self.status, self.stats  # what the panel showed, for a reply withdrawn before a word

@@ -463,6 +463,32 @@ async def test_page_keys_scroll_the_conversation_from_the_prompt_box():
         assert "PgUp/PgDn scroll the conversation" in configure_parser().format_help()
 
 
+async def test_sending_a_message_scrolls_back_to_the_end_and_follows_the_reply():
+    """Scrolled up to read back (PgUp, the wheel), the transcript stayed there when a message was sent: the
+    message and its streaming reply were out of sight until the user scrolled down by hand."""
+    from app.widgets import Transcript
+
+    long = " ".join(f"word{i}" + ("\n\n" if i % 20 == 0 else "") for i in range(400))
+    app = create_app(FakeEngine([long, "x", long]), Settings(max_tokens=1000))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "Go on.")
+        await finished(pilot)
+        transcript = app.query_one(Transcript)
+        await wait_for(pilot, lambda: transcript.max_scroll_y > 0 and transcript.scroll_y == transcript.max_scroll_y)
+        await pilot.press("pageup", "pageup", "pageup")
+        await wait_for(pilot, lambda: transcript.scroll_y == 0)
+        await ask(pilot, "Short one.")
+        await finished(pilot)
+        await wait_for(pilot, lambda: transcript.scroll_y == transcript.max_scroll_y)
+        transcript.scroll_home(animate=False)  # (the wheel)
+        await wait_for(pilot, lambda: transcript.scroll_y == 0)
+        await ask(pilot, "A long one.")  # followed while it streams, to its end
+        await finished(pilot)
+        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: transcript.scroll_y == transcript.max_scroll_y)
+
+
 async def test_a_click_on_the_conversation_leaves_the_typing_in_the_prompt_box():
     """A click on a reply (to select its text, or by chance) moved the focus to the transcript, and the message
     typed next went nowhere, silently: the transcript never takes the focus."""
