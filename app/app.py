@@ -190,7 +190,9 @@ class ChatApp(App):
         return widget
 
     def _note(self, text: str, kind: str = "info"):
-        self.query_one(Transcript).mount(Notice(text, kind))
+        transcript = self.query_one(Transcript)
+        transcript.mount(Notice(text, kind))
+        transcript.scroll_end(animate=False)  # (scrolled up to read back, /help and a reply's error came out of sight)
 
     # ---- loading ---------------------------------------------------------------------------
 

@@ -487,6 +487,10 @@ async def test_sending_a_message_scrolls_back_to_the_end_and_follows_the_reply()
         await finished(pilot)
         await pilot.pause(0.2)
         await wait_for(pilot, lambda: transcript.scroll_y == transcript.max_scroll_y)
+        transcript.scroll_home(animate=False)
+        await wait_for(pilot, lambda: transcript.scroll_y == 0)
+        await ask(pilot, "/help")  # what the chat says comes into sight too
+        await wait_for(pilot, lambda: transcript.scroll_y > 0 and transcript.scroll_y == transcript.max_scroll_y)
 
 
 async def test_a_click_on_the_conversation_leaves_the_typing_in_the_prompt_box():
