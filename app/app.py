@@ -248,13 +248,16 @@ class ChatApp(App):
             self.settings.adaptive = True
             self._note("A fixed beam needs a drafter and this model has none: drafting stays adaptive, from the "
                        "conversation alone where that pays.", "warning")
+        # under STATS_MIN_WIDTH columns the panel starts hidden, and only /help said that F2 shows it
+        panel = "" if self.query_one(StatsPanel).display else \
+            f" The live stats panel is hidden under {STATS_MIN_WIDTH} columns: F2 shows it."
         if info.drafter is not None:
             how = "adaptive" if self.settings.adaptive else "fixed beam"
             state = f"on, {how}" if self.settings.speculative else f"off (plain decoding; {how} when on)"
             self._note(f"Speculative decoding (ReDrafter) is {state}: Ctrl+T toggles it, F5-F8 fix a beam, "
-                       "/auto returns to adaptive. /help lists keys and commands.")
+                       "/auto returns to adaptive. /help lists keys and commands." + panel)
         else:
-            self._note("/help lists keys and commands.")
+            self._note("/help lists keys and commands." + panel)
         prompt = self.query_one(PromptInput)
         prompt.placeholder = "Ask something (Enter sends, ↑/↓ history, /help)"
         self._refresh()

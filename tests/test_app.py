@@ -1061,6 +1061,9 @@ async def test_the_stats_panel_hides_on_narrow_terminals_and_toggles():
         await ready(pilot)
         stats = app.query_one(StatsPanel)
         assert not stats.display
+        # (only /help said so: the stats, the chat's point, were out of sight with nothing on screen saying why)
+        said = " ".join(str(n.render()) for n in app.query(Notice))
+        assert "The live stats panel is hidden under 100 columns: F2 shows it." in said
         await pilot.press("f2")
         assert stats.display
         await ask(pilot, "/stats")
@@ -1069,6 +1072,7 @@ async def test_the_stats_panel_hides_on_narrow_terminals_and_toggles():
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         assert app.query_one(StatsPanel).display
+        assert "F2 shows it" not in " ".join(str(n.render()) for n in app.query(Notice))
 
 
 async def test_the_stats_panel_shown_on_a_very_narrow_terminal_fits_it():
