@@ -397,12 +397,15 @@ class ChatApp(App):
         self._pending = None
         await self.reply_view.show(msg.text)  # what was streamed, drawn or not yet
         await self.reply_view.finish("error")
+        where = ""
         if msg.text:  # keep what was streamed, as a cancel would
             self.messages.append({"role": "assistant", "content": msg.text})
         else:  # the model never answered: leave the prompt out of the conversation, and the panel's figures
-            await self._withdraw()  # those of the reply before it, as a cancel before a word does (they went blank)
-            self.stats = self._before[1]
-        self._note(f"The reply failed: {msg.error}", "error")
+            back = await self._withdraw()  # those of the reply before it, as a cancel before a word does (they went
+            self.stats = self._before[1]  # blank); said as a cancel says it (the bubble vanished without a word)
+            where = "\nThe message was taken back" + (" into the prompt box." if back else
+                                                       " (the prompt box held other text: ↑ finds it in the history).")
+        self._note(f"The reply failed: {msg.error}{where}", "error")
         self.status = "error"
         await self._reply_ended()
 

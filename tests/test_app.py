@@ -881,6 +881,8 @@ async def test_a_reply_that_fails_before_a_word_takes_its_turn_back():
         assert app.query_one(PromptInput).value == "a long question"
         await pilot.pause()
         assert any("shorten it" in str(n.render()) for n in app.query(Notice))
+        # (the bubble vanished and the text came back into the box without a word about it)
+        assert str(app.query(Notice).last().render()).endswith("\nThe message was taken back into the prompt box.")
 
 
 
