@@ -16,9 +16,22 @@ from textual.widgets import Input, Markdown, Static
 from .stats_view import Row, as_text
 
 
+# Control characters of a message as the screen shows them: a reply (or a paste) holding an escape sequence
+# ("\x1b[2J", "\x1b]0;title") was drawn as written, since Textual strips only BEL, BS, VT, FF and CR, and so
+# reached the terminal, to clear or garble the screen. C0 controls show as their control pictures (ESC as ␛), DEL as ␡, C1 as �;
+# line breaks and tabs stay, CR goes (as Textual dropped it). The conversation keeps the text as it was.
+_VISIBLE = {code: 0x2400 + code for code in range(0x20) if code not in (0x09, 0x0A, 0x0D)}
+_VISIBLE.update({0x0D: None, 0x7F: 0x2421, **{code: 0xFFFD for code in range(0x80, 0xA0)}})
+
+
+def visible(text: str) -> str:
+    """`text` with its control characters shown instead of sent to the terminal."""
+    return text.translate(_VISIBLE)
+
+
 class UserMessage(Static):
     def __init__(self, text: str):
-        super().__init__(text, markup=False, classes="user")
+        super().__init__(visible(text), markup=False, classes="user")
         self.border_title = "you"
 
 
@@ -46,7 +59,7 @@ class AssistantMessage(Markdown):
         self.text = text
         if self._stream is None:
             self._stream = Markdown.get_stream(self)
-        await self._stream.write(delta)
+        await self._stream.write(visible(delta))
 
     async def finish(self, note: str = ""):
         if self._stream is not None:

@@ -1801,6 +1801,27 @@ async def test_a_beam_set_while_the_model_loads_is_kept():
         assert "5 × 4 (width × length)" in panel(app)
 
 
+async def test_escape_sequences_in_a_message_are_shown_not_sent_to_the_terminal():
+    """A reply (or a pasted message) holding an escape sequence reached the terminal as written (Textual strips
+    only BEL, BS, VT, FF and CR): "\x1b[2J" cleared the screen mid-draw, an unterminated "\x1b]0;" swallowed
+    what came after. They show as control pictures (␛); the conversation keeps the text as the model gave it."""
+    reply = "Red: \x1b[31mred\x1b[0m, clear: \x1b[2J, title: \x1b]0;x\x07, c1: \x9b1m. Done."
+    app = create_app(FakeEngine([reply]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "say \x1b[2J")
+        await finished(pilot)
+        drawn = []
+        for widget in (app.query_one(UserMessage), *app.query_one(AssistantMessage).query("*")):
+            for y in range(widget.size.height):
+                drawn.append("".join(segment.text for segment in widget.render_line(y)))
+        drawn = "\n".join(drawn)
+        assert not any(ch in drawn for ch in "\x1b\x07\x9b")
+        assert "say ␛[2J" in drawn and "Red: ␛[31mred␛[0m, clear: ␛[2J, title: ␛]0;x␇, c1: �1m. Done." in drawn
+        assert app.messages[-1] == {"role": "assistant", "content": reply}  # (what the model gave, for the cache)
+        assert app.messages[0]["content"] == "say \x1b[2J"
+
+
 async def test_html_in_a_reply_is_shown_as_written():
     """Textual's Markdown drops raw HTML it cannot draw: a reasoning model's <think> block vanished whole
     (Qwen3 is in the registry), and "<b>42</b>" or "<br>" lost their tags, so the reply on screen was not
