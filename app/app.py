@@ -173,9 +173,10 @@ class ChatApp(App):
         """Redraw the stats panel and the header from the app's state."""
         status = {"generating": "generating…", "cancelling": "cancelling…"}.get(self.status, self.status)
         self.query_one(StatsPanel).show(stats_rows(self.info, self.settings, self.stats, self.baseline, status))
-        # the footer shows "Cancel" only while there is one, F5-F8 only with a drafter, no setting keys after a
-        # failed load
-        footer = (self.cancellable, self.status == "load failed", self.info is not None and self.info.drafter is None)
+        # the footer shows "Cancel" only while there is one, F5-F8 only with a drafter, New chat and Copy once the
+        # model is loaded, no setting keys after a failed load
+        footer = (self.cancellable, self.status if self.status in ("loading", "load failed") else None,
+                  self.info is not None and self.info.drafter is None)
         if footer != self._footer_state:
             self._footer_state = footer
             self.refresh_bindings()
@@ -442,10 +443,13 @@ class ChatApp(App):
 
     def _idle(self, action: str) -> bool:
         """Whether an action's key would do nothing now, only say why: F5-F8 without a drafter (the footer
-        showed Width−/Width+/Length−/Length+ over a model with none), and the setting, new-chat and copy keys
-        after a failed load."""
+        showed Width−/Width+/Length−/Length+ over a model with none), new chat and copy while the model loads
+        (new chat takes back a message waiting for it), and the setting, new-chat and copy keys after a failed
+        load."""
         if self.status == "load failed":
             return action in ("beam", "toggle_speculative", "new_chat", "copy_reply")
+        if self.status == "loading":  # no reply to copy yet, nor a conversation to clear (but a message waiting)
+            return action == "copy_reply" or (action == "new_chat" and self._queued is None)
         return action == "beam" and self.info is not None and self.info.drafter is None
 
     async def on_key(self, event):

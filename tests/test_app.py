@@ -579,7 +579,8 @@ async def test_missing_drafter_means_plain_decoding_with_a_notice():
 
 
 def footer_keys(app: ChatApp):
-    return {key for key, active in app.screen.active_bindings.items() if active.binding.show and active.enabled}
+    """The keys the footer shows (its widgets: it redraws only when told the bindings changed), less Ctrl+P."""
+    return {key.key for key in app.query("FooterKey")} - {"ctrl+p"}
 
 
 async def test_without_a_drafter_the_footer_leaves_out_the_beam_keys_which_still_say_why():
@@ -1328,7 +1329,13 @@ async def test_new_chat_while_loading_keeps_the_load_status_and_takes_a_queued_m
     engine = FakeEngine(["Ready now."], load_gate=gate)
     app = create_app(engine)
     async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        # nothing to clear or copy before the model: out of the footer (they said "Nothing to clear yet")
+        assert not footer_keys(app) & {"ctrl+n", "ctrl+y"} and {"ctrl+t", "f5", "ctrl+q"} <= footer_keys(app)
+        await pilot.press("ctrl+n")
+        assert str(list(app._notifications)[-1].message) == "Nothing to clear yet: the model is still loading."
         await ask(pilot, "An early question⏎with a second line")
+        assert "ctrl+n" in footer_keys(app)  # (it takes the waiting message back)
         await pilot.press("ctrl+n")
         await pilot.pause()
         assert app.query_one(PromptInput).value == "An early question⏎with a second line" and app._queued is None
@@ -1337,6 +1344,7 @@ async def test_new_chat_while_loading_keeps_the_load_status_and_takes_a_queued_m
         await ready(pilot)
         await pilot.pause()
         assert engine.calls == [] and "Ready in" in str(app.query_one(LoadStatus).render())
+        assert {"ctrl+n", "ctrl+y"} <= footer_keys(app)
     gate = threading.Event()
     app = create_app(FakeEngine(fail_load="no such model", load_gate=gate))
     async with app.run_test(size=SIZE) as pilot:
