@@ -83,6 +83,11 @@ def trimmed(text: str) -> str:
     return "\n".join(lines)
 
 
+# F5/F6 and F7/F8 each under one label, in a compact footer: at 80 columns (macOS Terminal's default window) the
+# footer ended at "f6 Width+", the length keys out of sight
+WIDTH_KEYS, LENGTH_KEYS = Binding.Group("Width"), Binding.Group("Length")
+
+
 class ChatApp(App):
     CSS_PATH = "chat.tcss"
     TITLE = "redrafter-chat"
@@ -100,10 +105,10 @@ class ChatApp(App):
         # reply could be read back by keyboard only after Tab moved the focus to the transcript
         Binding("pageup", "page_transcript(-1)", "Scroll up", show=False),
         Binding("pagedown", "page_transcript(1)", "Scroll down", show=False),
-        Binding("f5", "beam('width', -1)", "Width−"),
-        Binding("f6", "beam('width', 1)", "Width+"),
-        Binding("f7", "beam('length', -1)", "Length−"),
-        Binding("f8", "beam('length', 1)", "Length+"),
+        Binding("f5", "beam('width', -1)", "Width−", group=WIDTH_KEYS),
+        Binding("f6", "beam('width', 1)", "Width+", group=WIDTH_KEYS),
+        Binding("f7", "beam('length', -1)", "Length−", group=LENGTH_KEYS),
+        Binding("f8", "beam('length', 1)", "Length+", group=LENGTH_KEYS),
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
 
@@ -138,7 +143,7 @@ class ChatApp(App):
             yield Transcript(id="transcript")
             yield StatsPanel(id="stats")
         yield PromptInput(id="prompt", placeholder="Loading the model…")
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self):
         self.load_status = LoadStatus(self.engine.label)

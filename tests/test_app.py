@@ -613,6 +613,21 @@ def palette(app: ChatApp):
     return [command.title for command in app.get_system_commands(app.screen)]
 
 
+async def test_the_footer_fits_an_80_column_terminal():
+    """At 80 columns (macOS Terminal's default window) the footer ended at "f6 Width+": F7/F8 (the beam length)
+    were out of sight, under the command palette's key. F5/F6 and F7/F8 show under one label each now."""
+    app = create_app(FakeEngine(["x"]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await pilot.pause()
+        keys = {key.key: key for key in app.query("FooterKey")}
+        assert {"ctrl+q", "ctrl+n", "ctrl+y", "ctrl+t", "f5", "f6", "f7", "f8", "ctrl+p"} <= set(keys)
+        edge = keys["ctrl+p"].region.x  # (the palette's key, at the right)
+        assert all(key.region.right <= edge for name, key in keys.items() if name != "ctrl+p")
+        assert all(label.region.right <= edge for label in app.query("FooterLabel"))
+        assert [str(label.render()).strip() for label in app.query("FooterLabel")] == ["Width", "Length"]
+
+
 async def test_the_command_palette_lists_only_what_would_do_something():
     """Ctrl+P listed twenty "Beam W × N" commands over a model with no drafter, each answering that a beam needs
     one, and every chat command after a failed load: they are left out where they would do nothing."""
