@@ -165,8 +165,11 @@ def reply_rows(stats: Optional[Stats], baseline: Baseline, status: str) -> List[
     return rows
 
 
-def session_rows(info: Optional[EngineInfo], settings: Settings, failed: bool = False) -> List[Row]:
-    """failed: the load failed (the panel said "loading…" beside a status of "load failed")."""
+def session_rows(info: Optional[EngineInfo], settings: Settings, failed: bool = False,
+                 used: Optional[int] = None) -> List[Row]:
+    """failed: the load failed (the panel said "loading…" beside a status of "load failed"). used: the tokens the
+    conversation holds, prompt and reply, as of the last reply (the panel gave the context's size alone, and a
+    conversation ran into "context full" with no warning)."""
     rows: List[Row] = [("Session", None)]
     if info is None:
         return rows + [("model", "did not load (the reason is in the chat)" if failed else "loading…")]
@@ -187,14 +190,16 @@ def session_rows(info: Optional[EngineInfo], settings: Settings, failed: bool = 
         ("max tokens", str(settings.max_tokens)),
         # (the model reads it before every conversation, and nothing on screen said so)
         ("system", _system_prompt(settings.system)),
-        ("context", f"{info.context_length} tokens"),
+        ("context", f"{used:,} of {info.context_length:,} tokens used" if used else f"{info.context_length:,} tokens"),
     ]
     return rows
 
 
 def stats_rows(info: Optional[EngineInfo], settings: Settings, stats: Optional[Stats], baseline: Baseline,
                status: str) -> List[Row]:
-    return reply_rows(stats, baseline, status) + [("", "")] + session_rows(info, settings, status == "load failed")
+    used = stats.prompt_tokens + stats.new_tokens if stats is not None else None
+    return (reply_rows(stats, baseline, status) + [("", "")]
+            + session_rows(info, settings, status == "load failed", used))
 
 
 def as_text(rows: List[Row], label_width: int = 13) -> str:

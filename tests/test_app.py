@@ -934,6 +934,21 @@ async def test_a_reply_cut_at_max_tokens_says_the_limit_and_its_option():
         assert app.query_one(AssistantMessage).border_subtitle == "stopped: max tokens (3; --max-tokens sets it)"
 
 
+async def test_the_panel_says_how_much_of_the_context_the_conversation_holds():
+    """The panel gave the context's size alone ("context 8192 tokens"), and a conversation ran into "context
+    full" with nothing on screen saying how close it was: it says the tokens used, as of the last reply."""
+    app = create_app(FakeEngine([REPLY]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert "context      2,048 tokens" in panel(app).splitlines()
+        await ask(pilot, "Explain.")
+        await finished(pilot)
+        assert "context      20 of 2,048 tokens used" in panel(app).splitlines()  # 5 prompt + 15 reply tokens
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert "context      2,048 tokens" in panel(app).splitlines()
+
+
 async def test_a_long_prompt_shows_its_reading_and_a_cancel_then_withdraws_it():
     engine = FakeEngine(["x"], hold_after=0, prefill_status=("reading the prompt: 512 of 2048 tokens",))
     app = create_app(engine)
