@@ -46,7 +46,8 @@ def main(argv=None) -> int:
                    help="sample from the smallest set of tokens holding this much probability, in (0, 1] (default: 1)")
     p.add_argument("--seed", type=cli.seed, default=None,
                    help="random seed for sampling (with --temperature above 0), 0 to 2**64 - 1 (default: a fresh one "
-                   "each run); a seed gives the same reply in every mode, as plain decoding with it")
+                   "each run, which the stats line says); a seed gives the same reply in every mode, as plain "
+                   "decoding with it")
     p.add_argument("--beam-width", type=cli.positive, default=None, metavar="W",
                    help="beams drafted per step (default: the shape `redrafter-bench --tune` stored, else 4)")
     p.add_argument("--beam-length", type=cli.positive, default=None, metavar="L",
@@ -159,6 +160,8 @@ def _reply(args) -> int:
     if args.graph is not None and s.steps:
         line += (f", graph: {s.aliases / s.steps:.2f} aliases, {s.grafted_tokens / s.steps:.2f} grafted and "
                  f"{s.graft_accepted_tokens / s.steps:.2f} accepted through grafts per step")
+    if s.seed is not None and args.seed is None:  # the fresh seed this reply drew: nothing said it, so it was lost
+        line += f", seed {s.seed} (--seed {s.seed} gives this reply again)"
     print(line + "]", file=sys.stderr)
     return 0
 

@@ -328,7 +328,8 @@ def stream(
     set of tokens holding top_p of the probability (top_p in (0, 1]; 1: all of them). top_p and
     seed serve sampling alone: with temperature 0 they are checked and not used (so a caller can
     switch sampling off without dropping them, as mode "ar" does drafting; the CLIs refuse them).
-    seed: sampling's random seed (None: a fresh one for each reply). A draw depends only on the
+    seed: sampling's random seed (None: a fresh one for each reply, which `stats.seed` gives, so a
+    reply can be had again with seed=stats.seed). A draw depends only on the
     seed and its position in the sequence (sampling.py), so a seed gives plain decoding's reply in
     every mode and with every tree, the adaptive controller's (whose trees follow measured
     timings) included.
@@ -454,7 +455,8 @@ def stream(
     pc = prompt_cache if prompt_cache is not None else PromptCache(model)
     owner = pc.user = object()  # another call on this cache takes it: this stream then stops (below)
     detok = tok.detokenizer()
-    stats = RunStats(mode="auto" if ctl is not None else mode, prompt_tokens=len(ids), adaptive=ctl is not None)
+    stats = RunStats(mode="auto" if ctl is not None else mode, prompt_tokens=len(ids), adaptive=ctl is not None,
+                     seed=sampler.seed_used)
     if mode == "redrafter" and ctl is None:
         stats.beam_width, stats.beam_length, stats.tree = beam_width, beam_length, budget
     mx.reset_peak_memory()

@@ -77,6 +77,13 @@ class Sampler:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def seed_used(self) -> Optional[int]:
+        """The seed positional draws come from: `seed`, or the fresh one drawn for this sampler when
+        none was given (passed back as `seed`, it draws the same tokens); None when greedy (no draw).
+        The fresh one was never exposed, so a sampled reply worth keeping could not be had again."""
+        return None if self.greedy else self._position_seed
+
     def _next_key(self):
         if self._key is None:
             return None

@@ -8,7 +8,7 @@ share of time spent drafting vs verifying.
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 
 @dataclass
@@ -61,6 +61,9 @@ class RunStats:
     grafted_tokens: int = 0  # graph drafting: grafted nodes verified
     graft_accepted_tokens: int = 0  # graph drafting: accepted tokens that were grafted nodes
     controller: Dict[str, float] = field(default_factory=dict)  # its cost model's figures, live
+    # sampling's seed: the one given, or the fresh one drawn for this reply when none was; passed back as
+    # seed=, it gives this reply again (in any mode). None when greedy.
+    seed: Optional[int] = None
     # MLX memory in use at its highest since the reply began, in MB: MLX counts one per process, so
     # streams running beside this one (other threads, interleaved generators) count in it too
     peak_memory_mb: float = 0.0
@@ -160,6 +163,7 @@ class RunStats:
             "parked_share": self.parked_share,
             "packed_per_step": self.packed_per_step,
             "controller": dict(self.controller),
+            "seed": self.seed,
             "tokens_per_second": self.tokens_per_second,
             "tokens_per_step": self.tokens_per_step,
             "acceptance_rate": self.acceptance_rate,

@@ -261,6 +261,24 @@ def test_main_cli_labels_an_adaptive_redrafter_run_as_such(tiny_kit, tmp_path, c
     assert "verified/step" not in last and last.endswith("stop: length]")
 
 
+def test_main_cli_says_the_fresh_seed_of_a_sampled_reply(tiny_kit, tmp_path, capsys):
+    """Sampling without --seed drew a fresh seed that nothing printed, so a reply worth keeping could not be had
+    again. The stats line says it, and --seed with it gives the same reply, in another mode too."""
+    from redrafter_mlx.__main__ import main
+
+    path = tiny_kit.write_folder(tmp_path / "m", tiny_kit.model(seed=0))
+    common = ["--model", str(path), "--max-tokens", "12", "--temperature", "1.5"]
+    assert main([*common, "--mode", "auto", "hi"]) == 0
+    said = capsys.readouterr()
+    seed = said.err.splitlines()[-1].split(", seed ")[1].split(" ")[0]
+    assert f"(--seed {seed} gives this reply again)]" in said.err
+    assert main([*common, "--mode", "ar", "--seed", seed, "hi"]) == 0
+    again = capsys.readouterr()
+    assert again.out == said.out and ", seed " not in again.err  # (given: nothing to say)
+    assert main(["--model", str(path), "--max-tokens", "3", "hi"]) == 0
+    assert ", seed " not in capsys.readouterr().err  # greedy: no draw
+
+
 def test_main_cli_says_a_floor_without_a_tree_in_its_flags_words(tiny_kit, tmp_path, capsys):
     """--tree-min-prob alone, where no tree is tuned, is refused once the model is loaded (a tuned tree
     would take it): the line said stream's "pass tree=N ... or leave tree_min_prob out", words of

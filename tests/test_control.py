@@ -569,6 +569,24 @@ def test_a_seed_gives_the_same_sampled_reply_in_every_mode_and_tree():
     assert accepted > 50  # drafts were accepted: the replies did go through trees
 
 
+def test_an_unseeded_sampled_reply_says_its_seed_which_gives_it_again():
+    """Without a seed a sampled reply drew a fresh one that nothing exposed, so a reply worth keeping could
+    not be had again. stats.seed says it (to_dict() too); passed back, it gives the reply again in every mode."""
+    import json
+
+    m = with_costs(tiny_loaded(), flat_costs())
+    kw = dict(max_tokens=24, temperature=1.0, top_p=0.9)
+    first = generate(m, PROMPT, mode="auto", **kw)
+    seed = first.stats.seed
+    assert isinstance(seed, int) and 0 <= seed < 2**64
+    assert json.loads(json.dumps(first.stats.to_dict()))["seed"] == seed
+    for extra in (dict(mode="auto"), dict(mode="ar"), dict(mode="redrafter", beam_width=3, beam_length=4)):
+        again = generate(m, PROMPT, seed=seed, **kw, **extra)
+        assert (again.tokens, again.stats.seed) == (first.tokens, seed), extra
+    assert generate(m, PROMPT, mode="ar", seed=5, **kw).stats.seed == 5
+    assert generate(m, PROMPT, max_tokens=4, seed=5).stats.seed is None  # greedy: no draw, no seed
+
+
 SAMPLED_MODES = (dict(mode="auto"), dict(mode="auto", graph=0), dict(mode="auto", use_drafter=False),
                  dict(mode="redrafter", beam_width=4, beam_length=4, lookup=4),
                  dict(mode="redrafter", beam_width=2, beam_length=6, draft_top_k=2, lookup=0),
