@@ -35,13 +35,14 @@ def _parse(kind, text: str):
     return value
 
 
-def integer(minimum: int = 0, maximum: Optional[int] = None) -> Callable[[str], int]:
-    """An argparse type: an integer in [minimum, maximum]."""
+def integer(minimum: int = 0, maximum: Optional[int] = None, named: Optional[str] = None) -> Callable[[str], int]:
+    """An argparse type: an integer in [minimum, maximum]. named: the maximum in the words --help gives it
+    ("2**64 - 1" for a seed, which the error wrote out as 18446744073709551615)."""
 
     def parse(text: str) -> int:
         value = _parse(int, text)
         if value < minimum or (maximum is not None and value > maximum):
-            span = f"at least {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+            span = f"at least {minimum}" if maximum is None else f"from {minimum} to {named or maximum}"
             raise argparse.ArgumentTypeError(f"must be {span}, not {value}")
         return value
 
@@ -51,7 +52,7 @@ def integer(minimum: int = 0, maximum: Optional[int] = None) -> Callable[[str], 
 
 positive = integer(1)
 non_negative = integer(0)
-seed = integer(0, SEED_MAX)
+seed = integer(0, SEED_MAX, "2**64 - 1")
 
 
 def number(minimum: float = 0.0, maximum: Optional[float] = None, above: bool = False) -> Callable[[str], float]:

@@ -26,7 +26,9 @@ def test_typed_options(capsys):
     assert parse(cli.temperature, "0.7") == 0.7 and parse(cli.probability, "1") == 1.0
     for kind, text, said in ((cli.positive, "0", "must be at least 1, not 0"),
                              (cli.positive, "x", "expected an integer, not 'x'"),
-                             (cli.seed, str(2**64), "must be from 0 to"),
+                             # --help says 2**64 - 1; the error wrote it out, 18446744073709551615
+                             (cli.seed, str(2**64), f"must be from 0 to 2**64 - 1, not {2**64}"),
+                             (cli.seed, "-1", "must be from 0 to 2**64 - 1, not -1"),
                              (cli.temperature, "-1", "must be >= 0"),
                              (cli.temperature, "inf", "expected a finite number"),
                              (cli.probability, "0", "must be in (0, 1]")):
