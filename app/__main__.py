@@ -25,6 +25,8 @@ examples:
   redrafter-chat --model mlx-community/Qwen3-0.6B-4bit --no-speculative
       a Hugging Face hub model (any family mlx-lm builds), plain decoding to start with (Ctrl+T switches)
   redrafter-chat --temperature 0.7 --top-p 0.9 --max-tokens 512 --system "Answer briefly."
+  redrafter-chat --temperature 0.7 --seed 1234
+      sampled replies drawn with seed 1234 (the stats panel shows each sampled reply's seed)
 
 in the app:
   Enter send · Up/Down prompt history · PgUp/PgDn scroll the conversation
@@ -72,6 +74,16 @@ def _top_p(text: str) -> float:
     value = _number(float, text)
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"must be in (0, 1], not {value:g}")
+    return value
+
+
+SEED_MAX = 2**64 - 1  # redrafter_mlx.sampling.SEED_MAX (a test checks they agree)
+
+
+def _seed(text: str) -> int:  # redrafter_mlx.cli.seed's range and words
+    value = _number(int, text)
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 2**64 - 1, not {value}")
     return value
 
 
@@ -134,6 +146,10 @@ def configure_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=_temperature, default=0.0, metavar="T", help="0 = greedy (default: 0)")
     p.add_argument("--top-p", type=_top_p, default=1.0, metavar="P",
                    help="nucleus sampling mass, with --temperature above 0 (default: 1)")
+    p.add_argument("--seed", type=_seed, default=None, metavar="N",
+                   help="random seed of every reply's sampling (with --temperature above 0), 0 to 2**64 - 1 "
+                   "(default: a fresh one for each reply); the stats panel shows each sampled reply's seed, and a "
+                   "seed gives the same reply to the same conversation, with or without speculation")
     p.add_argument("--max-tokens", type=_positive, default=256, metavar="N",
                    help="longest reply in tokens (default: 256)")
     p.add_argument("--system", default=None, metavar="TEXT",
@@ -224,6 +240,17 @@ def unused_drafting_error(args) -> Optional[str]:
     return None
 
 
+def sampling_error(args) -> Optional[str]:
+    """--top-p or --seed with greedy decoding, where they change nothing (ignored, saying nothing). The rule and
+    words of redrafter_mlx.cli.sampling_error (a test checks they agree), not imported: importing the library
+    takes seconds during which the terminal would stay blank."""
+    given = [flag for flag, on in (("--top-p", args.top_p != 1.0), ("--seed", args.seed is not None)) if on]
+    if args.temperature == 0.0 and given:
+        return (f"{' and '.join(given)} {'apply' if len(given) > 1 else 'applies'} to sampling, and --temperature 0 "
+                "decodes greedily: add --temperature T above 0, or drop " + ("them" if len(given) > 1 else "it"))
+    return None
+
+
 def settings_from(args) -> Settings:
     """The chat's Settings for its parsed options (fixed drafting when any drafting option is given)."""
     fixed = fixed_drafting(args)
@@ -242,6 +269,7 @@ def settings_from(args) -> Settings:
         context_graph=not args.no_context_graph,
         temperature=args.temperature,
         top_p=args.top_p,
+        seed=args.seed,
         max_tokens=args.max_tokens,
         system=args.system,
     )
@@ -262,9 +290,9 @@ def main(argv=None) -> int:
         parser.error("--drafter PATH and --no-drafter ask for opposite things: give one")
     if args.no_context_graph and args.graph is None:
         parser.error("--no-context-graph applies to graph drafting: add --graph K, or drop it")
-    if args.temperature == 0.0 and args.top_p != 1.0:  # redrafter_mlx.cli.sampling_error's rule, without --seed
-        parser.error("--top-p applies to sampling, and --temperature 0 decodes greedily: add --temperature T above 0, "
-                     "or drop it")
+    greedy = sampling_error(args)
+    if greedy:
+        parser.error(greedy)
     if args.system is not None:  # bytes that are not UTF-8 (another locale's argv): every reply failed, the chat open
         try:
             args.system.encode("utf-8")

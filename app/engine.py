@@ -63,6 +63,7 @@ class Settings:
     context_graph: bool = True  # with graph: graft the context's continuations of drafted nodes too
     temperature: float = 0.0
     top_p: float = 1.0
+    seed: Optional[int] = None  # sampling's seed for every reply (None: a fresh one for each)
     max_tokens: int = 256
     system: Optional[str] = None
 
@@ -93,6 +94,7 @@ class Stats:
     parked_share: float = 0.0  # adaptive: share of steps decoded plainly
     packed_per_step: float = 0.0  # tokens verified per step
     controller: Optional[Dict[str, float]] = None  # adaptive: the cost model's figures (control.Controller.summary)
+    seed: Optional[int] = None  # sampling's seed for this reply (the given one, or the fresh one drawn); None: greedy
 
 
 @dataclass(frozen=True)
@@ -394,6 +396,7 @@ class Engine(EngineThread):
             max_tokens=settings.max_tokens,
             temperature=settings.temperature,
             top_p=settings.top_p,
+            seed=settings.seed,
             **fixed,
             # graph drafting needs a tree when drafting is fixed (the app says so when a beam is set)
             graph=settings.graph if settings.speculative and not copy_only and (adaptive or settings.tree) else None,
@@ -429,6 +432,7 @@ class Engine(EngineThread):
                 parked_share=s.parked_share,
                 packed_per_step=s.packed_per_step,
                 controller=dict(s.controller) if s.adaptive else None,
+                seed=s.seed,
             )
             yield Chunk(ev.text, stats, ev.finish_reason)
 
@@ -439,6 +443,7 @@ PLAIN_STEP_SECONDS = 0.05  # virtual: 20 tok/s plain decoding
 DRAFT_SECONDS, VERIFY_SECONDS = 0.012, 0.048  # virtual: a speculative step costs 1.2 plain steps
 FAKE_COSTS = {"plain_ms": 50.0, "verify1_ms": 50.0, "x4": 1.1, "x16": 1.6, "x64": 3.0, "draft_level_ms": 2.0}
 ACCEPT_PATTERN = (3, 1, 2, 4, 2)  # tokens per speculative step, cut to the beam length
+FAKE_SEED = 12345678901234567890  # the "fresh" seed of a sampled reply given none
 
 
 class FakeEngine(EngineThread):
@@ -550,7 +555,8 @@ class FakeEngine(EngineThread):
                    cached_tokens=cached, beam_width=0 if adaptive else W, beam_length=0 if adaptive else L,
                    prefill_seconds=0.01 * (prompt_tokens - cached), peak_memory_mb=512.0,
                    packed_per_step=float(L) if spec else 1.0,
-                   controller=dict(FAKE_COSTS) if adaptive else None)
+                   controller=dict(FAKE_COSTS) if adaptive else None,
+                   seed=None if settings.temperature == 0 else FAKE_SEED if settings.seed is None else settings.seed)
         lengths: List[int] = []
         seconds = {"decode": 0.0, "draft": 0.0, "verify": 0.0}
 

@@ -162,6 +162,8 @@ def reply_rows(stats: Optional[Stats], baseline: Baseline, status: str) -> List[
                  + (f" read + {stats.cached_tokens:,} cached" if stats.cached_tokens else "")))
     rows.append(("peak memory", f"{stats.peak_memory_mb:,.0f} MB"))
     rows.append(("generated", f"{counted(stats.new_tokens, 'token')} · {counted(stats.steps, 'step')}"))
+    if stats.seed is not None:  # the fresh seed a sampled reply drew was shown nowhere: it could not be had again
+        rows.append(("seed", str(stats.seed)))
     return rows
 
 
@@ -187,6 +189,7 @@ def session_rows(info: Optional[EngineInfo], settings: Settings, failed: bool = 
                  else f"{settings.beam_width} × {settings.beam_length} (width × length)"
                  + (f", tree of {settings.tree} nodes" if settings.tree else "")),
         ("sampling", f"temp {settings.temperature:g} · top-p {settings.top_p:g}"),
+        *([("  seed", str(settings.seed))] if settings.seed is not None and settings.temperature else []),
         ("max tokens", str(settings.max_tokens)),
         # (the model reads it before every conversation, and nothing on screen said so)
         ("system", _system_prompt(settings.system)),

@@ -1988,3 +1988,86 @@ def test_an_app_that_ended_on_an_error_exits_with_status_1(monkeypatch):
     for code, status in ((1, 1), (0, 0), (None, 0)):
         monkeypatch.setattr(app_module, "create_app", lambda *a, code=code: Ended(code))
         assert main(["--model", "org/nope"]) == status
+
+
+def test_the_chat_takes_a_seed_as_the_other_tools_do(monkeypatch, capsys):
+    """redrafter-chat had no --seed. It takes the other tools' range, says their words out of it and with
+    --temperature 0 (their rule, over every combination), and hands the seed to every reply."""
+    import itertools
+
+    from app.__main__ import SEED_MAX, main, sampling_error, settings_from
+    from redrafter_mlx import cli
+    from redrafter_mlx.sampling import SEED_MAX as LIBRARY_SEED_MAX
+
+    assert SEED_MAX == LIBRARY_SEED_MAX
+    p = configure_parser()
+    assert p.parse_args(["--temperature", "1", "--seed", str(SEED_MAX)]).seed == SEED_MAX
+    for bad in ("-1", str(SEED_MAX + 1), "1.5"):
+        with pytest.raises(SystemExit):
+            p.parse_args(["--seed", bad])
+        err = capsys.readouterr().err
+        with pytest.raises(SystemExit):
+            parser = cli.Parser(prog="redrafter-chat")
+            parser.add_argument("--seed", type=cli.seed)
+            parser.parse_args(["--seed", bad])
+        assert err.split("(options")[0] == capsys.readouterr().err.split("(options")[0], bad
+    monkeypatch.setattr("app.__main__.has_terminal", lambda: False)  # main() ends there when nothing is refused
+    for temperature, top_p, seed in itertools.product(("0", "0.7"), (None, "0.9"), (None, "7")):
+        argv = ["--temperature", temperature, *(["--top-p", top_p] if top_p else []),
+                *(["--seed", seed] if seed else [])]
+        a = p.parse_args(argv)
+        library = cli.sampling_error(a.temperature, a.top_p, a.seed)
+        assert sampling_error(a) == library, argv
+        with pytest.raises(SystemExit):
+            main(argv)
+        err = capsys.readouterr().err
+        assert library in err if library else "the chat needs a terminal" in err, (argv, err)
+    assert settings_from(p.parse_args(["--temperature", "0.7", "--seed", "7"])).seed == 7
+    assert settings_from(p.parse_args([])).seed is None
+
+
+def test_the_engine_draws_a_reply_with_the_seed_and_says_the_seed_it_drew(tiny_kit, tmp_path):
+    """The chat's replies were drawn with a fresh seed that nothing showed: the engine's stats carry the
+    seed each sampled reply used (the given one, or the one it drew), which gives the reply again."""
+    from redrafter_mlx import generate, load
+
+    path = tiny_kit.write_folder(tmp_path / "m", tiny_kit.model(seed=0))
+    engine = Engine(str(path), warm_up=False)
+    try:
+        engine.load(lambda stage, text: None)
+        messages = [{"role": "user", "content": "the a the"}]
+
+        def reply(settings):
+            chunks = list(engine.reply(messages, settings, lambda: False))
+            engine.new_chat()
+            return "".join(c.text for c in chunks), chunks[-1].stats.seed
+
+        text, seed = reply(Settings(max_tokens=16, temperature=1.5))
+        assert isinstance(seed, int)
+        assert reply(Settings(max_tokens=16, temperature=1.5, seed=seed)) == (text, seed)
+        assert reply(Settings(max_tokens=16, temperature=1.5, seed=seed, speculative=False)) == (text, seed)
+        assert generate(load(str(path)), messages, max_tokens=16, temperature=1.5, seed=seed).text == text
+        assert reply(Settings(max_tokens=4))[1] is None  # greedy
+    finally:
+        engine.close()
+        engine.wait(10)
+
+
+async def test_the_stats_panel_shows_the_seed_of_a_sampled_reply():
+    from app.engine import FAKE_SEED
+
+    for settings, shown in ((Settings(temperature=0.7), FAKE_SEED), (Settings(temperature=0.7, seed=42), 42)):
+        app = create_app(FakeEngine([REPLY]), settings)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot)
+            await ask(pilot, "What is speculative decoding?")
+            await finished(pilot)
+            lines = panel(app).splitlines()
+            assert f"seed         {shown}" in lines
+            assert ("  seed       42" in lines) == (settings.seed is not None)
+    app = create_app(FakeEngine([REPLY]), Settings())
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "What is speculative decoding?")
+        await finished(pilot)
+        assert "seed" not in panel(app)  # greedy: no draw
