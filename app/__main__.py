@@ -143,7 +143,8 @@ def configure_parser() -> argparse.ArgumentParser:
                    "reuses its continuation, and drafted nodes whose last tokens occur in the conversation get what "
                    "followed there (0: match on the token alone; fixed drafting needs --tree N)")
     p.add_argument("--no-context-graph", action="store_true", help="with --graph: GSD alone, without the context graph")
-    p.add_argument("--temperature", type=_temperature, default=0.0, metavar="T", help="0 = greedy (default: 0)")
+    p.add_argument("--temperature", type=_temperature, default=0.0, metavar="T",
+                   help="0 = greedy (default: 0); above 0, sampled from the base model's own distribution")
     p.add_argument("--top-p", type=_top_p, default=1.0, metavar="P",
                    help="nucleus sampling mass, with --temperature above 0 (default: 1)")
     p.add_argument("--seed", type=_seed, default=None, metavar="N",

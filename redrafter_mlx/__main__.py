@@ -43,7 +43,8 @@ def main(argv=None) -> int:
                    help="0 = greedy, token for token what plain decoding gives (default: 0); above 0, sampled from "
                    "the base model's own distribution")
     p.add_argument("--top-p", type=cli.probability, default=1.0, metavar="P",
-                   help="sample from the smallest set of tokens holding this much probability, in (0, 1] (default: 1)")
+                   help="sample from the smallest set of tokens holding this much probability (with --temperature "
+                   "above 0), in (0, 1] (default: 1)")
     p.add_argument("--seed", type=cli.seed, default=None,
                    help="random seed for sampling (with --temperature above 0), 0 to 2**64 - 1 (default: a fresh one "
                    "each run, which the stats line says); a seed gives the same reply in every mode, as plain "

@@ -79,7 +79,7 @@ BUDGET_HELP = (
     "quick: 32 new tasks, 192 replies of up to 128 tokens, 200 training steps (about 15 min on a 2-core CPU for "
     "the default 135M model); standard: 64 new tasks, 1024 replies of up to 200 tokens, 600 steps (30 min there "
     "with MKL, about an hour with OpenBLAS). A budget fixes the work, not the time: a larger model takes longer "
-    "about in proportion to its size, and a GPU does the same work in a fraction of the time"
+    "about in proportion to its size, and a GPU does the same work in a fraction of the time (default: quick)"
 )
 
 

@@ -545,8 +545,9 @@ def parse_args(argv=None):
                    help="0 = greedy (default), where every mode's output must equal ar's and the table says whether "
                    "it does; above 0, sampled")
     p.add_argument("--top-p", type=cli.probability, default=1.0, metavar="P",
-                   help="nucleus sampling mass, in (0, 1] (default: 1)")
-    p.add_argument("--seed", type=cli.seed, default=None, help="sampling seed, with --temperature above 0 (default: 0)")
+                   help="nucleus sampling mass, with --temperature above 0, in (0, 1] (default: 1)")
+    p.add_argument("--seed", type=cli.seed, default=None,
+                   help="sampling seed, with --temperature above 0, 0 to 2**64 - 1 (default: 0)")
     p.add_argument("--weight-format", default="auto", choices=WEIGHT_FORMATS,
                    help="auto = the fastest for this device (default); stored = as in the file (e.g. 4-bit); or "
                    "float32, float16, bfloat16")

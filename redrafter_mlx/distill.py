@@ -482,9 +482,10 @@ def main(argv=None):
                         "else all --data) into OUT/self_instruct.jsonl, and answer them too")
     p.add_argument("--temperature", type=cli.temperature, default=0.0, metavar="T",
                    help="sample replies at T instead of greedy ones: more varied contexts, still the model's own "
-                        "text (answers are keyed by prompt: use another --out than the greedy run)")
+                        "text (answers are keyed by prompt: use another --out than the greedy run; default: 0, greedy)")
     p.add_argument("--seed", type=cli.seed, default=None,
-                   help="sampling seed of --temperature and of --self-instruct's new tasks (default: 0)")
+                   help="sampling seed of --temperature and of --self-instruct's new tasks, 0 to 2**64 - 1 "
+                        "(default: 0)")
     p.add_argument("--backfill-greedy", action="store_true",
                    help="only add the greedy tokens to the shards of an older sampled run in OUT, then stop")
     args = p.parse_args(argv)

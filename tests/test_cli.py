@@ -388,3 +388,45 @@ def test_lookup_help_says_the_copy_grows(capsys):
         text = " ".join(capsys.readouterr().out.split())
         assert "doubling while copies are taken whole" in text and (f"up to {MAX_GROWTH}N" in text
                                                                      or f"up to {MAX_GROWTH}x" in text)
+
+
+def parsers(monkeypatch):
+    """{prog: parser} of every command line, caught as its main() parses (nothing runs)."""
+    import argparse
+    import importlib
+
+    class Caught(Exception):
+        pass
+
+    def catch(self, *args, **kwargs):
+        raise Caught(self)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", catch)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", catch)
+    found = {}
+    for module in ("redrafter_mlx.__main__", "redrafter_mlx.bench", "redrafter_mlx.replay", "redrafter_mlx.autotrain",
+                   "redrafter_mlx.distill", "redrafter_mlx.train", "app.__main__"):
+        with pytest.raises(Caught) as caught:
+            importlib.import_module(module).main([])
+        found[caught.value.args[0].prog] = caught.value.args[0]
+    return found
+
+
+def test_every_tools_sampling_options_say_what_they_need_and_their_range(monkeypatch):
+    """--top-p with --temperature 0 is refused by every tool, and only --seed's help said it needed --temperature
+    above 0 (redrafter-bench's and python -m redrafter_mlx's --top-p did not); redrafter-bench's and distill's --seed
+    gave no range. Every --top-p and --seed says both, and every option's help names its default where it has one."""
+    helps = {prog: {a.option_strings[-1]: " ".join(a.help.split()) for a in p._actions if a.option_strings}
+             for prog, p in parsers(monkeypatch).items()}
+    assert len(helps) == 7
+    for prog, options in helps.items():
+        if "--top-p" in options:
+            assert "with --temperature above 0" in options["--top-p"], prog
+        if "--seed" in options:
+            assert "0 to 2**64 - 1" in options["--seed"], prog
+            assert "--temperature" in options["--seed"], prog
+        if "--temperature" in options:
+            assert "greedy" in options["--temperature"] and "default" in options["--temperature"], prog
+    assert {prog for prog, options in helps.items() if "--top-p" in options} == {
+        "python -m redrafter_mlx", "redrafter-bench", "redrafter-chat"}
+    assert "(default: quick)" in helps["redrafter-train"]["--budget"]
