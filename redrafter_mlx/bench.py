@@ -12,7 +12,8 @@ other, on the same loaded weights. The JSON holds "model", "device", "weight_for
 "settings" (the options as run; the drafting ones, tuned values filled in, are the redrafter
 column's, null where no column drafts a fixed shape), "columns" (each column's mode, "auto" for
 adaptive drafting, and its fixed shape), "results" (one object
-per question, turn and mode), "summary" (per mode: mean tokens/s, tokens/step, speedup over ar,
+per question, turn and mode; a sampled one's "seed" gives its reply again), "summary" (per
+mode: mean tokens/s, tokens/step, speedup over ar,
 and, for greedy runs, whether every output equals ar's token for token), "categories", and
 with --turns, "turns" (the same per turn).
 
@@ -245,6 +246,7 @@ def run_one(loaded, prompt: str, mode: str, args, shape=None, graph=(None, True)
         "peak_memory_mb": s.peak_memory_mb,
         "accepted_length_histogram": s.histogram(),
         **({"parked_steps": s.parked_steps, "controller": s.controller} if s.adaptive else {}),
+        **({"seed": s.seed} if s.seed is not None else {}),  # a sampled reply's: --seed with it gives the reply again
     }
 
 
@@ -896,7 +898,7 @@ def settings(args, loaded, variants) -> Dict:
     """The report's "settings": the options the run ran with. The drafting options are fixed
     drafting's (the redrafter column's, tuned values filled in), so they are null where no column
     drafts a fixed shape (an adaptive run's showed the tuned W=4 L=4 it never used); --widths and
-    --lengths are the grid's, null without --grid. weight_format: the one the model was loaded
+    --lengths are the grid's, null without --grid; seed null when greedy. weight_format: the one the model was loaded
     with ("float32", "stored"), which replay loads again ("auto" can resolve otherwise there)."""
     out = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     fixed = any(shape is not None for _, _, shape, _ in variants)
@@ -905,6 +907,8 @@ def settings(args, loaded, variants) -> Dict:
             out[key] = None
     if not args.grid:
         out["widths"] = out["lengths"] = None
+    if args.temperature == 0.0:  # greedy: nothing was drawn (it said "seed": 0, the sampling default)
+        out["seed"] = None
     out["weight_format"] = format_of(loaded.weight_format)
     return out
 

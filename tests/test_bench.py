@@ -1456,3 +1456,25 @@ def test_turns_run_each_question_as_a_conversation(model_dir, prompts, tmp_path,
     assert rc == 2 and "context of 1024" in err and "Traceback" not in err
     with pytest.raises(SystemExit):
         bench.parse_args(["--prompts", "x", "--turns", "0"])
+
+
+def test_a_sampled_reports_seed_gives_its_replies_again(model_dir, prompts, tmp_path, capsys):
+    """The --json report of a sampled run holds the seed its replies were drawn with ("settings" and each of our
+    rows), and that seed gives a row's reply again; a greedy run's said "seed": 0, where nothing was drawn."""
+    from redrafter_mlx import generate, load
+
+    out = tmp_path / "s.json"
+    rc, _, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 10, "--limit", 2,
+                   "--modes", "ar,auto", "--temperature", "1.5", "--json", out)
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["settings"]["seed"] == 0  # (the default)
+    rows = report["results"]
+    assert [r["seed"] for r in rows] == [0] * len(rows) == [0] * 4
+    m = load(str(model_dir))
+    for r in rows:
+        question = next(q for q in QUESTIONS if q["question_id"] == r["question_id"])["turns"][0]
+        assert generate(m, question, max_tokens=10, temperature=1.5, seed=r["seed"]).tokens == r["tokens"]
+    rc, _, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 4, "--limit", 1, "--json", out)
+    report = json.loads(out.read_text())
+    assert report["settings"]["seed"] is None and all("seed" not in r for r in report["results"])
