@@ -520,11 +520,11 @@ def parse_args(argv=None):
                    help="beam widths --grid runs (default: 1,2,4,8)")
     p.add_argument("--lengths", type=lambda t: parse_shapes(t, "--lengths"), default=None, metavar="L[,L...]",
                    help="beam lengths --grid runs (default: 3,4,5)")
-    p.add_argument("--lookup", type=lambda t: parse_shapes(t, "--lookup", minimum=0), default=None,
+    p.add_argument("--lookup", type=lambda t: parse_shapes(t, "--lookup", minimum=0), default=None, metavar="N[,N...]",
                    help="tokens of the context-lookup beam added to the drafter's, doubling while copies are taken "
                    f"whole, up to {MAX_GROWTH}x (0 = none); a comma-separated list runs each (default: tuned, else "
                    f"{DEFAULT_LOOKUP})")
-    p.add_argument("--tree", type=lambda t: parse_shapes(t, "--tree", minimum=0), default=None,
+    p.add_argument("--tree", type=lambda t: parse_shapes(t, "--tree", minimum=0), default=None, metavar="N[,N...]",
                    help="draft a dynamic tree of up to N nodes (W wide, L - 1 deep, unlikely nodes dropped) "
                    f"instead of W x L beams (0 = beams); a comma-separated list runs each (default: tuned with the "
                    f"shape, else {DEFAULT_TREE})")

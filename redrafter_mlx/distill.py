@@ -463,9 +463,9 @@ def main(argv=None):
     p.add_argument("--out", type=cli.path, required=True,
                    help="folder for the replies and hidden states (shards); a run stopped early resumes there (the same "
                         "--model and --temperature: another's is refused)")
-    p.add_argument("--offset", type=cli.non_negative, default=0,
+    p.add_argument("--offset", type=cli.non_negative, default=0, metavar="N",
                    help="skip the first N prompts (interleaved across files; default: 0)")
-    p.add_argument("--limit", type=cli.positive, default=None,
+    p.add_argument("--limit", type=cli.positive, default=None, metavar="N",
                    help="use N prompts from --offset (interleaved across files; default: all)")
     p.add_argument("--batch-size", type=cli.positive, default=16, help="most prompts answered together (default: 16)")
     p.add_argument("--batch-tokens", type=cli.positive, default=None,

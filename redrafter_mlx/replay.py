@@ -322,11 +322,11 @@ def main(argv=None) -> int:
     p.add_argument("results", type=Path, help="a redrafter-bench --json file with ar results (greedy)")
     p.add_argument("--model", default=None, help="the model the results came from (default: the one they name)")
     p.add_argument("--drafter", default=None, help="drafter folder (default: the one found beside the model)")
-    p.add_argument("--shapes", type=parse_shapes, default=None,
+    p.add_argument("--shapes", type=parse_shapes, default=None, metavar="WxL[,WxL...]",
                    help="comma-separated WxL beam shapes (default: 1x3,4x3)")
-    p.add_argument("--lookup", type=lambda t: parse_ints(t, "--lookup", minimum=0), default=None,
+    p.add_argument("--lookup", type=lambda t: parse_ints(t, "--lookup", minimum=0), default=None, metavar="N[,N...]",
                    help="comma-separated context-lookup lengths (default: 0)")
-    p.add_argument("--tree", type=lambda t: parse_ints(t, "--tree", minimum=0), default=None,
+    p.add_argument("--tree", type=lambda t: parse_ints(t, "--tree", minimum=0), default=None, metavar="N[,N...]",
                    help="comma-separated node budgets of a dynamic draft tree, W wide and L - 1 deep "
                         "(0 = the W x L beams; default: 0)")
     p.add_argument("--tree-min-prob", type=cli.probability, default=None,

@@ -557,7 +557,7 @@ def main(argv=None):
                    help="peak learning rate, cosine-decayed (default: 1e-3)")
     p.add_argument("--warmup", type=cli.non_negative, default=50, help="linear warm-up steps (default: 50)")
     p.add_argument("--weight-decay", type=cli.number(0), default=0.0, help="AdamW weight decay (default: 0)")
-    p.add_argument("--val-every", type=cli.non_negative, default=0,
+    p.add_argument("--val-every", type=cli.non_negative, default=0, metavar="N",
                    help="held-out loss and accuracy every N steps; the most accurate drafter -> OUT/best "
                         "(default: 0, none)")
     p.add_argument("--val-fraction", type=cli.probability, default=0.05,
@@ -571,10 +571,11 @@ def main(argv=None):
     p.add_argument("--exit-dim", type=cli.positive, default=None,
                    help="width of the head's residual blocks (default: 2 x the base model's hidden size)")
     p.add_argument("--layers", type=cli.positive, default=1, help="residual blocks (default: 1)")
-    p.add_argument("--draft-vocab", type=cli.non_negative, default=8192,
+    p.add_argument("--draft-vocab", type=cli.non_negative, default=8192, metavar="N",
                    help="draft from the N tokens most frequent in the replies (0 = the whole vocabulary; default: 8192)")
-    p.add_argument("--save-every", type=cli.positive, default=200, help="checkpoint every N steps (default: 200)")
-    p.add_argument("--reload-every", type=cli.non_negative, default=0,
+    p.add_argument("--save-every", type=cli.positive, default=200, metavar="N",
+                   help="checkpoint every N steps (default: 200)")
+    p.add_argument("--reload-every", type=cli.non_negative, default=0, metavar="N",
                    help="re-read --data every N steps (a distillation run still adding shards; default: 0, never)")
     p.add_argument("--dtype", default="float16", choices=["float16", "float32"], help="saved weights (default: float16)")
     p.add_argument("--eval-only", action="store_true", help="skip training: evaluate --eval-drafter")
@@ -583,7 +584,8 @@ def main(argv=None):
                    help="Spec-Bench JSONL (lines with 'turns' and 'category') to report tokens/step on after training")
     p.add_argument("--eval-per-category", type=cli.positive, default=2, help="questions per category (default: 2)")
     p.add_argument("--eval-max-tokens", type=cli.positive, default=128, help="tokens per evaluated reply (default: 128)")
-    p.add_argument("--beam-shapes", type=parse_shapes, default="4x5", help="W x L list, e.g. 4x5,8x5 (default: 4x5)")
+    p.add_argument("--beam-shapes", type=parse_shapes, default="4x5", metavar="WxL[,WxL...]",
+                   help="W x L list, e.g. 4x5,8x5 (default: 4x5)")
     args = p.parse_args(argv)
     if not args.eval_only and args.data is None:
         p.error("--data is required for training")

@@ -430,3 +430,17 @@ def test_every_tools_sampling_options_say_what_they_need_and_their_range(monkeyp
     assert {prog for prog, options in helps.items() if "--top-p" in options} == {
         "python -m redrafter_mlx", "redrafter-bench", "redrafter-chat"}
     assert "(default: quick)" in helps["redrafter-train"]["--budget"]
+
+
+def test_an_option_whose_help_names_n_shows_n_in_its_usage(monkeypatch):
+    """Help that says "skip the first N prompts" beside a usage of `--offset OFFSET` leaves the reader to guess what
+    N is (distill's --offset and --limit, train's --val-every, --draft-vocab, --save-every and --reload-every,
+    redrafter-bench's --tree): the metavar is N (N[,N...] for a list)."""
+    import re
+
+    def names_n(text):  # (not another flag's "--tree N")
+        return re.search(r"\bN\b", re.sub(r"-[\w-]+ N\b", "", text))
+
+    unnamed = [(prog, a.option_strings[-1], a.metavar) for prog, p in parsers(monkeypatch).items() for a in p._actions
+               if a.option_strings and a.help and a.nargs != 0 and names_n(a.help) and "N" not in str(a.metavar or "")]
+    assert unnamed == []
