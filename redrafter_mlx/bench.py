@@ -491,8 +491,8 @@ def parse_args(argv=None):
     p.add_argument("--prompts", type=cli.path, default=SHIPPED_PROMPTS,
                    help="JSONL file of questions: Spec-Bench lines ({\"question_id\", \"category\", \"turns\": [...]}; "
                         "the first turn of each, unless --turns) or one-turn lines ({\"prompt\": ...}) (default: the "
-                        "held-out prompts shipped with the package, self-instruct seed tasks and GSM8K questions no "
-                        "shipped drafter trained on)")
+                        "16 prompts shipped with the package that redrafter-train holds out: 8 self-instruct seed "
+                        "tasks, which the shipped drafter was distilled on, and 8 GSM8K questions it was not)")
     p.add_argument("--limit", type=cli.positive, default=None, metavar="N",
                    help="only the first N questions (default: all; 6 with --tune)")
     p.add_argument("--turns", type=cli.positive, default=1, metavar="N",
