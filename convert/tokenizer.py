@@ -51,7 +51,11 @@ def read_chat_template(spec: Optional[str]) -> Optional[str]:
     if spec in BUILTIN_TEMPLATES:
         return BUILTIN_TEMPLATES[spec]
     path = Path(spec).expanduser()
-    if not path.is_file():
+    # (not `is_file`: a pipe is read like a file, and `--chat-template <(jq -r .chat_template c.json)`, /dev/fd/63,
+    # was "neither a built-in template nor a file"; read once, as a pipe can only be)
+    if path.is_dir():
+        raise ConversionError(f"--chat-template {spec} is a folder: give a Jinja file (or {', '.join(BUILTIN_TEMPLATES)})")
+    if not path.exists():
         raise ConversionError(
             f"--chat-template {spec!r} is neither a built-in template ({', '.join(BUILTIN_TEMPLATES)}) nor a file"
         )
@@ -59,6 +63,8 @@ def read_chat_template(spec: Optional[str]) -> Optional[str]:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise ConversionError(f"--chat-template {spec}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise ConversionError(f"--chat-template {spec}: cannot read it: {e.strerror or e}") from None
     import jinja2
 
     try:  # as transformers compiles it (with loop controls), so a broken template fails here, not in every chat

@@ -33,7 +33,7 @@ from redrafter_mlx.config import DrafterArgs
 from redrafter_mlx.drafter import Drafter, new_drafter, save_drafter
 from redrafter_mlx.loader import new_model
 
-from helpers import ctrl_c_as_renamed_to, write_shards
+from helpers import ctrl_c_as_renamed_to, piped, write_shards
 
 H, V, LAYERS = 64, 128, 2
 CHAT_TEMPLATE = (
@@ -1023,6 +1023,18 @@ def test_a_broken_chat_template_is_refused_before_any_work(tmp_path, capsys, mlx
                             "--out", out)
     assert_clean_failure(rc, lines, out, "not UTF-8")
     assert "UnicodeDecodeError" not in lines[0]
+
+
+def test_a_chat_template_from_a_pipe_is_read(tmp_path, capsys, mlx_ckpt):
+    """`--chat-template <(curl ... | jq -r .chat_template)` (a pipe, /dev/fd/63) was refused as "neither a built-in
+    template (vicuna) nor a file": the check was for a regular file. A pipe is read like a file, once."""
+    with piped("{% for m in messages %}[{{ m['content'] }}]{% endfor %}") as path:
+        rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--chat-template", path, "--out", tmp_path / "out")
+    assert rc == 0, lines
+    config = json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())
+    assert config["chat_template"] == "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--chat-template", tmp_path, "--out", tmp_path / "o2")
+    assert_clean_failure(rc, lines, tmp_path / "o2", f"--chat-template {tmp_path} is a folder")
 
 
 @pytest.mark.parametrize("force", [False, True])
