@@ -29,6 +29,7 @@ from mlx.utils import tree_flatten, tree_map
 
 from redrafter_mlx.config import DRAFTER_MODEL_TYPE, ModelArgs
 from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError, RedrafterError, UnsupportedModelError, one_line
+from redrafter_mlx.tokenizer import is_token_id
 
 from .checkpoint import load_safetensors, pytorch_to_safetensors, read_json, weight_files
 from .output import ConversionError
@@ -84,7 +85,11 @@ def open_base(path: Path) -> BaseSource:
     config = read_json(path / "config.json", "model")
     if (path / "generation_config.json").is_file():
         # it is copied as is: a damaged one was, and redrafter_mlx.load then refused the converted folder
-        read_json(path / "generation_config.json", "model")
+        generation = read_json(path / "generation_config.json", "model")
+        ids = generation.get("eos_token_id")
+        bad = [i for i in (ids if isinstance(ids, list) else [ids]) if i is not None and not is_token_id(i)]
+        if bad:  # (as redrafter_mlx.load checks it: that refused the folder written, after all the work)
+            raise CorruptModelError(f"{path / 'generation_config.json'}: eos_token_id holds {bad[0]!r}, not a token id")
     return BaseSource(path, "hf", config, check_architecture(config, str(path / "config.json")))
 
 

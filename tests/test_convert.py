@@ -1336,6 +1336,18 @@ def test_a_damaged_generation_config_is_refused_not_copied(tmp_path, capsys, mlx
     assert_clean_failure(rc, lines, out, f"{src / 'generation_config.json'} is not valid JSON")
 
 
+@pytest.mark.parametrize("eos", ['"</s>"', "[2, 2.5]", "-1", "true"])
+def test_a_generation_config_with_a_bad_stop_token_is_refused(tmp_path, capsys, mlx_ckpt, eos):
+    """A generation_config.json whose eos_token_id is no token id (a token's text, 2.5) was copied as is: the
+    conversion succeeded, and loading the folder it wrote then failed ("eos_token_id holds '</s>', not a token
+    id"), after all the work."""
+    src = shutil.copytree(mlx_ckpt[0], tmp_path / "src")
+    (src / "generation_config.json").write_text(f'{{"bos_token_id": 1, "eos_token_id": {eos}}}')
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", src, "--out", out)
+    assert_clean_failure(rc, lines, out, f"{src / 'generation_config.json'}: eos_token_id holds", "not a token id")
+
+
 @pytest.mark.parametrize("name, data", [("tokenizer.json", b""), ("tokenizer_config.json", b"{oops"),
                                         ("special_tokens_map.json", b"\xff\xfe")])
 def test_a_damaged_tokenizer_file_is_named(tmp_path, capsys, mlx_ckpt, name, data):
