@@ -280,12 +280,14 @@ def convert_hf(base: BaseSource, dest: Path, dtype, quantize, q_bits, q_group_si
     if (src / "generation_config.json").is_file():
         shutil.copy(src / "generation_config.json", dest / "generation_config.json")
     model, config, kind, files = _load_hf(src, dest, base.config, report)
-    if quantize and any(name.endswith(".scales") for name, _ in tree_flatten(model.parameters())):
+    quantized = any(name.endswith(".scales") for name, _ in tree_flatten(model.parameters()))
+    if quantize and quantized:
         # An AWQ/GPTQ/compressed-tensors checkpoint (quantization_config) loads as quantized layers, which
         # --quantize left as they were: "--q-bits 8" gave a model 4-bit but for its embeddings.
         method = (base.config.get("quantization_config") or {}).get("quant_method", "")
         raise ConversionError(f"{src} is already quantized{f' ({method})' if method else ''}; "
                               "convert it without --quantize")
+    dequantize = quantized and dtype is not None
     if dtype is None:
         stated = config.get("torch_dtype") or config.get("dtype")
         dtype = stated if stated in DTYPES else None
@@ -294,6 +296,14 @@ def convert_hf(base: BaseSource, dest: Path, dtype, quantize, q_bits, q_group_si
         for key in ("torch_dtype", "dtype"):
             if key in config:
                 config[key] = dtype
+    if dequantize:
+        # A dtype asked of a quantized folder (mlx-community's 4-bit, AWQ/GPTQ) cast its scales and kept the packed
+        # weights, under a manifest naming the dtype: it is dequantized (from the cast scales), as a GGUF is.
+        from mlx_lm.utils import dequantize_model
+
+        model = dequantize_model(model)
+        config.pop("quantization", None)
+        config.pop("quantization_config", None)
     if quantize:
         model, config = _quantize(model, config, q_bits, q_group_size, report)
     _check_space(model, dest)

@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "symbolic link is followed: the folder it points to is replaced, the link stays)")
     out.add_argument("--dtype", choices=["float16", "bfloat16", "float32"],
                      help="weights' dtype, the drafter's too (default: the base model's config.json torch_dtype, "
-                          "the drafter as stored; a GGUF keeps its quantization unless a dtype is given)")
+                          "the drafter as stored; a quantized model, GGUF or folder, keeps its quantization unless a dtype "
+                          "is given: then it is dequantized)")
     out.add_argument("--quantize", "-q", action="store_true",
                      help="quantize the base model with mlx-lm (a GGUF is first dequantized to float16; the drafter "
                           "is not quantized)")

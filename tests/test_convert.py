@@ -320,6 +320,29 @@ def test_quantized_conversion_loads_and_generates(tmp_path, capsys, hf_dirs, app
     assert len(ar.tokens) == 12 and rd.tokens == ar.tokens
 
 
+def test_a_dtype_dequantizes_a_quantized_folder(tmp_path, capsys, mlx_ckpt):
+    """`--dtype float32` of a 4-bit MLX folder (an mlx-community model, or one converted with --quantize) cast the
+    scales and kept the 4-bit weights, with a manifest saying "dtype": "float32": the option half ignored. A dtype
+    dequantizes it, as it does a GGUF's."""
+    q4 = tmp_path / "q4"
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--quantize", "--out", q4)
+    assert rc == 0, lines
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", q4, "--dtype", "float32", "--out", out)
+    assert rc == 0, lines
+    weights = mx.load(str(out / "model.safetensors"))
+    assert not [k for k in weights if k.endswith((".scales", ".biases"))]
+    assert {v.dtype for v in weights.values()} == {mx.float32}
+    assert "quantization" not in json.loads((out / "config.json").read_text())
+    assert json.loads((out / "manifest.json").read_text())["base"]["quantization"] is None
+    stored = mx.load(str(q4 / "model.safetensors"))
+    name = "model.layers.0.mlp.down_proj"
+    expected = mx.dequantize(stored[f"{name}.weight"], stored[f"{name}.scales"], stored[f"{name}.biases"], 64, 4)
+    assert mx.allclose(weights[f"{name}.weight"], expected.astype(mx.float32)).item()
+    rc, lines = run_convert(capsys, "--model", q4, "--out", tmp_path / "kept")  # without a dtype it stays 4-bit
+    assert rc == 0 and json.loads((tmp_path / "kept" / "config.json").read_text())["quantization"]["bits"] == 4
+
+
 def write_awq(src: Path, mlx_ckpt, bits=4, group=32):
     """The MLX checkpoint as AutoAWQ writes one (random packed weights; config.json's quantization_config)."""
     shutil.copytree(mlx_ckpt[0], src)
