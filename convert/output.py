@@ -137,16 +137,21 @@ class OutputFolder:
             if exc_type is None:
                 self._commit()
         finally:
-            if self.tmp is not None and self.tmp.exists():
-                shutil.rmtree(self.tmp, ignore_errors=True)
-                for folder in self.made:  # what mkdir made above the target, if nothing else is in it
-                    try:
-                        folder.rmdir()
-                    except OSError:
-                        break
-            for s in self._installed:
-                signal.signal(s, signal.SIG_DFL)
-            self._installed = []
+            try:
+                # (signals held: a second Ctrl-C or SIGTERM, pressed as the first seemed to do nothing, stopped the
+                # deletion and left a hidden, half-deleted model; it is delivered once the folder is gone)
+                if self.tmp is not None and self.tmp.exists():
+                    with signals_held():
+                        shutil.rmtree(self.tmp, ignore_errors=True)
+                        for folder in self.made:  # what mkdir made above the target, if nothing else is in it
+                            try:
+                                folder.rmdir()
+                            except OSError:
+                                break
+            finally:
+                for s in self._installed:
+                    signal.signal(s, signal.SIG_DFL)
+                self._installed = []
         return False
 
     def _commit(self):

@@ -1328,6 +1328,30 @@ mlx_lm.utils.save_model = save_then_signal
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_second_signal_while_cleaning_up_still_leaves_nothing(tmp_path, mlx_ckpt):
+    """A second SIGTERM or Ctrl-C (pressed again while nothing seemed to happen) that came while the staging folder
+    was deleted stopped the deletion: a hidden, half-deleted model (gigabytes) stayed beside the output, under
+    "cancelled; nothing was written". The cleanup holds signals until it is done."""
+    setup = """
+import shutil, mlx_lm.utils
+from convert import output
+save_model = mlx_lm.utils.save_model
+def save_then_signal(*args, **kwargs):
+    save_model(*args, **kwargs)
+    signal.raise_signal(signal.SIGTERM)
+mlx_lm.utils.save_model = save_then_signal
+rmtree = shutil.rmtree
+def signal_again(*args, **kwargs):
+    signal.raise_signal(signal.SIGTERM)
+    return rmtree(*args, **kwargs)
+output.shutil.rmtree = signal_again
+"""
+    out = tmp_path / "out"
+    rc, lines = convert_in_child(setup, "--model", mlx_ckpt[0], "--out", out)
+    assert rc == 143 and lines == ["error: cancelled; nothing was written"], (rc, lines)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_sighup_as_the_output_is_renamed_in_is_held(tmp_path, mlx_ckpt):
     """Like Ctrl-C and SIGTERM, SIGHUP waits for the renames that put the output in place (it could stop between
     them, with the old folder set aside and none in place)."""
