@@ -328,8 +328,9 @@ def convert_gguf(base: BaseSource, dest: Path, dtype, quantize, q_bits, q_group_
     write_generation_config(dest, tok["bos_token_id"], tok["eos_token_id"])
     if quantize and dtype is None:
         dtype = "float16"
-    # build_model validates names and shapes strictly; with a dtype it also dequantizes.
-    model, _ = build_model(config, weights, dtype or "stored")
+    # build_model validates names and shapes strictly; with a dtype it also dequantizes. (mlx-lm's model in the
+    # library's wrapper: mlx-lm's quantize_model measured the wrapper, "0.000 bits per weight")
+    model = build_model(config, weights, dtype or "stored")[0].model
     if dtype:
         config.pop("quantization", None)
     else:

@@ -533,6 +533,21 @@ def test_the_command_to_try_quotes_paths_with_spaces(tmp_path, capsys, mlx_ckpt)
 
 # ---- the default GGUF model ---------------------------------------------------------------
 
+def test_a_quantized_gguf_says_its_bits_per_weight(tmp_path, capsys):
+    """`--model X.gguf --quantize` said "Quantized model with 0.000 bits per weight." (mlx-lm measured the
+    library's wrapper, not the model in it)."""
+    import re
+
+    from helpers import tiny_model, write_gguf
+
+    gguf = write_gguf(tmp_path / "tiny.gguf", tiny_model())
+    rc = convert_main(["--model", str(gguf), "--quantize", "--q-group-size", "32", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    said = re.search(r"Quantized model with ([0-9.]+) bits per weight", err)
+    assert said and 4 < float(said.group(1)) < 16, err
+
+
 def test_gguf_folder_loads_in_both_and_matches_mlx_lm(tmp_path, capsys):
     from mlx_lm import load as mlx_lm_load
     from mlx_lm.generate import generate_step
