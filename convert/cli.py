@@ -7,6 +7,7 @@ then the manifest; all inside a staging folder that becomes the output only at t
 """
 
 import argparse
+import contextlib
 import os
 import shlex
 import sys
@@ -178,6 +179,24 @@ def _record_drafter(target: Path, info: Dict[str, Any], report: Reporter):
         report.say(f"{manifest} now names this drafter")
 
 
+@contextlib.contextmanager
+def hub_bars(shown: bool):
+    """huggingface-hub's download bars, hidden when `shown` is False (--quiet: they showed through it)."""
+    if shown:
+        yield
+        return
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    if are_progress_bars_disabled():  # (HF_HUB_DISABLE_PROGRESS_BARS, or a caller's choice: left as it is)
+        yield
+        return
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        enable_progress_bars()
+
+
 def run(args, report: Reporter) -> Path:
     from .base_model import convert_base, open_base
     from .checkpoint import resolve
@@ -240,7 +259,8 @@ def main(argv=None) -> int:
     _check_args(p, args)
     report = Reporter(args.quiet)
     try:
-        target = run(args, report)
+        with hub_bars(not args.quiet):
+            target = run(args, report)
     except RedrafterError as e:
         print(f"error: {one_line(e, limit=2000)}", file=sys.stderr)  # our own message, whole
         return 2

@@ -997,6 +997,26 @@ def test_a_registry_name_is_a_source(default_model):
     assert resolve(default_model.name, "model") == default_model.path
 
 
+def test_quiet_hides_the_hub_download_bars(tmp_path, capsys, monkeypatch, mlx_ckpt):
+    """--quiet ("no progress bars or status lines") still showed huggingface-hub's download bars for a hub id."""
+    import huggingface_hub
+    from huggingface_hub.utils import are_progress_bars_disabled
+
+    hidden = []
+
+    def snapshot_download(repo, allow_patterns=None, **kw):
+        hidden.append(are_progress_bars_disabled())
+        return str(mlx_ckpt[0])
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    rc, lines = run_convert(capsys, "--model", "org/model", "--out", tmp_path / "out")
+    assert rc == 0 and lines == [], lines
+    assert hidden == [True]
+    assert not are_progress_bars_disabled()  # (as it was, for what runs next in the process)
+    assert convert_main(["--model", "org/model", "--out", str(tmp_path / "shown")]) == 0
+    assert hidden == [True, False]
+
+
 def test_an_output_that_cannot_be_made_is_refused_before_any_work(tmp_path):
     from convert.output import ConversionError
 
