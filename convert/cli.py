@@ -198,7 +198,7 @@ def hub_bars(shown: bool):
 
 
 def run(args, report: Reporter) -> Path:
-    from .base_model import convert_base, open_base
+    from .base_model import _size, convert_base, open_base
     from .checkpoint import resolve
     from .drafter import convert_drafter
     from .output import write_manifest
@@ -210,7 +210,10 @@ def run(args, report: Reporter) -> Path:
     template = read_chat_template(args.chat_template)
     base = drafter_src = None
     if args.model:
-        base = open_base(resolve(args.model, "model"))
+        source = resolve(args.model, "model")
+        if source.suffix == ".gguf" and source.is_file():  # read whole before the line below: minutes for a large one
+            report.say(f"reading {source} ({_size(source.stat().st_size)})")
+        base = open_base(source)
         output.protect(base.path)
         report.say(f"base model: {base.path} ({base.kind}, {base.args.num_hidden_layers} layers, "
                    f"hidden {base.args.hidden_size}, vocabulary {base.args.vocab_size})")

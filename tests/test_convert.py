@@ -548,6 +548,18 @@ def test_a_quantized_gguf_says_its_bits_per_weight(tmp_path, capsys):
     assert said and 4 < float(said.group(1)) < 16, err
 
 
+def test_reading_a_gguf_is_said_first(tmp_path, capsys):
+    """A GGUF is read whole before the first status line (its layers, hidden size, ...): minutes of silence for a
+    large one. That step is said before it starts."""
+    from helpers import tiny_model, write_gguf
+
+    gguf = write_gguf(tmp_path / "tiny.gguf", tiny_model())
+    rc = convert_main(["--model", str(gguf), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert err.splitlines()[0] == f"[convert] reading {gguf} ({gguf.stat().st_size / 1e6:.1f} MB)", err
+
+
 def test_gguf_folder_loads_in_both_and_matches_mlx_lm(tmp_path, capsys):
     from mlx_lm import load as mlx_lm_load
     from mlx_lm.generate import generate_step
