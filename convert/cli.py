@@ -197,6 +197,18 @@ def hub_bars(shown: bool):
         enable_progress_bars()
 
 
+def _note_drafter_left(name: str, path: Path, out: Path, report: Reporter):
+    """A model converted without --drafter that has one (MODEL/drafter, X.drafter beside a GGUF, a registry model's
+    shipped one: what load() would find) gave a folder without it, saying nothing, and speculation was then off."""
+    from redrafter_mlx import registry
+    from redrafter_mlx.loader import find_drafter
+
+    left = find_drafter(registry.ResolvedModel(name, path, registry.known_models().get(name, {})))
+    if left is not None:
+        report.note(f"the drafter {left} is not copied, so {out} loads without one: add --drafter "
+                    f"{shlex.quote(str(left))} to bring it along")
+
+
 def run(args, report: Reporter) -> Path:
     from .base_model import _size, convert_base, open_base
     from .checkpoint import resolve
@@ -227,6 +239,7 @@ def run(args, report: Reporter) -> Path:
         output.protect(drafter_src)
     elif base is not None:
         output.keep_drafter()
+        _note_drafter_left(args.model, base.path, output.path, report)
 
     with output as tmp:
         drafter_info = None

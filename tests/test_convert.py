@@ -1178,6 +1178,21 @@ def test_a_model_without_a_chat_template_is_noted(tmp_path, capsys, mlx_ckpt):
     assert load(str(tmp_path / "chat")).tokenizer.has_chat_template
 
 
+def test_a_drafter_left_behind_is_noted(tmp_path, capsys, mlx_ckpt):
+    """A converted model (with its drafter/) converted again without --drafter (to quantize it, say) gave a folder
+    with no drafter, saying nothing: speculative decoding was then off for it. One note line names the drafter
+    left behind and how to bring it along."""
+    drafter = write_numpy_drafter(tmp_path / "d", H, V, exit_dim=2 * H, layers=1)
+    model = tmp_path / "model"
+    assert run_convert(capsys, "--model", mlx_ckpt[0], "--drafter", drafter, "--out", model)[0] == 0
+    rc, lines = run_convert(capsys, "--model", model, "--out", tmp_path / "again")
+    assert rc == 0 and lines == [f"[convert] note: the drafter {model / 'drafter'} is not copied, so {tmp_path / 'again'} "
+                                 f"loads without one: add --drafter {model / 'drafter'} to bring it along"], lines
+    assert not (tmp_path / "again" / "drafter").exists()
+    rc, lines = run_convert(capsys, "--model", model, "--drafter", model / "drafter", "--out", tmp_path / "with")
+    assert rc == 0 and lines == [] and (tmp_path / "with" / "drafter" / "config.json").is_file(), lines
+
+
 class Recording:
     """A Reporter that keeps what it was given, in order: ("say", text), ("bar", desc), ("close", desc)."""
 
