@@ -65,6 +65,9 @@ def read_chat_template(spec: Optional[str]) -> Optional[str]:
         raise ConversionError(f"--chat-template {spec}: not UTF-8 text (byte {e.start})") from None
     except OSError as e:
         raise ConversionError(f"--chat-template {spec}: cannot read it: {e.strerror or e}") from None
+    if not text.strip():  # ("" replaced the checkpoint's template: chat messages went to the model as bare text)
+        raise ConversionError(f"--chat-template {spec} is empty: give a Jinja file that holds the template "
+                              f"(or {', '.join(BUILTIN_TEMPLATES)}; leave the option out to keep the checkpoint's own)")
     import jinja2
 
     try:  # as transformers compiles it (with loop controls), so a broken template fails here, not in every chat

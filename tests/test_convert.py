@@ -1107,6 +1107,16 @@ def test_a_chat_template_from_a_pipe_is_read(tmp_path, capsys, mlx_ckpt):
     assert_clean_failure(rc, lines, tmp_path / "o2", f"--chat-template {tmp_path} is a folder")
 
 
+def test_an_empty_chat_template_is_refused(tmp_path, capsys, mlx_ckpt):
+    """An empty --chat-template (a command in `<(...)` that failed and wrote nothing, `touch`ed file) replaced the
+    checkpoint's template with "": every chat message then reached the model as bare text, under a note blaming
+    the checkpoint for having no template."""
+    (tmp_path / "empty.jinja").write_text(" \n")
+    for spec in (tmp_path / "empty.jinja", "/dev/null"):
+        rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--chat-template", spec, "--out", tmp_path / "out")
+        assert_clean_failure(rc, lines, tmp_path / "out", f"--chat-template {spec} is empty")
+
+
 @pytest.mark.parametrize("force", [False, True])
 def test_an_output_that_appears_during_the_work_is_left_alone(tmp_path, force):
     """The output folder was checked at the start only: one made meanwhile (by hand, by another conversion) was
