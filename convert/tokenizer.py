@@ -12,6 +12,7 @@ Checkpoints without a chat template (Vicuna, base Llama) can be given one: a bui
 """
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -68,6 +69,14 @@ def read_chat_template(spec: Optional[str]) -> Optional[str]:
     if not text.strip():  # ("" replaced the checkpoint's template: chat messages went to the model as bare text)
         raise ConversionError(f"--chat-template {spec} is empty: give a Jinja file that holds the template "
                               f"(or {', '.join(BUILTIN_TEMPLATES)}; leave the option out to keep the checkpoint's own)")
+    if text.lstrip().startswith("{"):
+        try:  # (a tokenizer_config.json, where many models keep theirs, became the template: JSON text each prompt)
+            document = json.loads(text)
+        except ValueError:
+            document = None
+        if isinstance(document, dict):
+            raise ConversionError(f"--chat-template {spec} is a JSON file, not a Jinja template: give the template "
+                                  f"itself (jq -r .chat_template {shlex.quote(spec)} > chat_template.jinja)")
     import jinja2
 
     try:  # as transformers compiles it (with loop controls), so a broken template fails here, not in every chat

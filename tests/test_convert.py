@@ -1117,6 +1117,16 @@ def test_an_empty_chat_template_is_refused(tmp_path, capsys, mlx_ckpt):
         assert_clean_failure(rc, lines, tmp_path / "out", f"--chat-template {spec} is empty")
 
 
+def test_a_json_file_as_chat_template_is_refused(tmp_path, capsys, mlx_ckpt):
+    """A tokenizer_config.json given as --chat-template (where many models keep their template) was taken as the
+    template itself: every chat prompt was then that JSON text, with the messages filled in."""
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(json.dumps({"chat_template": CHAT_TEMPLATE, "eos_token": "</s>"}, indent=2))
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--chat-template", config, "--out", tmp_path / "out")
+    assert_clean_failure(rc, lines, tmp_path / "out", f"--chat-template {config} is a JSON file, not a Jinja "
+                         f"template: give the template itself (jq -r .chat_template {config} > chat_template.jinja)")
+
+
 @pytest.mark.parametrize("force", [False, True])
 def test_an_output_that_appears_during_the_work_is_left_alone(tmp_path, force):
     """The output folder was checked at the start only: one made meanwhile (by hand, by another conversion) was
