@@ -31,9 +31,9 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def resolve(source: str, what: str, drafter: bool = False) -> Path:
+def resolve(source: str, what: str, drafter: bool = False, config_only: bool = False) -> Path:
     """A local path as is; a model's registry name (`smollm2-135m`) as the file or folder it names;
-    otherwise an `org/name` hub id fetched into the hub cache."""
+    otherwise an `org/name` hub id fetched into the hub cache (its config.json alone with `config_only`)."""
     path = Path(source).expanduser()
     if path.exists():
         return path.resolve()
@@ -49,10 +49,10 @@ def resolve(source: str, what: str, drafter: bool = False) -> Path:
         from huggingface_hub import snapshot_download
     except ImportError as e:  # pragma: no cover - a dependency of the package
         raise ModelNotFoundError(f"{source!r} looks like a hub id, but huggingface-hub is not installed") from e
-    patterns = ["*.json", *DRAFTER_FILES] if drafter else HUB_PATTERNS
+    patterns = ["config.json"] if config_only else ["*.json", *DRAFTER_FILES] if drafter else HUB_PATTERNS
     try:
         folder = Path(snapshot_download(source, allow_patterns=patterns))
-        if not drafter and not list(folder.glob("model*.safetensors")):
+        if not drafter and not config_only and not list(folder.glob("model*.safetensors")):
             folder = Path(snapshot_download(source, allow_patterns=patterns + HUB_PYTORCH_PATTERNS))
     except Exception as e:
         kind = type(e).__name__

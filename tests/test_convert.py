@@ -1029,6 +1029,28 @@ def test_quiet_hides_the_hub_download_bars(tmp_path, capsys, monkeypatch, mlx_ck
     assert hidden == [True, False]
 
 
+def test_a_hub_base_for_a_drafter_fetches_its_config_alone(tmp_path, capsys, monkeypatch, mlx_ckpt):
+    """`--drafter D --base org/model` reads only the base model's config.json, and fetched the whole repository
+    for it: gigabytes of weights, minutes, before a drafter of a few hundred MB was converted."""
+    import huggingface_hub
+
+    hub = tmp_path / "snapshot"
+    hub.mkdir()
+    shutil.copy(mlx_ckpt[0] / "config.json", hub / "config.json")
+    asked = []
+
+    def snapshot_download(repo, allow_patterns=None, **kw):
+        asked.append((repo, allow_patterns))
+        return str(hub)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    drafter = write_numpy_drafter(tmp_path / "d", H, V, exit_dim=2 * H, layers=1)
+    rc, lines = run_convert(capsys, "--drafter", drafter, "--base", "org/model", "--out", tmp_path / "out")
+    assert rc == 0, lines
+    assert asked == [("org/model", ["config.json"])]
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["drafter"]["checked_against"] == str(hub)
+
+
 def test_an_output_that_cannot_be_made_is_refused_before_any_work(tmp_path):
     from convert.output import ConversionError
 
