@@ -31,7 +31,7 @@ from redrafter_mlx.config import DRAFTER_MODEL_TYPE, ModelArgs
 from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError, RedrafterError, UnsupportedModelError, one_line
 from redrafter_mlx.tokenizer import is_token_id
 
-from .checkpoint import load_safetensors, pytorch_to_safetensors, read_json, weight_files
+from .checkpoint import _torch, load_safetensors, pytorch_to_safetensors, read_json, weight_files
 from .output import ConversionError
 from .tokenizer import save_gguf_tokenizer, save_hf_tokenizer, write_generation_config
 
@@ -90,7 +90,10 @@ def open_base(path: Path) -> BaseSource:
         bad = [i for i in (ids if isinstance(ids, list) else [ids]) if i is not None and not is_token_id(i)]
         if bad:  # (as redrafter_mlx.load checks it: that refused the folder written, after all the work)
             raise CorruptModelError(f"{path / 'generation_config.json'}: eos_token_id holds {bad[0]!r}, not a token id")
-    return BaseSource(path, "hf", config, check_architecture(config, str(path / "config.json")))
+    args = check_architecture(config, str(path / "config.json"))
+    if weight_files(path)[0] == "pytorch":
+        _torch()  # (said before any work: it came once the drafter and the tokenizer were converted)
+    return BaseSource(path, "hf", config, args)
 
 
 def _materialize(model: nn.Module, report, desc: str) -> int:

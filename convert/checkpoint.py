@@ -53,7 +53,11 @@ def resolve(source: str, what: str, drafter: bool = False, config_only: bool = F
     try:
         folder = Path(snapshot_download(source, allow_patterns=patterns))
         if not drafter and not config_only and not list(folder.glob("model*.safetensors")):
+            if (folder / "pytorch_model.bin.index.json").is_file():
+                _torch()  # (said before the shards are fetched: lmsys/vicuna-7b-v1.3's 13 GB came first)
             folder = Path(snapshot_download(source, allow_patterns=patterns + HUB_PYTORCH_PATTERNS))
+    except ConversionError:
+        raise
     except Exception as e:
         kind = type(e).__name__
         if "RepositoryNotFound" in kind or "404" in str(e):

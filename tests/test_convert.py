@@ -1003,6 +1003,43 @@ def test_bin_without_torch_says_what_to_install(tmp_path, capsys, monkeypatch, m
     assert_clean_failure(rc, lines, out, "needs PyTorch", "redrafter-mlx[convert]")
 
 
+def test_bin_without_torch_is_refused_before_any_work(tmp_path, capsys, monkeypatch, mlx_ckpt):
+    """A .bin checkpoint without torch was refused only when its weights were read: after the drafter and the
+    tokenizer were converted, and for a hub id (lmsys/vicuna-7b-v1.3, .bin shards only) after its 13 GB were
+    downloaded."""
+    import huggingface_hub
+
+    src = tmp_path / "m"
+    src.mkdir()
+    shutil.copy(mlx_ckpt[0] / "config.json", src)
+    write_tokenizer(src)
+    (src / "pytorch_model.bin").write_bytes(b"not read")
+    run_convert(capsys, "--model", mlx_ckpt[0], "--out", tmp_path / "warm")  # (transformers imported with torch)
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if the [convert] extra were not installed
+    drafter = write_numpy_drafter(tmp_path / "d", H, V, exit_dim=2 * H, layers=1)
+    out = tmp_path / "out"
+    rc = convert_main(["--model", str(src), "--drafter", str(drafter), "--out", str(out)])
+    lines = capsys.readouterr().err.splitlines()
+    assert rc != 0 and lines[-1].startswith("error: reading .bin/.pt checkpoints needs PyTorch"), lines
+    assert not [line for line in lines if line.startswith(("[convert] drafter", "[convert] tokenizer"))], lines
+    assert not out.exists()
+    hub = tmp_path / "snapshot"  # what the first fetch (no .bin files) gives of a repository of .bin shards
+    hub.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / name, hub / name)
+    (hub / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {"x": "pytorch_model-1.bin"}}))
+    asked = []
+
+    def snapshot_download(repo, allow_patterns=None, **kw):
+        asked.append(allow_patterns)
+        return str(hub)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    rc, lines = run_convert(capsys, "--model", "org/model", "--out", out)
+    assert_clean_failure(rc, lines, out, "needs PyTorch")
+    assert len(asked) == 1 and not any(p.endswith(".bin") for p in asked[0]), asked
+
+
 def test_a_registry_name_is_a_source(default_model):
     from convert.checkpoint import resolve
 
