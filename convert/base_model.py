@@ -215,6 +215,14 @@ def _load_hf(src: Path, dest: Path, config: Dict[str, Any], report):
     model_dir = src
     if kind == "pytorch":
         staging = dest / STAGING
+        need = sum(f.stat().st_size for f in files)  # (the tensors as stored: safetensors hold them alike)
+        try:
+            free = shutil.disk_usage(dest).free
+        except OSError:  # a file system that does not say: the write will tell
+            free = need
+        if need > free:  # (checked after the copy, which had failed "is the disk full" minutes in)
+            raise ConversionError(f"rewriting the .bin shards as safetensors needs {_size(need)} and {dest.parent} "
+                                  f"has {_size(free)} free: make room or choose another --out")
         index = src / "pytorch_model.bin.index.json"
         total = len(read_json(index, "checkpoint").get("weight_map") or {}) if index.is_file() else None
         bar = report.bar(total=total, desc="reading .bin")

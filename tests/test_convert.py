@@ -1641,3 +1641,20 @@ def test_a_disk_without_room_for_the_weights_is_refused_before_the_long_part(tmp
     rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--out", out)
     assert_clean_failure(rc, lines, out, "the weights need 0.2 MB and", "has 0.0 MB free")
     assert materialized == []
+
+
+def test_a_disk_without_room_for_bin_shards_rewritten_is_refused_first(tmp_path, capsys, monkeypatch, hf_dirs):
+    """.bin shards are first rewritten whole as safetensors in the output's staging folder: on a disk without room
+    for that copy, the room was checked only after it, which had failed ("is the disk full") minutes in."""
+    import collections
+
+    import convert.base_model
+
+    rewritten = []
+    monkeypatch.setattr(convert.base_model, "pytorch_to_safetensors", lambda *args: rewritten.append(1))
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(convert.base_model.shutil, "disk_usage", lambda path: usage(10 ** 9, 10 ** 9 - 1000, 1000))
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", hf_dirs["bin"], "--out", out)
+    assert_clean_failure(rc, lines, out, "rewriting the .bin shards as safetensors needs 0.", "has 0.0 MB free")
+    assert rewritten == []
