@@ -24,6 +24,10 @@ _VISIBLE = {code: 0x2400 + code for code in range(0x20) if code not in (0x09, 0x
 _VISIBLE.update({0x0D: None, 0x7F: 0x2421, **{code: 0xFFFD for code in range(0x80, 0xA0)}})
 
 
+# The prompt box shows one mark a character, CR included (Input's cursor and selection count characters).
+_VISIBLE_IN_BOX = {**_VISIBLE, 0x0D: 0x240D}
+
+
 def visible(text: str) -> str:
     """`text` with its control characters shown instead of sent to the terminal."""
     return text.translate(_VISIBLE)
@@ -73,7 +77,11 @@ class Notice(Static):
     """A line from the app itself: load progress, errors, help, mode changes."""
 
     def __init__(self, text: str = "", kind: str = "info", markup: bool = False):
-        super().__init__(text, markup=markup, classes=f"notice -{kind}")
+        super().__init__(visible(text), markup=markup, classes=f"notice -{kind}")
+
+    def update(self, content="", *, layout: bool = True) -> None:
+        # (a load error, a file name or a library's words in a notice can hold an escape sequence)
+        super().update(visible(content) if isinstance(content, str) else content, layout=layout)
 
     def set_kind(self, kind: str):
         self.remove_class("-info", "-warning", "-error")
@@ -138,6 +146,12 @@ class PromptInput(Input):
         self.history: List[str] = []
         self._index: Optional[int] = None  # position while walking the history
         self._draft = ""  # what was typed before walking
+
+    @property
+    def _value(self) -> Text:
+        # What the box draws: a pasted escape sequence shows as control pictures (Input drew it as written, and the
+        # terminal ran it); the value, sent as the message, keeps it.
+        return Text(self.value.translate(_VISIBLE_IN_BOX), no_wrap=True, overflow="ignore", end="")
 
     @classmethod
     def message(cls, value: str) -> str:
@@ -214,9 +228,9 @@ class StatsPanel(Static):
         grid.add_column()
         for label, value in rows:
             if value is None:
-                grid.add_row(Text(label, style="bold"))
-            else:
-                grid.add_row(Text(label, style="dim"), Text(value))
+                grid.add_row(Text(visible(label), style="bold"))
+            else:  # (--system, a model's path: what the user gave, escape sequences included)
+                grid.add_row(Text(visible(label), style="dim"), Text(visible(value)))
         # The panel's size is fixed by chat.tcss (width 48, height 1fr, scrolls), so no layout
         # pass: one over the whole screen (every Markdown block of the transcript) cost ~20 ms
         # per update, which slowed decoding while a reply streamed.

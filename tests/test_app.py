@@ -1860,6 +1860,40 @@ async def test_escape_sequences_in_a_message_are_shown_not_sent_to_the_terminal(
         assert app.messages[0]["content"] == "say \x1b[2J"
 
 
+def drawn_lines(*widgets) -> str:
+    """The text of the lines `widgets` draw, as the terminal gets it."""
+    lines = []
+    for widget in widgets:
+        for y in range(widget.size.height):
+            lines.append("".join(segment.text for segment in widget.render_line(y)))
+    return "\n".join(lines)
+
+
+async def test_escape_sequences_in_the_prompt_box_the_panel_and_notices_are_shown_not_sent():
+    """Past the bubbles, an escape sequence still reached the terminal as written from the prompt box (a pasted
+    one), the panel's --system row and the notices (a load error quoting a file name or a library's words). They
+    show as control pictures there too; what the box sends is what was pasted."""
+    app = create_app(FakeEngine(), Settings(system="be \x1b[2Jbrief"))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        box = app.query_one(PromptInput)
+        await paste(pilot, "a \x1b]0;title\x07 b\x9b")
+        await pilot.pause()
+        drawn = drawn_lines(box, app.query_one(StatsPanel))
+        assert not any(ch in drawn for ch in "\x1b\x07\x9b")
+        assert "a ␛]0;title␇ b�" in drawn and "be ␛[2Jbrief" in drawn
+        assert box.cursor_position == len(box.value) == len("a \x1b]0;title\x07 b\x9b")  # (one mark a character)
+        await pilot.press("enter")
+        await finished(pilot)
+        assert app.messages[0]["content"] == "a \x1b]0;title\x07 b\x9b"
+    app = create_app(FakeEngine(fail_load="no model at ./\x1b[2Jx:\nfile\x1b[31m gone"))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.status == "load failed")
+        await pilot.pause()
+        drawn = drawn_lines(*app.query(Notice))
+        assert "\x1b" not in drawn and "./␛[2Jx:" in drawn
+
+
 async def test_html_in_a_reply_is_shown_as_written():
     """Textual's Markdown drops raw HTML it cannot draw: a reasoning model's <think> block vanished whole
     (Qwen3 is in the registry), and "<b>42</b>" or "<br>" lost their tags, so the reply on screen was not
