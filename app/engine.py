@@ -320,8 +320,8 @@ class Engine(EngineThread):
                     progress("load", "the drafter did not load: the base model alone")
                     whose = f"The drafter {self.drafter_path}" if self.drafter_path else "The model's drafter"
                     notices.append(f"{whose} did not load ({_readable(e)}): {NO_DRAFTER}.")
-        except RedrafterError as e:
-            raise EngineError(str(e)) from e
+        except RedrafterError as e:  # on one line, whole: the chat's notice goes on after it
+            raise EngineError(" ".join(str(e).split()) or type(e).__name__) from e
         if m.drafter is None and not notices and self.use_drafter:
             notices.append(
                 f"No drafter found for {m.name}: speculation drafts from the context alone where that pays. "

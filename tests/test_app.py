@@ -1642,6 +1642,26 @@ def test_a_drafter_found_beside_the_model_that_fails_to_load_keeps_the_base(tiny
         engine.wait(10)
 
 
+def test_a_load_error_reaches_the_chat_on_one_line(monkeypatch):
+    """Engine._load passed the library's message on whole: one holding line breaks (a path or a wrapped library
+    error) broke the chat's one-line notice, "Check --model ..." coming in the middle of it. It is one line."""
+    import redrafter_mlx
+    from redrafter_mlx.errors import ModelNotFoundError
+
+    def load(*args, **kwargs):
+        raise ModelNotFoundError("no model named 'x\ny':\n  not in the registry,   not a file")
+
+    monkeypatch.setattr(redrafter_mlx, "load", load)
+    engine = Engine("unused", warm_up=False)
+    try:
+        with pytest.raises(EngineError) as e:
+            engine.load(lambda stage, text: None)
+        assert str(e.value) == "no model named 'x y': not in the registry, not a file"
+    finally:
+        engine.close()
+        engine.wait(10)
+
+
 def test_the_chats_system_prompt_reaches_the_model(tiny_loaded):
     """--system did nothing: the engine sends the conversation as messages with system=, which the
     library ignored for a message list. The reply now follows the prompt with the system message first."""
