@@ -844,7 +844,8 @@ def _measure(args, stop) -> int:
         chosen = {} if plain else best  # plain decoding stores the defaults beside W=1 L=1
         tree = chosen.get("tree", 0)
         path = save_beam_shape(loaded, width, length, tree=tree, lookup=chosen.get("lookup", DEFAULT_LOOKUP),
-                               tree_min_prob=chosen.get("tree_min_prob", DEFAULT_MIN_PROB), measured={
+                               tree_min_prob=chosen.get("tree_min_prob", DEFAULT_MIN_PROB),
+                               note=lambda text: print(f"redrafter-bench: note: {text}", file=sys.stderr), measured={
             "tokens_per_second": best["tokens_per_second"], "speedup": best.get("speedup"),
             "tokens_per_step": best["tokens_per_step"], "prompts": str(args.prompts), "questions": len(prompts),
             "max_tokens": args.max_tokens, "fastest_shape": [best["beam_width"], best["beam_length"]],

@@ -603,9 +603,9 @@ def can_cache(loaded) -> bool:
     return any(unwritable_ancestor(path) is None for path in cache_paths(loaded))
 
 
-def write_cached(loaded, costs: CostModel) -> Optional[Path]:
+def write_cached(loaded, costs: CostModel, progress: Optional[Callable[[str], None]] = None) -> Optional[Path]:
     """Store the measured curve under this key (other keys kept, at most 8); atomic replace, under
-    the folder's lock (files.update_json).
+    the folder's lock (files.update_json: a damaged file is kept beside it, and `progress` told).
     Returns the path written, or None when no location is writable."""
     key, dkey = cache_key(loaded), drafter_key(loaded)
 
@@ -621,7 +621,7 @@ def write_cached(loaded, costs: CostModel) -> Optional[Path]:
 
     for path in cache_paths(loaded):
         try:
-            return update_json(path, change)
+            return update_json(path, change, note=progress)
         except OSError:
             continue
     return None
@@ -669,9 +669,9 @@ def cost_model(loaded, progress: Optional[Callable[[str], None]] = None, refresh
             progress(f"the cached cost curve {why}: measuring again")
         costs = calibrate(loaded.model, loaded.drafter, progress=progress, cached=can_cache(loaded))
         costs.healed = cached is not None
-        write_cached(loaded, costs)
+        write_cached(loaded, costs, progress)
     elif time_missing_drafter(loaded, costs):
-        write_cached(loaded, costs)
+        write_cached(loaded, costs, progress)
     if hasattr(loaded.model, "use_shape_buckets"):
         loaded.model.use_shape_buckets(costs.shape_buckets)
     return costs

@@ -13,7 +13,7 @@ killer, a power cut) left beside a folder is cleared the next time it is written
 A JSON file several processes add entries to (the cost-model cache, `beam_shape.json`) is
 changed by `update_json`, which holds a lock on its folder from reading it to replacing it: two
 processes that each read the file, added their entry and wrote it back kept only one of the
-entries.
+entries. One found damaged is renamed aside (NAME.damaged) before a new one is written.
 
 A model folder the converter wrote (`python -m convert`) describes its drafter in its manifest.json:
 whatever puts another drafter into MODEL/drafter (the converter, redrafter-train) makes that entry
@@ -87,19 +87,43 @@ def one_run_in(folder: Path, busy: str):
     return folder_lock(folder, busy)
 
 
-def update_json(path: Path, change: Callable[[Dict[str, Any]], Dict[str, Any]], indent: Optional[int] = 1) -> Path:
-    """Replace the JSON object in `path` with change(it) ({} where the file is missing, damaged or
-    not an object), under a lock on its folder from the read to the atomic replace, so that
-    entries other processes add meanwhile are kept. Makes the folder; raises OSError where it
-    cannot be written."""
+def update_json(path: Path, change: Callable[[Dict[str, Any]], Dict[str, Any]], indent: Optional[int] = 1,
+                note: Optional[Callable[[str], None]] = None) -> Path:
+    """Replace the JSON object in `path` with change(it) ({} where the file is missing), under a lock
+    on its folder from the read to the atomic replace, so that entries other processes add meanwhile
+    are kept. A file there that cannot be read, is not JSON or not an object is renamed aside first
+    (`set_aside`) and `note` told where: it was replaced, with every other entry it held, without a
+    word. Makes the folder; raises OSError where it cannot be written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with folder_lock(path.parent):
-        try:
-            data = json.loads(path.read_text()) if path.is_file() else {}
-        except (OSError, ValueError):
+        data, why = {}, None
+        if path.is_file():
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                if not isinstance(data, dict):
+                    why = f"expected a JSON object, found {json_kind(data)}"
+            except ValueError as e:  # not JSON, or not UTF-8
+                why = f"not valid JSON: {one_line(e)}"
+            except OSError as e:  # (one its owner alone can read)
+                why = f"cannot be read: {e.strerror or one_line(e)}"
+        if why is not None:
+            aside = set_aside(path)
+            if note:
+                note(f"{path} was damaged ({why}): kept as {aside.name} beside it, and a new one written")
             data = {}
-        return write_json(path, change(data if isinstance(data, dict) else {}), indent=indent)
+        return write_json(path, change(data), indent=indent)
+
+
+def set_aside(path: Path) -> Path:
+    """Rename `path` to the first free NAME.damaged, NAME.damaged-2, ... beside it; returns the new path."""
+    n = 1
+    while True:
+        aside = path.with_name(f"{path.name}.damaged" + (f"-{n}" if n > 1 else ""))
+        if not (aside.exists() or aside.is_symlink()):
+            os.rename(path, aside)
+            return aside
+        n += 1
 
 
 CONVERTER = "python -m convert"  # the "tool" of the manifest.json the converter writes in a model folder

@@ -258,12 +258,14 @@ def drafting(loaded, beam_width: Optional[int] = None, beam_length: Optional[int
 
 
 def save_beam_shape(loaded, width: int, length: int, measured: Dict[str, Any], tree: int = 0,
-                    lookup: int = DEFAULT_LOOKUP, tree_min_prob: float = DEFAULT_MIN_PROB) -> Path:
+                    lookup: int = DEFAULT_LOOKUP, tree_min_prob: float = DEFAULT_MIN_PROB,
+                    note: Optional[Callable[[str], None]] = None) -> Path:
     """Store (width, length), the dynamic-tree node budget (0: beams), the lookup length and the
     tree's probability floor for this machine, weight format, model file and drafter (device_keys()[0])
     in the model folder, keeping other entries (another model's in the same folder, or this one's
     with another drafter, among them).
-    The file is replaced atomically, and `loaded` adopts the values. Returns its path."""
+    The file is replaced atomically (a damaged one kept beside it, and `note` told), and `loaded` adopts
+    the values. Returns its path."""
     path = model_folder(loaded.path) / FILE
     entry = {
         "beam_width": int(width),
@@ -277,7 +279,7 @@ def save_beam_shape(loaded, width: int, length: int, measured: Dict[str, Any], t
         **measured,
     }
     key = device_keys(getattr(loaded, "weight_format", None), Path(loaded.path), entry["drafter_digest"])[0]
-    update_json(path, lambda data: {**data, key: entry})
+    update_json(path, lambda data: {**data, key: entry}, note=note)
     loaded.beam_shape = (int(width), int(length))
     loaded.tree, loaded.lookup, loaded.tree_min_prob = int(tree), int(lookup), float(tree_min_prob)
     return path

@@ -663,6 +663,18 @@ def test_tune_stores_the_default_shape_per_device(model_dir, prompts, capsys):
     assert (g.stats.beam_width, g.stats.beam_length) == DEFAULT_SHAPE
 
 
+def test_a_tune_over_a_damaged_shape_file_keeps_it_beside_the_new_one(model_dir, prompts, capsys):
+    """--tune replaced a damaged beam_shape.json (every other machine's and model's entry in it) without a word.
+    It is kept as beam_shape.json.damaged, and the note says so."""
+    (model_dir / FILE).write_text('{"cpu (elsewhere)": {"beam_width": 2,')
+    rc, text, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 4, "--tune",
+                        "--widths", "1", "--lengths", "2")
+    assert rc == 0 and "stored in" in text
+    assert (model_dir / (FILE + ".damaged")).read_text() == '{"cpu (elsewhere)": {"beam_width": 2,'
+    assert f"redrafter-bench: note: {model_dir / FILE} was damaged (not valid JSON" in err
+    assert f"kept as {FILE}.damaged beside it" in err and len(json.loads((model_dir / FILE).read_text())) == 1
+
+
 def test_tune_without_a_writable_cost_cache_measures_the_curve_once(model_dir, prompts, capsys, monkeypatch):
     # --tune measured the curve, could not cache it, and the controller then measured it again
     from redrafter_mlx import costs

@@ -897,8 +897,12 @@ def test_a_drafter_put_in_place_of_another_times_its_own_levels(tiny_loaded, mon
 
 def test_a_damaged_cost_cache_is_measured_again(tiny_loaded):
     (tiny_loaded.path / costs.FILE).write_text("{not json")
-    c = costs.cost_model(tiny_loaded)
+    said = []
+    c = costs.cost_model(tiny_loaded, said.append)
     assert c.source == "measured"
+    # (the damaged file, which may hold other models' curves, is kept beside the new one, and that is said)
+    assert (tiny_loaded.path / (costs.FILE + ".damaged")).read_text() == "{not json"
+    assert any(f"kept as {costs.FILE}.damaged beside it" in line for line in said)
     assert costs.read_cached(tiny_loaded) is not None
     # a zero time divided by zero at the first auto run
     path = tiny_loaded.path / costs.FILE

@@ -270,10 +270,35 @@ def test_concurrent_updates_of_a_json_file_keep_every_entry(tmp_path):
     first.join(10)
     second.join(10)
     assert len(done) == 2 and json.loads(path.read_text()) == {"old": 0, "a": 1, "b": 2}
-    path.write_text("[1, 2")  # damaged: starts afresh
-    update_json(path, lambda d: {**d, "c": 3})
-    assert json.loads(path.read_text()) == {"c": 3}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cost_model.json"]
+
+
+def test_a_damaged_json_file_is_kept_beside_the_new_one(tmp_path):
+    """update_json replaced a damaged file (a cost cache, beam_shape.json: not JSON, not an object, not UTF-8)
+    with a new one, and every entry a repair could have saved went with it, without a word. The damaged file is
+    renamed aside, to the first free NAME.damaged, NAME.damaged-2, ..., and the note says where."""
+    from redrafter_mlx.files import update_json
+
+    path = tmp_path / "cost_model.json"
+    said = []
+    update_json(path, lambda d: {**d, "a": 1}, note=said.append)
+    assert said == [] and json.loads(path.read_text()) == {"a": 1}  # (a missing file is no damage)
+    damages = ['{"a": 1, "b": [2,', "[1, 2]", b"\xff{}"]
+    for n, damage in enumerate(damages, start=1):
+        (path.write_bytes if isinstance(damage, bytes) else path.write_text)(damage)
+        update_json(path, lambda d: {**d, "c": 3}, note=said.append)
+        assert json.loads(path.read_text()) == {"c": 3}
+        aside = tmp_path / ("cost_model.json.damaged" + (f"-{n}" if n > 1 else ""))
+        assert len(said) == n and f"{path} was damaged (" in said[-1] and f"kept as {aside.name} beside it" in said[-1]
+    assert "expected a JSON object, found a list" in said[1] and "not valid JSON" in said[2]
+    assert (tmp_path / "cost_model.json.damaged").read_text() == damages[0]
+    assert (tmp_path / "cost_model.json.damaged-2").read_text() == damages[1]
+    assert (tmp_path / "cost_model.json.damaged-3").read_bytes() == damages[2]
+    update_json(path, lambda d: {**d, "d": 4})  # (no one to tell: still kept)
+    assert json.loads(path.read_text()) == {"c": 3, "d": 4}
+    path.write_text("nul")
+    update_json(path, lambda d: {**d, "e": 5})
+    assert (tmp_path / "cost_model.json.damaged-4").read_text() == "nul"
 
 
 def test_hub_id_without_network(monkeypatch, tmp_path):
