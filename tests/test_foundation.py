@@ -301,6 +301,30 @@ def test_a_damaged_json_file_is_kept_beside_the_new_one(tmp_path):
     assert (tmp_path / "cost_model.json.damaged-4").read_text() == "nul"
 
 
+def test_a_relative_cache_folder_does_not_follow_the_current_folder(monkeypatch, tmp_path):
+    """A relative XDG_CACHE_HOME was used from whatever folder the process was in (the XDG spec says to ignore
+    it), and a relative REDRAFTER_CACHE moved with a chdir: a model fetched once was fetched again, a cost curve
+    measured again, into a new folder beside the user's files. REDRAFTER_CACHE is taken from the folder it was
+    first read in."""
+    from pathlib import Path
+
+    from redrafter_mlx import registry
+
+    monkeypatch.setattr(Path, "home", lambda: tmp_path / "home")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("REDRAFTER_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", "rel/xdg")
+    assert registry.cache_dir() == tmp_path / "home" / ".cache" / "redrafter-mlx"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert registry.cache_dir() == tmp_path / "xdg" / "redrafter-mlx"
+    monkeypatch.setenv("REDRAFTER_CACHE", "rel-cache-for-this-test")
+    first = registry.cache_dir()
+    assert first == tmp_path / "rel-cache-for-this-test"
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert registry.cache_dir() == first
+
+
 def test_hub_id_without_network(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path))
