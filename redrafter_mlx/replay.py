@@ -319,7 +319,7 @@ def main(argv=None) -> int:
     p = cli.Parser(prog=PROG, description=__doc__.split("\n\n")[0],
                    epilog="example: python -m redrafter_mlx.replay bench.json --shapes 1x3,4x3 --lookup 0,8")
     cli.add_version(p)
-    p.add_argument("results", type=Path, help="a redrafter-bench --json file with ar results (greedy)")
+    p.add_argument("results", type=cli.path, help="a redrafter-bench --json file with ar results (greedy)")
     p.add_argument("--model", default=None, help="the model the results came from (default: the one they name)")
     p.add_argument("--drafter", default=None, help="drafter folder (default: the one found beside the model)")
     p.add_argument("--shapes", type=parse_shapes, default=None, metavar="WxL[,WxL...]",

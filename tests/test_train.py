@@ -298,6 +298,20 @@ def test_a_path_after_an_equals_sign_has_its_tilde_expanded(tmp_path, capsys, mo
     assert (args.prompts, args.eval_prompts) == ([tmp_path / "p.jsonl"], tmp_path / "e.jsonl")
 
 
+def test_replays_results_path_has_its_tilde_expanded(tmp_path, capsys, monkeypatch):
+    """replay's positional results path was a plain Path: "~/b.json" (quoted, or from a script) was looked for in a
+    folder named "~" of the current one, and not found. It expands "~" as the other tools' paths do."""
+    from redrafter_mlx import replay
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "b.json").write_text("{not json")
+    assert replay.main(["~/b.json"]) == 2
+    err = capsys.readouterr().err
+    assert "not found" not in err and str(tmp_path / "home" / "b.json") in err
+
+
 def test_train_refuses_a_reload_every_past_the_last_step(tmp_path, capsys):
     """--reload-every N with N >= --steps never re-read the data, saying nothing."""
     from redrafter_mlx import train as train_module
