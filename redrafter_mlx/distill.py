@@ -462,7 +462,7 @@ def main(argv=None):
                    help="prompt JSONL files (never MT-Bench); required unless --backfill-greedy")
     p.add_argument("--out", type=cli.path, required=True,
                    help="folder for the replies and hidden states (shards); a run stopped early resumes there (the same "
-                        "--model and --temperature: another's is refused)")
+                        "--model, --temperature and --weight-format: another's is refused)")
     p.add_argument("--offset", type=cli.non_negative, default=0, metavar="N",
                    help="skip the first N prompts (interleaved across files; default: 0)")
     p.add_argument("--limit", type=cli.positive, default=None, metavar="N",
@@ -533,6 +533,7 @@ def _distill(args):
         check_seeds(seeds)
     source = same_source(args.out, args.model, args.temperature)  # before the model loads
     loaded = load(args.model, weight_format=args.weight_format, use_drafter=False)
+    source = same_format(args.out, source, loaded.weight_format, args.weight_format)
     check_reply_room(loaded, args.max_tokens)  # (before --out is made)
     if not loaded.tokenizer.has_chat_template:  # (redrafter-train says so; this command said nothing)
         print(f"distill: note: {loaded.name} has no chat template, so the prompts reach it as plain text to continue "
@@ -588,6 +589,28 @@ def same_source(out: Path, model: Optional[str], temperature: float) -> Optional
     if diffs:
         raise RedrafterError(f"{out} holds the replies of another run ({'; '.join(diffs)}), whose prompts would count "
                              "as answered: give the same --model and --temperature to add to them, or another --out")
+    return None
+
+
+def same_format(out: Path, source: Optional[dict], weight_format: str, option: str) -> Optional[dict]:
+    """Refuse to add to `out` replies (and hidden states) computed with the base model's weights in another format:
+    a run resumed with another --weight-format went on into the same shards, mixing the two. `weight_format` is what
+    the load made of --weight-format `option` ("float32", "4-bit (group 32)": "auto" and "float32" can be one).
+    Returns the record to write (`source`, or the one there when it does not say its format yet) with the format in
+    it, or None."""
+    here = {"weight_format": weight_format, "weight_format_option": option}
+    if source is not None:
+        return {**source, **here}
+    from .files import read_json_object
+
+    there = read_json_object(out / "source.json", "distillation record")
+    if there.get("weight_format") is None:  # recorded before the format was: taken as this run's
+        return {**there, **here}
+    if there["weight_format"] != weight_format:
+        raise RedrafterError(f"{out} holds replies computed with {there['weight_format']} weights, and --weight-format "
+                             f"{option} loads {weight_format} ones: give --weight-format "
+                             f"{there.get('weight_format_option', there['weight_format'])} to add to them, or another "
+                             "--out")
     return None
 
 

@@ -1226,6 +1226,34 @@ def test_distilling_into_another_runs_folder_is_refused(tiny_kit, tiny_model_dir
     assert sorted(p.name for p in out.iterdir()) == ["done.txt", "shard-00000.npz", "source.json"]
 
 
+def test_distilling_into_a_run_of_another_weight_format_is_refused(tiny_model_dir, tmp_path, capsys):
+    """source.json did not record --weight-format: a run resumed with another one went on into the same shards,
+    replies and hidden states computed in both formats mixed. The format the load made is recorded, and another one
+    is refused (one the same load makes, "auto" for "float32" on a CPU, is not another); a record from before it
+    was kept takes this run's."""
+    from redrafter_mlx.distill import main
+
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"say {w}"}) + "\n" for w in ("hi", "bye", "yes")))
+    out = tmp_path / "run"
+    argv = ["--model", str(tiny_model_dir), "--data", str(data), "--out", str(out), "--max-tokens", "4"]
+    assert main([*argv, "--limit", "1"]) == 0
+    record = json.loads((out / "source.json").read_text())
+    assert (record["weight_format"], record["weight_format_option"]) == ("float32", "float32")
+    capsys.readouterr()
+    assert main([*argv, "--limit", "2", "--weight-format", "float16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{out} holds replies computed with float32 weights, and --weight-format " \
+        "float16 loads float16 ones: give --weight-format float32 to add to them, or another --out" in err, err
+    assert len(list(out.glob("shard-*.npz"))) == 1 and json.loads((out / "source.json").read_text()) == record
+    assert main([*argv, "--limit", "2", "--weight-format", "auto"]) == 0  # (float32 weights: the same format)
+    del record["weight_format"], record["weight_format_option"]  # (a record from before the format was kept)
+    (out / "source.json").write_text(json.dumps(record))
+    assert main([*argv, "--limit", "2", "--weight-format", "bfloat16"]) == 0
+    assert json.loads((out / "source.json").read_text())["weight_format"] == "bfloat16"
+    assert main([*argv, "--weight-format", "float32"]) == 2
+
+
 def test_training_on_data_distilled_from_another_model_is_refused(tiny_kit, tiny_model_dir, tmp_path, capsys):
     """The README says a mismatch is refused, but only another width or vocabulary was: a model of the same shape
     trained on the other model's replies, saying nothing. distill's record of its model now says which."""
