@@ -517,7 +517,14 @@ def _distill(args):
         if not any(args.out.glob("shard-*.npz")):  # (it loaded the model and said "added greedy tokens to 0 shards")
             raise RedrafterError(f"no distillation shards in {args.out} to add greedy tokens to: give the --out of a "
                                  "sampled distillation run")
+        # (another model's greedy tokens were added to the shards, saying nothing; the recorded temperature is
+        # the sampled run's own)
+        recorded = (args.out / "source.json").is_file()
+        if recorded:
+            same_source(args.out, args.model, None)
         loaded = load(args.model, weight_format=args.weight_format, use_drafter=False)
+        if recorded:
+            same_format(args.out, None, loaded.weight_format, args.weight_format)
         with one_run_in(args.out, _busy(args.out)):
             print(f"added greedy tokens to {backfill_greedy(loaded.model, args.out)} shards", file=sys.stderr)
         return
@@ -565,10 +572,10 @@ def _busy(out: Path) -> str:
            "another --out"
 
 
-def same_source(out: Path, model: Optional[str], temperature: float) -> Optional[dict]:
-    """Refuse to add to `out` replies from another model or at another temperature: its prompts already
-    answered were skipped, and the run said "answered 0 prompts" and left the first model's replies to
-    train the second's drafter. Returns what a first run records in OUT/source.json (None: recorded
+def same_source(out: Path, model: Optional[str], temperature: Optional[float]) -> Optional[dict]:
+    """Refuse to add to `out` replies from another model or at another temperature (None: not compared): its
+    prompts already answered were skipped, and the run said "answered 0 prompts" and left the first model's
+    replies to train the second's drafter. Returns what a first run records in OUT/source.json (None: recorded
     already); a folder from before it was recorded is taken as this run's."""
     from . import registry
     from .files import read_json_object
@@ -584,8 +591,11 @@ def same_source(out: Path, model: Optional[str], temperature: float) -> Optional
     if there.get("weights") != here["weights"]:  # the same weights under another name are the same
         diffs.append(f"model {there.get('model')} there, {here['model']} here" if there.get("model") != here["model"]
                      else f"other weights in {here['model']} now")
-    if there.get("temperature") != temperature:
+    if temperature is not None and there.get("temperature") != temperature:
         diffs.append(f"--temperature {there.get('temperature')} there, {temperature} here")
+    if diffs and temperature is None:  # (--backfill-greedy)
+        raise RedrafterError(f"{out} holds the replies of another run ({'; '.join(diffs)}): give the --model they "
+                             "came from to add its greedy tokens to them")
     if diffs:
         raise RedrafterError(f"{out} holds the replies of another run ({'; '.join(diffs)}), whose prompts would count "
                              "as answered: give the same --model and --temperature to add to them, or another --out")

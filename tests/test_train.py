@@ -1254,6 +1254,28 @@ def test_distilling_into_a_run_of_another_weight_format_is_refused(tiny_model_di
     assert main([*argv, "--weight-format", "float32"]) == 2
 
 
+def test_backfilling_greedy_tokens_with_another_model_is_refused(tiny_kit, tiny_model_dir, tmp_path, capsys):
+    """--backfill-greedy loaded whatever --model said and added its greedy tokens to another model's sampled replies
+    (of the same width: saying nothing). The model (and weight format) source.json records is required."""
+    from redrafter_mlx.distill import main
+
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"say {w}"}) + "\n" for w in ("hi", "bye")))
+    out = tmp_path / "run"
+    assert main(["--model", str(tiny_model_dir), "--data", str(data), "--out", str(out), "--max-tokens", "4",
+                 "--temperature", "0.5"]) == 0
+    other = tiny_kit.write_folder(tmp_path / "other", tiny_kit.model(seed=2))
+    capsys.readouterr()
+    assert main(["--model", str(other), "--out", str(out), "--backfill-greedy"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{out} holds the replies of another run (model {tiny_model_dir} there, {other} " \
+        "here): give the --model they came from to add its greedy tokens to them" in err, err
+    assert main(["--model", str(tiny_model_dir), "--out", str(out), "--backfill-greedy", "--weight-format",
+                 "float16"]) == 2
+    assert "holds replies computed with float32 weights" in capsys.readouterr().err
+    assert main(["--model", str(tiny_model_dir), "--out", str(out), "--backfill-greedy"]) == 0
+
+
 def test_training_on_data_distilled_from_another_model_is_refused(tiny_kit, tiny_model_dir, tmp_path, capsys):
     """The README says a mismatch is refused, but only another width or vocabulary was: a model of the same shape
     trained on the other model's replies, saying nothing. distill's record of its model now says which."""
