@@ -30,7 +30,7 @@ from textual.widgets import Footer, Header
 from .engine import COPY_GROWTH, EngineError, EngineInfo, Settings, Stats
 from .messages import LoadFailed, LoadFinished, LoadProgress, ReplyFailed, ReplyProgress, ReplyStatus
 from .stats_view import Baseline, speculative_state, stats_rows
-from .widgets import AssistantMessage, LoadStatus, Notice, PromptInput, StatsPanel, Transcript, UserMessage
+from .widgets import AssistantMessage, LoadStatus, Notice, PromptInput, StatsPanel, Transcript, UserMessage, visible
 
 BEAM_LIMITS = (1, 16)
 STATS_MIN_WIDTH = 100  # narrower terminals start with the stats panel hidden (F2 shows it): it takes 48 columns
@@ -189,7 +189,7 @@ class ChatApp(App):
             spec = speculative_state(self.info, self.settings)
             shape = "" if spec != "on" else " adaptive" if self.settings.adaptive else \
                 f" {self.settings.beam_width}×{self.settings.beam_length}"
-            self.sub_title = f"{self.info.model} · speculative {spec.split(' ')[0]}{shape}"
+            self.sub_title = visible(f"{self.info.model} · speculative {spec.split(' ')[0]}{shape}")
 
     async def _add(self, widget):
         await self.query_one(Transcript).mount(widget)

@@ -1914,6 +1914,19 @@ async def test_escape_sequences_in_the_prompt_box_the_panel_and_notices_are_show
         assert "\x1b" not in drawn and "./␛[2Jx:" in drawn
 
 
+
+async def test_a_model_name_with_an_escape_sequence_is_shown_not_sent_in_the_header():
+    """The header's subtitle (the model's name: a folder's or a file's, as the user named it) was drawn as written."""
+    from textual.widgets import Header
+
+    app = create_app(FakeEngine(model="fake\x1b]0;x"))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.pause()
+        drawn = "\n".join(drawn_lines(w) for w in app.query_one(Header).query("*"))
+        assert "\x1b" not in drawn and "fake␛]0;x" in drawn
+
+
 async def test_html_in_a_reply_is_shown_as_written():
     """Textual's Markdown drops raw HTML it cannot draw: a reasoning model's <think> block vanished whole
     (Qwen3 is in the registry), and "<b>42</b>" or "<br>" lost their tags, so the reply on screen was not
