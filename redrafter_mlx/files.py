@@ -92,8 +92,8 @@ def update_json(path: Path, change: Callable[[Dict[str, Any]], Dict[str, Any]], 
     """Replace the JSON object in `path` with change(it) ({} where the file is missing), under a lock
     on its folder from the read to the atomic replace, so that entries other processes add meanwhile
     are kept. A file there that cannot be read, is not JSON or not an object is renamed aside first
-    (`set_aside`) and `note` told where: it was replaced, with every other entry it held, without a
-    word. Makes the folder; raises OSError where it cannot be written."""
+    (`set_aside`) and `note` told where (it had been replaced, and every entry a repair could have
+    saved lost, saying nothing). Makes the folder; raises OSError where it cannot be written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with folder_lock(path.parent):
