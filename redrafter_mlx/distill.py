@@ -19,6 +19,7 @@ MT-Bench is evaluation data: files whose name holds mt_bench, MT-Bench or mtbenc
 questions in any file, are refused.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -227,10 +228,8 @@ def read_shards(out: Path) -> Iterator[dict]:
     """Samples back from disk: dicts with prompt, reply (int32), hidden (float16, (n, H)) and
     greedy (int32, the base model's argmax at each reply position; the reply itself when it
     was decoded greedily or the shard predates this field)."""
-    import zipfile
-
     for shard in sorted(Path(out).glob("shard-*.npz")):
-        try:
+        with _damaged_shard_said(shard):
             with np.load(shard) as z:
                 samples = []
                 for j in range(_samples_in(z.files)):
@@ -238,10 +237,19 @@ def read_shards(out: Path) -> Iterator[dict]:
                     greedy = z[f"greedy_{j}"] if f"greedy_{j}" in z.files else reply
                     samples.append({"prompt": z[f"prompt_{j}"], "reply": reply, "hidden": z[f"hidden_{j}"],
                                     "greedy": greedy})
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:  # shards are written whole
-            raise RedrafterError(f"{shard} is damaged ({type(e).__name__}: {e}): delete it (its replies are then "
-                                 "left out) or distil into a fresh folder") from e
         yield from samples
+
+
+@contextlib.contextmanager
+def _damaged_shard_said(shard: Path):
+    """A shard that cannot be read is a RedrafterError naming it (shards are written whole: one cut short is damage)."""
+    import zipfile
+
+    try:
+        yield
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        raise RedrafterError(f"{shard} is damaged ({type(e).__name__}: {e}): delete it (its replies are then "
+                             "left out) or distil into a fresh folder") from e
 
 
 def backfill_greedy(model, out: Path, chunk: int = 2048) -> int:
@@ -250,7 +258,7 @@ def backfill_greedy(model, out: Path, chunk: int = 2048) -> int:
     atomically, one at a time. Returns the number of shards changed."""
     changed = 0
     for shard in sorted(Path(out).glob("shard-*.npz")):
-        with np.load(shard) as z:
+        with _damaged_shard_said(shard), np.load(shard) as z:  # (a BadZipFile traceback)
             arrays = {k: z[k] for k in z.files}
         n = _samples_in(arrays)
         if n == 0 or "greedy_checked" in arrays:

@@ -1276,6 +1276,19 @@ def test_backfilling_greedy_tokens_with_another_model_is_refused(tiny_kit, tiny_
     assert main(["--model", str(tiny_model_dir), "--out", str(out), "--backfill-greedy"]) == 0
 
 
+def test_backfilling_a_damaged_shard_is_one_line(tiny_model_dir, tmp_path, capsys):
+    """--backfill-greedy read each shard with nothing around it: one cut short (a full disk, a copy stopped) ended in
+    a BadZipFile traceback, where training says in one line which shard is damaged and what to do."""
+    from redrafter_mlx.distill import main
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "shard-00000.npz").write_bytes(b"PK\x03\x04 cut short")
+    assert main(["--model", str(tiny_model_dir), "--out", str(out), "--backfill-greedy"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{out / 'shard-00000.npz'} is damaged (" in err and "delete it" in err, err
+
+
 def test_training_on_data_distilled_from_another_model_is_refused(tiny_kit, tiny_model_dir, tmp_path, capsys):
     """The README says a mismatch is refused, but only another width or vocabulary was: a model of the same shape
     trained on the other model's replies, saying nothing. distill's record of its model now says which."""
