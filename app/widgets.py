@@ -6,10 +6,12 @@ They only display what they are given; the app decides what happens (see app.py)
 from typing import List, Optional, Tuple
 
 from markdown_it import MarkdownIt
+from rich.cells import cell_len, get_character_cell_size
 from rich.table import Table
 from rich.text import Text
 from textual import events
 from textual.binding import Binding
+from textual.expand_tabs import expand_tabs_inline
 from textual.containers import VerticalScroll
 from textual.widgets import Input, Markdown, Static
 
@@ -148,10 +150,27 @@ class PromptInput(Input):
         self._draft = ""  # what was typed before walking
 
     @property
-    def _value(self) -> Text:
+    def _shown_value(self) -> str:
         # What the box draws: a pasted escape sequence shows as control pictures (Input drew it as written, and the
-        # terminal ran it); the value, sent as the message, keeps it.
-        return Text(self.value.translate(_VISIBLE_IN_BOX), no_wrap=True, overflow="ignore", end="")
+        # terminal ran it); the value, sent as the message, keeps it. Input's cell positions (the cursor's, where
+        # the box scrolls to, a click's) are counted in what it draws: in the value, an ESC is 0 cells wide.
+        return self.value.translate(_VISIBLE_IN_BOX)
+
+    @property
+    def _value(self) -> Text:
+        return Text(self._shown_value, no_wrap=True, overflow="ignore", end="")
+
+    def _position_to_cell(self, position: int) -> int:
+        return cell_len(expand_tabs_inline(self._shown_value[:position], 4))
+
+    def _cell_offset_to_index(self, offset: int) -> int:
+        cells, scroll_x = 0, self.scroll_offset[0]
+        for index, char in enumerate(self._shown_value):
+            width = get_character_cell_size(char)
+            if cells <= offset + scroll_x < cells + width:
+                return index
+            cells += width
+        return max(0, min(offset + scroll_x, len(self.value)))
 
     @classmethod
     def message(cls, value: str) -> str:

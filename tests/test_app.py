@@ -1915,6 +1915,28 @@ async def test_escape_sequences_in_the_prompt_box_the_panel_and_notices_are_show
 
 
 
+async def test_the_prompt_box_scrolls_to_its_cursor_past_control_characters():
+    """The box counted an ESC as 0 cells wide (in the value) where it draws ␛, 1 cell: with a pasted escape
+    sequence, the end of a long message (and the cursor there) stayed out of sight past the box's right edge, and a
+    click put the cursor as many characters further as control characters came before it."""
+    app = create_app(FakeEngine())
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        box = app.query_one(PromptInput)
+        await paste(pilot, "\x1b" * 60 + "x" * 99 + "y")
+        await pilot.press("left", "right")  # (Textual scrolls the box as the cursor moves)
+        await pilot.pause()
+        assert box.cursor_position == len(box.value) == 160
+        drawn = drawn_lines(box)
+        assert "y" in drawn and drawn.count("␛") < 60
+        box.value = "\x1b" * 10 + "abcdefghijkl"
+        await pilot.press("home")
+        await pilot.pause()
+        gutter = box.content_region.x - box.region.x
+        await pilot.click(PromptInput, offset=(gutter + 11, box.content_region.y - box.region.y))
+        assert box.cursor_position == 11  # the click on the drawn "b" (it went to "l", 10 cells further)
+
+
 async def test_a_model_name_with_an_escape_sequence_is_shown_not_sent_in_the_header():
     """The header's subtitle (the model's name: a folder's or a file's, as the user named it) was drawn as written."""
     from textual.widgets import Header
