@@ -56,6 +56,9 @@ def write_json(path: Path, data: Any, indent: Optional[int] = 1) -> Path:
     return path
 
 
+_held = threading.local()  # .folders: the (device, inode) of the folders this thread holds with folder_lock
+
+
 @contextlib.contextmanager
 def folder_lock(folder: Path, busy: Optional[str] = None):
     """An exclusive advisory lock (flock) on `folder` for the block, released when the block or its
@@ -63,7 +66,20 @@ def folder_lock(folder: Path, busy: Optional[str] = None):
     one long run instead of waited for: another process holding it is a RedrafterError saying `busy`
     (a second run at once in the same folder, the same command from another terminal, had worked side
     by side, writing its shards and checkpoints over the first one's). Where the folder cannot be
-    locked (no flock, a file system without it) the block runs unlocked."""
+    locked (no flock, a file system without it) the block runs unlocked. A thread that holds the folder
+    already goes on (flock does not know it: `redrafter-train --work` in a model folder, held for the run,
+    waited forever on itself to cache the cost curve there)."""
+    try:
+        st = os.stat(folder)
+        key = (st.st_dev, st.st_ino)
+    except OSError:
+        key = None
+    held = getattr(_held, "folders", None)
+    if held is None:
+        held = _held.folders = set()
+    if key is not None and key in held:
+        yield
+        return
     fd = None
     if fcntl is not None:
         try:
@@ -75,9 +91,14 @@ def folder_lock(folder: Path, busy: Optional[str] = None):
             fd = None
             if busy is not None and isinstance(e, BlockingIOError):
                 raise RedrafterError(busy) from None
+    mine = fd is not None and key is not None
+    if mine:
+        held.add(key)
     try:
         yield
     finally:
+        if mine:
+            held.discard(key)
         if fd is not None:
             os.close(fd)  # (closing the descriptor releases the lock)
 

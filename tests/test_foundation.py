@@ -273,6 +273,40 @@ def test_concurrent_updates_of_a_json_file_keep_every_entry(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cost_model.json"]
 
 
+def test_a_folder_held_for_a_run_can_have_its_json_files_updated_by_the_same_thread(tmp_path):
+    """flock does not know a process already holds a folder: `redrafter-train --work` in the model's folder (or the
+    GGUF's) held it for the run, then waited forever on itself to cache the cost curve there (update_json). The
+    thread that holds a folder goes on; another thread still waits its turn, and another run is refused."""
+    import threading
+
+    from redrafter_mlx.errors import RedrafterError
+    from redrafter_mlx.files import one_run_in, update_json
+
+    done, other, inside, release = [], [], threading.Event(), threading.Event()
+
+    def run():
+        with one_run_in(tmp_path, "busy"):
+            done.append(update_json(tmp_path / "c.json", lambda d: {**d, "a": 1}))
+            inside.set()
+            release.wait(10)
+
+    runner = threading.Thread(target=run, daemon=True)  # (a daemon: where it hangs, the test still ends)
+    runner.start()
+    assert inside.wait(10) and done  # (it waited on itself here, forever)
+    waiting = threading.Thread(target=lambda: other.append(update_json(tmp_path / "d.json", lambda d: {"b": 2})),
+                               daemon=True)
+    waiting.start()
+    waiting.join(0.5)
+    assert other == []  # another thread waits for the run to end
+    with pytest.raises(RedrafterError, match="busy"):
+        with one_run_in(tmp_path, "busy"):
+            pass
+    release.set()
+    runner.join(10)
+    waiting.join(10)
+    assert other and json.loads((tmp_path / "d.json").read_text()) == {"b": 2}
+
+
 def test_a_damaged_json_file_is_kept_beside_the_new_one(tmp_path):
     """update_json replaced a damaged file (a cost cache, beam_shape.json: not JSON, not an object, not UTF-8)
     with a new one, and every entry a repair could have saved went with it, without a word. The damaged file is
