@@ -66,9 +66,10 @@ def folder_lock(folder: Path, busy: Optional[str] = None):
     one long run instead of waited for: another process holding it is a RedrafterError saying `busy`
     (a second run at once in the same folder, the same command from another terminal, had worked side
     by side, writing its shards and checkpoints over the first one's). Where the folder cannot be
-    locked (no flock, a file system without it) the block runs unlocked. A thread that holds the folder
-    already goes on (flock does not know it: `redrafter-train --work` in a model folder, held for the run,
-    waited forever on itself to cache the cost curve there)."""
+    locked (no flock, a file system without it) the block runs unlocked. Without `busy`, a thread that
+    holds the folder already goes on (flock does not know it: `redrafter-train --work` in a model folder,
+    held for the run, waited forever on itself to cache the cost curve there); with it, a second run is a
+    second run, refused in the same thread too."""
     try:
         st = os.stat(folder)
         key = (st.st_dev, st.st_ino)
@@ -77,7 +78,7 @@ def folder_lock(folder: Path, busy: Optional[str] = None):
     held = getattr(_held, "folders", None)
     if held is None:
         held = _held.folders = set()
-    if key is not None and key in held:
+    if busy is None and key is not None and key in held:
         yield
         return
     fd = None

@@ -276,7 +276,8 @@ def test_concurrent_updates_of_a_json_file_keep_every_entry(tmp_path):
 def test_a_folder_held_for_a_run_can_have_its_json_files_updated_by_the_same_thread(tmp_path):
     """flock does not know a process already holds a folder: `redrafter-train --work` in the model's folder (or the
     GGUF's) held it for the run, then waited forever on itself to cache the cost curve there (update_json). The
-    thread that holds a folder goes on; another thread still waits its turn, and another run is refused."""
+    thread that holds a folder goes on with its updates; another thread still waits its turn, and another run is
+    refused (in the holding thread too)."""
     import threading
 
     from redrafter_mlx.errors import RedrafterError
@@ -287,12 +288,17 @@ def test_a_folder_held_for_a_run_can_have_its_json_files_updated_by_the_same_thr
     def run():
         with one_run_in(tmp_path, "busy"):
             done.append(update_json(tmp_path / "c.json", lambda d: {**d, "a": 1}))
+            try:
+                with one_run_in(tmp_path, "busy"):
+                    done.append("a second run")
+            except RedrafterError:
+                pass
             inside.set()
             release.wait(10)
 
     runner = threading.Thread(target=run, daemon=True)  # (a daemon: where it hangs, the test still ends)
     runner.start()
-    assert inside.wait(10) and done  # (it waited on itself here, forever)
+    assert inside.wait(10) and done == [tmp_path / "c.json"]  # (it waited on itself here, forever)
     waiting = threading.Thread(target=lambda: other.append(update_json(tmp_path / "d.json", lambda d: {"b": 2})),
                                daemon=True)
     waiting.start()
