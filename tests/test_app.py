@@ -442,19 +442,28 @@ async def test_a_drafting_change_while_speculation_is_off_says_it_is_off():
         assert not str(list(app._notifications)[-1].message).endswith("Ctrl+T turns it on.")
 
 
+LONG_REPLY = " ".join(f"word{i}" + ("\n\n" if i % 20 == 0 else "") for i in range(400))  # taller than the screen
+
+
+async def long_reply_read(pilot, app):
+    """Ask, let the engine's first reply (LONG_REPLY) finish, and wait until the transcript follows it to its end;
+    returns the transcript."""
+    from app.widgets import Transcript
+
+    await ready(pilot)
+    await ask(pilot, "Go on.")
+    await finished(pilot)
+    transcript = app.query_one(Transcript)
+    await wait_for(pilot, lambda: transcript.max_scroll_y > 0 and transcript.scroll_y == transcript.max_scroll_y)
+    return transcript
+
+
 async def test_page_keys_scroll_the_conversation_from_the_prompt_box():
     """PgUp/PgDn did nothing with the focus in the prompt box (where it always is: a one-line box has no page to
     turn), so a long reply could be read back by keyboard only after Tab moved the focus to the transcript."""
-    from app.widgets import Transcript
-
-    long = " ".join(f"word{i}" + ("\n\n" if i % 20 == 0 else "") for i in range(400))
-    app = create_app(FakeEngine([long]), Settings(max_tokens=1000))
+    app = create_app(FakeEngine([LONG_REPLY]), Settings(max_tokens=1000))
     async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await ask(pilot, "Go on.")
-        await finished(pilot)
-        transcript = app.query_one(Transcript)
-        await wait_for(pilot, lambda: transcript.max_scroll_y > 0 and transcript.scroll_y == transcript.max_scroll_y)
+        transcript = await long_reply_read(pilot, app)
         assert app.focused is app.query_one(PromptInput)
         await pilot.press("pageup")
         await wait_for(pilot, lambda: transcript.scroll_y < transcript.max_scroll_y)
@@ -466,16 +475,9 @@ async def test_page_keys_scroll_the_conversation_from_the_prompt_box():
 async def test_sending_a_message_scrolls_back_to_the_end_and_follows_the_reply():
     """Scrolled up to read back (PgUp, the wheel), the transcript stayed there when a message was sent: the
     message and its streaming reply were out of sight until the user scrolled down by hand."""
-    from app.widgets import Transcript
-
-    long = " ".join(f"word{i}" + ("\n\n" if i % 20 == 0 else "") for i in range(400))
-    app = create_app(FakeEngine([long, "x", long]), Settings(max_tokens=1000))
+    app = create_app(FakeEngine([LONG_REPLY, "x", LONG_REPLY]), Settings(max_tokens=1000))
     async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await ask(pilot, "Go on.")
-        await finished(pilot)
-        transcript = app.query_one(Transcript)
-        await wait_for(pilot, lambda: transcript.max_scroll_y > 0 and transcript.scroll_y == transcript.max_scroll_y)
+        transcript = await long_reply_read(pilot, app)
         await pilot.press("pageup", "pageup", "pageup")
         await wait_for(pilot, lambda: transcript.scroll_y == 0)
         await ask(pilot, "Short one.")
