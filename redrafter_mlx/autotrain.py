@@ -424,6 +424,8 @@ def _run(args, hold) -> Dict:
         kept = json.loads(chosen.read_text()) if chosen.is_file() else {}
     except ValueError:
         kept = {}
+    if not (isinstance(kept, dict) and isinstance(kept.get("tasks"), list) and isinstance(kept.get("prompts"), list)):
+        kept = {}  # (JSON of another shape, a hand edit: it failed with an AttributeError traceback; chosen again)
     log.stage(1, "self-instruct", f"{budget.self_instruct} new tasks from {len(seeds)} seed prompts")
     if kept.get("key") == key:
         tasks, prompts = kept["tasks"], kept["prompts"]

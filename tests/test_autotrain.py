@@ -401,6 +401,10 @@ def test_a_prompt_list_cut_short_does_not_stop_every_later_run(tiny_model_dir, t
     again = json.loads((work / "prompts.json").read_text())  # from the tasks kept (and any more written now)
     assert again["key"] == chosen["key"] and again["tasks"][: len(chosen["tasks"])] == chosen["tasks"]
     assert not [p.name for p in work.iterdir() if p.name.startswith(".")]
+    # JSON of another shape (a hand edit) ended in an AttributeError traceback ('list' object has no attribute 'get')
+    (work / "prompts.json").write_text("[1, 2]")
+    autotrain.main(argv)
+    assert json.loads((work / "prompts.json").read_text())["key"] == chosen["key"]
 
 
 
