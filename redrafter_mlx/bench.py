@@ -491,8 +491,8 @@ def parse_args(argv=None):
     p.add_argument("--prompts", type=cli.path, default=SHIPPED_PROMPTS,
                    help="JSONL file of questions: Spec-Bench lines ({\"question_id\", \"category\", \"turns\": [...]}; "
                         "the first turn of each, unless --turns) or one-turn lines ({\"prompt\": ...}) (default: the "
-                        "16 prompts shipped with the package that redrafter-train holds out: 8 self-instruct seed "
-                        "tasks, which the shipped drafter was distilled on, and 8 GSM8K questions it was not)")
+                        "16 prompts shipped with the package that redrafter-train holds out, none of them in the "
+                        "shipped drafter's data: 8 tasks written for the package and 8 GSM8K questions)")
     p.add_argument("--limit", type=cli.positive, default=None, metavar="N",
                    help="only the first N questions (default: all; 6 with --tune)")
     p.add_argument("--turns", type=cli.positive, default=1, metavar="N",

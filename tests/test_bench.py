@@ -288,6 +288,25 @@ def test_prompt_files_that_would_have_failed_after_the_run(tmp_path):
         bench.read_prompts(path)
 
 
+def test_the_shipped_prompts_are_held_out_from_every_shipped_training_set():
+    """Half of the bench's default prompts were self-instruct seed tasks, which the shipped drafter's
+    distillation had answered (it answered all 175): the default figure was flattered on that half. None
+    may be a shipped training prompt, nor (where the project's data lies beside the clone) a seed task or
+    an Alpaca instruction the shipped drafter was distilled on."""
+    from redrafter_mlx.autotrain import TRAIN_PROMPTS
+
+    shipped = [q["prompt"] for q in bench.read_prompts(bench.SHIPPED_PROMPTS)]
+    training = {json.loads(line)["prompt"] for line in TRAIN_PROMPTS.read_text().splitlines() if line.strip()}
+    assert len(shipped) == 16 and not set(shipped) & training
+    data = bench.SHIPPED_PROMPTS.parents[2].parent / "shared" / "data"
+    if not data.is_dir():
+        pytest.skip(f"{data} is not beside this clone")
+    seen = [json.loads(line) for name in ("seed_tasks.jsonl", "alpaca_1000.jsonl")
+            for line in (data / name).read_text().splitlines() if line.strip()]
+    texts = [row["instruction"] for row in seen]
+    assert not [p for p in shipped if any(t.strip() and t.strip() in p for t in texts)]
+
+
 def test_the_shipped_prompts_are_the_default_and_one_turn_lines_read(tmp_path):
     """--prompts was required and only Spec-Bench lines ("turns") were read, so a fresh install had nothing
     the bench would take (MT-Bench is not shipped; the package's own prompts are {"prompt": ...} lines)."""
