@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError, one_line
-from redrafter_mlx.files import read_json_object, refuse_lfs_pointer
+from redrafter_mlx.files import read_json_object, read_text_file, refuse_lfs_pointer
 
 from .output import ConversionError
 
@@ -51,21 +51,8 @@ def read_chat_template(spec: Optional[str]) -> Optional[str]:
         return None
     if spec in BUILTIN_TEMPLATES:
         return BUILTIN_TEMPLATES[spec]
-    path = Path(spec).expanduser()
-    # (not `is_file`: a pipe is read like a file, and `--chat-template <(jq -r .chat_template c.json)`, /dev/fd/63,
-    # was "neither a built-in template nor a file"; read once, as a pipe can only be)
-    if path.is_dir():
-        raise ConversionError(f"--chat-template {spec} is a folder: give a Jinja file (or {', '.join(BUILTIN_TEMPLATES)})")
-    if not path.exists():
-        raise ConversionError(
-            f"--chat-template {spec!r} is neither a built-in template ({', '.join(BUILTIN_TEMPLATES)}) nor a file"
-        )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ConversionError(f"--chat-template {spec}: not UTF-8 text (byte {e.start})") from None
-    except OSError as e:
-        raise ConversionError(f"--chat-template {spec}: cannot read it: {e.strerror or e}") from None
+    choices = f"give a Jinja file or a built-in template ({', '.join(BUILTIN_TEMPLATES)})"
+    text = read_text_file(Path(spec).expanduser(), "chat template", choices, error=ConversionError)
     if not text.strip():  # ("" replaced the checkpoint's template: chat messages went to the model as bare text)
         raise ConversionError(f"--chat-template {spec} is empty: give a Jinja file that holds the template "
                               f"(or {', '.join(BUILTIN_TEMPLATES)}; leave the option out to keep the checkpoint's own)")

@@ -49,7 +49,7 @@ from typing import Dict, List
 from . import _platform  # noqa: F401  (OpenBLAS before mlx)
 from . import cli
 from .errors import ContextLengthError, RedrafterError, json_kind
-from .files import json_document, not_utf8, unwritable_ancestor, write_json
+from .files import json_document, read_text_file, unwritable_ancestor, write_json
 from .graph import graph_name, parse_graph
 from .lookup import MAX_GROWTH
 from .tokenizer import is_blank
@@ -71,17 +71,8 @@ def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
     """The questions, each with its first `turns` turns ("turns"; fewer where it has fewer) and
     the first as "prompt". A line with "prompt" and no "turns" is a one-turn question, its
     "source" the category where it has none."""
-    # (not `is_file`: a pipe is read like a file, and `--prompts <(head -4 q.jsonl)`, /dev/fd/63, was "not found")
-    if path.is_dir() or not path.exists():
-        raise RedrafterError(f"prompt file {path} is a folder: give a JSONL file" if path.is_dir()
-                             else f"prompt file {path} not found")
     out, seen = [], {}
-    try:
-        text = path.read_text(encoding="utf-8-sig")  # (a byte-order mark, as some editors write, is not JSON)
-    except UnicodeDecodeError as e:  # (it said "cannot read prompt file X: 'utf-8' codec can't decode byte ...")
-        raise RedrafterError(f"prompt file {not_utf8(path, e)}") from e
-    except OSError as e:
-        raise RedrafterError(f"cannot read prompt file {path}: {e.strerror or e}") from e  # (not "[Errno 13] ...")
+    text = read_text_file(path, "prompt file", "give a JSONL file")
     document = json_document(text, path)
     if document:
         raise RedrafterError(f"prompt file {path} is {document}")

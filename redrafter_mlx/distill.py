@@ -38,7 +38,7 @@ import mlx.core as mx  # noqa: E402
 from . import cli  # noqa: E402
 from .errors import RedrafterError, json_kind  # noqa: E402
 from .config import WEIGHT_FORMATS  # noqa: E402
-from .files import json_document, not_utf8, one_run_in, signals_held, write_json  # noqa: E402
+from .files import json_document, one_run_in, read_text_file, signals_held, write_json  # noqa: E402
 
 
 MT_BENCH = "MT-Bench is the benchmark: it must not train a drafter, nor choose which one is installed (measure the " \
@@ -69,13 +69,14 @@ def read_prompts(paths: Sequence[Path]) -> List[str]:
     instances}), GSM8K ({question}), {prompt} and Spec-Bench ({turns}: the first) JSONL files, in
     file order. A row with none of those keys is an error that names its line (such rows were
     skipped, saying nothing); a row whose prompt is blank is skipped. MT-Bench, by the file's name
-    or a row's question id and category, is refused."""
+    or a row's question id and category, is refused. A file that is missing, a folder, unreadable
+    or not UTF-8 is a RedrafterError (`read_text_file`)."""
     out = []
     for path in paths:
         if re.search(r"mt[-_ ]?bench", Path(path).name, re.IGNORECASE):  # (MT-Bench.jsonl, mtbench_16.jsonl passed)
             # (read_prompt_files names the file: it was named twice, and "for training" of --eval-prompts)
             raise ValueError(MT_BENCH)
-        text = Path(path).read_text(encoding="utf-8-sig")
+        text = read_text_file(path, "prompt file", "give a JSONL file")
         document = json_document(text, path)
         if document:
             raise ValueError(f"the file is {document}")
@@ -637,16 +638,8 @@ def read_prompt_files(paths: List[Path]) -> List[List[str]]:
     JSONL, or holds no prompts is a RedrafterError that names it."""
     groups = []
     for path in paths:
-        # (not `is_file`: a pipe is read like a file, and `--data <(head -4 p.jsonl)`, /dev/fd/63, was "no prompt
-        # file"; read once, as a pipe can only be)
-        if Path(path).is_dir():
-            raise RedrafterError(f"{path} is a folder: give a prompt JSONL file")
-        if not Path(path).exists():
-            raise RedrafterError(f"no prompt file at {path}")
-        try:
+        try:  # (a file that is missing, a folder, unreadable or not UTF-8 is a RedrafterError that names it)
             prompts = read_prompts([Path(path)])
-        except UnicodeDecodeError as e:  # (it said "'utf-8' codec can't decode byte 0x8b in position 1: ...")
-            raise RedrafterError(not_utf8(path, e)) from e
         except (ValueError, AttributeError) as e:  # json.JSONDecodeError is a ValueError
             raise RedrafterError(f"{path}: {str(e).splitlines()[0]}") from e
         if not prompts:

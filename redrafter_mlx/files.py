@@ -18,6 +18,9 @@ entries. One found damaged is renamed aside (NAME.damaged) before a new one is w
 A model folder the converter wrote (`python -m convert`) describes its drafter in its manifest.json:
 whatever puts another drafter into MODEL/drafter (the converter, redrafter-train) makes that entry
 name it (`model_manifest_of`, `record_drafter`).
+
+A text file the user names (a prompt file, a bench report to replay, a chat template) is read by
+`read_text_file`, which says a missing, folder, unreadable or not-UTF-8 path one way in every tool.
 """
 
 import contextlib
@@ -179,17 +182,35 @@ def record_drafter(manifest: Path, drafter: Dict[str, Any]) -> Optional[str]:
     return None
 
 
-def not_utf8(path, e: UnicodeDecodeError) -> str:
-    """Why a JSONL file (read whole, so `e.object` is its bytes) is not UTF-8 text, and what to do, for an error:
-    Python's words were "'utf-8' codec can't decode byte 0xff in position 0: invalid start byte"."""
+def why_not_utf8(e: UnicodeDecodeError) -> str:
+    """Why bytes read whole (`e.object`, a file's) are not UTF-8 text, and what to do: Python's words were
+    "'utf-8' codec can't decode byte 0xff in position 0: invalid start byte"."""
     head = e.object[:2]
     if head == b"\x1f\x8b":
-        how = "it is gzip-compressed, so uncompress it first (gunzip)"
-    elif head in (b"\xff\xfe", b"\xfe\xff"):  # (Windows Notepad's "Unicode")
-        how = "it is UTF-16 text: save it as UTF-8"
-    else:
-        how = f"byte {e.start} is 0x{e.object[e.start]:02x}: save it as UTF-8"
-    return f"{path} is not UTF-8 text, which JSONL is: {how}"
+        return "it is gzip-compressed, so uncompress it first (gunzip)"
+    if head in (b"\xff\xfe", b"\xfe\xff"):  # (Windows Notepad's "Unicode")
+        return "it is UTF-16 text: save it as UTF-8"
+    return f"byte {e.start} is 0x{e.object[e.start]:02x}: save it as UTF-8"
+
+
+def read_text_file(path, role: str, advice: str, error: type = RedrafterError) -> str:
+    """The text of a file the user named (`role`: "prompt file", "chat template", ...), read once and whole,
+    a byte-order mark dropped. Not `is_file`: a pipe is read like a file (`--prompts <(head -4 q.jsonl)`,
+    /dev/fd/63, was "not found"), once, as a pipe can only be. A path that is missing, a folder, cannot be
+    read or is not UTF-8 text is an `error` (a RedrafterError) of one line: the role, the path, what is
+    wrong, and, where the path is wrong, `advice` ("give a JSONL file"). Each tool had its own checks and
+    words for the same four things ("no prompt file at X", "prompt file X not found", ...)."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            raise error(f"{role} {path} is a folder: {advice}")
+        if not path.exists():
+            raise error(f"{role} {path} not found: {advice}")
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise error(f"{role} {path} is not UTF-8 text: {why_not_utf8(e)}") from e
+    except OSError as e:  # (not "[Errno 13] Permission denied: ...")
+        raise error(f"{role} {path} cannot be read: {e.strerror or one_line(e)}") from e
 
 
 def json_document(text: str, path) -> Optional[str]:

@@ -32,6 +32,7 @@ from .config import WEIGHT_FORMATS
 from ._platform import on_cpu
 from .bench import format_of, parse_shapes as parse_ints
 from .errors import DrafterMismatchError, ModelNotFoundError, RedrafterError
+from .files import read_text_file
 from .graph import graph_name, parse_graph
 from .tokenizer import is_token_id
 from .tree_search import DEFAULT_MIN_PROB
@@ -410,12 +411,9 @@ def main(argv=None) -> int:
 def read_results(path: Path):
     """The greedy `ar` rows of a redrafter-bench --json file, and the report; a RedrafterError
     saying what is wrong with any other file."""
-    if not path.exists():
-        raise RedrafterError(f"results file {path} not found")
-    if path.is_dir():  # (not `is_file`: a pipe is read like a file, and `replay <(cat b.json)` was "not a file")
-        raise RedrafterError(f"results file {path} is a folder: give a redrafter-bench --json file")
+    text = read_text_file(path, "results file", "give a redrafter-bench --json file")
     try:
-        report = json.loads(path.read_text())
+        report = json.loads(text)
         if not isinstance(report, dict) or not isinstance(report.get("results"), list):  # it said "KeyError: 'results'"
             raise ValueError("it holds no 'results' list (redrafter-bench --json writes an object with one)")
         if not isinstance(report.get("settings", {}), dict):
@@ -433,7 +431,7 @@ def read_results(path: Path):
                 if not all(is_token_id(t) for t in r[key]):
                     raise ValueError(f"its ar result {i + 1} has {key!r} that are not token ids")
             r["category"] = str(r.get("category", "") or "")
-    except (ValueError, KeyError, TypeError, AttributeError) as e:  # (UnicodeDecodeError is a ValueError)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         why = str(e) if type(e) is ValueError else f"{type(e).__name__}: {e}"  # (ours: what is wrong, in words)
         raise RedrafterError(f"{path} is not a redrafter-bench --json file: {why}") from e
     if not rows and not report["results"] and report.get("complete") is False:  # (it said: run with --modes ar)

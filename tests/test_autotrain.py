@@ -116,7 +116,8 @@ def test_train_command_refuses_mt_bench_and_missing_prompt_files(tiny_model_dir,
     for argv, said in ((["--prompts", str(bench), "--work", str(tmp_path / "w")], "MT-Bench"),
                        (["--eval-prompts", str(bench)],
                         f"error: {re.escape(str(bench))}: MT-Bench is the benchmark: .* nor choose which one is installed"),
-                       (["--prompts", str(tmp_path / "none.jsonl")], "no prompt file")):
+                       (["--prompts", str(tmp_path / "none.jsonl")],
+                        "prompt file .*none.jsonl not found: give a JSONL file")):
         assert autotrain.main(["--model", str(tiny_model_dir), *argv]) == 2  # a user error's status (it was 1)
         err = capsys.readouterr().err
         assert re.search(said, err) and err.startswith("redrafter-train: error: ") and err.count("\n") == 1, err
@@ -417,7 +418,8 @@ def test_the_module_command_exits_with_the_status_main_returns(tmp_path):
     out = subprocess.run([sys.executable, "-m", "redrafter_mlx.autotrain", "--prompts", str(tmp_path / "none.jsonl")],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out
-    assert out.stderr == f"redrafter-train: error: no prompt file at {tmp_path / 'none.jsonl'}\n", out.stderr
+    said = f"prompt file {tmp_path / 'none.jsonl'} not found: give a JSONL file"
+    assert out.stderr == f"redrafter-train: error: {said}\n", out.stderr
 
 
 def test_the_evaluation_says_when_it_measures_this_machine(monkeypatch, capsys):
@@ -610,7 +612,7 @@ def test_prompt_files_from_a_pipe_are_read(tiny_model_dir, tmp_path, capsys):
         assert autotrain.main(["--model", str(tiny_model_dir), "--prompts", str(path)]) == 2
     assert f"error: {path} holds no prompts" in capsys.readouterr().err
     assert autotrain.main(["--model", str(tiny_model_dir), "--prompts", str(tmp_path)]) == 2  # (was "no prompt file")
-    assert capsys.readouterr().err == f"redrafter-train: error: {tmp_path} is a folder: give a prompt JSONL file\n"
+    assert capsys.readouterr().err == f"redrafter-train: error: prompt file {tmp_path} is a folder: give a JSONL file\n"
 
 
 def test_a_damaged_work_state_begins_its_figures_again(tmp_path):

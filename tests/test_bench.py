@@ -280,11 +280,11 @@ def test_prompt_files_that_would_have_failed_after_the_run(tmp_path):
     path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"question_id": 3, "turns": ["hi"]}).encode())
     assert bench.read_prompts(path)[0]["question_id"] == 3
     path.write_bytes('{"turns": ["hi"]}\n'.encode("utf-16"))  # it said "'utf-8' codec can't decode byte 0xff ..."
-    with pytest.raises(RedrafterError, match="^prompt file .*q.jsonl is not UTF-8 text, which JSONL is: it is UTF-16 "
+    with pytest.raises(RedrafterError, match="^prompt file .*q.jsonl is not UTF-8 text: it is UTF-16 "
                                              "text: save it as UTF-8$"):
         bench.read_prompts(path)
     path.write_bytes(b'{"turns": ["caf\xe9"]}\n')
-    with pytest.raises(RedrafterError, match="is not UTF-8 text, which JSONL is: byte 15 is 0xe9: save it as UTF-8$"):
+    with pytest.raises(RedrafterError, match="is not UTF-8 text: byte 15 is 0xe9: save it as UTF-8$"):
         bench.read_prompts(path)
 
 

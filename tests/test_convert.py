@@ -1163,7 +1163,7 @@ def test_a_chat_template_from_a_pipe_is_read(tmp_path, capsys, mlx_ckpt):
     config = json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())
     assert config["chat_template"] == "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
     rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--chat-template", tmp_path, "--out", tmp_path / "o2")
-    assert_clean_failure(rc, lines, tmp_path / "o2", f"--chat-template {tmp_path} is a folder")
+    assert_clean_failure(rc, lines, tmp_path / "o2", f"chat template {tmp_path} is a folder: give a Jinja file")
 
 
 def test_an_empty_chat_template_is_refused(tmp_path, capsys, mlx_ckpt):

@@ -388,6 +388,77 @@ def test_json_files_are_replaced_whole_or_not_at_all(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["beam_shape.json", "taken.json"]
 
 
+def test_a_user_file_is_checked_one_way_in_each_tool(tmp_path, monkeypatch):
+    """bench, distill, replay and convert's --chat-template each checked "is this a file I can read" their own way
+    and in their own words ("no prompt file at X", "prompt file X not found", "neither a built-in template nor a
+    file"), and replay said a file that is not UTF-8 in Python's words. One helper: one line naming the role, the
+    path, what is wrong and (for a wrong path) what to give; a pipe is read like a file."""
+    from helpers import piped
+
+    from redrafter_mlx.errors import RedrafterError
+    from redrafter_mlx.files import read_text_file
+
+    class Refused(RedrafterError):
+        pass
+
+    def read(path, error=RedrafterError):
+        return read_text_file(path, "prompt file", "give a JSONL file", error=error)
+
+    f = tmp_path / "q.jsonl"
+    with pytest.raises(RedrafterError, match=f"^prompt file {f} not found: give a JSONL file$"):
+        read(f)
+    with pytest.raises(Refused, match=f"^prompt file {tmp_path} is a folder: give a JSONL file$"):
+        read(tmp_path, Refused)
+    with piped("from a pipe") as path:
+        assert read(path) == "from a pipe"
+    f.write_bytes(b"\xef\xbb\xbfhi")  # (a byte-order mark is dropped)
+    assert read(f) == "hi"
+    import gzip
+
+    for data, said in ((gzip.compress(b"hi"), r"it is gzip-compressed, so uncompress it first \(gunzip\)"),
+                       ("hi".encode("utf-16"), "it is UTF-16 text: save it as UTF-8"),
+                       (b"caf\xe9", "byte 3 is 0xe9: save it as UTF-8")):
+        f.write_bytes(data)
+        with pytest.raises(RedrafterError, match=f"^prompt file {f} is not UTF-8 text: {said}$"):
+            read(f)
+    f.write_text("hi")
+
+    def refused(self, *a, **k):  # (the tests run as root, whom chmod does not stop)
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(type(f), "read_text", refused)
+    with pytest.raises(RedrafterError, match=f"^prompt file {f} cannot be read: Permission denied$"):
+        read(f)
+
+
+def test_each_tool_says_a_missing_or_undecodable_file_alike(tmp_path):
+    """The four readers of a user's file use the one check: a missing file and bytes that are not UTF-8 read alike
+    in each (replay said "'utf-8' codec can't decode byte 0x8b ...", convert "not UTF-8 text (byte 1)")."""
+    import gzip
+
+    from convert.output import ConversionError
+    from convert.tokenizer import read_chat_template
+    from redrafter_mlx import bench, distill, replay
+    from redrafter_mlx.errors import RedrafterError
+
+    f = tmp_path / "f"
+    readers = ((lambda: bench.read_prompts(f), "prompt file", "give a JSONL file"),
+               (lambda: distill.read_prompt_files([f]), "prompt file", "give a JSONL file"),
+               (lambda: replay.read_results(f), "results file", "give a redrafter-bench --json file"),
+               (lambda: read_chat_template(str(f)), "chat template", r"give a Jinja file or a built-in template "
+                                                                     r"\(vicuna\)"))
+    for reader, role, advice in readers:
+        f.unlink(missing_ok=True)
+        with pytest.raises(RedrafterError, match=f"^{role} {f} not found: {advice}$"):
+            reader()
+        f.write_bytes(gzip.compress(b"{}"))
+        with pytest.raises(RedrafterError, match=f"^{role} {f} is not UTF-8 text: it is gzip-compressed"):
+            reader()
+    f.unlink()
+    with pytest.raises(ConversionError):
+        read_chat_template(str(f))
+
+
 def test_star_import_gives_the_public_api():
     """`from redrafter_mlx import *` gave the modules imported on the way (tree_search, costs, ...) and not
     `load`, which the package imports on first use: the README's `m = load(...)` then raised NameError."""

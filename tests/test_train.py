@@ -503,15 +503,15 @@ def test_prompt_rows_of_the_wrong_shape_and_lone_surrogates(tmp_path):
     import gzip
 
     f.write_bytes(gzip.compress(b'{"prompt": "hi"}\n'))
-    with pytest.raises(RedrafterError, match=r"p.jsonl is not UTF-8 text, which JSONL is: it is gzip-compressed, so "
+    with pytest.raises(RedrafterError, match=r"p.jsonl is not UTF-8 text: it is gzip-compressed, so "
                                              r"uncompress it first \(gunzip\)$"):
         read_prompt_files([f])
     f.write_bytes('{"prompt": "caf\u00e9"}\n'.encode("latin-1"))
-    with pytest.raises(RedrafterError, match=r"p.jsonl is not UTF-8 text, which JSONL is: byte 15 is 0xe9: "
+    with pytest.raises(RedrafterError, match=r"p.jsonl is not UTF-8 text: byte 15 is 0xe9: "
                                              r"save it as UTF-8$"):  # (it said "byte 15 is b'\xe9'")
         read_prompt_files([f])
     f.write_bytes('{"prompt": "hi"}\n'.encode("utf-16"))  # (Windows Notepad's "Unicode")
-    with pytest.raises(RedrafterError, match=r"p.jsonl is not UTF-8 text, which JSONL is: it is UTF-16 text: save it "
+    with pytest.raises(RedrafterError, match=r"p.jsonl is not UTF-8 text: it is UTF-16 text: save it "
                                              r"as UTF-8$"):
         read_prompt_files([f])
     f.write_text('{"instruction": "ok"}\nnot json\n')  # it said "line 1 column 1", the bad line's own
