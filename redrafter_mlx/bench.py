@@ -49,7 +49,7 @@ from typing import Dict, List
 from . import _platform  # noqa: F401  (OpenBLAS before mlx)
 from . import cli
 from .errors import ContextLengthError, RedrafterError, json_kind
-from .files import json_document, read_text_file, unwritable_ancestor, write_json
+from .files import json_document, messages_instead_of_text, read_text_file, unwritable_ancestor, write_json
 from .graph import graph_name, parse_graph
 from .lookup import MAX_GROWTH
 from .tokenizer import is_blank
@@ -87,10 +87,8 @@ def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
                 row = {**row, "turns": [row["prompt"]], "category": row.get("category", row.get("source", ""))}
             elif "turns" not in row and "prompt" in row:  # it said "it has none" (of 'turns')
                 prompt = row["prompt"]
-                if isinstance(prompt, list) and prompt and all(isinstance(m, dict) and "content" in m for m in prompt):
-                    raise TypeError("'prompt' is a list of messages ({role, content}, as HuggingFaceH4's sets "
-                                    "write), and a question is a string: give the user message's text")
-                raise TypeError(f"'prompt' is {json_kind(prompt)}, and a question is a string")
+                raise TypeError(messages_instead_of_text(prompt, "'prompt'")
+                                or f"'prompt' is {json_kind(prompt)}, and a question is a string")
             if not isinstance(row["turns"], list):  # and "unhashable type: 'slice'" of an object
                 raise TypeError(f"'turns' must be a list of non-empty questions, not {json_kind(row['turns'])}")
             asked = row["turns"][:turns]

@@ -38,7 +38,8 @@ import mlx.core as mx  # noqa: E402
 from . import cli  # noqa: E402
 from .errors import RedrafterError, json_kind  # noqa: E402
 from .config import WEIGHT_FORMATS  # noqa: E402
-from .files import json_document, one_run_in, read_text_file, signals_held, write_json  # noqa: E402
+from .files import (json_document, messages_instead_of_text, one_run_in, read_text_file, signals_held,  # noqa: E402
+                    write_json)
 
 
 MT_BENCH = "MT-Bench is the benchmark: it must not train a drafter, nor choose which one is installed (measure the " \
@@ -58,10 +59,7 @@ def _text(value, name: str) -> str:
     said as "not list", or, as an alpaca 'input', went into the prompt in Python's words: "[{'role': ...}]")."""
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and value and all(isinstance(m, dict) and "content" in m for m in value):
-        raise TypeError(f"{name} is a list of messages ({{role, content}}, as HuggingFaceH4's sets write), and a "
-                        "prompt is text: give the user message's text")
-    raise TypeError(f"{name} is text, not {json_kind(value)}")
+    raise TypeError(messages_instead_of_text(value, name) or f"{name} is text, not {json_kind(value)}")
 
 
 def read_prompts(paths: Sequence[Path]) -> List[str]:

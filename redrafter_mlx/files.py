@@ -239,6 +239,16 @@ def json_document(text: str, path) -> Optional[str]:
     return None  # (a line that is a list of other things: said of its line)
 
 
+def messages_instead_of_text(value, name: str) -> Optional[str]:
+    """Where `value`, a row's field `name` that holds a prompt's text, is a list of chat messages instead, as
+    HuggingFaceH4's sets write it: why, in words, for an error; None otherwise. (The bench and distill said it
+    two ways: "a question is a string", "a prompt is text".)"""
+    if isinstance(value, list) and value and all(isinstance(m, dict) and "content" in m for m in value):
+        return f"{name} is a list of messages ({{role, content}}, as HuggingFaceH4's sets write), not text: give " \
+               "the user message's text"
+    return None
+
+
 def read_json_object(path: Path, what: str) -> Dict[str, Any]:
     """A JSON file that must hold an object (a model's or drafter's config); a CorruptModelError
     that names it otherwise, bytes that are not UTF-8 included."""

@@ -556,8 +556,8 @@ def test_a_prompt_that_is_not_text_is_said_in_json_s_words(tmp_path):
         with pytest.raises(RedrafterError, match=f"line 1 .*: 'turns' is a list of questions, not {what}$"):
             read_prompt_files([f])
     f.write_text(json.dumps({"prompt": messages}) + "\n")
-    with pytest.raises(RedrafterError, match=r"\(\{role, content\}, as HuggingFaceH4's sets write\), and a prompt is "
-                                             "text: give the user message's text$"):
+    with pytest.raises(RedrafterError, match=r"\(\{role, content\}, as HuggingFaceH4's sets write\), not text: give "
+                                             "the user message's text$"):
         read_prompt_files([f])
 
 
@@ -728,6 +728,23 @@ def test_eval_prompts_say_what_shape_a_row_has(tmp_path, capsys, monkeypatch):
         f.write_text(json.dumps(row) + "\n")
         assert train_module.main(["--out", str(tmp_path / "o"), "--data", str(tmp_path), "--eval-prompts", str(f)]) == 2
         assert said in capsys.readouterr().err
+
+
+def test_a_list_of_messages_is_said_alike_by_the_bench_and_distill(tmp_path):
+    """A prompt given as HuggingFaceH4's rows give it (a list of {role, content}) was "a question is a string" to the
+    bench (and train's --eval-prompts) and "a prompt is text" to distill: one check, one wording."""
+    from redrafter_mlx import bench
+    from redrafter_mlx.distill import read_prompt_files
+    from redrafter_mlx.errors import RedrafterError
+
+    f = tmp_path / "h4.jsonl"
+    f.write_text(json.dumps({"prompt_id": "x", "prompt": [{"role": "user", "content": "Hi"}]}) + "\n")
+    said = "'prompt' is a list of messages ({role, content}, as HuggingFaceH4's sets write), not text: give the user " \
+           "message's text"
+    for reader in (lambda: bench.read_prompts(f), lambda: read_prompt_files([f])):
+        with pytest.raises(RedrafterError) as e:
+            reader()
+        assert str(e.value).endswith(said), str(e.value)
 
 
 def test_evaluation_counts_the_end_token_a_step_stopped_at(monkeypatch):
