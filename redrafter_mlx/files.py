@@ -47,9 +47,13 @@ from .errors import CorruptModelError, RedrafterError, json_kind, one_line
 
 def write_json(path: Path, data: Any, indent: Optional[int] = 1) -> Path:
     """Replace `path` with `data` as JSON, atomically (a temp file in the same folder, then
-    `os.replace`). On any failure the old file is left as it was and the temp file removed."""
+    `os.replace`). On any failure the old file is left as it was and the temp file removed. The
+    temp file carries the host and process (`.NAME.@HOST-PID-tmp`), so one a killed process left
+    (SIGKILL, the OOM killer: it was never cleared, one more each time) is cleared by the next
+    write of the file (`tidy`)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tidy(path)
+    tmp = path.with_name(f".{path.name}.{_owner()}tmp")
     try:
         tmp.write_text(json.dumps(data, indent=indent))
         os.replace(tmp, path)
@@ -342,10 +346,10 @@ def _alive(pid: int) -> bool:
 
 def tidy(target: Path) -> None:
     """Clear what a killed process left beside `target`: its hidden staging folders
-    (`staging_folder`) and old folders set aside (`replace_folder`), made on this host by a
-    process that is gone. An old folder set aside goes back to `target` when nothing is there
-    (the process died between `replace_folder`'s two renames); else it is deleted. A folder
-    that cannot be read or removed is left as it is."""
+    (`staging_folder`), old folders set aside (`replace_folder`) and `write_json`'s temp files,
+    made on this host by a process that is gone. An old folder set aside goes back to `target`
+    when nothing is there (the process died between `replace_folder`'s two renames); else it is
+    deleted. What cannot be read or removed is left as it is."""
     target = Path(target)
     # Only `target`'s own: any tag matched `.NAME.x.old-@...`, the old folder of `NAME.x`, and deleted it.
     tags = "|".join(map(re.escape, TAGS))
@@ -362,7 +366,10 @@ def tidy(target: Path) -> None:
         try:
             if m["tag"] == "old-" and (entry / "old").is_dir() and not (target.exists() or target.is_symlink()):
                 os.rename(entry / "old", target)
-            shutil.rmtree(entry)
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:  # (write_json's temp file: rmtree refused it, and it stayed)
+                entry.unlink()
         except OSError:
             pass
 

@@ -388,6 +388,41 @@ def test_json_files_are_replaced_whole_or_not_at_all(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["beam_shape.json", "taken.json"]
 
 
+def test_a_temp_json_file_a_killed_process_left_is_cleared_by_the_next_write(tmp_path):
+    """write_json's `.NAME.PID.tmp` stayed beside the file after a SIGKILL mid-write (the OOM killer, `kill -9`), and
+    nothing cleared it: one more each time. The next write of that file clears one a process on this host that is
+    gone left; a live process's, another host's and another file's are kept."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from redrafter_mlx import files
+
+    path = tmp_path / "costs.json"
+    killed = subprocess.run([sys.executable, "-c", "import os, sys; from redrafter_mlx import files; "
+                             "os.replace = lambda *a: os.kill(os.getpid(), 9); "
+                             f"files.write_json(sys.argv[1], {{'a': 1}})", str(path)], capture_output=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(files.__file__).parents[1])})
+    assert killed.returncode == -signal.SIGKILL, killed
+    left = [p for p in tmp_path.iterdir() if p.name.startswith(".costs.json.")]
+    assert len(left) == 1 and left[0].is_file(), left  # what the killed write left (the test's premise)
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        kept = [tmp_path / f".costs.json.@{files._host()}-{alive.pid}-tmp",  # a write still going on
+                tmp_path / ".costs.json.@otherhost-1234567-tmp",  # another host's (that PID means nothing here)
+                tmp_path / f".other.json.@{files._host()}-1234567-tmp"]  # another file's
+        for p in kept:
+            p.write_text("{")
+        files.write_json(path, {"a": 2})
+        assert json.loads(path.read_text()) == {"a": 2}
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["costs.json", *(p.name for p in kept)])
+    finally:
+        alive.kill()
+        alive.wait()
+
+
 def test_a_user_file_is_checked_one_way_in_each_tool(tmp_path, monkeypatch):
     """bench, distill, replay and convert's --chat-template each checked "is this a file I can read" their own way
     and in their own words ("no prompt file at X", "prompt file X not found", "neither a built-in template nor a
