@@ -50,17 +50,24 @@ def write_json(path: Path, data: Any, indent: Optional[int] = 1) -> Path:
     `os.replace`). On any failure the old file is left as it was and the temp file removed. The
     temp file carries the host and process (`.NAME.@HOST-PID-tmp`), so one a killed process left
     (SIGKILL, the OOM killer: it was never cleared, one more each time) is cleared by the next
-    write of the file (`tidy`)."""
+    write of the file (`tidy`). A symbolic link is written through: its target is replaced and the
+    link kept (a cache file linked to a shared one was replaced by a file of its own, the link lost)."""
     path = Path(path)
-    tidy(path)
-    tmp = path.with_name(f".{path.name}.{_owner()}tmp")
+    real = _through_link(path)
+    tidy(real)
+    tmp = real.with_name(f".{real.name}.{_owner()}tmp")  # (beside the file renamed over: on its file system)
     try:
         tmp.write_text(json.dumps(data, indent=indent))
-        os.replace(tmp, path)
+        os.replace(tmp, real)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def _through_link(path: Path) -> Path:
+    """The file a symbolic link `path` names (the one to replace), else `path`."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
 _held = threading.local()  # .folders: the (device, inode) of the folders this thread holds with folder_lock
@@ -122,8 +129,11 @@ def update_json(path: Path, change: Callable[[Dict[str, Any]], Dict[str, Any]], 
     on its folder from the read to the atomic replace, so that entries other processes add meanwhile
     are kept. A file there that cannot be read, is not JSON or not an object is renamed aside first
     (`set_aside`) and `note` told where (it had been replaced, and every entry a repair could have
-    saved lost, saying nothing). Makes the folder; raises OSError where it cannot be written."""
-    path = Path(path)
+    saved lost, saying nothing). Makes the folder; raises OSError where it cannot be written. A
+    symbolic link is updated through (`write_json`): the lock is on its target's folder, and a
+    damaged target is what is set aside."""
+    given = path = Path(path)
+    path = _through_link(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with folder_lock(path.parent):
         data, why = {}, None
@@ -141,7 +151,8 @@ def update_json(path: Path, change: Callable[[Dict[str, Any]], Dict[str, Any]], 
             if note:
                 note(f"{path} was damaged ({why}): kept as {aside.name} beside it, and a new one written")
             data = {}
-        return write_json(path, change(data), indent=indent)
+        write_json(path, change(data), indent=indent)
+    return given
 
 
 def set_aside(path: Path) -> Path:

@@ -2,6 +2,7 @@
 
 import json
 import time
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -396,7 +397,6 @@ def test_a_temp_json_file_a_killed_process_left_is_cleared_by_the_next_write(tmp
     import signal
     import subprocess
     import sys
-    from pathlib import Path
 
     from redrafter_mlx import files
 
@@ -421,6 +421,29 @@ def test_a_temp_json_file_a_killed_process_left_is_cleared_by_the_next_write(tmp
     finally:
         alive.kill()
         alive.wait()
+
+
+def test_a_json_file_that_is_a_link_is_written_through_it(tmp_path):
+    """write_json renamed its temp file over a symbolic link (a cost cache linked to a shared one): the link was
+    replaced by a file of its own and the shared file never updated. The link's target is written; the link stays."""
+    from redrafter_mlx.files import update_json, write_json
+
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "model").mkdir()
+    target, link = tmp_path / "shared" / "costs.json", tmp_path / "model" / "costs.json"
+    target.write_text("{}")
+    link.symlink_to(Path("..") / "shared" / "costs.json")
+    assert write_json(link, {"a": 1}) == link
+    assert link.is_symlink() and json.loads(target.read_text()) == {"a": 1}
+    update_json(link, lambda d: {**d, "b": 2})
+    assert link.is_symlink() and json.loads(target.read_text()) == {"a": 1, "b": 2}
+    target.write_text("{damaged")  # the damaged target is set aside, and the link still names the new one
+    said = []
+    update_json(link, lambda d: {**d, "c": 3}, note=said.append)
+    assert link.is_symlink() and json.loads(target.read_text()) == {"c": 3}
+    assert (tmp_path / "shared" / "costs.json.damaged").read_text() == "{damaged" and len(said) == 1
+    assert [p.name for p in (tmp_path / "model").iterdir()] == ["costs.json"]  # no temp file left on either side
+    assert sorted(p.name for p in (tmp_path / "shared").iterdir()) == ["costs.json", "costs.json.damaged"]
 
 
 def test_a_user_file_is_checked_one_way_in_each_tool(tmp_path, monkeypatch):
