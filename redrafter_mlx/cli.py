@@ -187,11 +187,12 @@ def path(text: str):
 
 def writable_file(text: str):
     """An argparse type: a file path whose folder exists and can be written, checked before a long run
-    whose results would otherwise be lost at the end."""
+    whose results would otherwise be lost at the end. For a symbolic link, the folder of the file it
+    names: the results are written there (`files.write_json` keeps the link)."""
     from pathlib import Path
 
     path = Path(text).expanduser()
-    folder = path.parent
+    folder = (Path(os.path.realpath(path)) if path.is_symlink() else path).parent
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{path} is a folder, not a file")
     if path.exists() and not path.is_file():  # the file written beside it replaced it: /dev/stdout, as root

@@ -46,6 +46,11 @@ def test_writable_file(tmp_path, capsys):
             parse(cli.writable_file, str(path))
         assert said in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []  # the probe is gone
+    # a link is written through (its target replaced, the link kept): the target's folder is the one checked
+    (tmp_path / "r.json").symlink_to(tmp_path / "missing" / "r.json")
+    with pytest.raises(SystemExit):
+        parse(cli.writable_file, str(tmp_path / "r.json"))
+    assert f"folder {tmp_path / 'missing'} does not exist" in capsys.readouterr().err
 
 
 def test_run_ends_user_and_os_errors_with_one_line(capsys):
