@@ -51,13 +51,17 @@ def write_json(path: Path, data: Any, indent: Optional[int] = 1) -> Path:
     temp file carries the host and process (`.NAME.@HOST-PID-tmp`), so one a killed process left
     (SIGKILL, the OOM killer: it was never cleared, one more each time) is cleared by the next
     write of the file (`tidy`). A symbolic link is written through: its target is replaced and the
-    link kept (a cache file linked to a shared one was replaced by a file of its own, the link lost)."""
+    link kept (a cache file linked to a shared one was replaced by a file of its own, the link lost).
+    The file keeps its permissions (the new one had the umask's: a file kept private was made
+    readable by all, or a shared one private to the last writer)."""
     path = Path(path)
     real = _through_link(path)
     tidy(real)
     tmp = real.with_name(f".{real.name}.{_owner()}tmp")  # (beside the file renamed over: on its file system)
     try:
         tmp.write_text(json.dumps(data, indent=indent))
+        with contextlib.suppress(FileNotFoundError):  # (a new file: the umask's)
+            os.chmod(tmp, os.stat(real).st_mode & 0o7777)
         os.replace(tmp, real)
     except BaseException:
         tmp.unlink(missing_ok=True)

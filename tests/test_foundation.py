@@ -446,6 +446,27 @@ def test_a_json_file_that_is_a_link_is_written_through_it(tmp_path):
     assert sorted(p.name for p in (tmp_path / "shared").iterdir()) == ["costs.json", "costs.json.damaged"]
 
 
+def test_a_json_file_keeps_its_permissions_when_replaced(tmp_path):
+    """write_json's new file had the umask's permissions: a cache file kept private (0600) became readable by all,
+    and a shared one (0644 under a 077 umask) private to the last process that wrote it."""
+    import os
+    import stat
+
+    from redrafter_mlx.files import write_json
+
+    path = tmp_path / "costs.json"
+    mask = os.umask(0o022)
+    try:
+        write_json(path, {"a": 1})
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644  # a new file: the umask's
+        for mode in (0o600, 0o664):
+            path.chmod(mode)
+            write_json(path, {"a": mode})
+            assert stat.S_IMODE(path.stat().st_mode) == mode and json.loads(path.read_text()) == {"a": mode}
+    finally:
+        os.umask(mask)
+
+
 def test_a_user_file_is_checked_one_way_in_each_tool(tmp_path, monkeypatch):
     """bench, distill, replay and convert's --chat-template each checked "is this a file I can read" their own way
     and in their own words ("no prompt file at X", "prompt file X not found", "neither a built-in template nor a
