@@ -239,7 +239,7 @@ def run_one(loaded, prompt: str, mode: str, args, shape=None, graph=(None, True)
     }
 
 
-def own_controllers(loaded, first, names: List[str], use_drafter: bool) -> Dict[str, Dict]:
+def own_controllers(loaded, first, names: List[str], use_drafter: bool, sampled: bool = False) -> Dict[str, Dict]:
     """A controller of its own for each adaptive column (`loaded.controllers` as each runs), on a
     copy of the first one's cost model: what a controller learns (acceptance, the machine's
     measured costs, parking) steers its next steps, and one controller shared by the columns made
@@ -251,7 +251,7 @@ def own_controllers(loaded, first, names: List[str], use_drafter: bool) -> Dict[
 
     if first is None:
         return {}
-    key = controller_key(loaded, use_drafter)
+    key = controller_key(loaded, use_drafter, sampled)
     return {name: {key: Controller(deepcopy(first.costs), first.has_drafter)} for name in names}
 
 
@@ -702,7 +702,7 @@ def _measure(args, stop) -> int:
             # time where no cache folder can be written (REDRAFTER_CACHE read-only)
             key = controller_key(loaded, not args.no_drafter)
             loaded.controllers[key] = Controller(costs, loaded.drafter is not None)
-        first = controller(loaded, not args.no_drafter, progress)
+        first = controller(loaded, not args.no_drafter, progress, args.temperature > 0)
     # (the tree too: a tree asked for where plain decoding was tuned fastest, L = 1, drafts at the default length)
     d = drafting(loaded, args.beam_width or None, args.beam_length or None, max(args.tree) if args.tree else None)
     args.beam_width, args.beam_length = d.beam_width, d.beam_length
@@ -733,7 +733,8 @@ def _measure(args, stop) -> int:
                             + (f"+lookup{c}" if len(args.lookup) > 1 else ""))
                     variants += [(name + suffix(g), mode, (w, n, c, t, p), g) for g in graphs]
     names = [v[0] for v in variants]
-    own = own_controllers(loaded, first, [name for name, mode, _, _ in variants if mode == "auto"], not args.no_drafter)
+    own = own_controllers(loaded, first, [name for name, mode, _, _ in variants if mode == "auto"], not args.no_drafter,
+                         args.temperature > 0)
     shared = loaded.controllers
     shape_text = (f"grid W in {args.widths} x L in {args.lengths}" if args.grid else f"W={args.beam_width} L={args.beam_length}"
                   if args.fixed else "adaptive drafting" + (" without the drafter" if args.no_drafter else "")

@@ -44,7 +44,7 @@ Without a drafter the controller is always parked: lookup alone, where it pays.
 import bisect
 import math
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
@@ -519,17 +519,21 @@ class Controller:
                 "parked_for": max(self.parked, 0)}
 
 
-def controller_key(loaded, use_drafter: bool = True) -> int:
-    """The key of `loaded.controllers` for `loaded` with its drafter (or none)."""
-    return id(loaded.drafter if use_drafter else None)
+def controller_key(loaded, use_drafter: bool = True, sampled: bool = False) -> Tuple[int, bool]:
+    """The key of `loaded.controllers` for `loaded` with its drafter (or none), greedy or sampled."""
+    return id(loaded.drafter if use_drafter else None), bool(sampled)
 
 
-def controller(loaded, use_drafter: bool = True, progress=None) -> Controller:
-    """The controller of `loaded` with its drafter (or none: use_drafter False), made once and
-    kept on `loaded.controllers`; the first one calibrates the cost model when this device,
-    model, weight format and MLX version were never seen (costs.cost_model)."""
+def controller(loaded, use_drafter: bool = True, progress=None, sampled: bool = False) -> Controller:
+    """The controller of `loaded` with its drafter (or none: use_drafter False), for greedy or
+    sampled decoding, made once and kept on `loaded.controllers`; the first one calibrates the cost
+    model when this device, model, weight format and MLX version were never seen
+    (costs.cost_model), and the others share it. Greedy and sampled calls learn apart: a draft is
+    accepted far less often when tokens are drawn (its base-model probability, not its being the
+    top token), and one controller for both steered a greedy reply after sampled ones by the
+    sampled acceptance, for a couple of hundred observations (a chat switching temperature)."""
     drafter = loaded.drafter if use_drafter else None
-    kept, key = loaded.controllers, controller_key(loaded, use_drafter)
+    kept, key = loaded.controllers, controller_key(loaded, use_drafter, sampled)
     ctl = kept.get(key)
     if ctl is None:
         costs = next(iter(kept.values())).costs if kept else None

@@ -451,7 +451,7 @@ def stream(
             + ("shorten the conversation or start a new chat" if turns > 1 else "shorten it")
         )
     yield None  # the checks passed: stream() returns here (_one_step_at_a_time), and the first next() goes on
-    ctl = controller(loaded, use_drafter, progress) if adaptive else None  # after the checks: a first call calibrates
+    ctl = controller(loaded, use_drafter, progress, not sampler.greedy) if adaptive else None  # after the checks: a first call calibrates
     pc = prompt_cache if prompt_cache is not None else PromptCache(model)
     owner = pc.user = object()  # another call on this cache takes it: this stream then stops (below)
     detok = tok.detokenizer()

@@ -54,7 +54,7 @@ class LoadedModel:
     tree: Optional[int] = None  # dynamic-tree node budget tuned with beam_shape (0: W x L beams)
     lookup: Optional[int] = None  # context-lookup length tuned with it (None: tuning.DEFAULT_LOOKUP)
     tree_min_prob: Optional[float] = None  # the tree's path-probability floor tuned with it
-    controllers: Dict[int, Any] = field(default_factory=dict)  # adaptive controllers (control.py), per drafter
+    controllers: Dict[Any, Any] = field(default_factory=dict)  # adaptive controllers (control.py), per drafter, greedy / sampled
     tree_ok: bool = True  # the load-time self-check passed: speculation is lossless on this model
     resolved: Any = None  # the registry.ResolvedModel the name resolved to (find_drafter(resolved): its drafter)
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from redrafter_mlx import costs, generate
-from redrafter_mlx.control import PARK_FIRST, PARK_MAX, PROBE_STEPS, Controller, controller
+from redrafter_mlx.control import PARK_FIRST, PARK_MAX, PROBE_STEPS, Controller, controller, controller_key
 from redrafter_mlx.costs import CostModel, FixedCosts
 from redrafter_mlx.generate import PromptCache
 from redrafter_mlx.tree_search import Candidates
@@ -223,7 +223,7 @@ def test_decoding_charges_speculative_steps_their_host_work():
     ar = generate(m, PROMPT, mode="ar", max_tokens=60)
     auto = generate(m, PROMPT, mode="auto", max_tokens=60)
     assert auto.tokens == ar.tokens and auto.stats.accepted_tokens > 0
-    assert 0.0 < m.controllers[id(m.drafter)].costs.overhead
+    assert 0.0 < m.controllers[controller_key(m)].costs.overhead
 
 
 def test_the_quick_forms_of_buckets_and_the_curve_give_the_same_figures():
@@ -381,7 +381,7 @@ def test_acceptance_model_learns_from_outcomes():
 
 def with_costs(m, c):
     """`m` with a controller on cost model `c` (instead of measuring this machine)."""
-    m.controllers[id(m.drafter)] = Controller(c, m.drafter is not None)
+    m.controllers[controller_key(m)] = Controller(c, m.drafter is not None)
     return m
 
 
@@ -456,7 +456,7 @@ def test_replay_of_the_controller_takes_the_steps_decoding_takes(use_drafter, cu
         m.tokenizer = tokenizer
         ar = generate(m, PROMPT, mode="ar", max_tokens=150)
         m.controllers.clear()
-        key = id(m.drafter) if use_drafter else id(None)
+        key = controller_key(m, use_drafter)
         m.controllers[key] = Controller(costs_(), use_drafter)
         rd = generate(m, PROMPT, mode="auto", max_tokens=150, use_drafter=use_drafter)
         assert rd.tokens == ar.tokens
@@ -480,7 +480,7 @@ def test_looked_up_is_cut_where_the_output_is():
     full = generate(m, PROMPT, mode="ar", max_tokens=45).tokens
     for cut in range(5, 45, 3):
         m.controllers.clear()
-        m.controllers[id(m.drafter)] = Controller(flat_costs(), True)
+        m.controllers[controller_key(m)] = Controller(flat_costs(), True)
         rd = generate(m, PROMPT, mode="auto", max_tokens=cut)
         assert rd.tokens == full[:cut]
         out = replay_auto(m, Controller(flat_costs(), True), rd.prompt_tokens, rd.tokens)
@@ -534,7 +534,7 @@ def test_auto_without_a_drafter_drafts_from_the_context():
 
 def test_use_drafter_false_keeps_the_drafter_out():
     m = with_costs(tiny_loaded(), flat_costs())
-    m.controllers[id(None)] = Controller(flat_costs(), False)
+    m.controllers[controller_key(m, False)] = Controller(flat_costs(), False)
     ar = generate(m, PROMPT, mode="ar", max_tokens=100)
     auto = generate(m, PROMPT, mode="auto", max_tokens=100, use_drafter=False)
     assert auto.tokens == ar.tokens
@@ -945,7 +945,7 @@ def test_a_cached_entry_with_damaged_figures_is_not_used(tiny_loaded):
         assert cached is not None and cached.draft_level is None and cached.shape_buckets is False
         m.controllers.clear()
         out = generate(m, "hello", mode="auto", max_tokens=3)
-        assert out.stats.new_tokens == 3 and m.controllers[id(m.drafter)].costs.draft_level > 0
+        assert out.stats.new_tokens == 3 and m.controllers[controller_key(m)].costs.draft_level > 0
 
 
 def test_a_curve_measured_under_load_is_measured_again_once(tiny_loaded, monkeypatch):
@@ -1041,6 +1041,28 @@ def test_controller_is_made_once_per_drafter(tiny_loaded):
     assert controller(tiny_loaded) is a
     b = controller(tiny_loaded, use_drafter=False)
     assert b is not a and not b.has_drafter and b.costs is a.costs
+
+
+def test_greedy_and_sampled_calls_learn_on_controllers_of_their_own(tiny_loaded):
+    """One controller served greedy and sampled calls on a model: a sampled reply's acceptance (a node is
+    accepted with its base-model probability) steered the greedy replies after it, and back. Each now
+    learns apart, on the one cost model."""
+    from redrafter_mlx.drafter import new_drafter
+
+    m = tiny_loaded
+    m.drafter = new_drafter(m.args)
+    greedy = controller(m)
+
+    def learned(ctl):
+        return ctl.acceptance.draft_n.sum() + ctl.acceptance.look_n.sum()
+
+    generate(m, PROMPT, mode="auto", max_tokens=24, temperature=0.8, seed=3)
+    sampled = m.controllers[controller_key(m, sampled=True)]
+    assert sampled is not greedy and sampled.costs is greedy.costs and controller(m) is greedy
+    assert learned(sampled) > 0 and learned(greedy) == 0  # the sampled reply taught the greedy controller nothing
+    before = learned(sampled)
+    generate(m, PROMPT, mode="auto", max_tokens=24)
+    assert controller(m, sampled=True) is sampled and learned(sampled) == before and learned(greedy) > 0
 
 
 def test_expansion_stops_where_no_child_can_pay():
