@@ -37,8 +37,10 @@ in the app:
 """
 
 
-# The library's own argparse types (redrafter_mlx.cli) would import the whole library before
-# --help could print (5 s instead of 0.1): these few are the chat's.
+# The library's own argparse types (redrafter_mlx.cli) would import the whole library, MLX included,
+# before --help could print or a value typed wrong be refused: these few are the chat's (tests hold them
+# to cli's: they take and refuse the same values, in the same words). The checks that run after parsing
+# are cli's own (`refusal`).
 def _number(kind, text: str):
     try:
         value = kind(text)
@@ -77,7 +79,7 @@ def _top_p(text: str) -> float:
     return value
 
 
-SEED_MAX = 2**64 - 1  # redrafter_mlx.sampling.SEED_MAX (a test checks they agree)
+SEED_MAX = 2**64 - 1  # redrafter_mlx.sampling.SEED_MAX
 
 
 def _seed(text: str) -> int:  # redrafter_mlx.cli.seed's range and words
@@ -163,34 +165,16 @@ def configure_parser() -> argparse.ArgumentParser:
     return p
 
 
-MAX_DRAFT_TOKENS = 1024  # redrafter_mlx.generate.MAX_DRAFT_TOKENS (a test checks they agree)
-
-
-def draft_size_error(args):
-    """What the library would refuse of the drafting options, said while parsing: the chat opened,
-    and then every reply failed. (redrafter_mlx.cli.draft_size_error's rule: importing the library
-    takes seconds during which the terminal would stay blank.)"""
-    w, length = args.beam_width, args.beam_length
-    if w is not None and length is not None and w * (length - 1) > MAX_DRAFT_TOKENS:
-        return f"beams of {w} x {length} tokens draft {w * (length - 1)} tokens a step; at most {MAX_DRAFT_TOKENS}"
-    for flag, value in (("--beam-width", w), ("--beam-length", length), ("--tree", args.tree), ("--lookup", args.lookup)):
-        if value is not None and value > MAX_DRAFT_TOKENS + (flag == "--beam-length"):
-            return f"{flag} {value}: drafts are limited to {MAX_DRAFT_TOKENS} tokens a step"
-    return None
-
-
 def missing_path(args) -> Optional[str]:
-    """A --model or --drafter that names a local path that is not there, said before the chat opens
-    (the screen opened, and the error waited for Ctrl+Q). redrafter_mlx.cli.drafter_error's rule
-    for the drafter; a model is a path when it ends in .gguf or .safetensors, starts with /, . or ~,
-    or holds a path separator without being org/name (else it may be a registry name or a hub id)."""
+    """A --model that names a local path that is not there, said before the chat opens (the screen
+    opened, and the error waited for Ctrl+Q). A model is a path when it ends in .gguf or .safetensors,
+    starts with /, . or ~, or holds a path separator without being org/name (else it may be a registry
+    name or a hub id)."""
     from redrafter_mlx.registry import looks_like_path
 
     model = args.model
     if model and model.strip() and looks_like_path(model) and not Path(model).expanduser().exists():
         return f"--model {model}: no such file or folder"
-    if args.drafter is not None and not (Path(args.drafter).expanduser() / "config.json").is_file():
-        return f"--drafter {args.drafter}: no drafter there (a folder with config.json and the weights)"
     return None
 
 
@@ -211,44 +195,37 @@ def unknown_name(args) -> Optional[str]:
 
 
 def fixed_drafting(args) -> bool:
-    """Any drafting option fixes the drafting; without one the adaptive controller sizes each step.
-    The rule of redrafter_mlx.tuning.fixed_drafting (tests check they agree), written here because
-    importing the library takes seconds during which the terminal would stay blank."""
-    return any(v is not None for v in (args.beam_width, args.beam_length, args.lookup, args.tree, args.tree_min_prob))
+    """Any drafting option fixes the drafting; without one the adaptive controller sizes each step
+    (redrafter_mlx.tuning.fixed_drafting, the library's one rule)."""
+    from redrafter_mlx.tuning import fixed_drafting as rule
+
+    return rule(args.beam_width, args.beam_length, args.lookup, args.tree, args.tree_min_prob)
 
 
 GRAPH_NEEDS_TREE = ("--graph with fixed drafting (-W, -L, --lookup, --tree-min-prob) needs --tree N (N > 0 nodes); "
                     "without any of those options drafting is adaptive and takes --graph as it is")
 
 
-def unused_drafting_error(args) -> Optional[str]:
-    """Drafting options nothing would use, said while parsing. redrafter_mlx.cli.unused_drafting_error's
-    rule for mode auto (the chat has no --mode; a test checks they agree), in the chat's words, written
-    here because importing the library takes seconds during which the terminal would stay blank."""
-    shaping = [flag for flag, value in (("-W", args.beam_width), ("-L", args.beam_length), ("--tree", args.tree),
-                                        ("--tree-min-prob", args.tree_min_prob), ("--graph", args.graph))
-               if value is not None]
-    if args.no_drafter and shaping:  # (the chat opened saying the model had no drafter)
-        return (f"{', '.join(shaping)} shape{'s' if len(shaping) == 1 else ''} the drafter's drafts, and --no-drafter "
-                "leaves it out: drop " + ("it" if len(shaping) == 1 else "them")
-                + " (without the drafter, --lookup N drafts the conversation's copy alone)")
-    beams = args.tree == 0 or (args.tree is None and (args.beam_width is not None or args.beam_length is not None))
-    if args.graph is not None and fixed_drafting(args) and beams:
-        return GRAPH_NEEDS_TREE
-    if args.tree_min_prob is not None and beams:  # ignored, saying nothing
-        return "--tree-min-prob is the dynamic tree's floor, and these options draft W x L beams: add --tree N " \
-               "(N > 0 nodes), or drop it"
-    return None
+def refusal(args) -> Optional[str]:
+    """What the other command lines refuse of these options (the chat has no --mode: mode auto), by
+    redrafter_mlx.cli's own rules and in its words, so that the two cannot drift apart; then the chat's
+    own: a graph over fixed drafting with no tree given (the tree a load would tune is not known here,
+    and every reply would fail). None: nothing to refuse.
 
+    Imported after parsing, not before: --help and the argparse types' errors answer without the
+    library (it imports MLX), and every start imports it anyway to read the registry (`missing_path`)."""
+    from redrafter_mlx import cli
 
-def sampling_error(args) -> Optional[str]:
-    """--top-p or --seed with greedy decoding, where they change nothing (ignored, saying nothing). The rule and
-    words of redrafter_mlx.cli.sampling_error (a test checks they agree), not imported: importing the library
-    takes seconds during which the terminal would stay blank."""
-    given = [flag for flag, on in (("--top-p", args.top_p != 1.0), ("--seed", args.seed is not None)) if on]
-    if args.temperature == 0.0 and given:
-        return (f"{' and '.join(given)} {'apply' if len(given) > 1 else 'applies'} to sampling, and --temperature 0 "
-                "decodes greedily: add --temperature T above 0, or drop " + ("them" if len(given) > 1 else "it"))
+    said = (cli.drafter_error(args.drafter, args.no_drafter)
+            or cli.sampling_error(args.temperature, args.top_p, args.seed)
+            or cli.context_graph_error(args.no_context_graph, args.graph is not None)
+            or cli.draft_size_error(args.beam_width, args.beam_length, args.tree, args.lookup)
+            or cli.unused_drafting_error("auto", args.no_drafter, args.drafter, args.beam_width, args.beam_length,
+                                         args.lookup, args.tree, args.tree_min_prob, args.graph))
+    if said:
+        return said
+    if args.graph is not None and fixed_drafting(args) and not args.tree:  # over a tuned tree too: its budget
+        return GRAPH_NEEDS_TREE  # is not known here
     return None
 
 
@@ -286,14 +263,6 @@ def has_terminal() -> bool:
 def main(argv=None) -> int:
     parser = configure_parser()
     args = parser.parse_args(argv)
-    fixed = fixed_drafting(args)
-    if args.drafter is not None and args.no_drafter:
-        parser.error("--drafter PATH and --no-drafter ask for opposite things: give one")
-    if args.no_context_graph and args.graph is None:
-        parser.error("--no-context-graph applies to graph drafting: add --graph K, or drop it")
-    greedy = sampling_error(args)
-    if greedy:
-        parser.error(greedy)
     if args.system is not None:  # bytes that are not UTF-8 (another locale's argv): every reply failed, the chat open
         try:
             args.system.encode("utf-8")
@@ -302,17 +271,9 @@ def main(argv=None) -> int:
                          "is the terminal's locale UTF-8?)")
     if args.model is not None and not args.model.strip():  # said after the screen opened, in the library's words
         parser.error("--model is empty: give a registry name, a path or a hub id, or leave --model out (smollm2-135m)")
-    unused = unused_drafting_error(args)
-    if unused:
-        parser.error(unused)
-    missing = missing_path(args) or unknown_name(args)
-    if missing:
-        parser.error(missing)
-    too_big = draft_size_error(args)
-    if too_big:
-        parser.error(too_big)
-    if args.graph is not None and fixed and not args.tree:  # over a tuned tree too: its budget is not known here
-        parser.error(GRAPH_NEEDS_TREE)
+    refused = refusal(args) or missing_path(args) or unknown_name(args)
+    if refused:
+        parser.error(refused)
     if not has_terminal():
         parser.error("the chat needs a terminal, and its input or output is redirected; for a reply in a script: "
                      "python -m redrafter_mlx PROMPT (or - to read the prompt from standard input)")

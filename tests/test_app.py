@@ -1130,25 +1130,26 @@ def test_command_line_refusals_and_the_drafting_rule(monkeypatch, capsys):
     import itertools
 
     import app.app as app_module
-    from app.__main__ import fixed_drafting, main
-    from redrafter_mlx import cli, tuning
+    from app.__main__ import GRAPH_NEEDS_TREE, main, settings_from
+    from redrafter_mlx import tuning
 
     for argv in (["--graph", "1", "-W", "2"], ["--graph", "0", "--tree", "0"]):
         with pytest.raises(SystemExit):
             main(argv)
-        assert "--graph with fixed drafting" in capsys.readouterr().err
+        assert "--graph drafts a dynamic tree, and these options draft W x L beams" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # over a tree only a load would name: the chat's own refusal
+        main(["--graph", "1", "--lookup", "4"])
+    assert GRAPH_NEEDS_TREE in capsys.readouterr().err
     with pytest.raises(SystemExit):  # ignored, saying nothing: greedy decoding has no nucleus
         main(["--top-p", "0.9"])
-    err = capsys.readouterr().err
-    assert "--top-p applies to sampling, and --temperature 0 decodes greedily" in err
-    assert cli.sampling_error(0.0, 0.9) in err  # the chat's mirror says what the other tools say
+    assert "--top-p applies to sampling, and --temperature 0 decodes greedily" in capsys.readouterr().err
     p = configure_parser()
     flags = (("--beam-width", "2"), ("--beam-length", "3"), ("--lookup", "0"), ("--tree", "8"),
              ("--tree-min-prob", "0.1"))
-    for given in itertools.product((False, True), repeat=len(flags)):
+    for given in itertools.product((False, True), repeat=len(flags)):  # the chat drafts adaptively as the library
         a = p.parse_args([x for on, f in zip(given, flags) if on for x in f])
-        assert fixed_drafting(a) == tuning.fixed_drafting(a.beam_width, a.beam_length, a.lookup, a.tree,
-                                                          a.tree_min_prob)
+        assert settings_from(a).adaptive == (not tuning.fixed_drafting(a.beam_width, a.beam_length, a.lookup, a.tree,
+                                                                       a.tree_min_prob))
 
     class Failed:
         load_error = "no model 'org/nope' on the Hugging Face hub"
@@ -1268,29 +1269,28 @@ def test_the_engine_thread_frees_its_mlx_streams_when_closed(monkeypatch):
         assert proc.returncode == 0, proc.stderr
 
 
-def test_drafts_too_big_are_refused_while_parsing(capsys):
+def test_drafts_too_big_are_refused_while_parsing(monkeypatch, capsys):
     """-W 100 -L 16, --tree 5000 and --lookup 5000 opened the chat, then every reply failed with
     the library's limit: now they are refused at once, by the library's own rule."""
-    from app.__main__ import MAX_DRAFT_TOKENS, draft_size_error, main
-    from redrafter_mlx import cli
-    from redrafter_mlx.generate import MAX_DRAFT_TOKENS as LIMIT
+    from app.__main__ import main
+    from redrafter_mlx.generate import MAX_DRAFT_TOKENS
 
-    assert MAX_DRAFT_TOKENS == cli.MAX_DRAFT_TOKENS == LIMIT
-    p = configure_parser()
+    monkeypatch.setattr("app.__main__.has_terminal", lambda: False)  # main() ends there when nothing is refused
     for argv, words in ((["-W", "100", "-L", "16"], ["beams of 100 x 16 tokens draft 1500"]), (["--tree", "5000"], ["--tree 5000"]),
                         (["--lookup", "5000"], ["--lookup 5000"]), (["-W", "2000"], ["--beam-width 2000"]),
-                        (["--no-drafter", "-W", "4"], ["-W shapes the drafter's drafts, and --no-drafter"]),
+                        (["--no-drafter", "-W", "4"], ["--beam-width shapes the drafter's drafts, and --no-drafter"]),
                         (["--model", " "], ["--model is empty"]),
                         (["--drafter", "d", "--no-drafter"], ["opposite things"]),  # and options it ignored
                         (["--no-context-graph"], ["applies to graph drafting"])):
-        a = p.parse_args(argv)
-        assert draft_size_error(a) == cli.draft_size_error(a.beam_width, a.beam_length, a.tree, a.lookup)
         with pytest.raises(SystemExit):
             main(argv)
         err = capsys.readouterr().err
         assert all(w in err for w in words), err
-    for argv in (["-W", "64", "-L", "17"], ["--tree", "1024", "--lookup", "1024"], ["-L", "1025"]):
-        assert draft_size_error(p.parse_args(argv)) is None
+    for argv in (["-W", "64", "-L", "17"], ["--tree", str(MAX_DRAFT_TOKENS), "--lookup", str(MAX_DRAFT_TOKENS)],
+                 ["-L", str(MAX_DRAFT_TOKENS + 1)]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert "the chat needs a terminal" in capsys.readouterr().err, argv
 
 
 def test_a_missing_model_path_or_drafter_is_refused_before_the_chat_opens(monkeypatch, capsys, tmp_path):
@@ -1711,37 +1711,84 @@ def test_the_last_steps_tokens_count_as_the_mean_counts_them(tiny_loaded, monkey
         engine.wait(10)
 
 
-def test_the_chats_rule_for_unused_drafting_options_is_the_librarys(monkeypatch, capsys):
-    """The chat mirrors redrafter_mlx.cli.unused_drafting_error (it does not import the library while
-    parsing): over every combination of the drafting options, with and without --no-drafter, both
-    accept or both refuse, and main() refuses with the chat's line. (--tree-min-prob over beams was
-    ignored by the chat, saying nothing.)"""
+def refused(main, argv, capsys):
+    """What a command line's main() refuses of argv, as its one line says it, less the prog and the
+    "(options: ...)" hint; None if it goes on (to the chat's terminal check, or the CLI's reply)."""
+    try:
+        main(argv)
+    except SystemExit:
+        pass
+    err = capsys.readouterr().err.strip()
+    if "error: " not in err or "the chat needs a terminal" in err:
+        return None
+    return err.split("error: ", 1)[1].rsplit(" (options: ", 1)[0]
+
+
+def test_the_chat_refuses_what_the_cli_refuses_in_its_words(monkeypatch, capsys, tmp_path):
+    """The chat checked its options by copies of redrafter_mlx.cli's rules, which drifted: it said "-W shapes
+    the drafter's drafts" and its own graph line where `python -m redrafter_mlx` said otherwise. Over every
+    combination of the drafting options (with and without --no-drafter), the sampling options, and the
+    drafter's, both command lines refuse the same settings in the same words (the chat is mode auto); the
+    chat refuses one more: a graph over fixed drafting with no tree given, where every reply would fail."""
     import itertools
 
-    from app.__main__ import GRAPH_NEEDS_TREE, main, unused_drafting_error
-    from redrafter_mlx import cli
+    import redrafter_mlx.__main__ as cli_main
+    from app.__main__ import GRAPH_NEEDS_TREE, main
 
     monkeypatch.setattr("app.__main__.has_terminal", lambda: False)  # main() ends there when nothing is refused
-    p = configure_parser()
-    options = (("--no-drafter",), ("-W", "2"), ("-L", "3"), ("--lookup", "0", "8"), ("--tree", "0", "8"),
-               ("--tree-min-prob", "0.1"), ("--graph", "1"))
+    monkeypatch.setattr(cli_main, "_reply", lambda args: 0)  # nor does the CLI load a model
+    options = (("--no-drafter",), ("--beam-width", "2"), ("--beam-length", "3"), ("--lookup", "0", "8"),
+               ("--tree", "0", "8"), ("--tree-min-prob", "0.1"), ("--graph", "1"))
     choices = [[[]] + [[flag, v] if v else [flag] for v in (values or (None,))] for flag, *values in options]
-    refused = 0
-    for combo in itertools.product(*choices):
-        argv = [x for part in combo for x in part]
-        a = p.parse_args(argv)
-        chat = unused_drafting_error(a)
-        library = cli.unused_drafting_error("auto", a.no_drafter, a.drafter, a.beam_width, a.beam_length, a.lookup,
-                                            a.tree, a.tree_min_prob, a.graph)
-        assert (chat is None) == (library is None), (argv, chat, library)
-        with pytest.raises(SystemExit):
-            main(argv)
-        err = capsys.readouterr().err
-        # what both accept goes on (to the terminal check here), or meets the chat's own graph rule: a graph over
-        # a tree that only the load would name (the library refuses it then), where every reply would fail
-        assert chat in err if chat else ("the chat needs a terminal" in err or GRAPH_NEEDS_TREE in err), (argv, err)
-        refused += chat is not None
-    assert 0 < refused < 2 * 2 * 2 * 3 * 3 * 2 * 2  # the combinations tried hold both answers
+    argvs = [[x for part in combo for x in part] for combo in itertools.product(*choices)]
+    argvs += [["--temperature", t, *(["--top-p", p] if p else []), *(["--seed", seed] if seed else [])]
+              for t, p, seed in itertools.product(("0", "0.7"), (None, "0.9"), (None, "7"))]
+    argvs += [["--drafter", str(tmp_path), "--no-drafter"], ["--drafter", str(tmp_path)], ["--no-context-graph"],
+              ["--graph", "1", "--no-context-graph"], ["--beam-width", "100", "--beam-length", "16"],
+              ["--tree", "5000"], ["--lookup", "5000"]]
+    refusals = 0
+    for argv in argvs:
+        chat, library = refused(main, argv, capsys), refused(cli_main.main, [*argv, "hi"], capsys)
+        if library is None:  # what both accept, or the chat's own graph rule
+            assert chat in (None, GRAPH_NEEDS_TREE), (argv, chat)
+        else:
+            assert chat == library, argv
+            refusals += 1
+    assert 0 < refusals < len(argvs)  # the combinations tried hold both answers
+
+
+def test_help_and_a_value_typed_wrong_answer_without_the_library(capsys):
+    """--help and the argparse types' errors answer without importing the library (and MLX with it: seconds of a
+    blank terminal on a cold start); the types take and refuse what redrafter_mlx.cli's do, in their words."""
+    import subprocess
+
+    from redrafter_mlx import cli
+
+    code = ("import sys\nfrom app.__main__ import main\n"
+            "for argv in (['--help'], ['--seed', '-1'], ['-W', 'x'], ['--top-p', '2']):\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('redrafter_mlx', 'mlx'))), file=sys.stderr)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=str(__import__("pathlib").Path(__file__).parent.parent))
+    assert out.stderr.splitlines()[-1] == "[]", out.stderr
+    chat = configure_parser()
+    for flag, kind, values in (("--beam-width", cli.positive, ("0", "-3", "x", "1.5", "inf")),
+                               ("--lookup", cli.non_negative, ("-1", "x")), ("--max-tokens", cli.positive, ("0",)),
+                               ("--temperature", cli.temperature, ("-0.1", "nan", "inf", "x")),
+                               ("--top-p", cli.probability, ("0", "1.5", "nan")),
+                               ("--tree-min-prob", cli.probability, ("0", "-1")),
+                               ("--seed", cli.seed, ("-1", str(2**64), "1.5"))):
+        library = cli.Parser(prog="redrafter-chat")
+        library.add_argument(flag, type=kind)
+        for value in (*values, "1"):
+            said = []
+            for parser in (chat, library):
+                try:
+                    parser.parse_args([flag, value])
+                    said.append(None)
+                except SystemExit:
+                    said.append(capsys.readouterr().err.split(" (options")[0].split(": ", 3)[-1])  # less the flag
+            assert said[0] == said[1], (flag, value, said)
 
 
 def test_quitting_while_the_model_loads_leaves_at_once(monkeypatch):
@@ -2086,11 +2133,10 @@ def test_the_chat_takes_a_seed_as_the_other_tools_do(monkeypatch, capsys):
     --temperature 0 (their rule, over every combination), and hands the seed to every reply."""
     import itertools
 
-    from app.__main__ import SEED_MAX, main, sampling_error, settings_from
+    from app.__main__ import main, settings_from
     from redrafter_mlx import cli
-    from redrafter_mlx.sampling import SEED_MAX as LIBRARY_SEED_MAX
+    from redrafter_mlx.sampling import SEED_MAX
 
-    assert SEED_MAX == LIBRARY_SEED_MAX
     p = configure_parser()
     assert p.parse_args(["--temperature", "1", "--seed", str(SEED_MAX)]).seed == SEED_MAX
     for bad in ("-1", str(SEED_MAX + 1), "1.5"):
@@ -2108,7 +2154,6 @@ def test_the_chat_takes_a_seed_as_the_other_tools_do(monkeypatch, capsys):
                 *(["--seed", seed] if seed else [])]
         a = p.parse_args(argv)
         library = cli.sampling_error(a.temperature, a.top_p, a.seed)
-        assert sampling_error(a) == library, argv
         with pytest.raises(SystemExit):
             main(argv)
         err = capsys.readouterr().err
