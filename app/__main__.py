@@ -31,6 +31,7 @@ examples:
 in the app:
   Enter send · Up/Down prompt history · PgUp/PgDn scroll the conversation
   Esc or Ctrl+C cancel the reply (the streamed part stays) or a message waiting for the model to load
+      (with text selected, Ctrl+C copies it and cancels nothing)
   Ctrl+N new chat · Ctrl+Y copy the last reply · Ctrl+T speculative decoding on/off
   F5/F6 beam width -/+ · F7/F8 beam length -/+ (a fixed beam) · /auto adaptive again
   F2 stats panel on/off · Ctrl+P all commands · /help lists the /commands · Ctrl+Q quits

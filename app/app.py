@@ -50,7 +50,7 @@ FINISH_NOTES = {
 HELP = """\
 Keys
   Enter send · ↑/↓ prompt history · PgUp/PgDn scroll the conversation
-  Esc or Ctrl+C cancel the reply, or a message waiting for the model to load
+  Esc or Ctrl+C cancel the reply, or a message waiting for the model to load (with text selected, Ctrl+C copies it)
   Ctrl+N new chat · Ctrl+Y copy the last reply · Ctrl+Q quit
   Ctrl+T speculative decoding on/off · F2 stats panel on/off
   {beam_keys} · Ctrl+P all commands
@@ -93,7 +93,9 @@ class ChatApp(App):
     TITLE = "redrafter-chat"
     BINDINGS = [
         Binding("escape", "cancel", "Cancel"),
-        Binding("ctrl+c", "cancel", "Cancel", show=False, priority=True),
+        # with text selected (in the conversation or the prompt box) it copies that instead: a user copying part of a
+        # streaming reply stopped it
+        Binding("ctrl+c", "cancel_or_copy", "Cancel", show=False, priority=True),
         # with nothing to cancel and no text selected to copy: the binding above replaced Textual's own ctrl+c
         # (help_quit), and the reflex of quitting with Ctrl+C did nothing at all, silently
         Binding("ctrl+c", "nothing_to_cancel", show=False, system=True),
@@ -440,8 +442,8 @@ class ChatApp(App):
     # ---- actions ---------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters) -> Optional[bool]:
-        if action == "cancel":
-            return self.cancellable  # otherwise Ctrl+C goes on to the prompt box (copy)
+        if action in ("cancel", "cancel_or_copy"):
+            return self.cancellable  # otherwise Ctrl+C goes on to the prompt box or the screen (copy)
         if self._idle(action) and not self._explaining:  # out of the footer; the key still says why (on_key)
             return False
         return True
@@ -488,6 +490,17 @@ class ChatApp(App):
             self._cancel.set()
             self.status = "cancelling"
             self._refresh()
+
+    def action_cancel_or_copy(self):
+        """Ctrl+C while there is something to cancel: the text selected, if any, is copied (Textual's own Ctrl+C,
+        which the chat's binding comes before), and the reply goes on; else it is cancelled, as Esc does."""
+        selected = self.screen.get_selected_text() or self.query_one(PromptInput).selected_text
+        if not selected:
+            self.action_cancel()
+            return
+        self.copy_to_clipboard(selected)
+        self.notify(f"Sent the selected text ({len(selected)} characters) {TO_CLIPBOARD} The reply goes on: Esc "
+                    "cancels it.")
 
     def action_nothing_to_cancel(self):
         self.notify("Nothing to cancel: Ctrl+Q quits (Ctrl+C copies selected text).")

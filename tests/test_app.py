@@ -306,6 +306,34 @@ async def test_ctrl_c_with_nothing_to_cancel_says_how_to_quit():
         assert app.clipboard == "some text" and len(app._notifications) == 1
 
 
+async def test_ctrl_c_with_text_selected_copies_it_and_the_reply_goes_on():
+    """Ctrl+C during a reply cancelled it even with text selected: a user copying part of a streaming reply (or
+    of the prompt box) stopped it. With a selection it copies that, says so, and the reply goes on; without one
+    it cancels."""
+    from textual.selection import Selection
+
+    engine = FakeEngine([REPLY], hold_after=2)
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "Explain speculative decoding.")
+        await wait_for(pilot, lambda: app.generating and transcript_replies(app) != [""])
+        app.screen.selections = {app.query_one(UserMessage): Selection(None, None)}  # (as a mouse drag selects)
+        await pilot.press("ctrl+c")
+        await pilot.pause()
+        assert app.clipboard == "Explain speculative decoding." and app.status == "generating"
+        assert "Sent the selected text (29 characters)" in str(list(app._notifications)[-1].message)
+        app.screen.clear_selection()
+        box = app.query_one(PromptInput)
+        box.value = "typed meanwhile"
+        await pilot.press("end", "shift+home", "ctrl+c")
+        await pilot.pause()
+        assert app.clipboard == "typed meanwhile" and app.status == "generating"
+        await pilot.press("end", "ctrl+c")  # nothing selected: it cancels
+        await finished(pilot)
+        assert app.status == "cancelled"
+
+
 async def test_sending_while_a_reply_is_being_cancelled_says_so():
     """Enter while a cancelled reply was still stopping (a long prompt's chunk, a step) said "Esc cancels
     it", a key already pressed; it says the reply is being cancelled, and the message stays in the box."""
