@@ -27,7 +27,7 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from .engine import COPY_GROWTH, EngineError, EngineInfo, Settings, Stats
+from .engine import COPY_GROWTH, EngineError, EngineInfo, Settings, Stats, failure
 from .messages import LoadFailed, LoadFinished, LoadProgress, ReplyFailed, ReplyProgress, ReplyStatus
 from .stats_view import Baseline, speculative_state, stats_rows
 from .widgets import AssistantMessage, LoadStatus, Notice, PromptInput, StatsPanel, Transcript, UserMessage, visible
@@ -57,13 +57,15 @@ Keys
   A pasted text keeps its line breaks, shown as ⏎
 Commands
   /new · /copy · /spec [on|off] · /beam W L · /width N · /length N (a fixed beam{beam_needs}) · /auto (adaptive)
-  /stats (the panel on/off) · /help · a message starting with / is sent as such when written //"""
+  /stats (the panel on/off) · /details (a failed reply's whole error) · /help
+  A message starting with / is sent as such when written //"""
 # Textual's copy_to_clipboard writes an OSC 52 sequence and cannot know what the terminal did with it: "Copied"
 # was said in terminals that ignore it (macOS Terminal, tmux without set-clipboard), the clipboard unchanged.
 TO_CLIPBOARD = "to the terminal's clipboard (OSC 52: some terminals ignore it, macOS Terminal among them)."
 COMMANDS = {  # each /command as it is written, for the notice on bad arguments
     "new": "/new", "copy": "/copy", "spec": "/spec, /spec on or /spec off", "beam": "/beam W L (or /beam WxL)",
     "width": "/width N", "length": "/length N", "auto": "/auto", "help": "/help", "stats": "/stats",
+    "details": "/details",
 }
 
 
@@ -136,6 +138,7 @@ class ChatApp(App):
         self.user_view: Optional[UserMessage] = None  # the prompt bubble of the reply that runs
         self.load_error: Optional[str] = None  # why the model did not load (main() prints it after the app)
         self._stats_shown: Optional[bool] = None  # the user's choice (F2, /stats); None: by the terminal's width
+        self.error_details: Optional[str] = None  # the last failed reply's whole error, where its notice was cut
 
     # ---- layout ----------------------------------------------------------------------------
 
@@ -347,10 +350,9 @@ class ChatApp(App):
                 text += chunk.text
                 last = chunk
                 self.post_message(ReplyProgress(reply_id, text, chunk.stats, chunk.finish_reason))
-        except EngineError as e:
-            self.post_message(ReplyFailed(reply_id, str(e), text))
-        except Exception as e:
-            self.post_message(ReplyFailed(reply_id, f"{type(e).__name__}: {e}", text))
+        except Exception as e:  # (an engine that breaks its contract: its error named, cut to a line as the engine's)
+            failed = e if isinstance(e, EngineError) else failure(e)
+            self.post_message(ReplyFailed(reply_id, str(failed), text, failed.details))
         else:
             if last is None or last.finish_reason is None:
                 self.post_message(ReplyFailed(reply_id, "the engine ended the reply without a reason", text))
@@ -413,7 +415,11 @@ class ChatApp(App):
             self.stats = self._before[1]  # blank); said as a cancel says it (the bubble vanished without a word)
             where = "\nThe message was taken back" + (" into the prompt box." if back else
                                                        " (the prompt box held other text: ↑ finds it in the history).")
-        self._note(f"The reply failed: {msg.error}{where}", "error")
+        # the notice keeps to the error's first line; the rest of it (a library's or MLX's message over several
+        # lines) was lost: /details shows it
+        self.error_details = msg.details or None
+        more = " (/details shows the whole error)" if msg.details else ""
+        self._note(f"The reply failed: {msg.error}{more}{where}", "error")
         self.status = "error"
         await self._reply_ended()
 
@@ -627,6 +633,14 @@ class ChatApp(App):
             "F5/F6 beam width −/+ · F7/F8 beam length −/+",
             beam_needs=", which needs a drafter: this model has none" if none else ""))
 
+    def action_details(self):
+        """The last failed reply's whole error, whose notice said its first line."""
+        if self.error_details is None:
+            self.notify("No error to show in full: /details shows a failed reply's error where its notice kept to "
+                        "the first line.", severity="warning")
+            return
+        self._note(f"The last failed reply's error, in full:\n{self.error_details}", "error")
+
     def action_page_transcript(self, pages: int):
         transcript = self.query_one(Transcript)
         transcript.scroll_page_down() if pages > 0 else transcript.scroll_page_up()
@@ -645,7 +659,7 @@ class ChatApp(App):
                         severity="warning", markup=False)
             return
         try:
-            if name in ("new", "copy", "auto", "help", "stats") and args:
+            if name in ("new", "copy", "auto", "help", "stats", "details") and args:
                 raise ValueError
             if name == "new":
                 await self.action_new_chat()
@@ -666,6 +680,8 @@ class ChatApp(App):
                 self.action_help()
             elif name == "stats":
                 self.action_toggle_stats()
+            elif name == "details":
+                self.action_details()
             else:
                 raise ValueError
         except ValueError:

@@ -42,7 +42,12 @@ Messages = List[dict]  # [{"role": "user" | "assistant", "content": str}, ...]
 
 
 class EngineError(Exception):
-    """A readable, one-line reason a load or a reply failed."""
+    """A readable, one-line reason a load or a reply failed; `details`: the whole text that line was cut from
+    ("" when the line says it all), which the chat's /details shows."""
+
+    def __init__(self, message: str = "", details: str = ""):
+        super().__init__(message)
+        self.details = details
 
 
 @dataclass
@@ -216,6 +221,15 @@ def _readable(e: BaseException) -> str:
     return text or type(e).__name__
 
 
+def failure(e: BaseException, named: bool = True) -> EngineError:
+    """`e` as an EngineError: its first line, after its type's name when `named` (not a user error), and its
+    whole text as the details where that line leaves some out (only the first line was kept: a multi-line
+    error lost the rest for good)."""
+    line, whole = _readable(e), str(e).strip()
+    name = f"{type(e).__name__}: " if named else ""
+    return EngineError(name + line, name + whole if whole and whole != line else "")
+
+
 def _readable_errors(fn):
     """fn, raising EngineError with a one-line message for whatever it raises."""
 
@@ -225,7 +239,7 @@ def _readable_errors(fn):
         except EngineError:
             raise
         except Exception as e:  # not a user error: name it
-            raise EngineError(f"{type(e).__name__}: {_readable(e)}") from e
+            raise failure(e) from e
 
     return wrapped
 
@@ -268,7 +282,7 @@ class Engine(EngineThread):
         except EngineError:
             raise
         except Exception as e:  # not a user error: name it
-            raise EngineError(f"{type(e).__name__}: {_readable(e)}") from e
+            raise failure(e) from e
 
     def new_chat(self):
         self.submit(self._new_chat)
@@ -370,7 +384,7 @@ class Engine(EngineThread):
             from redrafter_mlx import RedrafterError
 
             if isinstance(e, (RedrafterError, ValueError)):  # the user's to fix: say it plainly
-                raise EngineError(_readable(e)) from e
+                raise failure(e, named=False) from e
             raise
 
     def _stream(self, messages: Messages, settings: Settings, should_stop, on_status=None) -> Iterator[Chunk]:

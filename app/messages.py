@@ -49,6 +49,7 @@ class ReplyStatus(Message):
 
 
 class ReplyFailed(Message):
-    def __init__(self, reply_id: int, error: str, text: str):
+    def __init__(self, reply_id: int, error: str, text: str, details: str = ""):
         super().__init__()
         self.reply_id, self.error, self.text = reply_id, error, text
+        self.details = details  # the error's whole text, where `error` is its first line alone (else "")

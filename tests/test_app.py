@@ -932,6 +932,44 @@ async def test_a_reply_that_fails_before_a_word_takes_its_turn_back():
 
 
 
+async def test_a_reply_errors_whole_text_is_reachable_by_details():
+    """A reply's error showed its first line only, the rest lost for good (the engine kept one line): the notice
+    still keeps to that line, says /details shows the rest, and /details shows the whole text. A one-line error
+    says nothing more, and /details then says there is nothing to show."""
+    from app.engine import failure
+
+    error = RuntimeError("[metal::malloc] Attempting to allocate 9 GB\nwhich is more than the limit of 8 GB.")
+    assert (str(failure(error)), failure(error).details) == \
+        ("RuntimeError: [metal::malloc] Attempting to allocate 9 GB", f"RuntimeError: {error}")
+    assert failure(ValueError("one line"), named=False).details == ""
+    for raised, notice, whole in ((error, "The reply failed: RuntimeError: [metal::malloc] Attempting to allocate 9 GB",
+                                   "which is more than the limit of 8 GB."),
+                                  (failure(error), "The reply failed: RuntimeError: [metal::malloc] Attempting",
+                                   "which is more than the limit of 8 GB."),
+                                  (EngineError("one line only"), "The reply failed: one line only", None)):
+        engine = FakeEngine(["x"])
+
+        def fails(messages, settings, should_stop, on_status=None, raised=raised):
+            yield from ()
+            raise raised
+
+        engine._reply = fails
+        app = create_app(engine)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot)
+            await ask(pilot, "a question")
+            await finished(pilot)
+            said = str(app.query(Notice).last().render())
+            assert said.startswith(notice) and "limit of 8 GB" not in said
+            assert ("(/details shows the whole error)" in said) == (whole is not None)
+            await ask(pilot, "/details")
+            await pilot.pause()
+            if whole is None:
+                assert "No error to show in full" in str(list(app._notifications)[-1].message)
+            else:
+                assert str(app.query(Notice).last().render()).endswith(f"in full:\nRuntimeError: {error}")
+
+
 async def test_a_reply_that_fills_the_context_says_how_to_go_on():
     """A reply stopped by the context length leaves a conversation that no next message fits: the bubble said
     "stopped: context full", and the next message failed before saying to start a new chat."""
