@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from .engine import Engine, Settings
+from .engine import SEED_MAX, Engine, Settings
 
 ENGINE_EXIT_SECONDS = 10.0  # after quitting, how long the engine may take to finish its step
 
@@ -33,6 +33,7 @@ in the app:
   Esc or Ctrl+C cancel the reply (the streamed part stays) or a message waiting for the model to load
       (with text selected, Ctrl+C copies it and cancels nothing)
   Ctrl+N new chat · Ctrl+Y copy the last reply · Ctrl+T speculative decoding on/off
+  /seed N draws the next replies with seed N (as --seed N) · /seed shows the last reply's · /seed off
   F5/F6 beam width -/+ · F7/F8 beam length -/+ (a fixed beam) · /auto adaptive again
   F2 stats panel on/off · Ctrl+P all commands · /help lists the /commands · Ctrl+Q quits
 """
@@ -78,9 +79,6 @@ def _top_p(text: str) -> float:
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"must be in (0, 1], not {value:g}")
     return value
-
-
-SEED_MAX = 2**64 - 1  # redrafter_mlx.sampling.SEED_MAX
 
 
 def _seed(text: str) -> int:  # redrafter_mlx.cli.seed's range and words

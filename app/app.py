@@ -27,7 +27,7 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from .engine import COPY_GROWTH, EngineError, EngineInfo, Settings, Stats, failure
+from .engine import COPY_GROWTH, SEED_MAX, EngineError, EngineInfo, Settings, Stats, failure
 from .messages import LoadFailed, LoadFinished, LoadProgress, ReplyFailed, ReplyProgress, ReplyStatus
 from .stats_view import Baseline, speculative_state, stats_rows
 from .widgets import AssistantMessage, LoadStatus, Notice, PromptInput, StatsPanel, Transcript, UserMessage, visible
@@ -57,6 +57,7 @@ Keys
   A pasted text keeps its line breaks, shown as ⏎
 Commands
   /new · /copy · /spec [on|off] · /beam W L · /width N · /length N (a fixed beam{beam_needs}) · /auto (adaptive)
+  /seed N (every reply drawn with seed N, as --seed N) · /seed (the last reply's seed) · /seed off (a fresh one each)
   /stats (the panel on/off) · /details (a failed reply's whole error) · /help
   A message starting with / is sent as such when written //"""
 # Textual's copy_to_clipboard writes an OSC 52 sequence and cannot know what the terminal did with it: "Copied"
@@ -65,7 +66,7 @@ TO_CLIPBOARD = "to the terminal's clipboard (OSC 52: some terminals ignore it, m
 COMMANDS = {  # each /command as it is written, for the notice on bad arguments
     "new": "/new", "copy": "/copy", "spec": "/spec, /spec on or /spec off", "beam": "/beam W L (or /beam WxL)",
     "width": "/width N", "length": "/length N", "auto": "/auto", "help": "/help", "stats": "/stats",
-    "details": "/details",
+    "details": "/details", "seed": "/seed N (0 to 2**64 - 1), /seed or /seed off",
 }
 
 
@@ -633,6 +634,39 @@ class ChatApp(App):
             "F5/F6 beam width −/+ · F7/F8 beam length −/+",
             beam_needs=", which needs a drafter: this model has none" if none else ""))
 
+    def set_seed(self, seed: Optional[int]):
+        """Draw every later reply with `seed`, as --seed does from the start (None: a fresh seed for each). A
+        later reply drawn with a fresh seed could be drawn again only through the library."""
+        if self._no_model():
+            return
+        if seed is not None and not 0 <= seed <= SEED_MAX:
+            self.notify(f"A seed is from 0 to 2**64 - 1, not {seed}: the seed stays as it was.", severity="warning")
+            return
+        if self.settings.temperature == 0:  # --seed is refused with greedy decoding: it changes nothing
+            self.notify("A seed applies to sampling, and --temperature 0 decodes greedily: start the chat with "
+                        "--temperature T above 0 to sample.", severity="warning")
+            return
+        if seed is None and self.settings.seed is None:
+            self.notify("No seed is fixed: each reply draws a fresh one.")
+            return
+        self.settings.seed = seed
+        self.notify(f"Seed {seed}: every reply is drawn with it{self._later()}, the same conversation giving the "
+                    "same reply; /seed off draws a fresh one for each." if seed is not None else
+                    f"Seed off: each reply draws a fresh one{self._later()}.")
+        self._refresh()
+
+    def show_seed(self):
+        """The seed the last reply was drawn with (the panel shows it too, when shown), and the one fixed."""
+        if self.settings.temperature == 0:
+            self.notify("Replies decode greedily (--temperature 0): no seed draws them.")
+            return
+        last = self.stats.seed if self.stats is not None else None
+        said = (f"The last reply was drawn with seed {last}: /seed {last} draws the next ones with it." if last
+                is not None else "No sampled reply yet.")
+        fixed = self.settings.seed
+        self.notify(said + (f" Every reply is drawn with seed {fixed} (/seed off: a fresh one each)."
+                            if fixed is not None else " Each reply draws a fresh seed."))
+
     def action_details(self):
         """The last failed reply's whole error, whose notice said its first line."""
         if self.error_details is None:
@@ -682,6 +716,12 @@ class ChatApp(App):
                 self.action_toggle_stats()
             elif name == "details":
                 self.action_details()
+            elif name == "seed" and not args:
+                self.show_seed()
+            elif name == "seed" and args == ["off"]:
+                self.set_seed(None)
+            elif name == "seed" and len(args) == 1:
+                self.set_seed(int(args[0]))
             else:
                 raise ValueError
         except ValueError:

@@ -41,6 +41,9 @@ Progress = Callable[[str, str], None]  # (stage, text)
 Messages = List[dict]  # [{"role": "user" | "assistant", "content": str}, ...]
 
 
+SEED_MAX = 2**64 - 1  # redrafter_mlx.sampling.SEED_MAX: the seeds --seed and /seed take are 0 to this
+
+
 class EngineError(Exception):
     """A readable, one-line reason a load or a reply failed; `details`: the whole text that line was cut from
     ("" when the line says it all), which the chat's /details shows."""

@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 
 from app.__main__ import configure_parser
-from app.app import ChatApp, create_app
+from app.app import HELP, ChatApp, create_app
 from app.engine import Engine, EngineError, FakeEngine, Settings, Stats
 from app.widgets import AssistantMessage, LoadStatus, Notice, PromptInput, StatsPanel, UserMessage
 
@@ -2253,6 +2253,51 @@ def test_the_engine_draws_a_reply_with_the_seed_and_says_the_seed_it_drew(tiny_k
     finally:
         engine.close()
         engine.wait(10)
+
+
+async def test_seed_command_draws_later_replies_with_a_seed_as_the_option_does():
+    """A later reply drawn with a fresh seed could be drawn again only through the library: /seed N draws every
+    later reply with N (what --seed N does from the start), /seed says the last reply's seed and the one fixed,
+    /seed off draws a fresh one again; a seed out of --seed's range, or with greedy decoding (which --seed is
+    refused with), leaves the settings as they were, saying why."""
+    from app.engine import FAKE_SEED, SEED_MAX
+
+    def said(app):
+        return str(list(app._notifications)[-1].message)
+
+    engine = FakeEngine(["One.", "Two.", "Three."])
+    app = create_app(engine, Settings(temperature=0.7))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "/seed")
+        assert said(app) == "No sampled reply yet. Each reply draws a fresh seed."
+        await ask(pilot, "first")
+        await finished(pilot)
+        await ask(pilot, "/seed")
+        assert said(app).startswith(f"The last reply was drawn with seed {FAKE_SEED}: /seed {FAKE_SEED} draws")
+        for bad, words in ((str(SEED_MAX + 1), "A seed is from 0 to 2**64 - 1, not"), ("-1", "not -1"),
+                           ("1.5", "/seed is written /seed N (0 to 2**64 - 1)"), ("1 2", "/seed is written")):
+            await ask(pilot, f"/seed {bad}")
+            assert words in said(app) and app.settings.seed is None, bad
+        await ask(pilot, f"/seed {SEED_MAX}")
+        assert app.settings.seed == SEED_MAX and said(app).startswith(f"Seed {SEED_MAX}: every reply is drawn")
+        assert f"  seed       {SEED_MAX}" in panel(app).splitlines()
+        await ask(pilot, "second")
+        await finished(pilot)
+        assert engine.calls[-1][1].seed == SEED_MAX and f"seed         {SEED_MAX}" in panel(app).splitlines()
+        await ask(pilot, "/seed")
+        assert f"Every reply is drawn with seed {SEED_MAX}" in said(app)
+        await ask(pilot, "/seed off")
+        assert app.settings.seed is None and said(app).startswith("Seed off")
+        await ask(pilot, "third")
+        await finished(pilot)
+        assert engine.calls[-1][1].seed is None
+    app = create_app(FakeEngine(["x"]), Settings())  # greedy: a seed changes nothing, as --seed says
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "/seed 7")
+        assert app.settings.seed is None and "--temperature 0 decodes greedily" in said(app)
+    assert "/seed N" in HELP and "/seed N" in configure_parser().format_help()
 
 
 async def test_the_stats_panel_shows_the_seed_of_a_sampled_reply():
