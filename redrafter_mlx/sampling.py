@@ -13,7 +13,8 @@ prefix: a seed gives the same reply in every mode and with every tree, adaptive 
 later draw, and a seeded reply changed from run to run). Rows at one position (siblings in a
 tree) share a draw; only one of them is ever on the accepted path, so every path's draws stay
 independent and each reply is still an exact draw from the base model's distribution. Without
-positions, a key chain.
+positions (no caller in the package), draws follow a key chain of the seed, each call splitting the
+key, or MLX's global generator when no seed was given; `seed_used` does not reproduce those.
 """
 
 import math
@@ -80,8 +81,11 @@ class Sampler:
     @property
     def seed_used(self) -> Optional[int]:
         """The seed positional draws come from: `seed`, or the fresh one drawn for this sampler when
-        none was given (passed back as `seed`, it draws the same tokens); None when greedy (no draw).
-        The fresh one was never exposed, so a sampled reply worth keeping could not be had again."""
+        none was given (passed back as `seed`, it draws the same tokens at the same positions); None
+        when greedy (no draw). The fresh one was never exposed, so a sampled reply worth keeping could
+        not be had again. It says nothing of draws made without positions (the key chain, which
+        `generate.stream` never uses): those come from a chain of keys of `seed`, or, with no seed
+        given, from MLX's global generator, which passing this value back as `seed` does not repeat."""
         return None if self.greedy else self._position_seed
 
     def _next_key(self):
