@@ -517,7 +517,8 @@ def parse_args(argv=None):
                    help="draft a dynamic tree of up to N nodes (W wide, L - 1 deep, unlikely nodes dropped) "
                    f"instead of W x L beams (0 = beams); a comma-separated list runs each (default: tuned with the "
                    f"shape, else {DEFAULT_TREE})")
-    p.add_argument("--tree-min-prob", type=lambda t: parse_probs(t, "--tree-min-prob"), default=None, metavar="P",
+    p.add_argument("--tree-min-prob", type=lambda t: parse_probs(t, "--tree-min-prob"), default=None,
+                   metavar="P[,P...]",
                    help="drop tree nodes whose path probability (the drafter's) is below P: lower drafts more nodes, "
                    f"accepts more and verifies more; a comma-separated list runs each (default: tuned, else {DEFAULT_MIN_PROB})")
     p.add_argument("--graph", type=parse_graph, default=None, metavar="K[,K...]",

@@ -449,3 +449,13 @@ def test_an_option_whose_help_names_n_shows_n_in_its_usage(monkeypatch):
     unnamed = [(prog, a.option_strings[-1], a.metavar) for prog, p in parsers(monkeypatch).items() for a in p._actions
                if a.option_strings and a.help and a.nargs != 0 and names_n(a.help) and "N" not in str(a.metavar or "")]
     assert unnamed == []
+
+
+def test_an_option_that_takes_a_list_shows_one_in_its_usage(monkeypatch):
+    """redrafter-bench --tree-min-prob takes a comma-separated list of floors (one variant each), and its usage
+    showed `--tree-min-prob P`, one number, beside `--tree N[,N...]`: an option whose help says it takes a
+    comma-separated list shows a list in its usage (X[,X...]), or none at all (--modes, named by its own name)."""
+    listed = [(prog, a.option_strings[-1], a.metavar) for prog, p in parsers(monkeypatch).items() for a in p._actions
+              if a.option_strings and a.help and "comma-separated list" in " ".join(a.help.split())
+              and a.metavar is not None and "," not in a.metavar]
+    assert listed == []
