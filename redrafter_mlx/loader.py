@@ -66,6 +66,14 @@ class LoadedModel:
     def device(self) -> str:
         return device_description()
 
+    def __repr__(self) -> str:
+        # The dataclass's own repr printed the drafter's module tree over several lines, the controllers and the
+        # registry entry (1.7 KB for the default model, at a prompt's `>>> m`): what tells one model from another.
+        drafter = None if self.drafter is None else str(self.drafter_path or type(self.drafter).__name__)
+        context = getattr(self.args, "max_position_embeddings", None)
+        return (f"LoadedModel(name={self.name!r}, path={str(self.path)!r}, weight_format={self.weight_format!r}, "
+                f"drafter={drafter!r}, context_length={context!r}" + ("" if self.tree_ok else ", tree_ok=False") + ")")
+
 
 def _resolve_format(weight_format: str, quantized: bool = True) -> str:
     """"auto": a GPU keeps the stored weights. The CPU computes in float32 where a fast BLAS runs

@@ -319,6 +319,20 @@ def test_generate_shows_the_settings_it_takes():
     assert sig.return_annotation is Generation
 
 
+def test_a_loaded_model_reads_as_one_line_that_names_it(tiny_kit, tmp_path):
+    """`>>> m` printed the dataclass's whole repr: the drafter's module tree over several lines, the adaptive
+    controllers, the registry entry (1.7 KB for the default model). It is one line: name, file, weight format,
+    drafter and context."""
+    m = with_drafter(tiny_kit, tmp_path)
+    text = repr(m)
+    assert "\n" not in text and len(text) < 400, text
+    assert text.startswith("LoadedModel(name=") and repr(m.name) in text and repr(m.weight_format) in text
+    assert repr(str(m.drafter_path)) in text and f"context_length={m.context_length}" in text
+    from redrafter_mlx import load
+
+    assert "drafter=None" in repr(load(str(m.path), use_drafter=False))
+
+
 def test_stream_refuses_bad_arguments_when_called(tiny_loaded):
     """stream() is read as a generator: its checks waited for the first next(), so a typo, a bad
     setting or an empty prompt said nothing at the call, and the error came wherever the events were
