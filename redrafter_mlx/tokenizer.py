@@ -237,9 +237,12 @@ class Tokenizer:
         elif isinstance(prompt, dict):  # one message: what it is not was said, not what to do
             raise InvalidPromptError("a prompt is text, a list of messages or a list of token ids, not one message "
                                      "(dict): put it in a list, [{'role': 'user', 'content': ...}]")
-        elif not isinstance(prompt, Sequence) and not hasattr(prompt, "tolist"):
+        elif (not isinstance(prompt, Sequence) and not hasattr(prompt, "tolist")) or getattr(prompt, "ndim", 1) == 0:
+            # (a numpy or MLX scalar, np.int64(5) or mx.array(5), has a tolist and no len(): a TypeError traceback)
+            one = ": one token id is a list of one, [id]" if isinstance(prompt, numbers.Integral) or (
+                getattr(prompt, "ndim", 1) == 0 and "int" in str(getattr(prompt, "dtype", ""))) else ""
             raise InvalidPromptError("a prompt is text, a list of messages ({'role': ..., 'content': ...}) or a list of "
-                                     f"token ids, not {type(prompt).__name__}")
+                                     f"token ids, not {type(prompt).__name__}{one}")
         elif len(prompt) and isinstance(prompt[0], str):
             raise InvalidPromptError("a prompt list holds messages ({'role': ..., 'content': ...}) or token ids, not "
                                      "strings: pass the text as one string, or each turn as a message")

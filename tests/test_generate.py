@@ -168,6 +168,19 @@ def test_a_prompt_of_the_wrong_shape_says_what_to_pass(tiny_loaded):
     assert generate(tiny_loaded, np.array([[3, 4, 5]])[0], mode="ar", max_tokens=2).prompt_tokens == [3, 4, 5]
 
 
+def test_a_single_token_id_as_the_prompt_says_to_put_it_in_a_list(tiny_loaded):
+    """A numpy or MLX scalar (np.int64(5), ids[0] of an array, mx.array(5)) has a tolist() but no len(): it ended in
+    a TypeError traceback ("object of type 'numpy.int64' has no len()"), where a Python int is refused in one line."""
+    from redrafter_mlx.errors import InvalidPromptError
+
+    for one in (5, np.int64(5), np.array(5), mx.array(5), np.array([[3, 4, 5]])[0][0]):
+        with pytest.raises(InvalidPromptError, match=r"list of token ids, not \w+: one token id is a list of one"):
+            generate(tiny_loaded, one, mode="ar")
+    with pytest.raises(InvalidPromptError, match=r"list of token ids, not ndarray$"):
+        generate(tiny_loaded, np.array(0.5), mode="ar")
+    assert generate(tiny_loaded, [np.int64(5)], mode="ar", max_tokens=1).prompt_tokens == [5]
+
+
 def test_max_tokens(tiny_loaded):
     m = tiny_loaded
     full = generate(m, PROMPT, max_tokens=12).tokens
