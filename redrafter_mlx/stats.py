@@ -17,7 +17,9 @@ class StepStats:
     drafted: int = 0  # draft tokens proposed (W * (L - 1)), 0 for plain decoding
     packed: int = 0  # tokens in the verification pass after merging shared prefixes
     accepted: int = 0  # draft tokens accepted (emitted - 1 unless stopped early)
-    beam: int = 0  # index of the beam the accepted tokens came from (W: the context-lookup beam)
+    # row of the drafts the accepted tokens came from: with W x L beams, a beam (W: the context-lookup beam, which
+    # comes after the drafter's rows); with a tree or adaptive drafting, one of its root-to-leaf rows
+    beam: int = 0
     depth: int = 0  # draft positions offered: the deepest beam's drafted tokens (L - 1, or a longer lookup)
     # looked_up: output tokens of the accepted path that only the context drafted (graph.context_only): the
     # lookup copy's, or a context graft's (graph drafting; also in graft_accepted), and no drafter beam's; a
@@ -36,6 +38,13 @@ class StepStats:
 
 @dataclass
 class RunStats:
+    """The figures of one reply so far: a stream's events all hold this one object, updated in place as
+    the reply goes on. Counts are tokens, times seconds; the properties give the rates (tokens_per_second,
+    tokens_per_step, acceptance_rate, packed_per_step, parked_share), histogram() the tokens per step, and
+    to_dict() all of them for JSON."""
+
+    # what ran: "ar" (plain decoding), "redrafter" (fixed drafting) or "auto" (the adaptive controller, whether
+    # asked for as mode "auto" or "redrafter"); mode "auto" given a drafting setting runs "redrafter" or "ar"
     mode: str = "ar"
     prompt_tokens: int = 0
     cached_tokens: int = 0  # of those, the ones a PromptCache held (not read: prefill_seconds is the rest's)
@@ -52,7 +61,7 @@ class RunStats:
     accepted_tokens: int = 0
     draft_depth: int = 0  # draft positions offered, summed over steps
     looked_up_tokens: int = 0  # accepted tokens only the context drafted (StepStats.looked_up), summed
-    beam_width: int = 0
+    beam_width: int = 0  # the fixed drafting's shape (mode "redrafter"); 0 where none was fixed (ar, adaptive)
     beam_length: int = 0
     tree: int = 0  # node budget of a dynamic draft tree (tree_search.py); 0: W x L beams
     adaptive: bool = False  # the controller chose each step's drafting (control.py)
