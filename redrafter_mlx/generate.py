@@ -119,6 +119,9 @@ class Event:
 
 @dataclass
 class Generation:
+    """What `generate` returns: a stream's events gathered (the reply, its ids, the prompt's, the run's stats
+    and why it ended)."""
+
     text: str  # the reply (the end-of-turn token not included)
     tokens: List[int]  # its token ids
     prompt_tokens: List[int]  # the prompt's token ids, chat template included
@@ -692,8 +695,9 @@ _SETTINGS = [name for name in inspect.signature(stream).parameters if name not i
 
 
 def generate(loaded, prompt, **kwargs) -> Generation:
-    """Run `stream` to the end, with its settings (see help(stream)); returns text, token ids,
-    prompt ids and stats."""
+    """Run `stream` to the end, with its settings and checks (see help(stream)); returns a Generation:
+    text, tokens, prompt_tokens, stats, finish_reason ("eos", "length", "context" or "cancelled"),
+    events and step_stats."""
     _check_names("generate", kwargs)
     _check_loaded("generate", loaded)
     text, tokens, steps, last, events, prompt_ids = [], [], [], None, 0, None
