@@ -302,9 +302,11 @@ def stream(
     decodes plainly, mode "redrafter" still adds the lookup beam); None takes
     the shape tuned for this device (`redrafter-bench --tune`, `loaded.beam_shape`; W=1 L=1
     when plain decoding measured fastest), else tuning.DEFAULT_SHAPE.
-    lookup: in redrafter mode, also draft up to this many tokens copied from the context where
-    its last tokens recur (lookup.py; 0 turns it off, None takes the tuned length, else
-    tuning.DEFAULT_LOOKUP).
+    lookup: in redrafter mode, also draft a copy of up to this many tokens from the context where
+    its last tokens recur (lookup.py); after a step that accepted the whole copy the next may be
+    twice as long, up to lookup.MAX_GROWTH times this (within MAX_DRAFT_TOKENS), and back to this
+    after one that did not (lookup.CopyLength). 0 turns it off, None takes the tuned length, else
+    tuning.DEFAULT_LOOKUP.
     tree: in redrafter mode, draft a dynamic tree of up to this many nodes instead of the fixed
     beams (tree_search.py): W wide, L - 1 deep, nodes whose path probability is below
     `tree_min_prob` dropped (0 = fixed beams; None takes the budget tuned with the beam shape
