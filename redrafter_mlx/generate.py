@@ -97,6 +97,9 @@ class PromptCache:
     def reset(self):
         self.truncate(0)
 
+    def __repr__(self) -> str:  # (was <redrafter_mlx.generate.PromptCache object at 0x...>: nothing of what it holds)
+        return f"PromptCache({len(self.ids)} tokens)"
+
 
 @dataclass
 class Event:

@@ -346,6 +346,14 @@ def test_a_loaded_model_reads_as_one_line_that_names_it(tiny_kit, tmp_path):
     assert "drafter=None" in repr(load(str(m.path), use_drafter=False))
 
 
+def test_a_prompt_cache_reads_as_the_tokens_it_holds(tiny_loaded):
+    """repr(PromptCache) was Python's default, <redrafter_mlx.generate.PromptCache object at 0x...>."""
+    pc = PromptCache(tiny_loaded.model)
+    assert repr(pc) == "PromptCache(0 tokens)"
+    generate(tiny_loaded, PROMPT, max_tokens=3, mode="ar", prompt_cache=pc)
+    assert repr(pc) == f"PromptCache({len(pc.ids)} tokens)" and len(pc.ids) > 0
+
+
 def test_stream_refuses_bad_arguments_when_called(tiny_loaded):
     """stream() is read as a generator: its checks waited for the first next(), so a typo, a bad
     setting or an empty prompt said nothing at the call, and the error came wherever the events were
