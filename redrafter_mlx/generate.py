@@ -131,7 +131,8 @@ class Generation:
     stats: RunStats
     finish_reason: str  # "eos" | "length" | "context" | "cancelled"
     events: int = 0  # events `stream` yielded (see Event: the first, then one per decode step, and perhaps an end)
-    step_stats: List[StepStats] = field(default_factory=list)  # one per decode step (stats.steps of them)
+    # one per decode step (stats.steps of them); left out of the repr, where a 256-token reply's ran to 30-70 KB
+    step_stats: List[StepStats] = field(default_factory=list, repr=False)
 
 
 def _prefill(model, pc: PromptCache, prompt: List[int], start: int, stopped: Callable[[], bool],

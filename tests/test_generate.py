@@ -354,6 +354,16 @@ def test_a_prompt_cache_reads_as_the_tokens_it_holds(tiny_loaded):
     assert repr(pc) == f"PromptCache({len(pc.ids)} tokens)" and len(pc.ids) > 0
 
 
+def test_a_generation_reads_without_its_steps(tiny_loaded):
+    """`>>> out` listed a StepStats of ~280 characters per decode step (30-70 KB for a 256-token reply) in the
+    middle of the reply's fields; the steps stay in out.step_stats, and out.stats sums them."""
+    out = generate(tiny_loaded, PROMPT, max_tokens=12, mode="ar")
+    assert len(out.step_stats) == out.stats.steps > 0
+    text = repr(out)
+    assert "StepStats(" not in text and "step_stats" not in text
+    assert repr(out.text) in text and f"finish_reason={out.finish_reason!r}" in text and "stats=RunStats(" in text
+
+
 def test_stream_refuses_bad_arguments_when_called(tiny_loaded):
     """stream() is read as a generator: its checks waited for the first next(), so a typo, a bad
     setting or an empty prompt said nothing at the call, and the error came wherever the events were
