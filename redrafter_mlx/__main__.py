@@ -5,6 +5,7 @@
     git diff | python -m redrafter_mlx --system "Review this change." -
 """
 
+import shlex
 import sys
 
 from . import _platform  # noqa: F401
@@ -75,6 +76,15 @@ def main(argv=None) -> int:
     p.add_argument("--weight-format", default="auto", choices=WEIGHT_FORMATS,
                    help="auto = the fastest for this device (default); stored = as in the file (e.g. 4-bit); or "
                    "float32, float16, bfloat16")
+    # A prompt that begins with a short option ("-how do I exit vim?") is read as that option given the rest:
+    # "argument -h/--help: ignored explicit argument 'ow do I exit vim?'", nothing saying the prompt was meant.
+    words = sys.argv[1:] if argv is None else list(argv)
+    words = words[: words.index("--")] if "--" in words else words
+    shorts = {s for a in p._actions for s in a.option_strings if len(s) == 2}
+    dashed = next((w for w in words if len(w) > 2 and w[:2] in shorts), None)
+    if dashed is not None:
+        shown = shlex.quote(dashed if len(dashed) <= 40 else dashed[:37] + "...")
+        p.hint = f"; a prompt that begins with '-' goes after --: python -m redrafter_mlx [OPTIONS] -- {shown}"
     args, extra = p.parse_known_args(argv)
     if extra:
         words = [w for w in extra if not w.startswith("-")]

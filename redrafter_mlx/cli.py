@@ -21,8 +21,10 @@ class Parser(argparse.ArgumentParser):
     """argparse with one-line errors: argparse printed its whole usage block (10-20 lines for these
     tools) before the line that says what is wrong."""
 
+    hint = ""  # said after an error's message where a command knows a likelier cause (a prompt read as an option)
+
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (options: {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {message}{self.hint} (options: {self.prog} --help)\n")
 
 
 def _parse(kind, text: str):

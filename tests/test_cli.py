@@ -459,3 +459,22 @@ def test_an_option_that_takes_a_list_shows_one_in_its_usage(monkeypatch):
               if a.option_strings and a.help and "comma-separated list" in " ".join(a.help.split())
               and a.metavar is not None and "," not in a.metavar]
     assert listed == []
+
+
+def test_a_prompt_that_begins_like_an_option_is_told_to_go_after_dashes(capsys):
+    """`python -m redrafter_mlx "-how do I exit vim?"` said only "argument -h/--help: ignored explicit argument
+    'ow do I exit vim?'", nothing saying that a prompt beginning with '-' goes after --."""
+    import shlex
+
+    from redrafter_mlx import __main__ as main_cli
+
+    for argv in (["-how do I exit vim?"], ["--max-tokens", "5", "-hello"]):
+        with pytest.raises(SystemExit) as e:
+            main_cli.main(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1, err
+        assert f"a prompt that begins with '-' goes after --: python -m redrafter_mlx [OPTIONS] -- {shlex.quote(argv[-1])}" \
+            in err
+    with pytest.raises(SystemExit):
+        main_cli.main(["--max-tokens", "0", "hi"])
+    assert "goes after --" not in capsys.readouterr().err  # (no prompt that looks like an option: no hint)
