@@ -238,9 +238,9 @@ def test_main_cli_refuses_a_prompt_over_the_context_before_calibrating(tiny_kit,
 
     real = importlib.import_module("redrafter_mlx.control").controller
 
-    def calibrating(loaded, use_drafter=True, progress=None):
+    def calibrating(loaded, use_drafter=True, progress=None, sampled=False):
         progress("measuring this machine")
-        return real(loaded, use_drafter)
+        return real(loaded, use_drafter, sampled=sampled)
 
     monkeypatch.setattr(gen, "controller", calibrating)
     assert main(["--model", str(tiny_kit.write_folder(tmp_path / "long", tiny_kit.model(seed=0))),
