@@ -1043,15 +1043,14 @@ def test_controller_is_made_once_per_drafter(tiny_loaded):
     assert b is not a and not b.has_drafter and b.costs is a.costs
 
 
-def test_greedy_and_sampled_calls_learn_on_controllers_of_their_own(tiny_loaded):
+def test_greedy_and_sampled_calls_learn_on_controllers_of_their_own():
     """One controller served greedy and sampled calls on a model: a sampled reply's acceptance (a node is
     accepted with its base-model probability) steered the greedy replies after it, and back. Each now
     learns apart, on the one cost model."""
-    from redrafter_mlx.drafter import new_drafter
-
-    m = tiny_loaded
-    m.drafter = new_drafter(m.args)
-    greedy = controller(m)
+    m = tiny_loaded()
+    # a curve on which drafting pays, its seconds long enough that the tiny model's real times move nothing
+    greedy = m.controllers[controller_key(m)] = Controller(
+        FixedCosts(SIZES, [10.0 * (1 + 0.3 * (n - 1) / 63) for n in SIZES], draft_level=1e-6), True)
 
     def learned(ctl):
         return ctl.acceptance.draft_n.sum() + ctl.acceptance.look_n.sum()
