@@ -584,7 +584,8 @@ def parse_args(argv=None):
     args.fixed = args.grid or fixed_drafting(args.beam_width, args.beam_length, args.lookup, args.tree,
                                              args.tree_min_prob)
     if args.tree_min_prob is not None and (args.tree is not None and not any(args.tree) or args.tree is None and (
-            args.beam_width is not None or args.beam_length is not None)):  # (the floor was dropped, saying nothing)
+            args.grid or args.beam_width is not None or args.beam_length is not None)):  # (the floor was dropped,
+        # saying nothing)
         p.error(cli.FLOOR_WITH_BEAMS)
     if args.graph and args.tune:
         # (it said "--tune stores a tree shape", which told no one why)
@@ -705,7 +706,10 @@ def _measure(args, stop) -> int:
             loaded.controllers[key] = Controller(costs, loaded.drafter is not None)
         first = controller(loaded, not args.no_drafter, progress, args.temperature > 0)
     # (the tree too: a tree asked for where plain decoding was tuned fastest, L = 1, drafts at the default length)
-    d = drafting(loaded, args.beam_width or None, args.beam_length or None, max(args.tree) if args.tree else None)
+    # The grid's shapes are not the tuned one, so its tree is DEFAULT_TREE, as with --beam-width: the tuned tree ran
+    # at every shape of a grid named as beams, and a --tune after one that stored a tree never measured beams again
+    tree = max(args.tree) if args.tree else DEFAULT_TREE if args.grid else None
+    d = drafting(loaded, args.beam_width or None, args.beam_length or None, tree)
     args.beam_width, args.beam_length = d.beam_width, d.beam_length
     # Variants: (name, mode, (W, L, lookup, tree, tree_min_prob)); with --grid, redrafter runs once
     # per shape, and once per --lookup, --tree and --tree-min-prob value.

@@ -787,6 +787,28 @@ def test_a_tree_where_plain_decoding_was_tuned_drafts_at_the_default_length(mode
     assert (want.stats.beam_width, want.stats.beam_length) == DEFAULT_SHAPE  # as the API drafts it
 
 
+def test_the_grid_drafts_beams_where_a_tree_is_tuned_unless_a_tree_is_given(model_dir, prompts, tmp_path, capsys):
+    """The grid's shapes are not the tuned one: where a tree was tuned, every shape of the grid (named as beams,
+    redrafter@1x3) drafted the tuned tree, and a --tune never measured beams again; a floor without --tree then
+    shaped that tree, and is refused as with --beam-width."""
+    from redrafter_mlx._platform import device_description
+
+    (model_dir / FILE).write_text(json.dumps({device_description(): {"beam_width": 2, "beam_length": 3, "tree": 6}}))
+    assert load(str(model_dir)).tree == 6  # (the entry is read)
+    out = tmp_path / "g.json"
+    rc, _, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 1, "--max-tokens", 4, "--modes",
+                   "ar,redrafter", "--grid", "--widths", "1,2", "--lengths", 3, "--json", out)
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert {name: column["tree"] for name, column in report["columns"].items() if name != "ar"} == {
+        "redrafter@1x3": 0, "redrafter@2x3": 0}
+    assert report["settings"]["tree"] == [0]
+    for grid in (["--grid"], ["--tune"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--prompts", "x", "--modes", "ar,redrafter", "--tree-min-prob", "0.5", *grid])
+        assert "--tree-min-prob is the dynamic tree's floor" in capsys.readouterr().err
+
+
 def test_drafting_defaults_follow_the_tuned_entry(tmp_path):
     from types import SimpleNamespace
 
