@@ -1171,6 +1171,27 @@ def test_the_report_is_complete_when_the_plot_or_the_tune_fails(model_dir, promp
     assert report["complete"] is True and len(report["results"]) == 2 * len(QUESTIONS)
 
 
+def test_a_plot_without_ar_draws_tokens_per_second(tmp_path, monkeypatch):
+    """--plot of a run without ar (--modes redrafter --grid) drew its first panel, "speedup over ar", with every
+    bar 0: an empty panel. It draws the shapes' tokens/s instead, and says so."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    drawn = {}
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: drawn.update(
+        {ax.get_title(): [bar.get_height() for bar in ax.patches] for ax in fig.axes}))
+    figures = {"tokens_per_step": 1.5, "beam_width": 2, "beam_length": 3, "lookup": 0, "tree": 0}
+    summary = {"redrafter@2x3": {**figures, "tokens_per_second": 30.0},
+               "redrafter@2x4": {**figures, "beam_length": 4, "tokens_per_second": 40.0}}
+    results = [{"question_id": 1, "mode": "redrafter", "variant": "redrafter@2x4", "accepted_length_histogram": {"1": 3}}]
+    bench.plot(summary, results, tmp_path / "p.png")
+    assert drawn["tokens/s (no ar run to compare with)"] == [30.0, 40.0]
+    for v, speedup in zip(summary.values(), (0.75, 1.0)):
+        v["speedup"] = speedup
+    bench.plot(summary, results, tmp_path / "p.png")
+    assert drawn["speedup over ar (tokens/s)"] == [0.75, 1.0]
+
+
 def test_a_plot_without_matplotlib_is_refused_while_parsing(capsys, monkeypatch):
     """--plot without matplotlib was refused after the whole run, when the plot was drawn."""
     import importlib.util
