@@ -384,7 +384,10 @@ def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path
     (tmp_path / "empty.json").write_text('{"results": [{"mode": "ar", "prompt_tokens": [], "tokens": []}]}')
     (tmp_path / "list.json").write_text('[1, 2]')  # it said "AttributeError: 'list' object has no attribute 'get'"
     (tmp_path / "other.json").write_text('{"questions": []}')  # and "KeyError: 'results'"
-    for name, said in (("binary.json", "UnicodeDecodeError"), ("rows.json", "has no 'prompt_tokens' list"),
+    assert replay.main([str(tmp_path / "binary.json")]) == 2  # (files.not_utf8 says what it is, in one line)
+    err = capsys.readouterr().err
+    assert "binary.json is not UTF-8 text" in err and err.count("\n") == 1, err
+    for name, said in (("rows.json", "has no 'prompt_tokens' list"),
                        ("list.json", "it holds no 'results' list"), ("other.json", "it holds no 'results' list"),
                        ("ids.json", "'tokens' that are not token ids"), ("settings.json", "settings are not an object"),
                        ("empty.json", "has no 'prompt_tokens' list, or an empty one")):
