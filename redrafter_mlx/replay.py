@@ -497,6 +497,13 @@ def _run(args, graphs) -> int:
         # it said only "unknown model ...", of a name the user never typed (a model moved since the bench ran)
         raise ModelNotFoundError(f"{args.results} names the model {named!r}, which cannot be loaded here ({e}): "
                                  "pass --model, the model its outputs came from") from e
+    vocab = loaded.model.args.vocab_size
+    if any(t >= vocab for r in rows for key in ("prompt_tokens", "tokens") for t in r[key]):
+        # an id past the embedding table crashed the process inside MLX; ids within it gave figures of nothing.
+        # Said before the drafter is found: notes came first that told to pass the bench's drafter, which does not
+        # fit this model
+        raise RedrafterError(f"{args.results} holds token ids past {loaded.name}'s vocabulary ({vocab}): it is another "
+                             "model's run; pass that model with --model")
     drafter = None if args.no_drafter else args.drafter or find_drafter(loaded.resolved)
     if drafter is not None:
         instead = "pass --drafter PATH, or --auto PROFILE --no-drafter to replay the context copy alone"
@@ -517,11 +524,6 @@ def _run(args, graphs) -> int:
         print(f"{PROG}: note: {args.results} was decoded with the drafter {used}, and the one found for "
               f"{loaded.name}, {loaded.drafter_path}, replays it: pass --drafter {used} to replay the bench's",
               file=sys.stderr)
-    vocab = loaded.model.args.vocab_size
-    if any(t >= vocab for r in rows for key in ("prompt_tokens", "tokens") for t in r[key]):
-        # an id past the embedding table crashed the process inside MLX; ids within it gave figures of nothing
-        raise RedrafterError(f"{args.results} holds token ids past {loaded.name}'s vocabulary ({vocab}): it is another "
-                             "model's run; pass that model with --model")
     profiles = {name: profile_costs(name, loaded) for name in args.auto or []}
     import mlx.core as mx
     from tqdm import tqdm

@@ -400,6 +400,12 @@ def test_replay_of_ar_results_matches_real_decoding(model_dir, prompts, tmp_path
     (tmp_path / "other.json").write_text(json.dumps(report))
     assert replay.main([str(tmp_path / "other.json"), "--model", str(model_dir), "--shapes", "2x3"]) == 2
     assert "token ids past" in capsys.readouterr().err
+    # ... and said alone: notes came first that it was decoded by another model, and to pass its drafter
+    (tmp_path / "other.json").write_text(json.dumps({**report, "model": "another-model",
+                                                     "drafter": str(tmp_path / "another-model" / "drafter")}))
+    assert replay.main([str(tmp_path / "other.json"), "--model", str(model_dir), "--shapes", "2x3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{replay.PROG}: error: ") and "token ids past" in err and err.count("\n") == 1, err
     # a file that names no model loaded the default one; one naming another model was replayed saying nothing
     report = json.loads(out.read_text())
     named = report.pop("model")
