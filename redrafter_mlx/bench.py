@@ -442,8 +442,19 @@ def plot(summary: Dict, results: List[Dict], path: Path):
     axes[2].set(title=f"tokens emitted per step ({best})", xlabel="tokens (accepted drafts + 1)", ylabel="steps")
     fig.suptitle(f"{len({r['question_id'] for r in results})} prompts")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format=plot_format(Path(path)))
     plt.close(fig)
+
+
+def plot_format(path: Path):
+    """The image format --plot writes to `path`, by its extension: PNG without one (matplotlib wrote FILE.png,
+    and the bench said it wrote FILE), None for one matplotlib cannot write."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    ext = path.suffix[1:].lower()
+    if not ext:
+        return "png"
+    return ext if ext in FigureCanvasBase.get_supported_filetypes() else None
 
 
 def parse_shapes(text: str, what: str, minimum: int = 1) -> List[int]:
@@ -536,7 +547,7 @@ def parse_args(argv=None):
                    "this device (auto needs no tuning)")
     p.add_argument("--plot", type=cli.writable_file, default=None, metavar="FILE.png",
                    help="write a PNG of speedup and tokens/step per fixed drafting variant, and the fastest one's "
-                   "histogram of tokens emitted per step")
+                   "histogram of tokens emitted per step (another format where the name ends in .svg, .pdf, ...)")
     p.add_argument("--temperature", type=cli.temperature, default=0.0, metavar="T",
                    help="0 = greedy (default), where every mode's output must equal ar's and the table says whether "
                    "it does; above 0, sampled")
@@ -607,6 +618,12 @@ def parse_args(argv=None):
                 "--tree) and --modes ...,redrafter")
     if args.plot and importlib.util.find_spec("matplotlib") is None:  # it was said after the whole run
         p.error("--plot needs matplotlib: pip install 'redrafter-mlx[bench]'")
+    if args.plot and plot_format(args.plot) is None:  # matplotlib's ValueError, a traceback after the whole run
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        p.error(f"--plot {args.plot}: matplotlib writes no {args.plot.suffix!r} files; end the name in .png (or "
+                + ", ".join("." + ext for ext in sorted(FigureCanvasBase.get_supported_filetypes()) if ext != "png")
+                + ")")
     for w in ([args.beam_width] if args.beam_width is not None else args.widths if args.grid else [None]):
         for length in ([args.beam_length] if args.beam_length is not None else args.lengths if args.grid else [None]):
             too_big = cli.draft_size_error(w, length, max(args.tree or [0]) or None, max(args.lookup or [0]) or None)

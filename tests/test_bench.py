@@ -1201,6 +1201,21 @@ def test_a_plot_without_ar_draws_tokens_per_second(tmp_path, monkeypatch):
     assert drawn["speedup over ar (tokens/s)"] == [0.75, 1.0]
 
 
+def test_a_plot_file_matplotlib_cannot_write_is_refused_while_parsing(tmp_path, capsys):
+    """--plot grid.txt ended the whole run in matplotlib's traceback ("Format 'txt' is not supported"), and
+    --plot grid wrote grid.png, saying "plot written to grid": a name without an extension is written as PNG."""
+    pytest.importorskip("matplotlib")
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--prompts", "x", "--modes", "ar,redrafter", "--grid", "--plot", str(tmp_path / "grid.txt")])
+    err = capsys.readouterr().err
+    assert "matplotlib writes no '.txt' files; end the name in .png (or " in err and ".svg" in err
+    assert bench.parse_args(["--prompts", "x", "--modes", "ar,redrafter", "--grid", "--plot",
+                             str(tmp_path / "grid.SVG")]).plot.name == "grid.SVG"
+    figures = {"tokens_per_step": 1.5, "tokens_per_second": 30.0, "beam_width": 2, "beam_length": 3}
+    bench.plot({"redrafter": figures}, [], tmp_path / "grid")
+    assert (tmp_path / "grid").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not (tmp_path / "grid.png").exists()
+
+
 def test_a_plot_without_matplotlib_is_refused_while_parsing(capsys, monkeypatch):
     """--plot without matplotlib was refused after the whole run, when the plot was drawn."""
     import importlib.util
