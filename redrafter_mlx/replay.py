@@ -31,7 +31,7 @@ from . import cli
 from .config import WEIGHT_FORMATS
 from ._platform import on_cpu
 from .bench import format_of, parse_shapes as parse_ints
-from .errors import DrafterMismatchError, ModelNotFoundError, RedrafterError
+from .errors import DrafterMismatchError, ModelNotFoundError, NetworkError, RedrafterError
 from .files import read_text_file
 from .graph import graph_name, parse_graph
 from .tokenizer import is_token_id
@@ -491,12 +491,13 @@ def _run(args, graphs) -> int:
     # loaded here"
     try:
         loaded = load(args.model or named, weight_format=fmt, use_drafter=False)
-    except ModelNotFoundError as e:
+    except (ModelNotFoundError, NetworkError) as e:
         if args.model:
             raise
-        # it said only "unknown model ...", of a name the user never typed (a model moved since the bench ran)
-        raise ModelNotFoundError(f"{args.results} names the model {named!r}, which cannot be loaded here ({e}): "
-                                 "pass --model, the model its outputs came from") from e
+        # it said only "unknown model ...", of a name the user never typed (a model moved since the bench ran), and
+        # of a hub id not cached here "could not reach the Hugging Face hub", without a word of --model
+        raise type(e)(f"{args.results} names the model {named!r}, which cannot be loaded here ({e}): "
+                      "pass --model, the model its outputs came from") from e
     vocab = loaded.model.args.vocab_size
     if any(t >= vocab for r in rows for key in ("prompt_tokens", "tokens") for t in r[key]):
         # an id past the embedding table crashed the process inside MLX; ids within it gave figures of nothing.

@@ -517,6 +517,20 @@ def test_replay_finds_a_model_the_bench_named_by_a_relative_path(model_dir, prom
     assert replay.main([str(out), "--shapes", "2x3"]) == 2
     assert f"{out} names the model {str(model_dir.resolve())!r}, which cannot be loaded here" in capsys.readouterr().err
     assert replay.main([str(out), "--shapes", "2x3", "--model", str(tmp_path / "moved")]) == 0
+    capsys.readouterr()
+    # a hub id not cached here, with no network: it said "could not reach the Hugging Face hub", not a word of --model
+    from redrafter_mlx import loader
+    from redrafter_mlx.errors import NetworkError
+
+    def offline(*a, **k):
+        raise NetworkError("could not reach the Hugging Face hub for 'org/name'")
+
+    monkeypatch.setattr(loader, "load", offline)
+    (tmp_path / "hub.json").write_text(json.dumps({**report, "model": "org/name"}))
+    assert replay.main([str(tmp_path / "hub.json"), "--shapes", "2x3"]) == 2
+    err = capsys.readouterr().err
+    assert "hub.json names the model 'org/name', which cannot be loaded here (could not reach the Hugging Face" in err
+    assert err.rstrip().endswith("pass --model, the model its outputs came from")
 
 
 def test_replay_limit_counts_questions_of_a_turns_report(model_dir, prompts, tmp_path, capsys, monkeypatch):
