@@ -763,9 +763,13 @@ def _measure(args, stop) -> int:
                          args.temperature > 0)
     shared = loaded.controllers
     shape_text = (f"grid W in {args.widths} x L in {args.lengths}" if args.grid else f"W={args.beam_width} L={args.beam_length}"
-                  if args.fixed else "adaptive drafting" + (" without the drafter" if args.no_drafter else "")
+                  if args.fixed else "adaptive drafting" + (" without the drafter" if loaded.drafter is None else "")
                   if {"auto", "redrafter"} & set(args.modes) else "no drafting")  # (ar, mlx-lm: it said adaptive)
-    print(f"model {loaded.name} ({loaded.weight_format}) on {loaded.device}; drafter {loaded.drafter_path}; "
+    # (a model without a drafter: it said "drafter None", and "adaptive drafting" of auto drafting from the context
+    # alone, as if with one)
+    drafter = loaded.drafter_path or ("none (--no-drafter)" if args.no_drafter else "none found" if {
+        "auto", "redrafter"} & set(args.modes) else "none (not needed)")
+    print(f"model {loaded.name} ({loaded.weight_format}) on {loaded.device}; drafter {drafter}; "
           f"{len(prompts)} prompts, modes {','.join(args.modes)}, {shape_text}", file=sys.stderr)
     twin = mlx_lm_twin(loaded) if "mlx-lm" in args.modes else None
     if args.json:  # from the start, so a run stopped before its first question leaves no earlier run's report there

@@ -219,6 +219,18 @@ def test_bench_options_refused_before_loading_and_a_run_without_ar(model_dir, pr
     assert rc == 0 and "speedup      -" in text and "0.00x" not in text
 
 
+def test_the_header_says_when_auto_runs_without_a_drafter(tiny_kit, prompts, tmp_path, capsys):
+    """A model with no drafter: auto drafts from the context alone, and the run's first line said "drafter None;
+    ... adaptive drafting", as if with one."""
+    bare = tiny_kit.write_folder(tmp_path / "bare", tiny_kit.model(seed=0))
+    rc, _, err = run(capsys, "--model", bare, "--prompts", prompts, "--limit", 1, "--max-tokens", 4, "--modes", "ar,auto")
+    assert rc == 0
+    header = next(line for line in err.splitlines() if line.startswith("model "))
+    assert "drafter none found;" in header and header.endswith("adaptive drafting without the drafter"), header
+    rc, _, err = run(capsys, "--model", bare, "--prompts", prompts, "--limit", 1, "--max-tokens", 4, "--modes", "ar")
+    assert rc == 0 and "drafter none (not needed);" in err and "None" not in err
+
+
 def test_redrafter_mode_needs_the_drafter_as_in_the_api(model_dir, prompts, capsys):
     """`--modes redrafter --no-drafter` ran the adaptive controller from the context alone, and so
     did --modes redrafter for a model without a drafter, where generate(mode="redrafter") and
@@ -1155,7 +1167,7 @@ def test_a_drafter_for_modes_that_draft_nothing_is_refused(model_dir, prompts, c
     assert bench.parse_args(["--prompts", "x", "--modes", "ar,auto", "--no-drafter", "--graph", "none"]).no_drafter
     rc, _, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 1, "--max-tokens", 4,
                      "--modes", "ar,mlx-lm")
-    assert rc == 0 and "drafter None" in err and "loading drafter" not in err
+    assert rc == 0 and "drafter none (not needed)" in err and "loading drafter" not in err
     assert "modes ar,mlx-lm, no drafting" in err  # it said "adaptive drafting" of a run that drafts nothing
 
 
