@@ -518,7 +518,10 @@ def _run(args, graphs) -> int:
         print(f"{PROG}: note: {args.results} was decoded by {named}, and {loaded.name} replays it: its figures are "
               "that model's only if the two are the same", file=sys.stderr)
     if loaded.drafter is None and not args.no_drafter:
-        raise RedrafterError(f"no drafter found for {loaded.name}: pass --drafter PATH (or --auto --no-drafter)")
+        # (it said "or --auto --no-drafter", which --auto refuses without a profile, and to an --auto run too)
+        raise RedrafterError(f"no drafter found for {loaded.name}: pass --drafter PATH" + (
+            ", or --no-drafter to replay the controller on the context copy alone" if args.auto
+            else " (or --auto PROFILE --no-drafter to replay the adaptive controller on the context copy alone)"))
     used = report.get("drafter")  # the bench's drafter (None: a run of ar alone loads none)
     if (not args.drafter and not args.no_drafter and isinstance(used, str) and used and loaded.drafter_path
             and Path(used).resolve() != Path(loaded.drafter_path).resolve()):  # its figures differed, saying nothing

@@ -506,6 +506,21 @@ def test_replay_without_the_drafter_loads_none(model_dir, prompts, tmp_path, cap
     assert "mkl" in capsys.readouterr().out
 
 
+def test_replay_of_a_model_without_a_drafter_says_what_to_pass(tiny_kit, prompts, tmp_path, capsys):
+    """It said "or --auto --no-drafter", which --auto refuses without a profile, to an --auto run too."""
+    from redrafter_mlx import replay
+
+    bare, out = tiny_kit.write_folder(tmp_path / "bare", tiny_kit.model(seed=0)), tmp_path / "b.json"
+    assert run(capsys, "--model", bare, "--prompts", prompts, "--limit", 1, "--max-tokens", 4, "--json", out)[0] == 0
+    assert replay.main([str(out)]) == 2
+    assert capsys.readouterr().err.rstrip().endswith("pass --drafter PATH (or --auto PROFILE --no-drafter to replay "
+                                                     "the adaptive controller on the context copy alone)")
+    assert replay.main([str(out), "--auto", "mkl"]) == 2
+    assert capsys.readouterr().err.rstrip().endswith("pass --drafter PATH, or --no-drafter to replay the controller "
+                                                     "on the context copy alone")
+    assert replay.main([str(out), "--auto", "mkl", "--no-drafter"]) == 0
+
+
 def test_replay_finds_a_model_the_bench_named_by_a_relative_path(model_dir, prompts, tmp_path, capsys, monkeypatch):
     """The report named a local model and drafter as given (--model tiny), so replay from another folder said
     "unknown model 'tiny'" (or replayed another model of that name there, saying nothing)."""
