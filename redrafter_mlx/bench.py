@@ -883,8 +883,11 @@ def _measure(args, stop) -> int:
                   f"L={best['beam_length']}: {best.get('speedup', 0):.2f}x over ar); W=1 L=1 (plain decoding) "
                   f"stored in {path}{whose}")
         else:
-            print(f"fastest shape W={best['beam_width']} L={best['beam_length']}" + (f" tree {tree}" if tree else "") + " "
-                  f"({best.get('speedup', 0):.2f}x over ar) stored in {path}{whose}")
+            # with its lookup length and tree floor, stored beside it (which of --lookup 0,8 was, it did not say)
+            print(f"fastest shape W={best['beam_width']} L={best['beam_length']}"
+                  + (f" tree {tree} (floor {best.get('tree_min_prob', DEFAULT_MIN_PROB):g})" if tree else "")
+                  + f", lookup {best.get('lookup', DEFAULT_LOOKUP)} ({best.get('speedup', 0):.2f}x over ar) stored in "
+                  f"{path}{whose}")
     return stop.status if interrupted else 0
 
 

@@ -732,6 +732,18 @@ def test_tune_stores_the_default_shape_per_device(model_dir, prompts, capsys):
     assert (g.stats.beam_width, g.stats.beam_length) == DEFAULT_SHAPE
 
 
+def test_tune_says_the_lookup_and_floor_it_stores(model_dir, prompts, capsys, monkeypatch):
+    """A tune of --lookup 0,4 (or of tree floors) stored the fastest variant's lookup length and floor, and said
+    only "fastest shape W=1 L=2 stored in ...": which one was stored, it did not say."""
+    monkeypatch.setattr(bench, "tuned_default", lambda summary, best: (best["beam_width"], best["beam_length"], False))
+    rc, text, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 1, "--max-tokens", 4, "--tune",
+                      "--widths", 1, "--lengths", 2, "--tree", "0,3", "--tree-min-prob", "0.01,0.5", "--lookup", "0,4")
+    assert rc == 0
+    entry = next(iter(json.loads((model_dir / FILE).read_text()).values()))
+    floor = f" tree {entry['tree']} (floor {entry['tree_min_prob']:g})" if entry["tree"] else ""
+    assert f"fastest shape W=1 L=2{floor}, lookup {entry['lookup']} (" in text, text
+
+
 def test_a_tune_over_a_damaged_shape_file_keeps_it_beside_the_new_one(model_dir, prompts, capsys):
     """--tune replaced a damaged beam_shape.json (every other machine's and model's entry in it) without a word.
     It is kept as beam_shape.json.damaged, and the note says so."""
