@@ -284,21 +284,29 @@ def convert_hf(base: BaseSource, dest: Path, dtype, quantize, q_bits, q_group_si
         raise UnsupportedModelError(f"{src}: config.json's model_file asks to build the model by running "
                                     f"{base.config['model_file']!r} from the checkpoint, which this converter "
                                     "never does")
-    if quantize and base.config.get("quantization"):
-        raise ConversionError(f"{src} is already quantized; convert it without --quantize")
+    if quantize and dtype is None and base.config.get("quantization"):
+        raise ConversionError(f"{src} is already quantized; convert it without --quantize, or give --dtype too to "
+                              "dequantize it first and quantize it again")
     report.say("tokenizer")
     tok = save_hf_tokenizer(src, dest, template)
     if (src / "generation_config.json").is_file():
         shutil.copy(src / "generation_config.json", dest / "generation_config.json")
     model, config, kind, files = _load_hf(src, dest, base.config, report)
     quantized = any(name.endswith(".scales") for name, _ in tree_flatten(model.parameters()))
-    if quantize and quantized:
+    stored_as = base.config.get("quantization_config")
+    method = stored_as.get("quant_method", "") if isinstance(stored_as, dict) else ""
+    already = f"{src} is already quantized{f' ({method})' if method else ''}"
+    if quantize and quantized and dtype is None:
         # An AWQ/GPTQ/compressed-tensors checkpoint (quantization_config) loads as quantized layers, which
         # --quantize left as they were: "--q-bits 8" gave a model 4-bit but for its embeddings.
-        method = (base.config.get("quantization_config") or {}).get("quant_method", "")
-        raise ConversionError(f"{src} is already quantized{f' ({method})' if method else ''}; "
-                              "convert it without --quantize")
+        raise ConversionError(f"{already}; convert it without --quantize, or give --dtype too to dequantize it "
+                              "first and quantize it again")
     dequantize = quantized and dtype is not None
+    if quantize and dequantize:
+        # (--dtype X --quantize was refused, though --dtype alone dequantizes: it is dequantized, then quantized)
+        report.note(f"{already}: it is dequantized to {dtype} and quantized again, which adds the new "
+                    "quantization's error to the old one's (quantizing the unquantized model gives a more "
+                    "faithful one)")
     if dtype is None:
         stated = config.get("torch_dtype") or config.get("dtype")
         dtype = stated if stated in DTYPES else None

@@ -343,6 +343,34 @@ def test_a_dtype_dequantizes_a_quantized_folder(tmp_path, capsys, mlx_ckpt):
     assert rc == 0 and json.loads((tmp_path / "kept" / "config.json").read_text())["quantization"]["bits"] == 4
 
 
+def test_a_dtype_with_quantize_requantizes_a_quantized_folder(tmp_path, capsys, mlx_ckpt):
+    """`--dtype X --quantize` of a quantized folder was refused ("already quantized; convert it without
+    --quantize"), though a dtype dequantizes one: it is dequantized to that dtype, then quantized as asked (a note
+    says the two quantizations' errors add up); --quantize alone is still refused, saying how to requantize."""
+    q4 = tmp_path / "q4"
+    rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--quantize", "--out", q4)
+    assert rc == 0, lines
+    out = tmp_path / "q8"
+    rc, lines = run_convert(capsys, "--model", q4, "--dtype", "float32", "--quantize", "--q-bits", "8",
+                            "--q-group-size", "32", "--out", out)
+    assert rc == 0, lines
+    assert len(lines) == 1 and "already quantized" in lines[0] and "the unquantized model" in lines[0], lines
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization"] == {"group_size": 32, "bits": 8, "mode": "affine"}
+    assert json.loads((out / "manifest.json").read_text())["base"]["quantization"]["bits"] == 8
+    stored, weights = mx.load(str(q4 / "model.safetensors")), mx.load(str(out / "model.safetensors"))
+    name = "model.layers.0.mlp.down_proj"
+    was = mx.dequantize(stored[f"{name}.weight"], stored[f"{name}.scales"], stored[f"{name}.biases"], 64, 4)
+    now = mx.dequantize(weights[f"{name}.weight"], weights[f"{name}.scales"], weights[f"{name}.biases"], 32, 8)
+    assert weights[f"{name}.scales"].shape[-1] == 128 // 32  # (intermediate size 128)
+    assert mx.allclose(now, was, atol=float(mx.abs(was).max()) / 100).item()
+    m = load(str(out), weight_format="stored")
+    assert m.weight_format.startswith("8-bit (group 32)")
+    again = tmp_path / "again"
+    rc, lines = run_convert(capsys, "--model", q4, "--quantize", "--out", again)
+    assert_clean_failure(rc, lines, again, "already quantized", "give --dtype too")
+
+
 def write_awq(src: Path, mlx_ckpt, bits=4, group=32):
     """The MLX checkpoint as AutoAWQ writes one (random packed weights; config.json's quantization_config)."""
     shutil.copytree(mlx_ckpt[0], src)
