@@ -53,8 +53,13 @@ def resolve(source: str, what: str, drafter: bool = False, config_only: bool = F
     try:
         folder = Path(snapshot_download(source, allow_patterns=patterns))
         if not drafter and not config_only and not list(folder.glob("model*.safetensors")):
-            if (folder / "pytorch_model.bin.index.json").is_file():
-                _torch()  # (said before the shards are fetched: lmsys/vicuna-7b-v1.3's 13 GB came first)
+            try:
+                _torch()
+            except ConversionError:
+                # said before the .bin weights are fetched: lmsys/vicuna-7b-v1.3's 13 GB came first, and a single
+                # pytorch_model.bin (no index to tell) is asked of the hub
+                if (folder / "pytorch_model.bin.index.json").is_file() or _on_hub(source, HUB_PYTORCH_PATTERNS):
+                    raise
             folder = Path(snapshot_download(source, allow_patterns=patterns + HUB_PYTORCH_PATTERNS))
     except ConversionError:
         raise
@@ -65,6 +70,17 @@ def resolve(source: str, what: str, drafter: bool = False, config_only: bool = F
         raise NetworkError(f"{what} {source!r} is not a local path, and it could not be fetched from the Hugging Face "
                            f"hub ({kind}): {_first_line(e)}") from e
     return folder
+
+
+def _on_hub(source: str, patterns: List[str]) -> bool:
+    """Does hub repository `source` hold files matching `patterns` (asked without fetching them)? False where the hub
+    cannot say (offline, an older huggingface-hub): the fetch that follows tells."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return bool(snapshot_download(source, allow_patterns=patterns, dry_run=True))
+    except Exception:
+        return False
 
 
 def read_json(path: Path, what: str) -> dict:

@@ -14,6 +14,7 @@ Tests that need torch skip without it (`pip install 'redrafter-mlx[convert]'`); 
 safetensors checkpoint written with MLX keeps the converter covered without torch.
 """
 
+import fnmatch
 import json
 import shutil
 import subprocess
@@ -1066,6 +1067,43 @@ def test_bin_without_torch_is_refused_before_any_work(tmp_path, capsys, monkeypa
     rc, lines = run_convert(capsys, "--model", "org/model", "--out", out)
     assert_clean_failure(rc, lines, out, "needs PyTorch")
     assert len(asked) == 1 and not any(p.endswith(".bin") for p in asked[0]), asked
+
+
+def test_a_hub_model_of_one_bin_file_without_torch_is_refused_before_its_download(tmp_path, capsys, monkeypatch,
+                                                                                  mlx_ckpt):
+    """A hub repository whose weights are one pytorch_model.bin (no index to tell) was downloaded whole (gigabytes)
+    before the "needs PyTorch" error; a repository with no .bin either is still fetched and named as having no
+    weights, and torch installed fetches the .bin as before."""
+    import huggingface_hub
+    from huggingface_hub.file_download import DryRunFileInfo
+
+    hub = tmp_path / "snapshot"  # what the first fetch (no .bin files) gives
+    hub.mkdir()
+    shutil.copy(mlx_ckpt[0] / "config.json", hub / "config.json")
+    write_tokenizer(hub)
+    on_hub = ["config.json", "pytorch_model.bin"]
+    asked = []
+
+    def snapshot_download(repo, allow_patterns=None, dry_run=False, **kw):
+        asked.append((allow_patterns, dry_run))
+        fetched = [name for name in on_hub if any(fnmatch.fnmatch(name, p) for p in allow_patterns)]
+        if dry_run:
+            return [DryRunFileInfo("c0", 1, name, str(hub / name), False, True) for name in fetched]
+        for name in fetched:
+            if not (hub / name).exists():
+                (hub / name).write_bytes(b"not read")
+        return str(hub)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if the [convert] extra were not installed
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", "org/model", "--out", out)
+    assert_clean_failure(rc, lines, out, "needs PyTorch")
+    assert not [p for p, dry_run in asked if not dry_run and any(n.endswith(".bin") for n in p)], asked
+    on_hub.remove("pytorch_model.bin")
+    (hub / "pytorch_model.bin").unlink(missing_ok=True)
+    rc, lines = run_convert(capsys, "--model", "org/model", "--out", out)
+    assert_clean_failure(rc, lines, out, "has no weights")
 
 
 def test_a_registry_name_is_a_source(default_model):
