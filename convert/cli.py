@@ -117,6 +117,10 @@ class Reporter:
 
 
 def _check_args(p: argparse.ArgumentParser, args):
+    for option in ("model", "drafter", "base", "out", "chat_template"):
+        # ("$MODEL" unset: "" was the folder you are in, or no option at all, and --chat-template "" was ignored)
+        if getattr(args, option) is not None and not getattr(args, option).strip():
+            p.error(f"--{option.replace('_', '-')} is empty")
     if not args.model and not args.drafter:
         p.error("nothing to convert: give --model (and optionally --drafter), or --drafter with --base")
     if args.base and args.model:

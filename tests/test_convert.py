@@ -259,6 +259,23 @@ def test_help_shows_examples():
     assert "weights' dtype, the drafter's too" in text
 
 
+@pytest.mark.parametrize("option", ["--model", "--drafter", "--base", "--out", "--chat-template"])
+def test_an_empty_argument_is_named(tmp_path, capsys, monkeypatch, mlx_ckpt, option):
+    """An option given as "" (`--model "$MODEL"` with the variable unset) was read as the folder you are in, or as
+    not given: `--out ""` said the current folder "already exists", `--model ""` "nothing to convert: give --model",
+    and `--chat-template ""` was ignored, converting with the checkpoint's own template."""
+    monkeypatch.chdir(tmp_path)
+    args = {"--model": mlx_ckpt[0], "--out": tmp_path / "out"}
+    if option in ("--drafter", "--base"):
+        args = {"--drafter": tmp_path / "d", "--base": mlx_ckpt[0], "--out": tmp_path / "out"}
+    args[option] = ""
+    with pytest.raises(SystemExit) as e:
+        convert_main([str(a) for pair in args.items() for a in pair])
+    assert e.value.code == 2
+    assert f"error: {option} is empty" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_safetensors_checkpoint_logits_match_pytorch(converted, llama):
     files = sorted(p.name for p in converted.iterdir())
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "manifest.json",
