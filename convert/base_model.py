@@ -74,6 +74,20 @@ def check_architecture(config: Dict[str, Any], where: str) -> ModelArgs:
     return ModelArgs.from_config(config)
 
 
+def check_options(base: BaseSource, dtype: Optional[str], quantize: bool):
+    """Refuse what config.json alone rules out, before any work: they came once the drafter had been converted and
+    hashed and the tokenizer written."""
+    if base.kind != "hf":
+        return
+    if base.config.get("model_file") is not None:  # mlx-lm said "Pass trust_remote_code=True", an option not here
+        raise UnsupportedModelError(f"{base.path}: config.json's model_file asks to build the model by running "
+                                    f"{base.config['model_file']!r} from the checkpoint, which this converter "
+                                    "never does")
+    if quantize and dtype is None and base.config.get("quantization"):
+        raise ConversionError(f"{base.path} is already quantized; convert it without --quantize, or give --dtype "
+                              "too to dequantize it first and quantize it again")
+
+
 def open_base(path: Path) -> BaseSource:
     if path.is_file():
         if path.suffix != ".gguf":
@@ -280,13 +294,6 @@ def _load_hf(src: Path, dest: Path, config: Dict[str, Any], report):
 
 def convert_hf(base: BaseSource, dest: Path, dtype, quantize, q_bits, q_group_size, template, report) -> Dict[str, Any]:
     src = base.path
-    if base.config.get("model_file") is not None:  # mlx-lm said "Pass trust_remote_code=True", an option not here
-        raise UnsupportedModelError(f"{src}: config.json's model_file asks to build the model by running "
-                                    f"{base.config['model_file']!r} from the checkpoint, which this converter "
-                                    "never does")
-    if quantize and dtype is None and base.config.get("quantization"):
-        raise ConversionError(f"{src} is already quantized; convert it without --quantize, or give --dtype too to "
-                              "dequantize it first and quantize it again")
     report.say("tokenizer")
     tok = save_hf_tokenizer(src, dest, template)
     if (src / "generation_config.json").is_file():

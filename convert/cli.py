@@ -220,7 +220,7 @@ def _note_drafter_left(name: str, path: Path, out: Path, report: Reporter):
 
 
 def run(args, report: Reporter) -> Path:
-    from .base_model import _size, convert_base, open_base
+    from .base_model import _size, check_options, convert_base, open_base
     from .checkpoint import resolve
     from .drafter import convert_drafter
     from .output import write_manifest
@@ -236,6 +236,7 @@ def run(args, report: Reporter) -> Path:
         if source.suffix == ".gguf" and source.is_file():  # read whole before the line below: minutes for a large one
             report.say(f"reading {source} ({_size(source.stat().st_size)})")
         base = open_base(source)
+        check_options(base, args.dtype, args.quantize)
         output.protect(base.path)
         report.say(f"base model: {base.path} ({base.kind}, {base.args.num_hidden_layers} layers, "
                    f"hidden {base.args.hidden_size}, vocabulary {base.args.vocab_size})")

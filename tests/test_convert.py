@@ -389,6 +389,29 @@ def test_a_dtype_with_quantize_requantizes_a_quantized_folder(tmp_path, capsys, 
     assert_clean_failure(rc, lines, again, "already quantized", "give --dtype too")
 
 
+@pytest.mark.parametrize("refused", ["quantized", "model_file"])
+def test_a_base_model_refused_by_its_config_is_refused_before_any_work(tmp_path, capsys, mlx_ckpt, refused):
+    """A quantized folder given --quantize, and a config.json whose model_file asks to run code, were refused only
+    once the drafter had been converted and hashed and the tokenizer written (minutes for a large drafter)."""
+    src = tmp_path / "src"
+    if refused == "quantized":
+        assert run_convert(capsys, "--model", mlx_ckpt[0], "--quantize", "--out", src)[0] == 0
+        argv = ["--quantize"]
+    else:
+        shutil.copytree(mlx_ckpt[0], src)
+        config = json.loads((src / "config.json").read_text())
+        (src / "config.json").write_text(json.dumps({**config, "model_file": "custom.py"}))
+        argv = []
+    drafter = write_numpy_drafter(tmp_path / "d", H, V, exit_dim=2 * H, layers=1)
+    out = tmp_path / "out"
+    rc = convert_main(["--model", str(src), "--drafter", str(drafter), *argv, "--out", str(out)])
+    lines = capsys.readouterr().err.splitlines()
+    assert rc == 2 and lines[-1].startswith("error: "), lines
+    assert ("already quantized" if refused == "quantized" else "model_file") in lines[-1]
+    assert not [line for line in lines if line.startswith(("[convert] drafter", "[convert] tokenizer"))], lines
+    assert not out.exists()
+
+
 def write_awq(src: Path, mlx_ckpt, bits=4, group=32):
     """The MLX checkpoint as AutoAWQ writes one (random packed weights; config.json's quantization_config)."""
     shutil.copytree(mlx_ckpt[0], src)
