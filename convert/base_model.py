@@ -18,6 +18,7 @@ progress of its own, after a status line saying how much it writes.
 import contextlib
 import io
 import re
+import shlex
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ from mlx.utils import tree_flatten, tree_map
 
 from redrafter_mlx.config import DRAFTER_MODEL_TYPE, ModelArgs
 from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError, RedrafterError, UnsupportedModelError, one_line
+from redrafter_mlx.registry import _gguf_magic
 from redrafter_mlx.tokenizer import is_token_id
 
 from .checkpoint import _torch, load_safetensors, pytorch_to_safetensors, read_json, weight_files
@@ -91,11 +93,18 @@ def check_options(base: BaseSource, dtype: Optional[str], quantize: bool):
 def open_base(path: Path) -> BaseSource:
     if path.is_file():
         if path.suffix != ".gguf":
+            if _gguf_magic(path):  # (said "not a .gguf model" of one, as load() did before it said this)
+                raise ModelNotFoundError(f"{path} is a GGUF file without the .gguf suffix: rename it to "
+                                         f"{path.stem}.gguf")
             raise ModelNotFoundError(f"{path} is a file but not a .gguf model: pass a .gguf file or a checkpoint folder")
         from redrafter_mlx.gguf import read_gguf
 
         config, weights, meta = read_gguf(path)
         return BaseSource(path, "gguf", config, check_architecture(config, path.name), (weights, meta))
+    ggufs = sorted(path.glob("*.gguf"))
+    if ggufs and not (path / "config.json").is_file():  # (said "has no config.json: not a model folder", no more)
+        raise ModelNotFoundError(f"{path} has no config.json, so it is no checkpoint folder; it holds {ggufs[0].name}: "
+                                 f"give --model {shlex.quote(str(ggufs[0]))}")
     config = read_json(path / "config.json", "model")
     if (path / "generation_config.json").is_file():
         # it is copied as is: a damaged one was, and redrafter_mlx.load then refused the converted folder
