@@ -49,9 +49,18 @@ def resolve(source: str, what: str, drafter: bool = False, config_only: bool = F
         from huggingface_hub import snapshot_download
     except ImportError as e:  # pragma: no cover - a dependency of the package
         raise ModelNotFoundError(f"{source!r} looks like a hub id, but huggingface-hub is not installed") from e
-    patterns = ["config.json"] if config_only else ["*.json", *DRAFTER_FILES] if drafter else HUB_PATTERNS
+    # (a drafter's model.safetensors first: its pytorch_model.bin and model.pt came too, unread)
+    patterns = ["config.json"] if config_only else ["*.json", DRAFTER_FILES[0]] if drafter else HUB_PATTERNS
     try:
         folder = Path(snapshot_download(source, allow_patterns=patterns))
+        if drafter and not (folder / DRAFTER_FILES[0]).is_file():
+            pickles = list(DRAFTER_FILES[1:])
+            try:
+                _torch()
+            except ConversionError:
+                if _on_hub(source, pickles):  # (refused as it was read, after the base model's download)
+                    raise
+            folder = Path(snapshot_download(source, allow_patterns=patterns + pickles))
         if not drafter and not config_only and not list(folder.glob("model*.safetensors")):
             try:
                 _torch()

@@ -1160,6 +1160,48 @@ def test_a_hub_model_of_one_bin_file_without_torch_is_refused_before_its_downloa
     assert_clean_failure(rc, lines, out, "has no weights")
 
 
+def test_a_hub_drafter_fetches_only_the_weights_it_reads(tmp_path, capsys, monkeypatch, mlx_ckpt):
+    """A hub drafter was fetched with all of model.safetensors, pytorch_model.bin and model.pt (the first alone is
+    read), and one stored as .bin was refused for want of torch only as it was read: after the base model given as
+    a hub id had been downloaded (gigabytes). Without torch it is refused before any download."""
+    import huggingface_hub
+    from huggingface_hub.file_download import DryRunFileInfo
+
+    drafter = write_numpy_drafter(tmp_path / "d", H, V, exit_dim=2 * H, layers=1)
+    hubs = {"org/model": mlx_ckpt[0], "org/drafter": tmp_path / "drafter-snapshot"}
+    on_hub = ["config.json", "model.safetensors", "pytorch_model.bin"]
+    asked = []
+
+    def snapshot_download(repo, allow_patterns=None, dry_run=False, **kw):
+        asked.append((repo, allow_patterns, dry_run))
+        if repo == "org/model":
+            return str(hubs[repo])
+        fetched = [name for name in on_hub if any(fnmatch.fnmatch(name, p) for p in allow_patterns)]
+        if dry_run:
+            return [DryRunFileInfo("c0", 1, name, str(hubs[repo] / name), False, True) for name in fetched]
+        hubs[repo].mkdir(exist_ok=True)
+        for name in fetched:
+            if not (hubs[repo] / name).exists():
+                shutil.copy(drafter / name, hubs[repo] / name) if (drafter / name).exists() else \
+                    (hubs[repo] / name).write_bytes(b"not read")
+        return str(hubs[repo])
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", "org/model", "--drafter", "org/drafter", "--out", out)
+    assert rc == 0, lines
+    assert not (hubs["org/drafter"] / "pytorch_model.bin").exists()  # (model.safetensors is the one read)
+    shutil.rmtree(hubs["org/drafter"])
+    on_hub.remove("model.safetensors")
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if the [convert] extra were not installed
+    asked.clear()
+    out = tmp_path / "out2"
+    rc, lines = run_convert(capsys, "--model", "org/model", "--drafter", "org/drafter", "--out", out)
+    assert_clean_failure(rc, lines, out, "needs PyTorch")
+    assert not [a for a in asked if a[0] == "org/model"], asked
+    assert not (hubs["org/drafter"] / "pytorch_model.bin").exists()
+
+
 def test_a_registry_name_is_a_source(default_model):
     from convert.checkpoint import resolve
 
