@@ -61,6 +61,12 @@ def resolve(source: str, what: str, drafter: bool = False, config_only: bool = F
                 if _on_hub(source, pickles):  # (refused as it was read, after the base model's download)
                     raise
             folder = Path(snapshot_download(source, allow_patterns=patterns + pickles))
+        ggufs = [] if drafter or (folder / "config.json").is_file() else _on_hub(source, ["*.gguf"])
+        if ggufs:  # (said "<a hub cache folder> has no config.json: not a model folder")
+            raise ModelNotFoundError(
+                f"{source} holds GGUF files ({', '.join(ggufs[:4])}{', ...' if len(ggufs) > 4 else ''}), not a "
+                f"checkpoint folder: download the one you want (hf download {source} {ggufs[0]} --local-dir DIR) "
+                f"and give that file as {'--base' if config_only else '--model'}")
         if not drafter and not config_only and not list(folder.glob("model*.safetensors")):
             try:
                 _torch()
@@ -70,7 +76,7 @@ def resolve(source: str, what: str, drafter: bool = False, config_only: bool = F
                 if (folder / "pytorch_model.bin.index.json").is_file() or _on_hub(source, HUB_PYTORCH_PATTERNS):
                     raise
             folder = Path(snapshot_download(source, allow_patterns=patterns + HUB_PYTORCH_PATTERNS))
-    except ConversionError:
+    except (ConversionError, ModelNotFoundError):
         raise
     except Exception as e:
         kind = type(e).__name__
@@ -81,15 +87,15 @@ def resolve(source: str, what: str, drafter: bool = False, config_only: bool = F
     return folder
 
 
-def _on_hub(source: str, patterns: List[str]) -> bool:
-    """Does hub repository `source` hold files matching `patterns` (asked without fetching them)? False where the hub
-    cannot say (offline, an older huggingface-hub): the fetch that follows tells."""
+def _on_hub(source: str, patterns: List[str]) -> List[str]:
+    """The names of hub repository `source`'s files that match `patterns` (asked without fetching them); none where
+    the hub cannot say (offline, an older huggingface-hub): the fetch that follows tells."""
     from huggingface_hub import snapshot_download
 
     try:
-        return bool(snapshot_download(source, allow_patterns=patterns, dry_run=True))
+        return sorted(f.filename for f in snapshot_download(source, allow_patterns=patterns, dry_run=True))
     except Exception:
-        return False
+        return []
 
 
 def read_json(path: Path, what: str) -> dict:

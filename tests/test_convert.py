@@ -1202,6 +1202,33 @@ def test_a_hub_drafter_fetches_only_the_weights_it_reads(tmp_path, capsys, monke
     assert not (hubs["org/drafter"] / "pytorch_model.bin").exists()
 
 
+@pytest.mark.parametrize("flag", ["--model", "--base"])
+def test_a_hub_repository_of_gguf_files_is_named_as_one(tmp_path, capsys, monkeypatch, flag):
+    """A hub id whose repository holds GGUF files (org/Model-GGUF) said "<a hub cache folder> has no config.json: not
+    a model folder", naming neither the repository nor what to give instead."""
+    import huggingface_hub
+    from huggingface_hub.file_download import DryRunFileInfo
+
+    hub = tmp_path / "snapshot"  # what the fetch of JSON and safetensors files gives: nothing but a README's JSON
+    hub.mkdir()
+    on_hub = ["README.md", "model-Q4_K_M.gguf", "model-Q8_0.gguf"]
+
+    def snapshot_download(repo, allow_patterns=None, dry_run=False, **kw):
+        fetched = [name for name in on_hub if any(fnmatch.fnmatch(name, p) for p in allow_patterns)]
+        if dry_run:
+            return [DryRunFileInfo("c0", 1, name, str(hub / name), False, True) for name in fetched]
+        assert not fetched, fetched
+        return str(hub)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    argv = ["--model", "org/Model-GGUF"] if flag == "--model" else [
+        "--drafter", write_numpy_drafter(tmp_path / "d", H, V, exit_dim=2 * H, layers=1), "--base", "org/Model-GGUF"]
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, *argv, "--out", out)
+    assert_clean_failure(rc, lines, out, "org/Model-GGUF holds GGUF files (model-Q4_K_M.gguf, model-Q8_0.gguf), not a "
+                         "checkpoint folder", f"give that file as {flag}")
+
+
 def test_a_registry_name_is_a_source(default_model):
     from convert.checkpoint import resolve
 
