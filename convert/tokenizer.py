@@ -16,7 +16,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError, one_line
+from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError, UnsupportedModelError, one_line
 from redrafter_mlx.files import read_json_object, read_text_file, refuse_lfs_pointer
 
 from .output import ConversionError
@@ -100,6 +100,15 @@ def _config_fails_alike(src: Path, error: Exception) -> bool:
     return False
 
 
+def _tokenizer_code(src: Path) -> Optional[str]:
+    """The checkpoint's own tokenizer class its tokenizer_config.json's auto_map names, if any."""
+    auto = read_json_object(src / "tokenizer_config.json", "tokenizer file").get("auto_map") \
+        if (src / "tokenizer_config.json").is_file() else None
+    names = auto.get("AutoTokenizer") if isinstance(auto, dict) else None
+    names = [names] if isinstance(names, str) else names if isinstance(names, list) else []
+    return next((n for n in names if isinstance(n, str) and n), None)
+
+
 def save_hf_tokenizer(src: Path, dest: Path, chat_template: Optional[str] = None) -> Dict[str, Any]:
     """Copy a Hugging Face folder's tokenizer (never running code from it)."""
     from transformers import AutoTokenizer
@@ -116,6 +125,11 @@ def save_hf_tokenizer(src: Path, dest: Path, chat_template: Optional[str] = None
     except Exception as e:
         if _config_fails_alike(src, e):  # transformers reads config.json to choose the tokenizer class
             raise CorruptModelError(f"{src / 'config.json'} does not pass transformers' checks: {one_line(e)}") from e
+        code = _tokenizer_code(src)
+        if code is not None and "trust_remote_code" in str(e):  # ("contains custom code which must be executed")
+            raise UnsupportedModelError(f"{src / 'tokenizer_config.json'}: its auto_map asks to build the tokenizer "
+                                        f"by running {code!r} from the checkpoint, which this converter never "
+                                        "does") from e
         text = str(e).strip().splitlines()
         raise CorruptModelError(f"cannot load the tokenizer in {src}: {text[0] if text else type(e).__name__}") from e
     _save(hf, dest, chat_template)

@@ -1736,6 +1736,21 @@ def test_a_damaged_tokenizer_file_is_named(tmp_path, capsys, mlx_ckpt, name, dat
     assert_clean_failure(rc, lines, out, f"{src / name} is not valid JSON")
 
 
+def test_a_tokenizer_that_asks_to_run_code_is_refused_as_such(tmp_path, capsys, mlx_ckpt):
+    """A tokenizer_config.json naming a tokenizer class of the checkpoint's own code (auto_map) said "cannot load the
+    tokenizer in SRC: The repository SRC contains custom code which must be executed to correctly load the model.",
+    as if it were a step left to the user; the converter never runs it, and says so."""
+    src = shutil.copytree(mlx_ckpt[0], tmp_path / "src")
+    config = json.loads((src / "tokenizer_config.json").read_text())
+    config.update(auto_map={"AutoTokenizer": ["tokenization_mine.MyTokenizer", None]}, tokenizer_class="MyTokenizer")
+    (src / "tokenizer_config.json").write_text(json.dumps(config))
+    (src / "tokenization_mine.py").write_text("raise SystemExit('ran')\n")
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", src, "--out", out)
+    assert_clean_failure(rc, lines, out, f"{src / 'tokenizer_config.json'}: its auto_map asks to build the tokenizer "
+                         "by running 'tokenization_mine.MyTokenizer' from the checkpoint, which this converter never does")
+
+
 def test_force_without_a_drafter_never_deletes_the_one_in_the_folder(tmp_path, capsys, mlx_ckpt):
     """`--model SRC --out MODEL --force` deleted MODEL/drafter with the old folder (one redrafter-train installed
     there after hours of training included), and the new folder loaded without one, saying nothing."""
