@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_version(p)
     src = p.add_argument_group("inputs")
     src.add_argument("--model", metavar="SRC",
-                     help="base model: Hugging Face folder or hub id (config.json, *.safetensors or "
+                     help="base model: Hugging Face folder or hub id (config.json, model*.safetensors or "
                           "pytorch_model*.bin, tokenizer files), a llama .gguf file, or a registry name "
                           "(smollm2-135m)")
     src.add_argument("--drafter", metavar="SRC",
