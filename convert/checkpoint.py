@@ -31,6 +31,15 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
+def is_hub_id(source: str) -> bool:
+    """Would `resolve` fetch `source` from the hub (not a local path, nor a registry name)?"""
+    from redrafter_mlx import registry
+
+    parts = source.split("/")
+    return (len(parts) == 2 and all(parts) and not source.startswith((".", "/", "~"))
+            and not Path(source).expanduser().exists() and source not in registry.known_models())
+
+
 def resolve(source: str, what: str, drafter: bool = False, config_only: bool = False) -> Path:
     """A local path as is; a model's registry name (`smollm2-135m`) as the file or folder it names;
     otherwise an `org/name` hub id fetched into the hub cache (its config.json alone with `config_only`)."""
@@ -42,8 +51,7 @@ def resolve(source: str, what: str, drafter: bool = False, config_only: bool = F
 
         if source in registry.known_models():
             return registry.resolve(source).path
-    parts = source.split("/")
-    if len(parts) != 2 or not all(parts) or source.startswith((".", "/", "~")):
+    if not is_hub_id(source):
         raise ModelNotFoundError(f"{what} {source!r} not found: not a local path, nor a Hugging Face hub id (org/name)")
     try:
         from huggingface_hub import snapshot_download

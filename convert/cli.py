@@ -221,7 +221,7 @@ def _note_drafter_left(name: str, path: Path, out: Path, report: Reporter):
 
 def run(args, report: Reporter) -> Path:
     from .base_model import _size, check_options, convert_base, open_base
-    from .checkpoint import DRAFTER_FILES, _torch, resolve
+    from .checkpoint import DRAFTER_FILES, _torch, is_hub_id, resolve
     from .drafter import convert_drafter
     from .output import write_manifest
     from .tokenizer import read_chat_template
@@ -231,11 +231,17 @@ def run(args, report: Reporter) -> Path:
         report.say(f"output: {output.shown}; writing there, the link stays")
     template = read_chat_template(args.chat_template)
     base = drafter_src = None
-    if args.drafter:  # (first: one that cannot be read was refused after a hub base model's download)
-        drafter_src = resolve(args.drafter, "drafter", drafter=True)
-        stored = [drafter_src] if drafter_src.is_file() else [drafter_src / n for n in DRAFTER_FILES]
-        if next((f for f in stored if f.is_file()), drafter_src).suffix in (".bin", ".pt"):
+
+    def drafter_source() -> Path:
+        found = resolve(args.drafter, "drafter", drafter=True)
+        stored = [found] if found.is_file() else [found / n for n in DRAFTER_FILES]
+        if next((f for f in stored if f.is_file()), found).suffix in (".bin", ".pt"):
             _torch()
+        return found
+
+    if args.drafter and args.model and is_hub_id(args.model):
+        # (a drafter that cannot be read was refused after the hub model's download: gigabytes)
+        drafter_src = drafter_source()
     if args.model:
         source = resolve(args.model, "model")
         if source.suffix == ".gguf" and source.is_file():  # read whole before the line below: minutes for a large one
@@ -250,7 +256,8 @@ def run(args, report: Reporter) -> Path:
         base_args, base_path = _base_args_of(args.base)
         output.protect(base_path)
         report.say(f"drafter for: {base_path}")
-    if drafter_src is not None:
+    if args.drafter:
+        drafter_src = drafter_src or drafter_source()
         output.protect(drafter_src)
     elif base is not None:
         output.keep_drafter()

@@ -1201,6 +1201,10 @@ def test_a_hub_drafter_fetches_only_the_weights_it_reads(tmp_path, capsys, monke
     assert_clean_failure(rc, lines, out, "needs PyTorch")
     assert not [a for a in asked if a[0] == "org/model"], asked
     assert not (hubs["org/drafter"] / "pytorch_model.bin").exists()
+    asked.clear()  # a local --model that is not there is named before the hub drafter is fetched
+    rc, lines = run_convert(capsys, "--model", tmp_path / "missing", "--drafter", "org/drafter", "--out", out)
+    assert_clean_failure(rc, lines, out, "not found")
+    assert asked == []
 
 
 @pytest.mark.parametrize("flag", ["--model", "--base"])
