@@ -81,8 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "the drafter as stored; a quantized model, GGUF or folder, keeps its quantization unless a dtype "
                           "is given: then it is dequantized)")
     out.add_argument("--quantize", "-q", action="store_true",
-                     help="quantize the base model with mlx-lm (a GGUF is first dequantized to float16, an already "
-                          "quantized folder to the --dtype it then needs; the drafter is not quantized)")
+                     help="quantize the base model with mlx-lm (a GGUF is first dequantized, to --dtype or else "
+                          "float16; an already quantized folder needs --dtype, to which it is first dequantized; the "
+                          "drafter is not quantized)")
     out.add_argument("--q-bits", type=int, choices=[2, 3, 4, 5, 6, 8], help="bits per weight (default 4)")
     out.add_argument("--q-group-size", type=int, choices=[32, 64, 128],
                      help="quantization group size (default 64); it must divide the layers' input widths (a size "

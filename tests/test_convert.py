@@ -258,6 +258,7 @@ def test_help_shows_examples():
     assert "an error, Ctrl-C, SIGTERM or SIGHUP leaves nothing" in text and "the link stays" in text
     assert "weights' dtype, the drafter's too" in text
     assert "model*.safetensors or pytorch_model*.bin" in text  # (it said *.safetensors: other names are not read)
+    assert "a GGUF is first dequantized, to --dtype or else float16" in text  # (it said float16, whatever --dtype)
 
 
 @pytest.mark.parametrize("option", ["--model", "--drafter", "--base", "--out", "--chat-template"])
