@@ -301,6 +301,11 @@ def _load_hf(src: Path, dest: Path, config: Dict[str, Any], report):
     return model, config, kind, files
 
 
+def _note_requantized(report, already: str, dtype: str):
+    report.note(f"{already}: it is dequantized to {dtype} and quantized again, which adds the new quantization's "
+                "error to the old one's (quantizing the unquantized model gives a more faithful one)")
+
+
 def convert_hf(base: BaseSource, dest: Path, dtype, quantize, q_bits, q_group_size, template, report) -> Dict[str, Any]:
     src = base.path
     report.say("tokenizer")
@@ -320,9 +325,7 @@ def convert_hf(base: BaseSource, dest: Path, dtype, quantize, q_bits, q_group_si
     dequantize = quantized and dtype is not None
     if quantize and dequantize:
         # (--dtype X --quantize was refused, though --dtype alone dequantizes: it is dequantized, then quantized)
-        report.note(f"{already}: it is dequantized to {dtype} and quantized again, which adds the new "
-                    "quantization's error to the old one's (quantizing the unquantized model gives a more "
-                    "faithful one)")
+        _note_requantized(report, already, dtype)
     if dtype is None:
         stated = config.get("torch_dtype") or config.get("dtype")
         dtype = stated if stated in DTYPES else None
@@ -363,6 +366,8 @@ def convert_gguf(base: BaseSource, dest: Path, dtype, quantize, q_bits, q_group_
     write_generation_config(dest, tok["bos_token_id"], tok["eos_token_id"])
     if quantize and dtype is None:
         dtype = "float16"
+    if quantize and config.get("quantization"):  # (a Q4_1 file was requantized saying nothing)
+        _note_requantized(report, f"{base.path} is already quantized", dtype)
     # build_model validates names and shapes strictly; with a dtype it also dequantizes. (mlx-lm's model in the
     # library's wrapper: mlx-lm's quantize_model measured the wrapper, "0.000 bits per weight")
     model = build_model(config, weights, dtype or "stored")[0].model

@@ -617,6 +617,18 @@ def test_a_quantized_gguf_says_its_bits_per_weight(tmp_path, capsys):
     assert rc == 0, err
     said = re.search(r"Quantized model with ([0-9.]+) bits per weight", err)
     assert said and 4 < float(said.group(1)) < 16, err
+    assert "note:" not in err  # (a float GGUF: quantized once)
+
+
+def test_quantizing_a_quantized_gguf_says_the_errors_add_up(tmp_path, capsys):
+    """`--model X.Q4_1.gguf --quantize` dequantized the file's 4-bit weights and quantized them again, saying
+    nothing of it, as it now says of a quantized folder given --dtype and --quantize."""
+    from redrafter_mlx import registry
+
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", registry.resolve(None).path, "--quantize", "--out", out)
+    assert rc == 0 and len(lines) == 1, lines
+    assert "is already quantized: it is dequantized to float16 and quantized again" in lines[0], lines
 
 
 def test_reading_a_gguf_is_said_first(tmp_path, capsys):
