@@ -309,7 +309,11 @@ def _note_requantized(report, already: str, dtype: str):
 def convert_hf(base: BaseSource, dest: Path, dtype, quantize, q_bits, q_group_size, template, report) -> Dict[str, Any]:
     src = base.path
     report.say("tokenizer")
-    tok = save_hf_tokenizer(src, dest, template)
+    tok = save_hf_tokenizer(src, dest, template, base.args.vocab_size)
+    if tok["past"]:  # (said nothing: every prompt that used one was refused, "its tokenizer files do not belong")
+        report.note(f"the tokenizer has {tok['size']} tokens, {len(tok['past'])} past the model's vocabulary of "
+                    f"{base.args.vocab_size} ({', '.join(tok['past'][:3])}{', ...' if len(tok['past']) > 3 else ''}): "
+                    "a prompt holding one is refused (is the tokenizer another model's?)")
     if (src / "generation_config.json").is_file():
         shutil.copy(src / "generation_config.json", dest / "generation_config.json")
     model, config, kind, files = _load_hf(src, dest, base.config, report)

@@ -109,8 +109,10 @@ def _tokenizer_code(src: Path) -> Optional[str]:
     return next((n for n in names if isinstance(n, str) and n), None)
 
 
-def save_hf_tokenizer(src: Path, dest: Path, chat_template: Optional[str] = None) -> Dict[str, Any]:
-    """Copy a Hugging Face folder's tokenizer (never running code from it)."""
+def save_hf_tokenizer(src: Path, dest: Path, chat_template: Optional[str] = None,
+                      vocab_size: Optional[int] = None) -> Dict[str, Any]:
+    """Copy a Hugging Face folder's tokenizer (never running code from it); "past" lists its tokens whose ids are
+    `vocab_size` or more (past the model's embedding table)."""
     from transformers import AutoTokenizer
 
     files = [src / n for n in TOKENIZER_FILES if (src / n).is_file()]
@@ -133,7 +135,9 @@ def save_hf_tokenizer(src: Path, dest: Path, chat_template: Optional[str] = None
         text = str(e).strip().splitlines()
         raise CorruptModelError(f"cannot load the tokenizer in {src}: {text[0] if text else type(e).__name__}") from e
     _save(hf, dest, chat_template)
-    return {"chat_template": bool(hf.chat_template), "files": files}
+    past = [] if vocab_size is None else [t for t, i in sorted(hf.get_vocab().items(), key=lambda x: x[1])
+                                          if i >= vocab_size]
+    return {"chat_template": bool(hf.chat_template), "files": files, "size": len(hf), "past": past}
 
 
 def save_gguf_tokenizer(meta: Dict[str, Any], dest: Path, chat_template: Optional[str] = None) -> Dict[str, Any]:

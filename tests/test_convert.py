@@ -1769,6 +1769,22 @@ def test_a_tokenizer_that_asks_to_run_code_is_refused_as_such(tmp_path, capsys, 
                          "by running 'tokenization_mine.MyTokenizer' from the checkpoint, which this converter never does")
 
 
+def test_a_tokenizer_larger_than_the_model_s_vocabulary_is_noted(tmp_path, capsys, mlx_ckpt):
+    """A tokenizer with ids past the model's embedding table (another model's tokenizer, put in by hand) converted
+    saying nothing; every prompt that used one was then refused ("its tokenizer files do not belong to its
+    weights"). A note names how many and the first of them."""
+    from transformers import AutoTokenizer
+
+    src = shutil.copytree(mlx_ckpt[0], tmp_path / "src")
+    hf = AutoTokenizer.from_pretrained(str(src))
+    hf.add_tokens([f"<extra_{i}>" for i in range(V + 2 - len(hf))])
+    hf.save_pretrained(str(src))
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", src, "--out", out)
+    assert rc == 0 and len(lines) == 1, lines
+    assert f"the tokenizer has {V + 2} tokens, 2 past the model's vocabulary of {V} (<extra_" in lines[0], lines
+
+
 def test_force_without_a_drafter_never_deletes_the_one_in_the_folder(tmp_path, capsys, mlx_ckpt):
     """`--model SRC --out MODEL --force` deleted MODEL/drafter with the old folder (one redrafter-train installed
     there after hours of training included), and the new folder loaded without one, saying nothing."""
