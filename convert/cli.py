@@ -140,7 +140,7 @@ def _base_args_of(name: str):
     """ModelArgs of the model a drafter is for (only its config is read), refusing an architecture
     redrafter_mlx cannot run as converting that model would."""
     from redrafter_mlx import registry
-    from redrafter_mlx.gguf import read_gguf
+    from redrafter_mlx.gguf import read_gguf_config
 
     from .base_model import check_architecture
     from .checkpoint import read_json, resolve
@@ -153,7 +153,7 @@ def _base_args_of(name: str):
         return check_architecture(read_json(folder / "config.json", "model"), str(folder / "config.json")), folder
     resolved = registry.resolve(name)
     if resolved.kind == "gguf":
-        config, where = read_gguf(resolved.path)[0], resolved.path.name
+        config, where = read_gguf_config(resolved.path), resolved.path.name  # (its header: no tensor is read)
     else:
         where = resolved.path / "config.json"
         config = read_json(where, "model")

@@ -429,8 +429,8 @@ def _read_tensors(path: Path, layout: Layout) -> Dict[str, mx.array]:
     return out
 
 
-def read_gguf(path) -> Tuple[Dict[str, Any], Dict[str, mx.array], Dict[str, Any]]:
-    """Return (config dict in config.json form, weights with HF names, raw metadata)."""
+def _open(path) -> Layout:
+    """The checked header of a GGUF file of a supported architecture."""
     path = Path(path)
     if not path.is_file():
         raise ModelNotFoundError(f"GGUF file not found: {path}")
@@ -440,10 +440,12 @@ def read_gguf(path) -> Tuple[Dict[str, Any], Dict[str, mx.array], Dict[str, Any]
         raise UnsupportedModelError(
             f"{path.name}: GGUF architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
         )
-    check_types(path, layout)
-    check_gguf_tokenizer(layout.meta)  # a Llama-2 file's SentencePiece tokenizer: said after reading every tensor
-    tensors, meta = _read_tensors(path, layout), layout.meta
+    return layout
 
+
+def _config(path: Path, layout: Layout, names) -> Dict[str, Any]:
+    """The config in config.json form from the metadata and the tensors' HF `names` (quantization aside)."""
+    arch, meta = layout.architecture, layout.meta
     # mlx-lm's llama module runs it; rms_norm_eps is required there, llama.cpp may omit it.
     config: Dict[str, Any] = {"model_type": "llama", "rope_traditional": True, "rms_norm_eps": 1e-5}
     for key, name in CONFIG_KEYS.items():
@@ -452,7 +454,7 @@ def read_gguf(path) -> Tuple[Dict[str, Any], Dict[str, mx.array], Dict[str, Any]
     if "vocab_size" not in config and "tokenizer.ggml.tokens" in meta:
         config["vocab_size"] = len(meta["tokenizer.ggml.tokens"])
     scaling_type = _value(meta.get(f"{arch}.rope.scaling.type", "")) if f"{arch}.rope.scaling.type" in meta else ""
-    if "rope_freqs.weight" in tensors or scaling_type == "llama3":
+    if "rope_freqs.weight" in names or scaling_type == "llama3":
         # llama.cpp writes Llama-3 scaling as precomputed factors; the parameters are Llama-3.1's.
         config["rope_scaling"] = {
             "rope_type": "llama3",
@@ -465,16 +467,34 @@ def read_gguf(path) -> Tuple[Dict[str, Any], Dict[str, mx.array], Dict[str, Any]
         }
     elif scaling_type == "linear":
         config["rope_scaling"] = {"type": "linear", "factor": float(_value(meta[f"{arch}.rope.scaling.factor"]))}
+    config["tie_word_embeddings"] = "lm_head.weight" not in names
+    missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size") if k not in config]
+    if missing:
+        raise CorruptModelError(f"{path.name}: GGUF metadata lacks {', '.join(missing)}")
+    return config
 
+
+def read_gguf_config(path) -> Dict[str, Any]:
+    """The config of a GGUF file (config.json form, without its quantization) from its header alone: a drafter
+    converted for it needs no more, and read_gguf reads every tensor (a 70B file's 40 GB)."""
+    layout = _open(path)
+    names = {n for n in (_rename(name) for name, *_ in layout.tensors) if n is not None}
+    return _config(Path(path), layout, names | {name for name, *_ in layout.tensors})
+
+
+def read_gguf(path) -> Tuple[Dict[str, Any], Dict[str, mx.array], Dict[str, Any]]:
+    """Return (config dict in config.json form, weights with HF names, raw metadata)."""
+    path = Path(path)
+    layout = _open(path)
+    check_types(path, layout)
+    check_gguf_tokenizer(layout.meta)  # a Llama-2 file's SentencePiece tokenizer: said after reading every tensor
+    tensors, meta = _read_tensors(path, layout), layout.meta
     weights = {}
     for name, arr in tensors.items():
         new = _rename(name)
         if new is not None:
             weights[new] = arr
-    config["tie_word_embeddings"] = "lm_head.weight" not in weights
-    missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size") if k not in config]
-    if missing:
-        raise CorruptModelError(f"{path.name}: GGUF metadata lacks {', '.join(missing)}")
+    config = _config(path, layout, set(weights) | set(tensors))
     quant = quantization_from_weights(weights, GGUF_GROUP_SIZE)
     if quant:
         config["quantization"] = quant

@@ -1295,6 +1295,29 @@ def test_a_hub_base_for_a_drafter_fetches_its_config_alone(tmp_path, capsys, mon
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["drafter"]["checked_against"] == str(hub)
 
 
+def test_a_gguf_base_for_a_drafter_is_checked_without_reading_its_weights(tmp_path, capsys, monkeypatch):
+    """`--drafter D --base X.gguf` needs the base model's config alone, and read every tensor of the file for it (a
+    70B GGUF's 40 GB, minutes, before a drafter of a few hundred MB was converted); its header is read alone."""
+    import redrafter_mlx.gguf
+    from helpers import tiny_config, tiny_model, write_gguf
+
+    config = tiny_config()
+    gguf = write_gguf(tmp_path / "tiny.gguf", tiny_model())
+    read = []
+    monkeypatch.setattr(redrafter_mlx.gguf, "_read_tensors", lambda *args: read.append(1))
+    drafter = write_numpy_drafter(tmp_path / "d", config["hidden_size"], config["vocab_size"],
+                                  exit_dim=2 * config["hidden_size"], layers=1)
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--drafter", drafter, "--base", gguf, "--out", out)
+    assert rc == 0, lines
+    assert read == []
+    assert json.loads((out / "config.json").read_text())["base_model_type"] == "llama"
+    other = write_numpy_drafter(tmp_path / "other", config["hidden_size"], config["vocab_size"] + 8,
+                                exit_dim=2 * config["hidden_size"], layers=1)
+    rc, lines = run_convert(capsys, "--drafter", other, "--base", gguf, "--out", tmp_path / "out2")
+    assert_clean_failure(rc, lines, tmp_path / "out2", "vocab")  # (still checked against it)
+
+
 def test_an_output_that_cannot_be_made_is_refused_before_any_work(tmp_path):
     from convert.output import ConversionError
 
