@@ -20,7 +20,7 @@ import io
 import re
 import shlex
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -49,7 +49,6 @@ class BaseSource:
     kind: str  # "hf" or "gguf"
     config: Dict[str, Any]
     args: ModelArgs
-    gguf: Optional[tuple] = field(default=None, repr=False)  # (weights, metadata) of a GGUF file
 
 
 def check_architecture(config: Dict[str, Any], where: str) -> ModelArgs:
@@ -97,10 +96,12 @@ def open_base(path: Path) -> BaseSource:
                 raise ModelNotFoundError(f"{path} is a GGUF file without the .gguf suffix: rename it to "
                                          f"{path.stem}.gguf")
             raise ModelNotFoundError(f"{path} is a file but not a .gguf model: pass a .gguf file or a checkpoint folder")
-        from redrafter_mlx.gguf import read_gguf
+        from redrafter_mlx.gguf import read_gguf_config
 
-        config, weights, meta = read_gguf(path)
-        return BaseSource(path, "gguf", config, check_architecture(config, path.name), (weights, meta))
+        # (its header alone: every tensor was read here, minutes for a large file, before a drafter that does not
+        # fit it was refused; convert_gguf reads them)
+        config = read_gguf_config(path)
+        return BaseSource(path, "gguf", config, check_architecture(config, path.name))
     ggufs = sorted(path.glob("*.gguf"))
     if ggufs and not (path / "config.json").is_file():  # (said "has no config.json: not a model folder", no more)
         raise ModelNotFoundError(f"{path} has no config.json, so it is no checkpoint folder; it holds {ggufs[0].name}: "
@@ -362,9 +363,10 @@ def convert_hf(base: BaseSource, dest: Path, dtype, quantize, q_bits, q_group_si
 def convert_gguf(base: BaseSource, dest: Path, dtype, quantize, q_bits, q_group_size, template, report) -> Dict[str, Any]:
     from redrafter_mlx.loader import build_model
 
-    weights, meta = base.gguf
-    base.gguf = None
-    config = dict(base.config)
+    from redrafter_mlx.gguf import read_gguf
+
+    report.say(f"reading {base.path} ({_size(base.path.stat().st_size)})")  # (minutes for a large one)
+    config, weights, meta = read_gguf(base.path)
     report.say("tokenizer")
     tok = save_gguf_tokenizer(meta, dest, template)
     write_generation_config(dest, tok["bos_token_id"], tok["eos_token_id"])

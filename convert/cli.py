@@ -221,7 +221,7 @@ def _note_drafter_left(name: str, path: Path, out: Path, report: Reporter):
 
 
 def run(args, report: Reporter) -> Path:
-    from .base_model import _size, check_options, convert_base, open_base
+    from .base_model import check_options, convert_base, open_base
     from .checkpoint import DRAFTER_FILES, _torch, is_hub_id, resolve
     from .drafter import convert_drafter
     from .output import write_manifest
@@ -245,8 +245,6 @@ def run(args, report: Reporter) -> Path:
         drafter_src = drafter_source()
     if args.model:
         source = resolve(args.model, "model")
-        if source.suffix == ".gguf" and source.is_file():  # read whole before the line below: minutes for a large one
-            report.say(f"reading {source} ({_size(source.stat().st_size)})")
         base = open_base(source)
         check_options(base, args.dtype, args.quantize)
         output.protect(base.path)

@@ -475,9 +475,12 @@ def _config(path: Path, layout: Layout, names) -> Dict[str, Any]:
 
 
 def read_gguf_config(path) -> Dict[str, Any]:
-    """The config of a GGUF file (config.json form, without its quantization) from its header alone: a drafter
-    converted for it needs no more, and read_gguf reads every tensor (a 70B file's 40 GB)."""
+    """The config of a GGUF file (config.json form, without its quantization) from its header alone, refusing what
+    read_gguf would (tensor types, tokenizer): a drafter is checked against it before read_gguf reads every tensor
+    (a 70B file's 40 GB)."""
     layout = _open(path)
+    check_types(Path(path), layout)
+    check_gguf_tokenizer(layout.meta)
     names = {n for n in (_rename(name) for name, *_ in layout.tensors) if n is not None}
     return _config(Path(path), layout, names | {name for name, *_ in layout.tensors})
 

@@ -640,7 +640,27 @@ def test_reading_a_gguf_is_said_first(tmp_path, capsys):
     rc = convert_main(["--model", str(gguf), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert rc == 0, err
-    assert err.splitlines()[0] == f"[convert] reading {gguf} ({gguf.stat().st_size / 1e6:.1f} MB)", err
+    lines = err.splitlines()
+    assert lines[0].startswith(f"[convert] base model: {gguf} (gguf, 2 layers"), err  # (from its header, at once)
+    assert lines[1] == f"[convert] reading {gguf} ({gguf.stat().st_size / 1e6:.1f} MB)", err
+
+
+def test_a_drafter_that_does_not_fit_a_gguf_is_refused_before_its_tensors_are_read(tmp_path, capsys, monkeypatch):
+    """`--model X.gguf --drafter D` read every tensor of the file (minutes and gigabytes for a large one) before D
+    was found to be another model's; the drafter is checked against the GGUF's header."""
+    import redrafter_mlx.gguf
+    from helpers import tiny_config, tiny_model, write_gguf
+
+    config = tiny_config()
+    gguf = write_gguf(tmp_path / "tiny.gguf", tiny_model())
+    read = []
+    monkeypatch.setattr(redrafter_mlx.gguf, "_read_tensors", lambda *args: read.append(1))
+    other = write_numpy_drafter(tmp_path / "other", config["hidden_size"], config["vocab_size"] + 8,
+                                exit_dim=2 * config["hidden_size"], layers=1)
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", gguf, "--drafter", other, "--out", out)
+    assert_clean_failure(rc, lines, out, "vocab")
+    assert read == []
 
 
 def test_gguf_folder_loads_in_both_and_matches_mlx_lm(tmp_path, capsys):
