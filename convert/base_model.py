@@ -247,6 +247,9 @@ def _load_hf(src: Path, dest: Path, config: Dict[str, Any], report):
         if need > free:  # (checked after the copy, which had failed "is the disk full" minutes in)
             raise ConversionError(f"rewriting the .bin shards as safetensors needs {_size(need)} and {dest.parent} "
                                   f"has {_size(free)} free: make room or choose another --out")
+        report.say(f"reading {len(files)} .bin file{'s' if len(files) > 1 else ''} ({_size(need)}) with torch, "
+                   f"{'each' if len(files) > 1 else 'it'} whole before its tensors are counted, and rewriting "
+                   f"{'them' if len(files) > 1 else 'it'} as safetensors")
         index = src / "pytorch_model.bin.index.json"
         total = len(read_json(index, "checkpoint").get("weight_map") or {}) if index.is_file() else None
         bar = report.bar(total=total, desc="reading .bin")

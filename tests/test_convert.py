@@ -325,6 +325,17 @@ def test_sharded_bin_checkpoint_logits_match_pytorch(tmp_path, capsys, hf_dirs, 
     assert set(manifest["base"]["sha256"]) >= {"pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin"}
 
 
+def test_reading_bin_files_says_what_it_reads(tmp_path, capsys, hf_dirs):
+    """.bin shards are read whole by torch before the bar counts a tensor of them: a single pytorch_model.bin of a
+    7B model sat minutes at "reading .bin: 0 tensor", saying neither what nor how much. A line says so first."""
+    rc = convert_main(["--model", str(hf_dirs["bin"]), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    size = sum(f.stat().st_size for f in hf_dirs["bin"].glob("pytorch_model-*.bin")) / 1e6
+    assert f"[convert] reading 2 .bin files ({size:.1f} MB) with torch, each whole before its tensors are counted, " \
+           "and rewriting them as safetensors" in err.splitlines(), err
+
+
 def test_quantized_conversion_loads_and_generates(tmp_path, capsys, hf_dirs, apple_drafter):
     out = tmp_path / "q4"
     rc, lines = run_convert(capsys, "--model", hf_dirs["safetensors"], "--drafter", apple_drafter[1], "--quantize",
