@@ -364,9 +364,8 @@ def convert_hf(base: BaseSource, dest: Path, dtype, quantize, q_bits, q_group_si
 
 
 def convert_gguf(base: BaseSource, dest: Path, dtype, quantize, q_bits, q_group_size, template, report) -> Dict[str, Any]:
-    from redrafter_mlx.loader import build_model
-
     from redrafter_mlx.gguf import read_gguf
+    from redrafter_mlx.loader import build_model
 
     report.say(f"reading {base.path} ({_size(base.path.stat().st_size)})")  # (minutes for a large one)
     config, weights, meta = read_gguf(base.path)
