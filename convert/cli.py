@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "(smollm2-135m)")
     src.add_argument("--drafter", metavar="SRC",
                      help="Apple ReDrafter checkpoint: folder (or file) with config.json and model.safetensors, "
-                          "pytorch_model.bin or model.pt (a drafter already in redrafter_mlx's format works too)")
+                          "pytorch_model.bin or model.pt, or a hub id of one (a drafter already in redrafter_mlx's "
+                          "format works too)")
     src.add_argument("--base", metavar="MODEL",
                      help="with --drafter and no --model: the model the drafter is for (converted folder, "
                           ".gguf, registry name or hub id); the output is then the drafter folder alone")

@@ -259,6 +259,7 @@ def test_help_shows_examples():
     assert "weights' dtype, the drafter's too" in text
     assert "model*.safetensors or pytorch_model*.bin" in text  # (it said *.safetensors: other names are not read)
     assert "a GGUF is first dequantized, to --dtype or else float16" in text  # (it said float16, whatever --dtype)
+    assert "pytorch_model.bin or model.pt, or a hub id of one" in text  # (--drafter org/name is fetched too)
 
 
 @pytest.mark.parametrize("option", ["--model", "--drafter", "--base", "--out", "--chat-template"])
