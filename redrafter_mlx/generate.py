@@ -380,7 +380,7 @@ def stream(
         if loaded.drafter is None:
             raise RedrafterError(f"model {loaded.name} has no drafter: load one (drafter=PATH, --drafter PATH) or use "
                                  "mode 'auto' or 'ar'")
-        raise RedrafterError("mode 'redrafter' with no drafter: use_drafter=False (--no-drafter) left the model's "
+        raise SettingError("mode 'redrafter' with no drafter: use_drafter=False (--no-drafter) left the model's "
                              "drafter out; drop it, or use mode 'auto' or 'ar'")
     if mode == "auto" and not adaptive and drafter is None and lookup_given and lookup > 0:
         # fixed drafting from the context alone: the copy, and no drafter beams (L=1 calls no drafter); a graph,

@@ -744,7 +744,8 @@ def test_redrafter_mode_without_its_drafter_says_why(tiny_kit, tmp_path):
     save_drafter(new_drafter(base.args), path / "drafter")
     with_drafter = load(str(path))
     assert with_drafter.drafter is not None
-    raises(RedrafterError, lambda: generate(with_drafter, "hi", mode="redrafter", use_drafter=False),
+    # two settings of the call that ask for opposite things: a SettingError (a ValueError), as every other one is
+    raises(SettingError, lambda: generate(with_drafter, "hi", mode="redrafter", use_drafter=False),
            "use_drafter=False", "--no-drafter")
     raises(RedrafterError, lambda: generate(load(str(path), use_drafter=False), "hi", mode="redrafter"),
            "has no drafter", "--drafter")
