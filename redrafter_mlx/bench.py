@@ -440,7 +440,8 @@ def plot(summary: Dict, results: List[Dict], path: Path):
     ks = sorted(hist)
     axes[2].bar([str(k) for k in ks], [hist[k] for k in ks], color="tab:orange")
     axes[2].set(title=f"tokens emitted per step ({best})", xlabel="tokens (accepted drafts + 1)", ylabel="steps")
-    fig.suptitle(f"{len({r['question_id'] for r in results})} prompts")
+    asked = len({r['question_id'] for r in results})
+    fig.suptitle(f"{asked} prompt{'' if asked == 1 else 's'}")
     fig.tight_layout()
     fig.savefig(path, dpi=110, format=plot_format(Path(path)))
     plt.close(fig)
@@ -682,6 +683,9 @@ def _measure(args, stop) -> int:
 
     try:
         prompts = read_prompts(args.prompts, args.limit, args.turns)
+        if args.limit and len(prompts) < args.limit:  # (said nothing: only the first line's count showed it)
+            print(f"redrafter-bench: note: --limit {args.limit}, and {args.prompts} holds {len(prompts)} question"
+                  f"{'' if len(prompts) == 1 else 's'}: all of them run", file=sys.stderr)
         progress = lambda s: print(s, file=sys.stderr)  # noqa: E731
         loaded = load(args.model, drafter=args.drafter, weight_format=args.weight_format,
                       use_drafter=not args.no_drafter and bool({"auto", "redrafter"} & set(args.modes)),
@@ -770,7 +774,8 @@ def _measure(args, stop) -> int:
     drafter = loaded.drafter_path or ("none (--no-drafter)" if args.no_drafter else "none found" if {
         "auto", "redrafter"} & set(args.modes) else "none (not needed)")
     print(f"model {loaded.name} ({loaded.weight_format}) on {loaded.device}; drafter {drafter}; "
-          f"{len(prompts)} prompts, modes {','.join(args.modes)}, {shape_text}", file=sys.stderr)
+          f"{len(prompts)} prompt{'' if len(prompts) == 1 else 's'}, modes {','.join(args.modes)}, {shape_text}",
+          file=sys.stderr)
     twin = mlx_lm_twin(loaded) if "mlx-lm" in args.modes else None
     if args.json:  # from the start, so a run stopped before its first question leaves no earlier run's report there
         write_report(args.json, loaded, args, [], variants, complete=False)

@@ -533,7 +533,11 @@ def _run(args, graphs) -> int:
     from tqdm import tqdm
 
     if args.limit:  # questions, not rows: a --turns report has a row per turn (--limit 1 replayed turn 1 alone)
-        first = list(dict.fromkeys(r.get("question_id") for r in rows))[: args.limit]
+        held = list(dict.fromkeys(r.get("question_id") for r in rows))
+        if len(held) < args.limit:  # (said nothing)
+            print(f"{PROG}: note: --limit {args.limit}, and {args.results} holds {len(held)} question"
+                  f"{'' if len(held) == 1 else 's'}: all of them are replayed", file=sys.stderr)
+        first = held[: args.limit]
         rows = [r for r in rows if r.get("question_id") in first]
     totals: Dict[tuple, Dict[str, int]] = defaultdict(lambda: defaultdict(int))
     if args.auto:

@@ -572,6 +572,16 @@ def test_replay_limit_counts_questions_of_a_turns_report(model_dir, prompts, tmp
     header, row = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("config")
                    or line.startswith("2x3 t0")]
     assert header == ["config", QUESTIONS[0]["category"], "turn", "1", "turn", "2"] and len(row) == 7
+    # a --limit past the questions held ran them all, saying nothing (in the bench too)
+    assert replay.main([str(out), "--shapes", "2x3", "--limit", "9"]) == 0
+    assert f"note: --limit 9, and {out} holds {len(QUESTIONS)} questions: all of them are replayed" in \
+        capsys.readouterr().err
+    rc, _, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 2, "--modes", "ar",
+                     "--limit", 9)
+    assert rc == 0 and f"note: --limit 9, and {prompts} holds {len(QUESTIONS)} questions: all of them run" in err
+    rc, _, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 2, "--modes", "ar",
+                     "--limit", 1)
+    assert rc == 0 and "note: --limit" not in err and " 1 prompt, modes ar" in err  # (it said "1 prompts")
     real, calls = replay.replay, []
 
     def stopping(*a, **kw):  # Ctrl-C in the third row: the second question's only turn
