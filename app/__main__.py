@@ -283,8 +283,8 @@ def main(argv=None) -> int:
     app = create_app(engine, settings)
     app.run()  # quitting cancels a running reply and closes the engine (ChatApp.on_unmount)
     status = 1 if app.return_code else 0  # Textual's 1 after an error it printed (the shell was told 0)
-    if app.load_error is not None:  # the screen is gone: say it where it stays
-        print(f"redrafter-chat: error: {app.load_error}", file=sys.stderr)
+    if app.load_error is not None:  # the screen is gone: say it where it stays, whole (the screen said its first line)
+        print(f"redrafter-chat: error: {getattr(app, 'load_details', None) or app.load_error}", file=sys.stderr)
         status = 1
     engine.close()  # the app closed it too, unless it never mounted
     # Quit during the load: nothing of it is wanted, and a load stops only between its stages (the shell

@@ -138,6 +138,7 @@ class ChatApp(App):
         self._before = ("ready", None)  # status and stats before the running reply
         self.user_view: Optional[UserMessage] = None  # the prompt bubble of the reply that runs
         self.load_error: Optional[str] = None  # why the model did not load (main() prints it after the app)
+        self.load_details: Optional[str] = None  # its whole text, where load_error is its first line (main() prints it)
         self._stats_shown: Optional[bool] = None  # the user's choice (F2, /stats); None: by the terminal's width
         self.error_details: Optional[str] = None  # the last failed reply's whole error, where its notice was cut
 
@@ -213,10 +214,9 @@ class ChatApp(App):
         progress = lambda stage, text: self.post_message(LoadProgress(stage, text))  # noqa: E731 (engine thread)
         try:
             info = await asyncio.wrap_future(self.engine.start_load(progress))
-        except EngineError as e:
-            self.post_message(LoadFailed(str(e)))
-        except Exception as e:  # an engine that breaks its contract still gets a readable line
-            self.post_message(LoadFailed(f"{type(e).__name__}: {e}"))
+        except Exception as e:  # (an engine that breaks its contract still gets a readable line, as a reply's error)
+            failed = e if isinstance(e, EngineError) else failure(e)
+            self.post_message(LoadFailed(str(failed), failed.details))
         else:
             self.post_message(LoadFinished(info))
 
@@ -278,7 +278,7 @@ class ChatApp(App):
             await self.send(text)
 
     def on_load_failed(self, msg: LoadFailed):
-        self.status, self.load_error = "load failed", msg.error
+        self.status, self.load_error, self.load_details = "load failed", msg.error, msg.details or None
         self.load_status.failed(
             f"The model did not load: {msg.error}\nCheck --model / --drafter and start again; Ctrl+Q quits."
         )

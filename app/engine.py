@@ -537,6 +537,8 @@ class FakeEngine(EngineThread):
             raise EngineError("the load gate was never opened")
         progress("fetch", f"{self.model}.gguf (cached)")
         progress("load", f"loading {self.model}.gguf")
+        if isinstance(self.fail_load, BaseException):  # an engine breaking its contract: not an EngineError
+            raise self.fail_load
         if self.fail_load:
             raise EngineError(self.fail_load)
         progress("warm-up", "plain decoding")

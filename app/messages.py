@@ -25,9 +25,10 @@ class LoadFinished(Message):
 
 
 class LoadFailed(Message):
-    def __init__(self, error: str):
+    def __init__(self, error: str, details: str = ""):
         super().__init__()
         self.error = error
+        self.details = details  # the error's whole text, where `error` is its first line alone (else "")
 
 
 class ReplyProgress(Message):

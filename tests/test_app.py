@@ -743,6 +743,19 @@ async def test_load_progress_and_a_load_error_are_readable():
         assert app.query_one(PromptInput).disabled
 
 
+async def test_a_load_errors_whole_text_is_printed_after_the_chat():
+    """A load that failed with an error over several lines (MLX's, a library's) showed its first line, and the line
+    printed after the chat closed was that line too: the rest was lost. The screen keeps to the line; the whole
+    text is printed where it stays."""
+    app = create_app(FakeEngine(fail_load=RuntimeError("[metal] out of memory\n  allocating 2 GB\n  at step 3")))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.status == "load failed")
+        await pilot.pause()
+        assert "The model did not load: RuntimeError: [metal] out of memory" in str(app.query_one(LoadStatus).render())
+        assert "allocating 2 GB" not in str(app.query_one(LoadStatus).render())
+    assert app.load_details == "RuntimeError: [metal] out of memory\n  allocating 2 GB\n  at step 3"
+
+
 async def test_the_stats_panel_says_the_model_did_not_load():
     """After a failed load the panel read "status load failed" above "model loading…"."""
     app = create_app(FakeEngine(fail_load="no such model"))
@@ -1219,6 +1232,7 @@ def test_command_line_refusals_and_the_drafting_rule(monkeypatch, capsys):
 
     class Failed:
         load_error = "no model 'org/nope' on the Hugging Face hub"
+        load_details = None
         status, return_code = "load failed", 0
 
         def run(self):
@@ -1228,6 +1242,10 @@ def test_command_line_refusals_and_the_drafting_rule(monkeypatch, capsys):
     monkeypatch.setattr("app.__main__.has_terminal", lambda: True)
     assert main(["--model", "org/nope"]) == 1
     assert capsys.readouterr().err == "redrafter-chat: error: no model 'org/nope' on the Hugging Face hub\n"
+    Failed.load_error, Failed.load_details = "RuntimeError: [metal] out of memory", "RuntimeError: [metal] out of " \
+        "memory\n  allocating 2 GB"
+    assert main(["--model", "org/nope"]) == 1  # the whole error, which the screen cut to its first line
+    assert capsys.readouterr().err == "redrafter-chat: error: RuntimeError: [metal] out of memory\n  allocating 2 GB\n"
 
 
 def test_the_chat_without_a_terminal_says_so_and_exits():
