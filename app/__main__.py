@@ -184,13 +184,13 @@ def unknown_name(args) -> Optional[str]:
     model = args.model
     if not model or not model.strip() or "/" in model or os.sep in model or Path(model).expanduser().exists():
         return None
-    from redrafter_mlx.registry import known_models
+    from redrafter_mlx.registry import did_you_mean, known_models
 
     names = known_models()
     if model in names:
         return None
-    return (f"--model {model}: not a known name ({', '.join(sorted(names))}), an existing .gguf file or folder, "
-            "or a Hugging Face hub id (org/name)")
+    return (f"--model {model}{did_you_mean(model)}: not a known name ({', '.join(sorted(names))}), an existing .gguf "
+            "file or folder, or a Hugging Face hub id (org/name)")
 
 
 def fixed_drafting(args) -> bool:

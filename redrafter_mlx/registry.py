@@ -292,9 +292,22 @@ def resolve(name: Optional[str] = None, progress=None) -> ResolvedModel:
     if looks_like_path(name):  # a path, not a name mistyped: the list of names is no help
         raise ModelNotFoundError(f"no such file or folder: {name} (a model is a .gguf file or a model folder)")
     raise ModelNotFoundError(
-        f"unknown model {name!r}: not a known name ({', '.join(sorted(models))}), "
+        f"unknown model {name!r}{did_you_mean(name)}: not a known name ({', '.join(sorted(models))}), "
         "an existing .gguf file or folder, or a Hugging Face hub id (org/name)"
     )
+
+
+def did_you_mean(name: str) -> str:
+    """' (did you mean 'smollm2-135m'?)' for a name that is almost a registry name: another case, _ for -, a
+    space, a letter off, or the name without its -4bit; else ''. (A typo was answered with the list of all
+    the names, the one meant among them.)"""
+    import difflib
+
+    names = sorted(known_models())
+    key = name.strip().lower().replace("_", "-")
+    close = ([n for n in names if n.lower() == key] or [n for n in names if n.lower().startswith(key + "-")]
+             or difflib.get_close_matches(key, names, n=1, cutoff=0.8))
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _gguf_magic(path: Path) -> bool:

@@ -55,6 +55,20 @@ def test_unknown_model_name_lists_the_known_ones():
         assert name in msg
 
 
+def test_a_name_that_is_almost_a_registry_name_gets_a_hint():
+    """A typo ("smollm2-135", "SmolLM2-135M", "qwen3-8b" for "qwen3-8b-4bit") was answered with the list of every
+    name, the one meant among them; now the error names it, as does the chat's check before its screen opens."""
+    from argparse import Namespace
+
+    from app.__main__ import unknown_name
+
+    for typed, meant in (("smollm2-135", "smollm2-135m"), ("SmolLM2-135M", "smollm2-135m"),
+                         ("smollm2_135m", "smollm2-135m"), ("qwen3-8b", "qwen3-8b-4bit")):
+        raises(ModelNotFoundError, lambda: load(typed), f"unknown model {typed!r} (did you mean {meant!r}?)")
+        assert f"(did you mean {meant!r}?)" in unknown_name(Namespace(model=typed))
+    assert "did you mean" not in raises(ModelNotFoundError, lambda: load("no-such-model"), "unknown model")
+
+
 def test_missing_gguf_file(tmp_path):
     for name in (str(tmp_path / "nope.gguf"), "some_dir/nope.gguf"):  # the second looks like org/name
         raises(ModelNotFoundError, lambda: load(name), "not found", "nope.gguf")
