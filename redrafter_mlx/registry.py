@@ -279,6 +279,9 @@ def resolve(name: Optional[str] = None, progress=None) -> ResolvedModel:
             if _gguf_magic(path):  # it said "not a .gguf model" of one (M.GGUF, or a download saved without its suffix)
                 raise ModelNotFoundError(f"{path} is a GGUF file without the .gguf suffix: rename it to "
                                          f"{path.stem}.gguf")
+            if (path.parent / "config.json").is_file():  # its config.json, weights or tokenizer: the folder was meant
+                raise ModelNotFoundError(f"{path} is a file of the model folder {path.parent}: pass the folder, not one "
+                                         "of its files")
             raise ModelNotFoundError(f"{path} is a file but not a .gguf model; pass a .gguf file or a model folder")
         return ResolvedModel(name, path.resolve())
     if path.suffix == ".gguf":  # a missing file, not a hub id: never ask the network about it

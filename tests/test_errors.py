@@ -88,6 +88,16 @@ def test_file_that_is_not_a_model(tmp_path):
     raises(ModelNotFoundError, lambda: load(str(tmp_path / "notes.txt")), "notes.txt", "not a .gguf")
 
 
+def test_a_file_inside_a_model_folder_names_the_folder(tiny_kit, tmp_path):
+    """--model DIR/config.json (or its model.safetensors) said "is a file but not a .gguf model; pass a .gguf file or
+    a model folder", not which folder: it says the folder to pass."""
+    path = tiny_kit.write_folder(tmp_path / "mine", tiny_kit.model(seed=0))
+    for name in ("config.json", "model.safetensors"):
+        msg = raises(ModelNotFoundError, lambda: load(str(path / name)), f"a file of the model folder {path}",
+                     "pass the folder")
+        assert "not a .gguf model" not in msg
+
+
 def test_a_gguf_file_without_its_suffix(tiny_kit, tmp_path):
     """It said "is a file but not a .gguf model" of a GGUF file named M.GGUF or saved without its suffix."""
     gguf = tiny_kit.write_gguf(tmp_path / "m.gguf", tiny_kit.model(seed=0))
