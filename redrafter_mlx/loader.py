@@ -243,6 +243,11 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
     quantization), after checks that give one-line errors."""
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
+        ggufs = sorted(f.name for f in path.glob("*.gguf") if f.is_file())
+        if ggufs:  # a downloaded GGUF's folder: it said "not a model folder", not which file to pass
+            raise ModelNotFoundError(f"{path} has no config.json: not a model folder, but it holds "
+                                     f"{', '.join(ggufs[:3])}{' and more' if len(ggufs) > 3 else ''}: pass the .gguf "
+                                     f"file itself ({path / ggufs[0]})")
         raise ModelNotFoundError(f"{path} has no config.json: not a model folder")
     config = read_json_object(cfg_path, "model config")
     gen = path / "generation_config.json"  # optional; mlx-lm reads it too

@@ -98,6 +98,14 @@ def test_a_file_inside_a_model_folder_names_the_folder(tiny_kit, tmp_path):
         assert "not a .gguf model" not in msg
 
 
+def test_a_folder_holding_a_gguf_file_names_the_file(tiny_kit, tmp_path):
+    """--model DIR, where DIR holds a downloaded .gguf and no config.json, said only "not a model folder"."""
+    (tmp_path / "dl").mkdir()
+    gguf = tiny_kit.write_gguf(tmp_path / "dl" / "tiny-Q8_0.gguf", tiny_kit.model(seed=0))
+    raises(ModelNotFoundError, lambda: load(str(gguf.parent)), "no config.json", "tiny-Q8_0.gguf",
+           f"pass the .gguf file itself ({gguf})")
+
+
 def test_a_gguf_file_without_its_suffix(tiny_kit, tmp_path):
     """It said "is a file but not a .gguf model" of a GGUF file named M.GGUF or saved without its suffix."""
     gguf = tiny_kit.write_gguf(tmp_path / "m.gguf", tiny_kit.model(seed=0))
