@@ -15,6 +15,7 @@ are kept.
 
 import contextlib
 import io
+import json
 import os
 import time
 import warnings
@@ -273,6 +274,14 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
     else:
         refuse_mixed_weights(path, files, "model.safetensors")
     model_classes(config, str(cfg_path))  # refuses unsupported families before reading any weights
+    quant = config.get("quantization")
+    if quant is not None and not (isinstance(quant, dict) and all(
+            isinstance(quant.get(k), int) and not isinstance(quant.get(k), bool) and quant[k] > 0
+            for k in ("bits", "group_size"))):
+        # mlx-lm failed on it: "config.json ... does not describe a llama model: 'bits'" (or "string indices ...")
+        raise CorruptModelError(f"{cfg_path}: its quantization block ({one_line(json.dumps(quant), 80)}) does not give "
+                                'bits and group_size as whole numbers, as mlx-lm writes them ({"group_size": 64, '
+                                '"bits": 4}): use the config.json written with these weights')
     from safetensors import safe_open
 
     names = set()

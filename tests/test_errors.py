@@ -255,6 +255,18 @@ def test_quantized_weights_without_their_quantization_block(tiny_kit, tmp_path):
     raises(CorruptModelError, lambda: load(str(path)), "are quantized", "no quantization block", "f")
 
 
+def test_a_quantization_block_without_bits_or_group_size(tiny_kit, tmp_path):
+    """A hand-edited block ({"group_size": 32}, "4bit", {}) failed in mlx-lm and was said as "config.json in f does
+    not describe a llama model: 'bits'"; it names the block and what it must hold."""
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0), quantize=(4, 32))
+    config = json.loads((path / "config.json").read_text())
+    for block in ({"group_size": 32}, "4bit", {}, {"bits": "4", "group_size": 32}):
+        (path / "config.json").write_text(json.dumps({**config, "quantization": block}))
+        msg = raises(CorruptModelError, lambda: load(str(path)), "quantization block", "bits", "group_size",
+                     str(path / "config.json"))
+        assert "does not describe" not in msg
+
+
 def test_an_empty_drafter_path(tiny_kit, tmp_path):
     """drafter="" loaded the drafter found beside the model, saying nothing; " " said "no drafter at  "."""
     base = tiny_kit.model(seed=0)
