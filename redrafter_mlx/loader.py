@@ -159,6 +159,27 @@ def _quantized(model: nn.Module) -> bool:
     return any(hasattr(m, "scales") for _, m in model.named_modules())
 
 
+def stored_quantization(model: nn.Module, quant: Any) -> Optional[Dict[str, Any]]:
+    """The quantization `model`'s layers hold, in mlx-lm's config form ({"group_size", "bits"} and per-layer
+    overrides), or None: `quant` (the config's block) where it says the same. mlx-lm reads each layer's bits and
+    group size from the weights, so a block that says otherwise, or one beside unquantized weights, was reported
+    as the format ("8-bit (group 32)" of 4-bit weights; "stored 4-bit" in the chat of a float32 model)."""
+    layers = {path: (m.bits, m.group_size) for path, m in model.named_modules()
+              if hasattr(m, "scales") and hasattr(m, "bits")}
+    if not layers:
+        return None
+    if isinstance(quant, dict) and "bits" in quant and "group_size" in quant:
+        said = {path: (q["bits"], q["group_size"]) if isinstance(q := quant.get(path), dict) and "bits" in q
+                and "group_size" in q else (quant["bits"], quant["group_size"]) for path in layers}
+        if said == layers:
+            return quant
+    pairs = list(layers.values())
+    bits, group = max(sorted(set(pairs)), key=pairs.count)
+    out: Dict[str, Any] = {"group_size": group, "bits": bits}
+    out.update({path: {"group_size": g, "bits": b} for path, (b, g) in sorted(layers.items()) if (b, g) != (bits, group)})
+    return out
+
+
 def _set_format(model: nn.Module, config: Dict[str, Any], weight_format: str) -> str:
     """Bring a loaded mlx-lm model to the weight format asked for; returns its description."""
     from mlx.utils import tree_flatten, tree_unflatten
@@ -314,6 +335,10 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
         if "safetensors" in text:
             raise CorruptModelError(f"cannot read the weights in {path.name}: {text}") from e
         raise CorruptModelError(f"config.json in {path.name} does not describe a {config['model_type']} model: {text}") from e
+    quant = stored_quantization(model, config.get("quantization"))
+    config = {k: v for k, v in config.items() if k != "quantization"}
+    if quant:
+        config["quantization"] = quant
     try:
         description = _set_format(model, config, weight_format)
         mx.eval(model.parameters())

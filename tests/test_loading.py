@@ -249,6 +249,22 @@ def test_mlx_community_mixed_precision_folder(tiny_kit, tmp_path):
     assert_close(logits_of(deq.model), logits_of(model), 1e-4)
 
 
+def test_the_format_reported_is_the_weights_not_a_config_block_that_disagrees(tiny_kit, tmp_path):
+    """mlx-lm reads each layer's bits and group size from the weights: 4-bit weights under a block saying 8-bit
+    group 64 ran as 4-bit but were reported as "8-bit (group 64)", and float weights under a block as quantized
+    (info["source_quantization"], which the chat shows as the stored format)."""
+    model, path = quantized_folder(tiny_kit, tmp_path, bits=4, group_size=32)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "quantization": {"group_size": 64, "bits": 8}}))
+    stored = load(str(path), weight_format="stored")
+    assert stored.model.layers[0].mlp.up_proj.bits == 4 and stored.weight_format == "4-bit (group 32)"
+    assert stored.info["source_quantization"] == {"group_size": 32, "bits": 4}
+    plain = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0), config_extra={
+        "quantization": {"group_size": 32, "bits": 4}})
+    m = load(str(plain), weight_format="stored")
+    assert m.weight_format == "float32" and m.info["source_quantization"] is None
+
+
 def test_quantization_inferred_from_packed_shapes(tiny_kit):
     import mlx.nn as nn
 
