@@ -17,6 +17,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -293,6 +294,14 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
         if isinstance(shards, dict) and shards:
             refuse_mixed_weights(path, files, "model.safetensors", index.name, shards.values())
     else:
+        # Without an index, shards are named model-00001-of-00003.safetensors: one missing read as weights that
+        # "do not fit the model config: Missing 11 parameters"
+        shards = [m for f in files if (m := re.fullmatch(r"model-(\d+)-of-(\d+)\.safetensors", f.name))]
+        missing = sorted({f"model-{i:0{len(m[1])}d}-of-{m[2]}.safetensors" for m in shards
+                          for i in range(1, min(int(m[2]), 9999) + 1)} - {f.name for f in files})
+        if missing:
+            raise CorruptModelError(f"{path} lacks {', '.join(missing[:3])}{' and more' if len(missing) > 3 else ''}, "
+                                    "a shard of its weights (an interrupted download or copy?)")
         refuse_mixed_weights(path, files, "model.safetensors")
     model_classes(config, str(cfg_path))  # refuses unsupported families before reading any weights
     quant = config.get("quantization")

@@ -267,6 +267,18 @@ def test_a_quantization_block_without_bits_or_group_size(tiny_kit, tmp_path):
         assert "does not describe" not in msg
 
 
+def test_a_shard_missing_from_a_folder_without_an_index(tiny_kit, tmp_path):
+    """Shards named model-00001-of-00002.safetensors with no index beside them: one missing was said as weights
+    that "do not fit the model config: Missing 11 parameters"; it names the shard."""
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
+    weights = mx.load(str(path / "model.safetensors"))
+    (path / "model.safetensors").unlink()
+    write_shards(path, weights)
+    (path / "model-00002-of-00002.safetensors").unlink()
+    msg = raises(CorruptModelError, lambda: load(str(path)), "lacks model-00002-of-00002.safetensors", "shard")
+    assert "do not fit" not in msg
+
+
 def test_an_empty_drafter_path(tiny_kit, tmp_path):
     """drafter="" loaded the drafter found beside the model, saying nothing; " " said "no drafter at  "."""
     base = tiny_kit.model(seed=0)
