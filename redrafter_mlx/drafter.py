@@ -33,7 +33,7 @@ import mlx.nn as nn
 
 from .config import DRAFTER_MODEL_TYPE, DrafterArgs
 from .errors import CorruptModelError, DrafterMismatchError, ModelNotFoundError, UnsupportedModelError, one_line
-from .files import read_json_object, replace_folder, staging_folder
+from .files import read_json_object, refuse_lfs_pointer, replace_folder, staging_folder
 
 
 class ResBlock(nn.Module):
@@ -271,6 +271,7 @@ def load_drafter(path: Union[str, Path], base=None, advice: str = DRAFTER_ADVICE
     try:
         weights = mx.load(str(weights_path))
     except Exception as e:
+        refuse_lfs_pointer(weights_path)  # it said "Invalid json header length"
         raise CorruptModelError(f"cannot read {weights_path}: {one_line(e)}") from e
     drafter = Drafter(args)
     try:

@@ -293,7 +293,7 @@ def refuse_lfs_pointer(path: Path):
     except OSError:
         return  # the reader itself says why
     if head == LFS_POINTER:
-        raise CorruptModelError(f"{path} is a Git LFS pointer, not the weights: run `git lfs pull` in {path.parent} "
+        raise CorruptModelError(f"{path} is a Git LFS pointer, not the file itself: run `git lfs pull` in {path.parent} "
                                 "(or download the model with huggingface-hub)")
 
 

@@ -18,6 +18,7 @@ import mlx.core as mx
 import numpy as np
 
 from .errors import CorruptModelError, ModelNotFoundError, UnsupportedModelError
+from .files import refuse_lfs_pointer
 from .tokenizer import check_gguf_tokenizer
 
 GGUF_GROUP_SIZE = 32
@@ -115,6 +116,7 @@ def check_layout(path) -> Layout:
     import struct
 
     path = Path(path)
+    refuse_lfs_pointer(path)  # it said "damaged: no GGUF magic" of a repository cloned without git-lfs
     with open(path, "rb") as f:
         size = path.stat().st_size
         if size < 24:

@@ -19,6 +19,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no "PyTorch was not found" banner
 
 from .errors import CorruptModelError, EmptyPromptError, InvalidPromptError, UnsupportedModelError, one_line  # noqa: E402
+from .files import refuse_lfs_pointer  # noqa: E402
 
 
 def is_blank(text: str) -> bool:
@@ -174,6 +175,8 @@ class Tokenizer:
             hf = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
         except Exception as e:
             files = [n for n in ("tokenizer.json", "tokenizer.model", "vocab.json") if (Path(path) / n).is_file()]
+            for name in files + ["tokenizer_config.json"]:  # it said "Expecting value: line 1 column 1 (char 0)"
+                refuse_lfs_pointer(Path(path) / name)
             if not files:
                 raise CorruptModelError(f"{path} has no tokenizer (tokenizer.json, tokenizer.model or vocab.json): "
                                         "copy the tokenizer files of the model into it") from e

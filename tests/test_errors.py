@@ -177,6 +177,23 @@ def test_weight_files_from_another_download_are_refused(tiny_kit, tmp_path):
     raises(CorruptModelError, lambda: load(str(path)), "is a Git LFS pointer", "git lfs pull")
 
 
+def test_a_git_lfs_pointer_in_place_of_a_gguf_a_tokenizer_or_a_drafter(tiny_kit, tmp_path):
+    """A repository cloned without git-lfs: a .gguf said "damaged: no GGUF magic", a tokenizer.json "Expecting
+    value: line 1 column 1", a drafter's weights "Invalid json header length"; each is named as a pointer."""
+    pointer = b"version https://git-lfs.github.com/spec/v1\noid sha256:0123\nsize 4096\n"
+    (tmp_path / "m.gguf").write_bytes(pointer)
+    base = tiny_kit.model(seed=0)
+    path = tiny_kit.write_folder(tmp_path / "f", base)
+    save_drafter(new_drafter(base.args), tmp_path / "d")
+    (tmp_path / "d" / "model.safetensors").write_bytes(pointer)
+    raises(CorruptModelError, lambda: load(str(path), drafter=str(tmp_path / "d")), "model.safetensors is a Git LFS "
+           "pointer", "git lfs pull")
+    (path / "tokenizer.json").write_bytes(pointer)
+    for name in ("m.gguf", "f"):
+        msg = raises(CorruptModelError, lambda: load(str(tmp_path / name)), "is a Git LFS pointer", "git lfs pull")
+        assert "not the weights" not in msg
+
+
 def test_a_drafter_and_a_model_given_for_each_other(tiny_kit, tmp_path):
     """A drafter folder as the model said "unsupported architecture 'recurrent_drafting_drafter': mlx-lm has no model
     for it"; a model folder as the drafter, whose sizes fit, that the drafter's weights "do not fit its config"."""
