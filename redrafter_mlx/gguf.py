@@ -438,9 +438,14 @@ def _open(path) -> Layout:
         raise ModelNotFoundError(f"GGUF file not found: {path}")
     layout = check_layout(path)
     arch = layout.architecture  # before the tensors: a qwen2 file's Q5_0 tensors are not its problem
-    if arch not in SUPPORTED_ARCHITECTURES:
+    if arch not in SUPPORTED_ARCHITECTURES:  # (it said no more: not that the model's folder loads)
+        import importlib.util
+
+        runs = bool(re.fullmatch(r"\w+", arch)) and importlib.util.find_spec(f"mlx_lm.models.{arch}") is not None
         raise UnsupportedModelError(
             f"{path.name}: GGUF architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+            ": load the model's Hugging Face folder or hub id (org/name) instead"
+            + (f", which mlx-lm's {arch} model runs" if runs else ", if mlx-lm has a model for it")
         )
     return layout
 

@@ -379,7 +379,11 @@ def test_bad_weight_format(tiny_model_dir):
 
 def test_gguf_of_another_architecture(tiny_kit, tmp_path):
     path = tiny_kit.write_gguf(tmp_path / "gpt2.gguf", tiny_kit.model(seed=0), arch="gpt2")
-    raises(UnsupportedModelError, lambda: load(str(path)), "gpt2.gguf", "architecture 'gpt2'", "supported: llama")
+    raises(UnsupportedModelError, lambda: load(str(path)), "gpt2.gguf", "architecture 'gpt2'", "supported: llama",
+           "load the model's Hugging Face folder or hub id (org/name) instead, which mlx-lm's gpt2 model runs")
+    path = tiny_kit.write_gguf(tmp_path / "x.gguf", tiny_kit.model(seed=0), arch="made_up")
+    raises(UnsupportedModelError, lambda: load(str(path)), "architecture 'made_up'", "Hugging Face folder",
+           "if mlx-lm has a model for it")
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "header-only"])
