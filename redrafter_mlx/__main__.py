@@ -133,6 +133,9 @@ def _reply(args) -> int:
              use_drafter=args.mode != "ar" and not args.no_drafter,
              progress=lambda s: print(f"[{s}]", file=sys.stderr))
     print(f"[{m.name}: {m.weight_format} on {m.device}; drafter: {m.drafter_path or 'none'}]", file=sys.stderr)
+    if not m.tokenizer.has_chat_template:  # (the reply ran on from the prompt's text, saying nothing, as the chat notes)
+        print(f"[{m.name} has no chat template: the prompt reaches it as plain text to continue, not as a user turn"
+              + (", after the --system text" if args.system and args.system.strip() else "") + "]", file=sys.stderr)
     shaping = [flag for flag, value in (("--beam-width", args.beam_width), ("--beam-length", args.beam_length),
                                         ("--tree", args.tree), ("--tree-min-prob", args.tree_min_prob),
                                         ("--graph", args.graph)) if value is not None]

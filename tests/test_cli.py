@@ -268,6 +268,26 @@ def test_main_cli_labels_an_adaptive_redrafter_run_as_such(tiny_kit, tmp_path, c
     assert "verified/step" not in last and last.endswith("stop: length]")
 
 
+def test_main_cli_says_a_model_has_no_chat_template(tiny_kit, tmp_path, capsys):
+    """A model without a chat template continued the prompt as plain text, and the command said nothing of it (the
+    chat notes it): the reply read as the model ignoring the question."""
+    import json
+
+    from redrafter_mlx.__main__ import main
+
+    path = tiny_kit.write_folder(tmp_path / "m", tiny_kit.model(seed=0))
+    assert main(["--model", str(path), "--mode", "ar", "--max-tokens", "2", "hi"]) == 0
+    assert "chat template" not in capsys.readouterr().err
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    for f in path.glob("chat_template*"):
+        f.unlink()
+    assert main(["--model", str(path), "--mode", "ar", "--max-tokens", "2", "--system", "Be brief.", "hi"]) == 0
+    assert (f"[{path} has no chat template: the prompt reaches it as plain text to continue, not as a user turn, "
+            "after the --system text]") in capsys.readouterr().err
+
+
 def test_main_cli_says_the_fresh_seed_of_a_sampled_reply(tiny_kit, tmp_path, capsys):
     """Sampling without --seed drew a fresh seed that nothing printed, so a reply worth keeping could not be had
     again. The stats line says it, and --seed with it gives the same reply, in another mode too."""
