@@ -328,6 +328,13 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
         # Some configs omit it: the weights tell (an lm_head of its own means untied; internlm2 calls it `output`).
         overrides["tie_word_embeddings"] = not any(n.split(".")[-2:-1] == ["lm_head"] or n.split(".")[0] == "output"
                                                    for n in names)
+    qconfig = config.get("quantization_config", text_config.get("quantization_config"))
+    method = qconfig.get("quant_method") if isinstance(qconfig, dict) else None
+    if method in ("awq", "gptq") and "quantization" not in config and not any(n.endswith(".qweight") for n in names):
+        # mlx-lm's AutoAWQ/GPTQ reader failed on it with an UnboundLocalError (a traceback)
+        raise CorruptModelError(f"{cfg_path} says its weights are {method.upper()}-quantized (quantization_config), "
+                                f"but the weights in {path.name} hold no .qweight tensors: use the config.json written "
+                                "with these weights (without quantization_config if they are not quantized)")
     from mlx_lm.utils import load_model
 
     try:

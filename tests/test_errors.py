@@ -296,6 +296,15 @@ def test_a_shard_missing_from_a_folder_without_an_index(tiny_kit, tmp_path):
     assert "do not fit" not in msg
 
 
+def test_an_awq_quantization_config_beside_weights_that_are_not_awq(tiny_kit, tmp_path):
+    """A config.json keeping an AutoAWQ/GPTQ quantization_config beside float weights (converted by another tool)
+    failed inside mlx-lm with an UnboundLocalError traceback."""
+    for method in ("awq", "gptq"):
+        path = tiny_kit.write_folder(tmp_path / method, tiny_kit.model(seed=0), config_extra={
+            "quantization_config": {"quant_method": method, "bits": 4, "group_size": 128}})
+        raises(CorruptModelError, lambda: load(str(path)), f"its weights are {method}-quantized", "no .qweight")
+
+
 def test_an_empty_drafter_path(tiny_kit, tmp_path):
     """drafter="" loaded the drafter found beside the model, saying nothing; " " said "no drafter at  "."""
     base = tiny_kit.model(seed=0)
