@@ -99,6 +99,19 @@ def _describe_quant(quant: Dict[str, Any]) -> str:
     return text
 
 
+def _config_problem(e: BaseException) -> str:
+    """What mlx-lm's model args said of a config, in a config's words: a field it needs and does not find said
+    "ModelArgs.__init__() missing 1 required positional argument: 'hidden_size'", a key inside a block just "'factor'"
+    (the converter said "lacks hidden_size" of the same file)."""
+    if isinstance(e, TypeError) and "required" in str(e):
+        missing = re.findall(r"'(\w+)'", str(e))
+        if missing:
+            return f"it lacks {', '.join(missing)}"
+    if isinstance(e, KeyError) and e.args:
+        return f"it lacks {e.args[0]!r}, a key mlx-lm reads (in a block such as rope_scaling)"
+    return one_line(e)
+
+
 def _misfit(text: str) -> bool:
     return any(w in text for w in ("parameters not in model", "Missing", "Expected shape"))
 
@@ -228,7 +241,7 @@ def build_model(config: Dict[str, Any], weights: Dict[str, mx.array], weight_for
     try:
         model = model_class(args_class.from_dict(config))
     except (TypeError, KeyError, ValueError, AttributeError) as e:
-        raise CorruptModelError(f"config.json does not describe a {config['model_type']} model: {one_line(e)}") from e
+        raise CorruptModelError(f"config.json does not describe a {config['model_type']} model: {_config_problem(e)}") from e
     if hasattr(model, "sanitize"):
         weights = model.sanitize(weights)
     quant = config.get("quantization") or {}
@@ -350,7 +363,8 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
             raise CorruptModelError(f"weights do not fit the model config: {text}") from e
         if "safetensors" in text:
             raise CorruptModelError(f"cannot read the weights in {path.name}: {text}") from e
-        raise CorruptModelError(f"config.json in {path.name} does not describe a {config['model_type']} model: {text}") from e
+        raise CorruptModelError(f"config.json in {path.name} does not describe a {config['model_type']} model: "
+                                f"{_config_problem(e)}") from e
     quant = stored_quantization(model, config.get("quantization"))
     config = {k: v for k, v in config.items() if k != "quantization"}
     if quant:

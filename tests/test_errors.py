@@ -305,6 +305,23 @@ def test_an_awq_quantization_config_beside_weights_that_are_not_awq(tiny_kit, tm
         raises(CorruptModelError, lambda: load(str(path)), f"its weights are {method}-quantized", "no .qweight")
 
 
+def test_a_config_without_a_key_mlx_lm_needs_names_it(tiny_kit, tmp_path):
+    """It said "ModelArgs.__init__() missing 1 required positional argument: 'num_attention_heads'" (the converter
+    said "lacks num_attention_heads" of the same file), and of a rope_scaling block without its factor, "'factor'"."""
+    model = tiny_kit.model(seed=0)
+    path = tiny_kit.write_folder(tmp_path / "f", model)
+    config = json.loads((path / "config.json").read_text())
+    for key in ("num_attention_heads", "rms_norm_eps"):
+        (path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != key}))
+        msg = raises(CorruptModelError, lambda: load(str(path)), f"it lacks {key}")
+        assert "__init__" not in msg
+    (path / "config.json").write_text(json.dumps({**config, "rope_scaling": {"type": "linear"}}))
+    raises(CorruptModelError, lambda: load(str(path)), "it lacks 'factor'", "rope_scaling")
+    cfg = {k: v for k, v in model.config.items() if k != "num_attention_heads"}
+    assert "__init__" not in raises(CorruptModelError, lambda: build_model(cfg, dict(tiny_kit.weights(model))),
+                                    "it lacks num_attention_heads")
+
+
 def test_an_empty_drafter_path(tiny_kit, tmp_path):
     """drafter="" loaded the drafter found beside the model, saying nothing; " " said "no drafter at  "."""
     base = tiny_kit.model(seed=0)
