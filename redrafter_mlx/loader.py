@@ -341,6 +341,10 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
         # Some configs omit it: the weights tell (an lm_head of its own means untied; internlm2 calls it `output`).
         overrides["tie_word_embeddings"] = not any(n.split(".")[-2:-1] == ["lm_head"] or n.split(".")[0] == "output"
                                                    for n in names)
+    if config.get("model_file") is not None:  # mlx-lm said "Pass trust_remote_code=True", an option load() has not
+        raise UnsupportedModelError(f"{cfg_path} names a model file of its own ({config['model_file']!r}): this tool "
+                                    "runs mlx-lm's model classes and never a model folder's own code; drop model_file "
+                                    "from config.json where its model_type is a family mlx-lm has")
     qconfig = config.get("quantization_config", text_config.get("quantization_config"))
     method = qconfig.get("quant_method") if isinstance(qconfig, dict) else None
     if method in ("awq", "gptq") and "quantization" not in config and not any(n.endswith(".qweight") for n in names):

@@ -322,6 +322,15 @@ def test_a_config_without_a_key_mlx_lm_needs_names_it(tiny_kit, tmp_path):
                                     "it lacks num_attention_heads")
 
 
+def test_a_config_that_names_its_own_model_code(tiny_kit, tmp_path):
+    """A config.json with model_file (the folder's own Python module) said mlx-lm's "Pass trust_remote_code=True if
+    you trust this model", an option load() and the command lines do not have."""
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0), config_extra={"model_file": "mine.py"})
+    msg = raises(UnsupportedModelError, lambda: load(str(path)), "model file of its own ('mine.py')",
+                 "never a model folder's own code")
+    assert "trust_remote_code" not in msg
+
+
 def test_an_empty_drafter_path(tiny_kit, tmp_path):
     """drafter="" loaded the drafter found beside the model, saying nothing; " " said "no drafter at  "."""
     base = tiny_kit.model(seed=0)
