@@ -39,6 +39,9 @@ from .tokenizer import Tokenizer, is_token_id
 from .tuning import find_tuned
 
 DTYPES = {name: getattr(mx, name) for name in FLOAT_FORMATS}
+# config.json sizes every family's model args take as whole numbers (shapes)
+SIZE_KEYS = ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size", "num_attention_heads",
+             "num_key_value_heads", "head_dim", "max_position_embeddings")
 
 
 @dataclass
@@ -317,6 +320,11 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
                                     "a shard of its weights (an interrupted download or copy?)")
         refuse_mixed_weights(path, files, "model.safetensors")
     model_classes(config, str(cfg_path))  # refuses unsupported families before reading any weights
+    for where, block in (("", config), ("text_config.", config.get("text_config"))):
+        for key in SIZE_KEYS if isinstance(block, dict) else ():
+            if isinstance(block.get(key), (str, bool, float)):  # "32" failed in mlx-lm: "unsupported operand type(s)"
+                raise CorruptModelError(f"{cfg_path} holds {where}{key} {json.dumps(block[key])}, not a whole number "
+                                        "(a hand-edited config?)")
     quant = config.get("quantization")
     if quant is not None and not (isinstance(quant, dict) and all(
             isinstance(quant.get(k), int) and not isinstance(quant.get(k), bool) and quant[k] > 0

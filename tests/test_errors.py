@@ -331,6 +331,17 @@ def test_a_config_that_names_its_own_model_code(tiny_kit, tmp_path):
     assert "trust_remote_code" not in msg
 
 
+def test_a_size_in_a_config_that_is_not_a_whole_number(tiny_kit, tmp_path):
+    """"hidden_size": "32" failed inside mlx-lm and was said as "unsupported operand type(s) for /: 'int' and
+    'str'", naming no key."""
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
+    config = json.loads((path / "config.json").read_text())
+    for key, value in (("hidden_size", "32"), ("num_hidden_layers", 2.5), ("vocab_size", True)):
+        (path / "config.json").write_text(json.dumps({**config, key: value}))
+        msg = raises(CorruptModelError, lambda: load(str(path)), f"holds {key} {json.dumps(value)}, not a whole number")
+        assert "operand" not in msg
+
+
 def test_an_empty_drafter_path(tiny_kit, tmp_path):
     """drafter="" loaded the drafter found beside the model, saying nothing; " " said "no drafter at  "."""
     base = tiny_kit.model(seed=0)
