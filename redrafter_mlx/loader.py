@@ -149,7 +149,22 @@ def model_classes(config: Dict[str, Any], where: str = "config.json"):
                                         f"which is not installed (pip install {missing.split('.')[0]})") from e
         raise UnsupportedModelError(
             f"unsupported architecture {model_type!r}: mlx-lm {_mlx_lm_version()} has no model for it"
+            + _close_model_type(str(model_type))
         ) from e
+
+
+def _close_model_type(model_type: str) -> str:
+    """' (did you mean 'llama'?)' for a model_type that is almost one mlx-lm has ('Llama', 'llamma'), else ''."""
+    import difflib
+    import pkgutil
+
+    import mlx_lm.models
+    from mlx_lm.utils import MODEL_REMAPPING
+
+    known = sorted({m.name for m in pkgutil.iter_modules(mlx_lm.models.__path__) if not m.name.startswith("_")}
+                   | set(MODEL_REMAPPING))
+    close = difflib.get_close_matches(model_type.lower().replace("-", "_"), known, n=1, cutoff=0.8)
+    return f" (did you mean {close[0]!r}?)" if close and close[0] != model_type else ""
 
 
 def _mlx_lm_version() -> str:

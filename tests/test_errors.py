@@ -423,6 +423,16 @@ def test_bad_weight_format(tiny_model_dir):
 
 # ---- GGUF --------------------------------------------------------------------------------
 
+def test_a_model_type_that_is_almost_one_mlx_lm_has(tiny_kit, tmp_path):
+    """"Llama" or "llamma" said only "unsupported architecture ...: mlx-lm has no model for it"."""
+    for typed, meant in (("Llama", "llama"), ("llamma", "llama"), ("qwen-2", "qwen2")):
+        path = tiny_kit.write_folder(tmp_path / typed, tiny_kit.model(seed=0), config_extra={"model_type": typed})
+        raises(UnsupportedModelError, lambda: load(str(path)), f"unsupported architecture {typed!r}",
+               f"(did you mean {meant!r}?)")
+    path = tiny_kit.write_folder(tmp_path / "x", tiny_kit.model(seed=0), config_extra={"model_type": "made_up_arch"})
+    assert "did you mean" not in raises(UnsupportedModelError, lambda: load(str(path)), "unsupported architecture")
+
+
 def test_gguf_of_another_architecture(tiny_kit, tmp_path):
     path = tiny_kit.write_gguf(tmp_path / "gpt2.gguf", tiny_kit.model(seed=0), arch="gpt2")
     raises(UnsupportedModelError, lambda: load(str(path)), "gpt2.gguf", "architecture 'gpt2'", "supported: llama",
