@@ -142,7 +142,9 @@ def drafter_error(path: Optional[str], no_drafter: bool) -> Optional[str]:
     if path is not None and no_drafter:
         return "--drafter PATH and --no-drafter ask for opposite things: give one"
     if path is not None and not (Path(path).expanduser() / "config.json").is_file():
-        return f"--drafter {path}: no drafter there (a folder with config.json and the weights)"
+        from .config import drafter_inside
+
+        return f"--drafter {path}: no drafter there (a folder with config.json and the weights){drafter_inside(path)}"
     return None
 
 

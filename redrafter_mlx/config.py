@@ -15,6 +15,15 @@ FLOAT_FORMATS = ("float32", "float16", "bfloat16")
 WEIGHT_FORMATS = ("auto", "stored", *FLOAT_FORMATS)
 # The model_type a drafter's config.json holds (ours and Apple's release): how a drafter folder is told from a model's.
 DRAFTER_MODEL_TYPE = "recurrent_drafting_drafter"
+def drafter_inside(path) -> str:
+    """' (PATH/drafter holds one: pass that folder)' where a folder given as a drafter is not one but holds one in
+    drafter/ (redrafter-train's --out, a model folder), else ''."""
+    from pathlib import Path
+
+    inner = Path(path).expanduser() / "drafter"
+    return f" ({inner} holds one: pass that folder)" if (inner / "config.json").is_file() else ""
+
+
 # Positions are int32 in MLX; larger contexts than any model has are a damaged config.
 MAX_CONTEXT = 2**31 - 1
 

@@ -31,7 +31,7 @@ from typing import Union
 import mlx.core as mx
 import mlx.nn as nn
 
-from .config import DRAFTER_MODEL_TYPE, DrafterArgs
+from .config import DRAFTER_MODEL_TYPE, DrafterArgs, drafter_inside
 from .errors import CorruptModelError, DrafterMismatchError, ModelNotFoundError, UnsupportedModelError, one_line
 from .files import read_json_object, refuse_lfs_pointer, replace_folder, staging_folder
 
@@ -260,9 +260,12 @@ def load_drafter(path: Union[str, Path], base=None, advice: str = DRAFTER_ADVICE
     if path.is_file():  # it said "no drafter at d/config.json: expected d/config.json/config.json"
         raise ModelNotFoundError(f"{path} is a file: a drafter is the folder that holds config.json and "
                                  "model.safetensors")
-    if not cfg_path.is_file():
-        raise ModelNotFoundError(f"no drafter at {path}: expected {cfg_path}")
-    args = drafter_args(read_json_object(cfg_path, "drafter config"), cfg_path)
+    if not cfg_path.is_file():  # (train's --out holds its drafter in drafter/: it was not said)
+        raise ModelNotFoundError(f"no drafter at {path}: expected {cfg_path}{drafter_inside(path)}")
+    config = read_json_object(cfg_path, "drafter config")
+    if config.get("model_type") not in (None, "", DRAFTER_MODEL_TYPE) and drafter_inside(path):
+        raise CorruptModelError(f"{path} is a model folder, not a drafter{drafter_inside(path)}")
+    args = drafter_args(config, cfg_path)
     if base is not None:
         check_compatible(args, base.args, f"the drafter at {path}", advice)
     weights_path = path / "model.safetensors"

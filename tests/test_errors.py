@@ -342,6 +342,22 @@ def test_a_size_in_a_config_that_is_not_a_whole_number(tiny_kit, tmp_path):
         assert "operand" not in msg
 
 
+def test_a_drafter_path_one_folder_above_the_drafter_names_it(tiny_kit, tmp_path):
+    """--drafter runs/drafter (redrafter-train's --out, whose drafter is runs/drafter/drafter) said "no drafter at
+    runs/drafter: expected runs/drafter/config.json", and a model folder holding drafter/ "not a drafter config":
+    each names the folder inside to pass, as the command lines' checks do."""
+    from redrafter_mlx.cli import drafter_error
+
+    base = tiny_kit.model(seed=0)
+    model = tiny_kit.write_folder(tmp_path / "m", base)
+    save_drafter(new_drafter(base.args), tmp_path / "run" / "drafter")
+    save_drafter(new_drafter(base.args), model / "drafter")
+    for given in (tmp_path / "run", model):
+        raises(RedrafterError, lambda: load(str(model), drafter=str(given)), f"({given / 'drafter'} holds one: pass "
+               "that folder)")
+    assert f"({tmp_path / 'run' / 'drafter'} holds one: pass that folder)" in drafter_error(str(tmp_path / "run"), False)
+
+
 def test_an_empty_drafter_path(tiny_kit, tmp_path):
     """drafter="" loaded the drafter found beside the model, saying nothing; " " said "no drafter at  "."""
     base = tiny_kit.model(seed=0)
