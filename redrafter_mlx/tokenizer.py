@@ -115,6 +115,18 @@ def _gguf_tokenizer_object(meta: Dict[str, Any]):
     return tok, tokens
 
 
+def _tiktoken_file(path: Path) -> bool:
+    """Whether a file starts as a tiktoken BPE file does: a line of a base64 token and its rank."""
+    import re
+
+    try:
+        with open(path, "rb") as f:
+            first = f.read(512).split(b"\n", 1)[0].strip()
+    except OSError:
+        return True  # (unreadable: the error said is the reader's)
+    return re.fullmatch(rb"[A-Za-z0-9+/]+=* \d+", first) is not None
+
+
 def _check_text(text, what: str):
     """Text the tokenizer can take: a str with no lone surrogates (what Python makes of bytes that are
     not UTF-8 in a command-line argument or standard input; the tokenizer failed on them with a TypeError)."""
@@ -180,6 +192,13 @@ class Tokenizer:
             if not files:
                 raise CorruptModelError(f"{path} has no tokenizer (tokenizer.json, tokenizer.model or vocab.json): "
                                         "copy the tokenizer files of the model into it") from e
+            sp = Path(path) / "tokenizer.model"
+            if "tiktoken" in str(e) and sp.is_file() and not _tiktoken_file(sp):
+                # transformers falls back to reading a damaged SentencePiece model as tiktoken's, and said to install
+                # tiktoken, which does not read it either
+                raise CorruptModelError(f"cannot load the tokenizer in {path}: its tokenizer.model is neither a "
+                                        "SentencePiece model nor a tiktoken file (damaged?): copy it again from the "
+                                        "model") from e
             raise CorruptModelError(f"cannot load the tokenizer in {path}: {one_line(e)}") from e
         eos = set(eos_token_ids)
         if hf.eos_token_id is not None:

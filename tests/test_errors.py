@@ -262,6 +262,17 @@ def test_broken_or_missing_tokenizer(tiny_kit, tmp_path):
     raises(CorruptModelError, lambda: load(str(path)), "has no tokenizer", "tokenizer.json")
 
 
+def test_a_damaged_tokenizer_model_is_not_said_to_need_tiktoken(tiny_kit, tmp_path):
+    """A folder whose tokenizer is a damaged tokenizer.model (SentencePiece): transformers fell back to reading it as
+    a tiktoken file, and the error said to `pip install tiktoken`, which reads it no better."""
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
+    (path / "tokenizer.json").unlink()
+    (path / "tokenizer.model").write_bytes(b"\x0a\x0b damaged sentencepiece model" * 10)
+    msg = raises(CorruptModelError, lambda: load(str(path)), "tokenizer.model is neither a SentencePiece model nor a "
+                 "tiktoken file", "copy it again")
+    assert "pip install tiktoken" not in msg
+
+
 def test_quantized_weights_without_their_quantization_block(tiny_kit, tmp_path):
     """It said only "weights do not fit the model config: Received 32 parameters not in model: lm_head.biases, ..."."""
     path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0), quantize=(4, 32))
