@@ -357,7 +357,10 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
                 names.update(fh.keys())
         except Exception as e:  # safetensors raises its own error types
             refuse_lfs_pointer(f)  # it said "Invalid json header length"
-            raise CorruptModelError(f"cannot read {f.name}: {one_line(e)}") from e
+            cut = any(w in str(e) for w in ("not fully covered", "header too small", "invalid header length"))
+            raise CorruptModelError(f"cannot read {f.name}: {one_line(e)}" + (
+                f" ({f} is cut short or damaged: an interrupted download or copy? download it again)" if cut else "")) \
+                from e
     overrides = config_overrides(config)
     text_config = config.get("text_config") or {}
     if "tie_word_embeddings" not in config and "tie_word_embeddings" not in text_config:

@@ -262,6 +262,17 @@ def test_broken_or_missing_tokenizer(tiny_kit, tmp_path):
     raises(CorruptModelError, lambda: load(str(path)), "has no tokenizer", "tokenizer.json")
 
 
+def test_a_weights_file_cut_short_says_so(tiny_kit, tmp_path):
+    """An interrupted download of model.safetensors said only "cannot read model.safetensors: Error while
+    deserializing header: incomplete metadata, file not fully covered"."""
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
+    data = (path / "model.safetensors").read_bytes()
+    for size in (len(data) // 2, 40, 0):
+        (path / "model.safetensors").write_bytes(data[:size])
+        raises(CorruptModelError, lambda: load(str(path)), "cannot read model.safetensors", "cut short",
+               "download it again")
+
+
 def test_a_damaged_tokenizer_model_is_not_said_to_need_tiktoken(tiny_kit, tmp_path):
     """A folder whose tokenizer is a damaged tokenizer.model (SentencePiece): transformers fell back to reading it as
     a tiktoken file, and the error said to `pip install tiktoken`, which reads it no better."""
