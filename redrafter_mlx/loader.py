@@ -389,6 +389,13 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
             raise CorruptModelError(f"the weights in {path.name} are quantized (they hold .scales and .biases) but its "
                                     "config.json has no quantization block (bits, group_size): use the config.json "
                                     f"written with these weights: {text}") from e
+        missing = re.search(r"Missing \d+ parameters: ([^ ]+(?:, [^ ]+)*?)\.?$", str(e))
+        if (missing and all(n.strip().startswith("lm_head.") for n in missing[1].split(","))
+                and not any(n.startswith("lm_head.") for n in names)):
+            # it said only "Missing 1 parameters: lm_head.weight."
+            raise CorruptModelError(f"{cfg_path} says tie_word_embeddings false, but the weights in {path.name} have "
+                                    "no lm_head of their own (the output layer is the input embedding): set "
+                                    "tie_word_embeddings to true") from e
         if _misfit(text):
             raise CorruptModelError(f"weights do not fit the model config: {text}") from e
         if "safetensors" in text:

@@ -262,6 +262,17 @@ def test_broken_or_missing_tokenizer(tiny_kit, tmp_path):
     raises(CorruptModelError, lambda: load(str(path)), "has no tokenizer", "tokenizer.json")
 
 
+def test_tie_word_embeddings_false_beside_weights_without_an_lm_head(tiny_kit, tmp_path):
+    """It said only "weights do not fit the model config: Missing 1 parameters: lm_head.weight."."""
+    for quantize in (None, (4, 32)):
+        path = tiny_kit.write_folder(tmp_path / str(quantize), tiny_kit.model(seed=0, tie_word_embeddings=True),
+                                     quantize=quantize)
+        config = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+        raises(CorruptModelError, lambda: load(str(path)), "says tie_word_embeddings false", "no lm_head of their own",
+               "set tie_word_embeddings to true")
+
+
 def test_a_weights_file_cut_short_says_so(tiny_kit, tmp_path):
     """An interrupted download of model.safetensors said only "cannot read model.safetensors: Error while
     deserializing header: incomplete metadata, file not fully covered"."""
