@@ -350,11 +350,13 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
                                 '"bits": 4}): use the config.json written with these weights')
     from safetensors import safe_open
 
-    names = set()
+    names, where = set(), {}
     for f in files:
         try:
             with safe_open(str(f), framework="numpy") as fh:
-                names.update(fh.keys())
+                keys = list(fh.keys())
+            names.update(keys)
+            where.update((k, f) for k in keys if k in ("lm_head.weight", "model.embed_tokens.weight"))
         except Exception as e:  # safetensors raises its own error types
             refuse_lfs_pointer(f)  # it said "Invalid json header length"
             cut = any(w in str(e) for w in ("not fully covered", "header too small", "invalid header length"))
@@ -378,6 +380,11 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
         raise CorruptModelError(f"{cfg_path} says its weights are {method.upper()}-quantized (quantization_config), "
                                 f"but the weights in {path.name} hold no .qweight tensors: use the config.json written "
                                 "with these weights (without quantization_config if they are not quantized)")
+    tied = config.get("tie_word_embeddings", text_config.get("tie_word_embeddings"))
+    own_head = False  # an lm_head.weight that is not the embedding, beside a config that says they are tied
+    if tied is True and len(where) == 2:
+        head, embed = (mx.load(str(where[k]))[k] for k in ("lm_head.weight", "model.embed_tokens.weight"))
+        own_head = head.shape != embed.shape or not mx.array_equal(head[:16], embed[:16]).item()
     from mlx_lm.utils import load_model
 
     try:
@@ -389,7 +396,11 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
             raise CorruptModelError(f"the weights in {path.name} are quantized (they hold .scales and .biases) but its "
                                     "config.json has no quantization block (bits, group_size): use the config.json "
                                     f"written with these weights: {text}") from e
-        missing = re.search(r"Missing \d+ parameters: ([^ ]+(?:, [^ ]+)*?)\.?$", str(e))
+        if tied is True and re.search(r"Received \d+ parameters not in model: lm_head\.weight\.?$", text):
+            # phi3, starcoder2, ...: it said only "weights do not fit the model config: Received 1 parameters ..."
+            raise CorruptModelError(f"{cfg_path} says tie_word_embeddings true, but the weights in {path.name} have an "
+                                    "lm_head of their own: set tie_word_embeddings to false") from e
+        missing = re.search(r"Missing \d+ parameters: ([^ ]+(?:, [^ ]+)*?)\.?$", text)
         if (missing and all(n.strip().startswith("lm_head.") for n in missing[1].split(","))
                 and not any(n.startswith("lm_head.") for n in names)):
             # it said only "Missing 1 parameters: lm_head.weight."
@@ -402,6 +413,10 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
             raise CorruptModelError(f"cannot read the weights in {path.name}: {text}") from e
         raise CorruptModelError(f"config.json in {path.name} does not describe a {config['model_type']} model: "
                                 f"{_config_problem(e)}") from e
+    if own_head:  # mlx-lm (as transformers) drops an lm_head the config says is tied: it was ignored, saying nothing
+        warnings.warn(f"{cfg_path} says tie_word_embeddings true, so the lm_head.weight in {path.name}, which is not "
+                      "the input embedding, is not used (as in transformers): if the model was trained with its own "
+                      "output layer, set tie_word_embeddings to false", RuntimeWarning, stacklevel=3)
     quant = stored_quantization(model, config.get("quantization"))
     config = {k: v for k, v in config.items() if k != "quantization"}
     if quant:

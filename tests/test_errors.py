@@ -273,6 +273,30 @@ def test_tie_word_embeddings_false_beside_weights_without_an_lm_head(tiny_kit, t
                "set tie_word_embeddings to true")
 
 
+def test_tie_word_embeddings_true_beside_weights_with_an_lm_head_of_their_own(tiny_kit, tmp_path):
+    """mlx-lm's llama (as transformers) drops an lm_head the config says is tied: one that is not the embedding was
+    ignored, saying nothing; phi3 refused it as weights that "do not fit the model config: Received 1 parameters not
+    in model: lm_head.weight". The first now warns, the second names the setting; a copy of the embedding is quiet."""
+    import warnings
+
+    for family in ("llama", "phi3"):
+        path = tiny_kit.write_folder(tmp_path / family, tiny_kit.model(seed=0, model_type=family))
+        config = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+        if family == "phi3":
+            raises(CorruptModelError, lambda: load(str(path)), "says tie_word_embeddings true", "an lm_head of their own",
+                   "set tie_word_embeddings to false")
+            continue
+        with pytest.warns(RuntimeWarning, match="says tie_word_embeddings true, so the lm_head.weight"):
+            load(str(path))
+        weights = mx.load(str(path / "model.safetensors"))
+        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+        mx.save_safetensors(str(path / "model.safetensors"), weights)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            load(str(path))
+
+
 def test_a_weights_file_cut_short_says_so(tiny_kit, tmp_path):
     """An interrupted download of model.safetensors said only "cannot read model.safetensors: Error while
     deserializing header: incomplete metadata, file not fully covered"."""
