@@ -131,15 +131,18 @@ def check_layout(path) -> Layout:
 def _walk(buf, size: int, path: Path, struct) -> Layout:
     pos = 0
 
-    def bad(what: str, at: Optional[int] = None):
+    def bad(what: str, at: Optional[int] = None, short: bool = False):
         at = pos if at is None else at  # a header field: where the walk stands; a tensor's data: where it lies
-        raise CorruptModelError(f"{path} is damaged (not a GGUF file that can be read safely): {what} at byte {at}")
+        # short: what a file cut short gives (an interrupted download said only "damaged")
+        raise CorruptModelError(f"{path} is damaged (not a GGUF file that can be read safely): {what} at byte {at}"
+                                + (f" ({size} bytes: cut short by an interrupted download or copy? download it again)"
+                                   if short else ""))
 
     def take(fmt: str):
         nonlocal pos
         n = struct.calcsize(fmt)
         if pos + n > size:
-            bad("the file ends inside its header")
+            bad("the file ends inside its header", short=True)
         out = struct.unpack_from(fmt, buf, pos)
         pos += n
         return out[0] if len(out) == 1 else out
@@ -160,7 +163,7 @@ def _walk(buf, size: int, path: Path, struct) -> Layout:
         nonlocal pos
         if kind in _VALUE_SIZES:
             if pos + _VALUE_SIZES[kind] > size:
-                bad("the file ends inside its metadata")
+                bad("the file ends inside its metadata", short=True)
             pos += _VALUE_SIZES[kind]
         elif kind == 8:
             skip_string()
@@ -186,7 +189,7 @@ def _walk(buf, size: int, path: Path, struct) -> Layout:
         bad(f"GGUF version {version} (2 and 3 are read)")
     n_tensors, n_values = take("<Q"), take("<Q")
     if n_tensors > size // 24 or n_values > size // 13:  # the smallest tensor info and key-value pair
-        bad(f"{n_tensors} tensors and {n_values} metadata values in {size} bytes")
+        bad(f"{n_tensors} tensors and {n_values} metadata values in {size} bytes", short=True)
     alignment, meta = 32, {}
     for _ in range(n_values):
         key = read_string(1 << 16)
@@ -224,7 +227,7 @@ def _walk(buf, size: int, path: Path, struct) -> Layout:
             bad(f"tensor {name!r} of shape {dims}, not whole blocks of its type {type_name}", min(data + offset, size))
         if data + offset + need > size:
             bad(f"tensor {name!r} of shape {dims} and type {type_name} at data offset {offset}, past the end of "
-                "the file", min(data + offset, size))
+                "the file", min(data + offset, size), short=True)
         if offset % alignment:
             bad(f"tensor {name!r} at data offset {offset}, not a multiple of the alignment {alignment}", data + offset)
         spans.append((offset, need, name))

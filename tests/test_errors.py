@@ -524,6 +524,18 @@ def test_corrupt_gguf(tiny_kit, tmp_path, damage):
     raises(CorruptModelError, lambda: load(str(tmp_path / "bad.gguf")), "bad.gguf")
 
 
+def test_a_gguf_cut_short_says_so(tiny_kit, tmp_path):
+    """An interrupted download of a GGUF (cut in its tensors, its metadata or its header) said only "is damaged (not
+    a GGUF file that can be read safely)"; a file damaged otherwise is not said to be cut short."""
+    good = tiny_kit.write_gguf(tmp_path / "good.gguf", tiny_kit.model(seed=0)).read_bytes()
+    for size in (len(good) - 10, len(good) // 2, 200, 30):
+        (tmp_path / "bad.gguf").write_bytes(good[:size])
+        raises(CorruptModelError, lambda: load(str(tmp_path / "bad.gguf")), "is damaged", f"({size} bytes: cut short",
+               "download it again")
+    (tmp_path / "bad.gguf").write_bytes(b"\x00\xff" * 400)
+    assert "cut short" not in raises(CorruptModelError, lambda: load(str(tmp_path / "bad.gguf")), "is damaged")
+
+
 def test_a_gguf_tensor_whose_type_or_offset_changed(tiny_kit, tmp_path):
     """A changed tensor type or data offset reads another tensor's bytes: such files loaded as
     garbage weights without an error (GGUF has no checksum); the tensors' layout now tells."""
