@@ -169,9 +169,11 @@ def missing_path(args) -> Optional[str]:
     opened, and the error waited for Ctrl+Q). A model is a path when it ends in .gguf or .safetensors,
     starts with /, . or ~, or holds a path separator without being org/name (else it may be a registry
     name or a hub id)."""
-    from redrafter_mlx.registry import looks_like_path
+    from redrafter_mlx.registry import hub_id_in_url, looks_like_path
 
     model = args.model
+    if model and hub_id_in_url(model) and not Path(model).expanduser().exists():
+        return f"--model {model}: a web address; give the model's hub id, {hub_id_in_url(model)}"
     if model and model.strip() and looks_like_path(model) and not Path(model).expanduser().exists():
         return f"--model {model}: no such file or folder"
     return None

@@ -257,6 +257,15 @@ def looks_like_path(name: str) -> bool:
     return len(parts) > 2 or (len(parts) == 2 and not all(parts))
 
 
+def hub_id_in_url(name: str) -> Optional[str]:
+    """'org/name' for the address of a model's page on the Hugging Face hub (https://huggingface.co/org/name, its
+    tree or a file in it, hf.co/...), else None."""
+    import re
+
+    m = re.match(r"(?:https?://)?(?:www\.)?(?:huggingface\.co|hf\.co)/(?!datasets/|spaces/)([\w.-]+)/([\w.-]+)", name)
+    return f"{m[1]}/{m[2]}" if m else None
+
+
 def resolve(name: Optional[str] = None, progress=None) -> ResolvedModel:
     """Resolve a registry name, local path or hub id to a local GGUF file or folder."""
     models = known_models()
@@ -292,6 +301,8 @@ def resolve(name: Optional[str] = None, progress=None) -> ResolvedModel:
             return ResolvedModel(name, fetch_hub(name, progress))
         except (ModelNotFoundError, NetworkError) as e:  # "models/mine" mistyped is tried as a hub id: say both
             raise type(e)(f"{e} (nor is {name!r} a local path)") from e
+    if hub_id_in_url(name):  # a model page's address, pasted: it said "no such file or folder"
+        raise ModelNotFoundError(f"{name} is a web address: give the model's hub id, {hub_id_in_url(name)}")
     if looks_like_path(name):  # a path, not a name mistyped: the list of names is no help
         raise ModelNotFoundError(f"no such file or folder: {name} (a model is a .gguf file or a model folder)")
     raise ModelNotFoundError(

@@ -69,6 +69,19 @@ def test_a_name_that_is_almost_a_registry_name_gets_a_hint():
     assert "did you mean" not in raises(ModelNotFoundError, lambda: load("no-such-model"), "unknown model")
 
 
+def test_a_hub_page_address_names_the_hub_id():
+    """A model page's address pasted as the model said "no such file or folder: https://huggingface.co/..."."""
+    from argparse import Namespace
+
+    from app.__main__ import missing_path
+
+    hub_id = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    for url in (f"https://huggingface.co/{hub_id}", f"hf.co/{hub_id}", f"https://huggingface.co/{hub_id}/tree/main"):
+        msg = raises(ModelNotFoundError, lambda: load(url), "is a web address", f"hub id, {hub_id}")
+        assert "no such file" not in msg
+        assert f"hub id, {hub_id}" in missing_path(Namespace(model=url, drafter=None))
+
+
 def test_missing_gguf_file(tmp_path):
     for name in (str(tmp_path / "nope.gguf"), "some_dir/nope.gguf"):  # the second looks like org/name
         raises(ModelNotFoundError, lambda: load(name), "not found", "nope.gguf")
