@@ -440,6 +440,10 @@ def _open(path) -> Layout:
     if not path.is_file():
         raise ModelNotFoundError(f"GGUF file not found: {path}")
     layout = check_layout(path)
+    kind = layout.meta.get("general.type")
+    if kind == "adapter":  # it said "unknown GGUF tensor 'blk.0.attn_q.weight.lora_a'"
+        raise UnsupportedModelError(f"{path.name} is a LoRA adapter (general.type adapter), not a model: load the "
+                                    "model it adapts, with the adapter merged into it (llama.cpp's llama-export-lora)")
     arch = layout.architecture  # before the tensors: a qwen2 file's Q5_0 tensors are not its problem
     if arch not in SUPPORTED_ARCHITECTURES:  # (it said no more: not that the model's folder loads)
         import importlib.util

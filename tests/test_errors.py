@@ -537,6 +537,12 @@ def test_corrupt_gguf(tiny_kit, tmp_path, damage):
     raises(CorruptModelError, lambda: load(str(tmp_path / "bad.gguf")), "bad.gguf")
 
 
+def test_a_gguf_lora_adapter_given_as_the_model(tiny_kit, tmp_path):
+    """A LoRA adapter GGUF (general.type adapter) given as the model said "unknown GGUF tensor '...lora_a'"."""
+    path = tiny_kit.write_gguf(tmp_path / "lora.gguf", tiny_kit.model(seed=0), meta_extra={"general.type": "adapter"})
+    raises(UnsupportedModelError, lambda: load(str(path)), "lora.gguf is a LoRA adapter", "not a model")
+
+
 def test_a_gguf_cut_short_says_so(tiny_kit, tmp_path):
     """An interrupted download of a GGUF (cut in its tensors, its metadata or its header) said only "is damaged (not
     a GGUF file that can be read safely)"; a file damaged otherwise is not said to be cut short."""
