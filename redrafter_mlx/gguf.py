@@ -465,6 +465,9 @@ def _config(path: Path, layout: Layout, names) -> Dict[str, Any]:
     for key, name in CONFIG_KEYS.items():
         if f"{arch}.{key}" in meta:
             config[name] = _value(meta[f"{arch}.{key}"])
+            if isinstance(config[name], (str, list)):  # it failed in mlx-lm, as "config.json does not describe ..."
+                raise CorruptModelError(f"{path.name}: GGUF metadata {arch}.{key} holds {config[name]!r:.40}, not a "
+                                        "number")
     if "vocab_size" not in config and "tokenizer.ggml.tokens" in meta:
         config["vocab_size"] = len(meta["tokenizer.ggml.tokens"])
     scaling_type = _value(meta.get(f"{arch}.rope.scaling.type", "")) if f"{arch}.rope.scaling.type" in meta else ""

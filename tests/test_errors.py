@@ -543,6 +543,14 @@ def test_a_gguf_lora_adapter_given_as_the_model(tiny_kit, tmp_path):
     raises(UnsupportedModelError, lambda: load(str(path)), "lora.gguf is a LoRA adapter", "not a model")
 
 
+def test_a_gguf_size_that_is_not_a_number_is_named(tiny_kit, tmp_path):
+    """A size in a GGUF's metadata held as text said "config.json does not describe a llama model: unsupported
+    operand type(s) for //: 'int' and 'str'", of a file that has no config.json."""
+    path = tiny_kit.write_gguf(tmp_path / "m.gguf", tiny_kit.model(seed=0), meta_extra={"llama.attention.head_count": "4"})
+    msg = raises(CorruptModelError, lambda: load(str(path)), "m.gguf", "llama.attention.head_count holds '4', not a number")
+    assert "config.json" not in msg
+
+
 def test_a_gguf_cut_short_says_so(tiny_kit, tmp_path):
     """An interrupted download of a GGUF (cut in its tensors, its metadata or its header) said only "is damaged (not
     a GGUF file that can be read safely)"; a file damaged otherwise is not said to be cut short."""
