@@ -337,7 +337,8 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
     model_classes(config, str(cfg_path))  # refuses unsupported families before reading any weights
     for where, block in (("", config), ("text_config.", config.get("text_config"))):
         for key in SIZE_KEYS if isinstance(block, dict) else ():
-            if isinstance(block.get(key), (str, bool, float)):  # "32" failed in mlx-lm: "unsupported operand type(s)"
+            value = block.get(key)  # "32" failed in mlx-lm: "unsupported operand type(s)" (1e30 is said where it is read)
+            if isinstance(value, (str, bool)) or (isinstance(value, float) and not value.is_integer()):
                 raise CorruptModelError(f"{cfg_path} holds {where}{key} {json.dumps(block[key])}, not a whole number "
                                         "(a hand-edited config?)")
     quant = config.get("quantization")

@@ -406,7 +406,8 @@ def test_a_size_in_a_config_that_is_not_a_whole_number(tiny_kit, tmp_path):
     'str'", naming no key."""
     path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
     config = json.loads((path / "config.json").read_text())
-    for key, value in (("hidden_size", "32"), ("num_hidden_layers", 2.5), ("vocab_size", True)):
+    for key, value in (("hidden_size", "32"), ("num_hidden_layers", 2.5), ("vocab_size", True),
+                       ("max_position_embeddings", "4096")):  # (said as "cannot load the tokenizer")
         (path / "config.json").write_text(json.dumps({**config, key: value}))
         msg = raises(CorruptModelError, lambda: load(str(path)), f"holds {key} {json.dumps(value)}, not a whole number")
         assert "operand" not in msg
