@@ -10,6 +10,7 @@ Two sources, one class:
 multi-byte character (the windowed-decode scheme used by TGI and vLLM).
 """
 
+import json
 import numbers
 import os
 import unicodedata
@@ -189,6 +190,15 @@ class Tokenizer:
             files = [n for n in ("tokenizer.json", "tokenizer.model", "vocab.json") if (Path(path) / n).is_file()]
             for name in files + ["tokenizer_config.json"]:  # it said "Expecting value: line 1 column 1 (char 0)"
                 refuse_lfs_pointer(Path(path) / name)
+            if isinstance(e, ValueError):  # a damaged JSON file was said in the parser's words, naming none
+                for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                             "vocab.json"):
+                    if (Path(path) / name).is_file():
+                        try:
+                            json.loads((Path(path) / name).read_text(encoding="utf-8"))
+                        except ValueError as bad:
+                            raise CorruptModelError(f"cannot load the tokenizer: {Path(path) / name} is not valid JSON "
+                                                    f"({one_line(bad)}): copy it again from the model") from e
             if not files:
                 raise CorruptModelError(f"{path} has no tokenizer (tokenizer.json, tokenizer.model or vocab.json): "
                                         "copy the tokenizer files of the model into it") from e

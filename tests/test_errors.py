@@ -321,6 +321,17 @@ def test_a_weights_file_cut_short_says_so(tiny_kit, tmp_path):
                "download it again")
 
 
+def test_a_damaged_tokenizer_json_file_is_named(tiny_kit, tmp_path):
+    """A damaged tokenizer.json or tokenizer_config.json said "cannot load the tokenizer in DIR: Unterminated string
+    starting at: line 11 column 7", naming neither file."""
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        good = (path / name).read_text()
+        (path / name).write_text(good[:150])
+        raises(CorruptModelError, lambda: load(str(path)), f"{path / name} is not valid JSON", "copy it again")
+        (path / name).write_text(good)
+
+
 def test_a_damaged_tokenizer_model_is_not_said_to_need_tiktoken(tiny_kit, tmp_path):
     """A folder whose tokenizer is a damaged tokenizer.model (SentencePiece): transformers fell back to reading it as
     a tiktoken file, and the error said to `pip install tiktoken`, which reads it no better."""
