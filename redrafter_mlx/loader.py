@@ -305,7 +305,8 @@ def new_model(config: Dict[str, Any], seed: int = 0) -> TreeModel:
     return TreeModel(model, config)
 
 
-def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeModel, str, Tokenizer]:
+def _load_folder(path: Path, weight_format: str, progress: Optional[Callable[[str], None]] = None
+                 ) -> Tuple[Dict[str, Any], TreeModel, str, Tokenizer]:
     """A Hugging Face / mlx-community folder, built by mlx-lm's own loading (config, sanitize,
     quantization), after checks that give one-line errors."""
     cfg_path = path / "config.json"
@@ -427,9 +428,12 @@ def _load_folder(path: Path, weight_format: str) -> Tuple[Dict[str, Any], TreeMo
         raise CorruptModelError(f"config.json in {path.name} does not describe a {config['model_type']} model: "
                                 f"{_config_problem(e)}") from e
     if own_head:  # mlx-lm (as transformers) drops an lm_head the config says is tied: it was ignored, saying nothing
-        warnings.warn(f"{cfg_path} says tie_word_embeddings true, so the lm_head.weight in {path.name}, which is not "
-                      "the input embedding, is not used (as in transformers): if the model was trained with its own "
-                      "output layer, set tie_word_embeddings to false", RuntimeWarning, stacklevel=3)
+        message = (f"{cfg_path} says tie_word_embeddings true, so the lm_head.weight in {path.name}, which is not the "
+                   "input embedding, is not used (as in transformers): if the model was trained with its own output "
+                   "layer, set tie_word_embeddings to false")
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        if progress:  # (as the self-check's warning: the chat shows these lines, not warnings)
+            progress(message)
     quant = stored_quantization(model, config.get("quantization"))
     config = {k: v for k, v in config.items() if k != "quantization"}
     if quant:
@@ -493,7 +497,7 @@ def load(
             tokenizer = Tokenizer.from_gguf_metadata(meta)
             model, description = build_model(config, weights, weight_format)
         else:
-            config, model, description, tokenizer = _load_folder(resolved.path, weight_format)
+            config, model, description, tokenizer = _load_folder(resolved.path, weight_format, progress)
     except RedrafterError:
         raise
     except (ValueError, TypeError, KeyError, IndexError, ZeroDivisionError, AttributeError) as e:

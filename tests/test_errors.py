@@ -300,8 +300,10 @@ def test_tie_word_embeddings_true_beside_weights_with_an_lm_head_of_their_own(ti
             raises(CorruptModelError, lambda: load(str(path)), "says tie_word_embeddings true", "an lm_head of their own",
                    "set tie_word_embeddings to false")
             continue
+        said = []
         with pytest.warns(RuntimeWarning, match="says tie_word_embeddings true, so the lm_head.weight"):
-            load(str(path))
+            load(str(path), progress=said.append)
+        assert any("set tie_word_embeddings to false" in line for line in said)  # what the chat shows
         weights = mx.load(str(path / "model.safetensors"))
         weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
         mx.save_safetensors(str(path / "model.safetensors"), weights)
