@@ -76,6 +76,11 @@ def check_gguf_tokenizer(meta: Dict[str, Any]) -> str:
             f"GGUF tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2'); "
             "convert the model to a Hugging Face folder with its tokenizer.json instead"
         )
+    merges = meta.get("tokenizer.ggml.merges")
+    if not isinstance(merges, list) or not merges:  # it loaded, and every text reached the model byte by byte
+        raise CorruptModelError("the GGUF's byte-level BPE tokenizer has no merges (tokenizer.ggml.merges missing or "
+                                "empty): text would reach the model byte by byte, not as its tokens; use a GGUF "
+                                "written with its whole tokenizer, or the model's Hugging Face folder")
     pre = str(meta.get("tokenizer.ggml.pre", "default"))
     kind = GGUF_PRETOKENIZERS.get(pre)
     if kind is None:

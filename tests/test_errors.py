@@ -565,6 +565,13 @@ def test_a_gguf_size_that_is_not_a_number_is_named(tiny_kit, tmp_path):
     assert "config.json" not in msg
 
 
+def test_a_gguf_tokenizer_without_merges(tiny_kit, tmp_path):
+    """A byte-level BPE tokenizer without its merges loaded, and every prompt reached the model byte by byte (not as
+    the tokens it was trained on): garbage replies, no word."""
+    path = tiny_kit.write_gguf(tmp_path / "m.gguf", tiny_kit.model(seed=0), drop_meta=("tokenizer.ggml.merges",))
+    raises(CorruptModelError, lambda: load(str(path)), "has no merges", "tokenizer.ggml.merges")
+
+
 def test_a_gguf_cut_short_says_so(tiny_kit, tmp_path):
     """An interrupted download of a GGUF (cut in its tensors, its metadata or its header) said only "is damaged (not
     a GGUF file that can be read safely)"; a file damaged otherwise is not said to be cut short."""
