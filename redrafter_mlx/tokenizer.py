@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no "PyTorch was not found" banner
 
 from .errors import CorruptModelError, EmptyPromptError, InvalidPromptError, UnsupportedModelError, one_line  # noqa: E402
-from .files import refuse_lfs_pointer  # noqa: E402
+from .files import read_json_object, refuse_lfs_pointer  # noqa: E402
 
 
 def is_blank(text: str) -> bool:
@@ -215,6 +215,12 @@ class Tokenizer:
                                         "SentencePiece model nor a tiktoken file (damaged?): copy it again from the "
                                         "model") from e
             raise CorruptModelError(f"cannot load the tokenizer in {path}: {one_line(e)}") from e
+        extra = Path(path) / "chat_template.json"  # a processor's file (vision-language releases): transformers'
+        if not getattr(hf, "chat_template", None) and extra.is_file():  # tokenizer reads only chat_template.jinja
+            template = read_json_object(extra, "chat template file").get("chat_template")
+            if not isinstance(template, str):  # (without it, the chat ran as plain text, saying nothing of the file)
+                raise CorruptModelError(f"{extra} holds no chat_template text")
+            hf.chat_template = template
         eos = set(eos_token_ids)
         if hf.eos_token_id is not None:
             eos.add(hf.eos_token_id)

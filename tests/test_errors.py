@@ -323,6 +323,24 @@ def test_a_weights_file_cut_short_says_so(tiny_kit, tmp_path):
                "download it again")
 
 
+def test_a_chat_template_in_chat_template_json_is_used(tiny_kit, tmp_path):
+    """A folder whose chat template is only in chat_template.json (a processor's file, as vision-language releases
+    ship it) loaded without one, transformers' tokenizer reading only chat_template.jinja: the chat ran as plain
+    text, saying nothing of the file."""
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
+    template = (path / "chat_template.jinja").read_text()
+    (path / "chat_template.jinja").unlink()
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    (path / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    m = load(str(path))
+    assert m.tokenizer.has_chat_template
+    assert m.tokenizer.decode(m.tokenizer.prompt_ids("hi")).startswith("<|im_start|>user")
+    (path / "chat_template.json").write_text(json.dumps({"template": template}))
+    raises(CorruptModelError, lambda: load(str(path)), "chat_template.json holds no chat_template")
+
+
 def test_a_damaged_tokenizer_json_file_is_named(tiny_kit, tmp_path):
     """A damaged tokenizer.json or tokenizer_config.json said "cannot load the tokenizer in DIR: Unterminated string
     starting at: line 11 column 7", naming neither file."""
