@@ -292,6 +292,9 @@ def resolve(name: Optional[str] = None, progress=None) -> ResolvedModel:
                 raise ModelNotFoundError(f"{path} is a file of the model folder {path.parent}: pass the folder, not one "
                                          "of its files")
             raise ModelNotFoundError(f"{path} is a file but not a .gguf model; pass a .gguf file or a model folder")
+        if path.is_file():  # a link's target can lack the suffix (the Hugging Face cache links to blobs/<hash>): it
+            # was read as a folder, "blobs/<hash> has no config.json"; the file keeps the name it was given
+            return ResolvedModel(name, path.parent.resolve() / path.name)
         return ResolvedModel(name, path.resolve())
     if path.suffix == ".gguf":  # a missing file, not a hub id: never ask the network about it
         raise ModelNotFoundError(f"GGUF file not found: {path}")

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -263,6 +264,19 @@ def test_the_format_reported_is_the_weights_not_a_config_block_that_disagrees(ti
         "quantization": {"group_size": 32, "bits": 4}})
     m = load(str(plain), weight_format="stored")
     assert m.weight_format == "float32" and m.info["source_quantization"] is None
+
+
+def test_a_gguf_reached_through_a_link_to_a_file_without_the_suffix(tiny_kit, tmp_path):
+    """The Hugging Face cache's snapshots link model.gguf to blobs/<hash>: the link was followed to its target, which
+    has no .gguf suffix, and read as a folder ("blobs/<hash> has no config.json: not a model folder")."""
+    (tmp_path / "blobs").mkdir()
+    (tmp_path / "snapshots" / "rev").mkdir(parents=True)
+    tiny_kit.write_gguf(tmp_path / "blobs" / "m.gguf", tiny_kit.model(seed=0)).rename(tmp_path / "blobs" / "0123abcd")
+    link = tmp_path / "snapshots" / "rev" / "tiny.gguf"
+    link.symlink_to(Path("..") / ".." / "blobs" / "0123abcd")
+    m = load(str(link))
+    assert m.resolved.kind == "gguf" and m.path.name == "tiny.gguf"
+    assert m.resolved.drafter_home == link.with_suffix(".drafter")
 
 
 def test_quantization_inferred_from_packed_shapes(tiny_kit):
