@@ -316,6 +316,15 @@ def _load_folder(path: Path, weight_format: str, progress: Optional[Callable[[st
             raise ModelNotFoundError(f"{path} has no config.json: not a model folder, but it holds "
                                      f"{', '.join(ggufs[:3])}{' and more' if len(ggufs) > 3 else ''}: pass the .gguf "
                                      f"file itself ({path / ggufs[0]})")
+        try:
+            inner = sorted(d for d in path.iterdir() if d.is_dir() and d.name != "drafter"
+                           and (d / "config.json").is_file()
+                           and DRAFTER_MODEL_TYPE not in (d / "config.json").read_text(errors="replace"))
+        except OSError:  # (an unreadable folder: the error below is what there is to say)
+            inner = []
+        if inner:  # an archive unpacked into a folder of its own, a folder of models: "not a model folder", no more
+            raise ModelNotFoundError(f"{path} has no config.json: not a model folder, but {inner[0].name}/ in it is "
+                                     f"one{f' (and {len(inner) - 1} more)' if len(inner) > 1 else ''}: pass {inner[0]}")
         raise ModelNotFoundError(f"{path} has no config.json: not a model folder")
     config = read_json_object(cfg_path, "model config")
     gen = path / "generation_config.json"  # optional; mlx-lm reads it too

@@ -119,6 +119,17 @@ def test_a_folder_holding_a_gguf_file_names_the_file(tiny_kit, tmp_path):
            f"pass the .gguf file itself ({gguf})")
 
 
+def test_a_folder_holding_a_model_folder_names_it(tiny_kit, tmp_path):
+    """--model DIR where the model is DIR/name (an archive unpacked into a folder of its own, a folder of models)
+    said only "has no config.json: not a model folder"; a drafter folder in it is not offered as a model."""
+    path = tiny_kit.write_folder(tmp_path / "dl" / "tiny-model", tiny_kit.model(seed=0))
+    raises(ModelNotFoundError, lambda: load(str(tmp_path / "dl")), "no config.json", f"tiny-model/ in it is one: pass "
+           f"{path}")
+    other = tmp_path / "other"
+    save_drafter(new_drafter(load(str(path)).args), other / "heads")
+    assert "pass" not in raises(ModelNotFoundError, lambda: load(str(other)), "no config.json")
+
+
 def test_a_gguf_file_without_its_suffix(tiny_kit, tmp_path):
     """It said "is a file but not a .gguf model" of a GGUF file named M.GGUF or saved without its suffix."""
     gguf = tiny_kit.write_gguf(tmp_path / "m.gguf", tiny_kit.model(seed=0))
