@@ -5,6 +5,7 @@ that pyproject.toml leaves out of the wheel, or a Python version no dependency i
 only to a user who runs `pip install .` or installs a built wheel; these tests read the declarations."""
 
 import re
+import subprocess
 import tomllib
 from importlib import metadata
 from pathlib import Path
@@ -33,3 +34,53 @@ def test_requires_python_is_not_below_any_dependency():
         theirs = lowest_python(metadata.metadata(req.name).get("Requires-Python"))
         if theirs is not None:
             assert ours >= theirs, f"{req.name} needs Python >= {theirs}, pyproject.toml says {ours}"
+
+
+def package_dirs():
+    """{package name: its source folder} as [tool.setuptools] declares them."""
+    tool = PYPROJECT["tool"]["setuptools"]
+    mapped = tool.get("package-dir", {})
+    return {name: REPO / mapped.get(name, name.replace(".", "/")) for name in tool["packages"]}
+
+
+def repository_files(folder: Path):
+    """The files under `folder` that git tracks (every file but caches where git is not there)."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--", str(folder)], cwd=REPO, capture_output=True, check=True)
+        return [REPO / name for name in out.stdout.decode().split("\0") if name]
+    except (OSError, subprocess.CalledProcessError):
+        return [p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
+
+
+def test_every_python_folder_is_a_listed_package():
+    # `packages` is an explicit list: a new subpackage left out of it works in the editable install that the
+    # README's commands and CI use, and is missing from `pip install .` and the wheel (ImportError there).
+    dirs = package_dirs()
+    listed = {d.resolve() for d in dirs.values()}
+    for init in REPO.glob("*/__init__.py"):  # top-level packages (python -m convert, the chat's app)
+        if init.parent.name != "tests":
+            assert init.parent.resolve() in listed, f"{init.parent.name}/ is not in [tool.setuptools] packages"
+    for folder in dirs.values():
+        for sub in folder.rglob("*.py"):
+            assert sub.parent.resolve() in listed, (
+                f"{sub.parent.relative_to(REPO)} holds Python files but is not in [tool.setuptools] packages")
+
+
+def test_package_data_covers_every_shipped_file():
+    # Data files reach the wheel only through [tool.setuptools.package-data] globs (no MANIFEST.in):
+    # a file they miss (a new prompt set, a drafter file, a stylesheet) is there in a checkout and
+    # absent from an installed wheel. Each file belongs to the deepest listed package holding it.
+    dirs = {name: folder.resolve() for name, folder in package_dirs().items()}
+    globs = PYPROJECT["tool"]["setuptools"].get("package-data", {})
+    missing = []
+    for folder in set(dirs.values()):
+        for path in repository_files(folder):
+            if path.suffix == ".py":
+                continue
+            path = path.resolve()
+            name, home = max(((n, d) for n, d in dirs.items() if d in path.parents), key=lambda nd: len(nd[1].parts))
+            if home != folder:
+                continue  # checked with its own package
+            if not any(path in set(p.resolve() for p in home.glob(g)) for g in globs.get(name, [])):
+                missing.append(f"{path.relative_to(REPO)} (package {name})")
+    assert not missing, f"not in [tool.setuptools.package-data], so not in the wheel: {missing}"
