@@ -487,8 +487,8 @@ def parse_args(argv=None):
     p = cli.Parser(
         prog="redrafter-bench",
         description="Measure plain (ar) and ReDrafter decoding speed on Spec-Bench-format prompts.",
-        epilog="example: redrafter-bench --model smollm2-135m --prompts ../shared/data/mt_bench.jsonl "
-        "--limit 10 --modes ar,redrafter --json bench.json",
+        epilog="example: redrafter-bench --model smollm2-135m --limit 10 --modes ar,redrafter --json bench.json "
+        "(the shipped prompts; --prompts FILE.jsonl for your own, e.g. MT-Bench's question.jsonl from FastChat)",
     )
     cli.add_version(p)
     p.add_argument("--model", default=None, help="registry name, local path or hub id (default: the registry default)")

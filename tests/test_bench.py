@@ -1639,3 +1639,15 @@ def test_a_sampled_reports_seed_gives_its_replies_again(model_dir, prompts, tmp_
     rc, _, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 4, "--limit", 1, "--json", out)
     report = json.loads(out.read_text())
     assert report["settings"]["seed"] is None and all("seed" not in r for r in report["results"])
+
+
+
+def test_help_example_runs_on_an_installed_package(tmp_path, monkeypatch, capsys):
+    # The --help example read prompts from ../shared/data/mt_bench.jsonl, the project's own folder beside a
+    # checkout: from a pip install it ended "prompt file ../shared/data/mt_bench.jsonl not found".
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--help"])
+    example = " ".join(capsys.readouterr().out.split("example: redrafter-bench", 1)[1].split())
+    args = bench.parse_args(example.split("(", 1)[0].split())
+    assert bench.read_prompts(args.prompts, args.limit, args.turns)
