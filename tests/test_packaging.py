@@ -11,6 +11,7 @@ from importlib import metadata
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -84,3 +85,24 @@ def test_package_data_covers_every_shipped_file():
             if not any(path in set(p.resolve() for p in home.glob(g)) for g in globs.get(name, [])):
                 missing.append(f"{path.relative_to(REPO)} (package {name})")
     assert not missing, f"not in [tool.setuptools.package-data], so not in the wheel: {missing}"
+
+
+def lowest_version(specifier):
+    """The least version a SpecifierSet's `>=` clauses allow, or None."""
+    floors = [Version(s.version) for s in specifier if s.operator == ">="]
+    return max(floors) if floors else None
+
+
+def test_mlx_floor_is_not_below_mlx_lms():
+    # mlx-lm 0.32.2 needs mlx >= 0.32.2, but asks for it on macOS alone (elsewhere through its extras, which we do
+    # not use): our `mlx[cpu]>=0.32` let an environment that held mlx 0.32.0 or 0.32.1 keep it under mlx-lm 0.32.2.
+    needed = [Requirement(r) for r in metadata.requires("mlx-lm") or []]
+    needed = [r for r in needed if r.name == "mlx" and (r.marker is None or r.marker.evaluate({"extra": ""})
+                                                        or r.marker.evaluate({"extra": "", "platform_system": "Darwin"}))]
+    assert needed, "mlx-lm no longer names mlx: read its metadata again"
+    floor = max(lowest_version(r.specifier) for r in needed)
+    ours = [Requirement(line) for line in PYPROJECT["project"]["dependencies"]]
+    ours = [r for r in ours if r.name == "mlx"]
+    assert ours
+    for req in ours:
+        assert lowest_version(req.specifier) >= floor, f"{req} allows an mlx below mlx-lm's {floor}"
