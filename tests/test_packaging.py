@@ -1,7 +1,7 @@
 """Packaging: what pyproject.toml declares against what the dependencies and the repository hold.
 
 An editable install (the README's commands, CI) runs from the source folders, so a file or package
-that pyproject.toml leaves out of the wheel, or a Python version no dependency installs on, shows
+that pyproject.toml leaves out of the wheel, or a Python version a dependency does not install on, shows
 only to a user who runs `pip install .` or installs a built wheel; these tests read the declarations."""
 
 import re
