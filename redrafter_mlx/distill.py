@@ -458,6 +458,10 @@ def self_instruct(loaded, seeds: List[str], n: int, path: Path, batch_size: int 
         have += new
         bar.update(len(new))
     bar.close()
+    if len(have) < n:  # (the bar stopped short, 1/2, and the run went on saying nothing)
+        print(f"self-instruct: the model wrote {len(have)} new task{'' if len(have) == 1 else 's'} of the {n} asked in "
+              f"{tries} tries (the others repeated a task or a seed, or ran on without ending their line); the "
+              "prompts are answered without the rest", file=sys.stderr)
     return have
 
 

@@ -1341,3 +1341,20 @@ def test_a_distillation_record_of_the_wrong_shape_is_said_in_json_s_words(tmp_pa
         with pytest.raises(CorruptModelError, match=f"source.json is not a distillation record: expected a JSON "
                                                     f"object, found {found}$"):
             read_json_object(tmp_path / "source.json", "distillation record")
+
+
+def test_self_instruct_says_when_it_wrote_fewer_tasks_than_asked(tmp_path, monkeypatch, capsys):
+    """A model that keeps writing the same task gives fewer new tasks than asked: the bar stopped short (1/2) and
+    the run went on answering the prompts, saying nothing of it."""
+    import redrafter_mlx.distill as distill_module
+
+    loaded = TinyLoaded(tiny_model(1))
+    loaded.tokenizer = WordTokenizer()
+    same = [20, 21, 22, 23, 24, 25]  # "w20 w21 ... w25": the same task every time
+    monkeypatch.setattr(distill_module, "generate_batch", lambda model, prompts, *a, **k: [(same, None, None)
+                                                                                          for _ in prompts])
+    seeds = ["Write a poem about the sea.", "Sort these numbers: 3, 1, 2.", "Explain photosynthesis.", "Name a color."]
+    tasks = self_instruct(loaded, seeds, 3, tmp_path / "si.jsonl", batch_size=4, progress=False)
+    assert len(tasks) == 1
+    err = capsys.readouterr().err
+    assert "wrote 1 new task of the 3 asked in 12 tries" in err, err
