@@ -469,7 +469,10 @@ def _run(args, hold) -> Dict:
         try:
             drafters["in place"] = (current, load_drafter(current, loaded.model))
         except RedrafterError as e:
-            print(f"the drafter in place ({current}) does not load, so it is replaced: {e}", file=sys.stderr)
+            # (it said "so it is replaced" before the evaluation, and a new drafter none of whose drafts were accepted
+            # was then not installed)
+            print(f"the drafter in place ({current}) does not load, so the new one is not compared with it (it replaces "
+                  f"it if any of its drafts are accepted, or with --force): {e}", file=sys.stderr)
     log.stage(4, "evaluate", f"{len(eval_set)} held-out prompts, {budget.eval_tokens} tokens: plain, auto, and "
                              f"fixed {EVAL_SHAPE[0]}x{EVAL_SHAPE[1]} for {', '.join(drafters)}")
     results = measure(loaded, drafters, eval_set, budget.eval_tokens)

@@ -627,3 +627,26 @@ def test_a_damaged_work_state_begins_its_figures_again(tmp_path):
         assert json.loads((tmp_path / "state.json").read_text())["replies"] == 3
     (tmp_path / "state.json").write_text('{"seconds": {"distill": 2.0}, "replies": 4}')
     assert autotrain.Log(tmp_path).state == {"seconds": {"distill": 2.0}, "replies": 4}
+
+
+def test_a_drafter_in_place_that_does_not_load_is_not_said_replaced_when_it_stays(tiny_model_dir, tmp_path,
+                                                                                  tiny_budget, monkeypatch, capsys):
+    """A drafter in place that does not load was said "so it is replaced" before the evaluation; a new drafter none
+    of whose drafts were accepted was then not installed, and the damaged one stayed."""
+    real = autotrain.measure
+
+    def useless(*a, **kw):
+        results = real(*a, **kw)
+        results["fixed 4x5 (new)"]["tokens_per_step"] = 1.0
+        return results
+
+    monkeypatch.setattr(autotrain, "measure", useless)
+    (tiny_model_dir / "drafter").mkdir()
+    (tiny_model_dir / "drafter" / "config.json").write_text('{"x": 1}')
+    work, argv = tiny_run(tiny_model_dir, tmp_path)
+    autotrain.main(argv)
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[-1].startswith("not installed: none of the new drafter's drafts were accepted")
+    assert (tiny_model_dir / "drafter" / "config.json").read_text() == '{"x": 1}'  # the damaged one stays
+    said = [line for line in captured.err.splitlines() if "does not load" in line]
+    assert len(said) == 1 and "is replaced" not in said[0] and "not compared" in said[0], said
