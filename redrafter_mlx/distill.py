@@ -320,6 +320,10 @@ def distill(loaded, prompts: List[str], out: Path, batch_size: int = 16, max_tok
         print(f"distill: {len(prompts) - len(unique)} of {len(prompts)} prompts repeat earlier ones, and are answered "
               "once", file=sys.stderr)
     todo = [(k, p) for k, p in unique.items() if k not in done]
+    if unique and not todo:  # (a run resumed after its last batch said "answered 0 prompts", nothing more)
+        print(f"distill: all {len(unique)} prompt{'s' if len(unique) > 1 else ''} were answered before, in {out}: "
+              "none left to answer", file=sys.stderr)
+        return 0
     index = next_shard_index(out)
     tok = loaded.tokenizer
     encoded = [(k, tok.prompt_ids(p)) for k, p in todo]

@@ -195,6 +195,18 @@ def test_distill_skips_prompts_over_max_prompt_tokens_and_answers_them_later(tmp
     assert sorted(len(s["prompt"]) for s in read_shards(out)) == lengths
 
 
+def test_distill_resumed_with_every_prompt_answered_says_so(tmp_path, capsys):
+    """A run resumed after its last batch (Ctrl-C as it ended, or the same command again) said only "answered 0
+    prompts": it says every prompt was answered before, and answers none again."""
+    prompts = ["short one", "a prompt of middling size", "a third prompt"]
+    out = tmp_path / "d"
+    assert distill(TinyLoaded(tiny_model()), prompts, out, batch_size=4, max_tokens=8, progress=False) == 3
+    capsys.readouterr()
+    assert distill(TinyLoaded(tiny_model()), prompts, out, batch_size=4, max_tokens=8, progress=False) == 0
+    assert capsys.readouterr().err == f"distill: all 3 prompts were answered before, in {out}: none left to answer\n"
+    assert len(list(read_shards(out))) == 3
+
+
 def test_distill_refuses_replies_that_leave_no_room_for_a_prompt(tiny_model_dir, tmp_path, capsys):
     """--max-tokens as long as the context skipped every prompt ("skipped 2 of 2 prompts longer than -77 tokens")
     and ended with status 0, "answered 0 prompts"."""
