@@ -342,23 +342,28 @@ def distill(loaded, prompts: List[str], out: Path, batch_size: int = 16, max_tok
     bar = tqdm(total=len(encoded), desc="distill", unit="prompt", disable=not progress,
                bar_format="{l_bar}{bar}| {n:.0f}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]")
     produced, finished, t0 = 0, 0, time.perf_counter()
-    for b in batches:
-        # The bar moves during a batch (a batch can take minutes): each decoding step is worth
-        # len(b) / max_tokens prompts, and the batch's end sets the exact count.
-        tick = len(b) / max_tokens
-        rows = generate_batch(loaded.model, [encoded[i][1] for i in b], max_tokens, tok.eos_token_ids, temperature,
-                              on_step=lambda: bar.update(tick) if bar.n + tick < finished + len(b) else None)
-        samples = [
-            {"key": encoded[i][0], "prompt": encoded[i][1], "reply": r, "hidden": hs, "greedy": g}
-            for i, (r, hs, g) in zip(b, rows)
-        ]
-        write_shard(out, index, samples)
-        index += 1
-        produced += sum(len(r) for r, _, _ in rows)
-        finished += len(b)
-        bar.update(finished - bar.n)
-        bar.set_postfix(tok_s=f"{produced / (time.perf_counter() - t0):.0f}")
-    bar.close()
+    # the bar is closed however the loop ends, at the prompts answered: an error (a full disk) was said on the bar's
+    # line, and the bar drawn again after it, at a count the replies being written had not reached (6/6 of 3)
+    try:
+        for b in batches:
+            # The bar moves during a batch (a batch can take minutes): each decoding step is worth
+            # len(b) / max_tokens prompts, and the batch's end sets the exact count.
+            tick = len(b) / max_tokens
+            rows = generate_batch(loaded.model, [encoded[i][1] for i in b], max_tokens, tok.eos_token_ids, temperature,
+                                  on_step=lambda: bar.update(tick) if bar.n + tick < finished + len(b) else None)
+            samples = [
+                {"key": encoded[i][0], "prompt": encoded[i][1], "reply": r, "hidden": hs, "greedy": g}
+                for i, (r, hs, g) in zip(b, rows)
+            ]
+            write_shard(out, index, samples)
+            index += 1
+            produced += sum(len(r) for r, _, _ in rows)
+            finished += len(b)
+            bar.update(finished - bar.n)
+            bar.set_postfix(tok_s=f"{produced / (time.perf_counter() - t0):.0f}")
+    finally:
+        bar.n = finished
+        bar.close()
     return len(encoded)
 
 
@@ -429,39 +434,41 @@ def self_instruct(loaded, seeds: List[str], n: int, path: Path, batch_size: int 
     bar = tqdm(total=n, initial=min(len(have), n), desc="self-instruct", unit="task", disable=not progress)
     tries = 0
     stops = list(tok.eos_token_ids) + [i for i in range(tok.vocab_size) if "\n" in tok.decode([i])]  # end of line
-    while len(have) < n and tries < 4 * n:
-        picks = [rng.choice(len(seeds), size=SEEDS_SHOWN, replace=False) for _ in range(batch_size)]
-        prompts = [
-            tok.encode(SELF_INSTRUCT.format(
-                examples="\n".join(f"{j + 1}. {_shortened(seeds[i])}" for j, i in enumerate(p)), next=len(p) + 1))
-            for p in picks
-        ]
-        # a batch can take minutes on a large model, and the tasks it wrote are counted at its end: the bar says
-        # how far the batch is (it stood at 0 tasks, saying nothing, for the whole first batch)
-        written = {"tokens": 0, "batch": tries // batch_size + 1}
+    try:  # closed however the loop ends: an error (a full disk) was said on the bar's line
+        while len(have) < n and tries < 4 * n:
+            picks = [rng.choice(len(seeds), size=SEEDS_SHOWN, replace=False) for _ in range(batch_size)]
+            prompts = [
+                tok.encode(SELF_INSTRUCT.format(
+                    examples="\n".join(f"{j + 1}. {_shortened(seeds[i])}" for j, i in enumerate(p)), next=len(p) + 1))
+                for p in picks
+            ]
+            # a batch can take minutes on a large model, and the tasks it wrote are counted at its end: the bar says
+            # how far the batch is (it stood at 0 tasks, saying nothing, for the whole first batch)
+            written = {"tokens": 0, "batch": tries // batch_size + 1}
 
-        def tick():
-            written["tokens"] += 1
-            if written["tokens"] % 8 == 0:
-                bar.set_postfix_str(f"batch {written['batch']}: {written['tokens']} of up to 64 tokens")
+            def tick():
+                written["tokens"] += 1
+                if written["tokens"] % 8 == 0:
+                    bar.set_postfix_str(f"batch {written['batch']}: {written['tokens']} of up to 64 tokens")
 
-        rows = generate_batch(loaded.model, prompts, 64, stops, temperature=0.7, on_step=tick)
-        tries += batch_size
-        new = []
-        for reply, _, _ in rows:
-            if len(reply) >= 64:  # ran on without ending its line: usually a loop
-                continue
-            task = clean_task(tok.decode(reply))
-            if task and task not in seen:
-                seen.add(task)
-                new.append(task)
-        new = new[: n - len(have)]
-        with open(path, "a") as f:
-            for task in new:
-                f.write(json.dumps({"instruction": task}) + "\n")
-        have += new
-        bar.update(len(new))
-    bar.close()
+            rows = generate_batch(loaded.model, prompts, 64, stops, temperature=0.7, on_step=tick)
+            tries += batch_size
+            new = []
+            for reply, _, _ in rows:
+                if len(reply) >= 64:  # ran on without ending its line: usually a loop
+                    continue
+                task = clean_task(tok.decode(reply))
+                if task and task not in seen:
+                    seen.add(task)
+                    new.append(task)
+            new = new[: n - len(have)]
+            with open(path, "a") as f:
+                for task in new:
+                    f.write(json.dumps({"instruction": task}) + "\n")
+            have += new
+            bar.update(len(new))
+    finally:
+        bar.close()
     if len(have) < n:  # (the bar stopped short, 1/2, and the run went on saying nothing)
         print(f"self-instruct: the model wrote {len(have)} new task{'' if len(have) == 1 else 's'} of the {n} asked in "
               f"{tries} tries (the others repeated a task or a seed, or ran on without ending their line); the "

@@ -430,45 +430,47 @@ def train(
 
     bar = tqdm(total=steps, initial=step, desc="train", disable=not progress)
     t0 = time.perf_counter()
-    while step < steps:
-        if reload is not None and reload_every and step % reload_every == 0 and step > 0:
-            samples = reload()
-            data, remap = use_data(samples)
-            val["best"] = -math.inf  # a new held-out set: not comparable with the old one
+    try:  # closed however the loop ends: an error (a full disk at a checkpoint) was said on the bar's line
+        while step < steps:
+            if reload is not None and reload_every and step % reload_every == 0 and step > 0:
+                samples = reload()
+                data, remap = use_data(samples)
+                val["best"] = -math.inf  # a new held-out set: not comparable with the old one
+                if log:
+                    log.write(json.dumps({"step": step, "reload": len(samples), "positions": len(data)}) + "\n")
+            idx = rng.integers(0, len(data), size=batch)
+            h, inputs, targets, teacher = (mx.array(a) for a in data.batch(idx))
+            loss, hits = train_step(h, inputs, targets, teacher)
+            mx.eval(loss, hits, drafter.parameters(), opt.state)
+            step += 1
+            acc = " ".join(f"{a:.2f}" for a in np.array(hits).tolist())
+            bar.set_postfix(loss=f"{loss.item():.3f}", acc=acc)
+            bar.update(1)
             if log:
-                log.write(json.dumps({"step": step, "reload": len(samples), "positions": len(data)}) + "\n")
-        idx = rng.integers(0, len(data), size=batch)
-        h, inputs, targets, teacher = (mx.array(a) for a in data.batch(idx))
-        loss, hits = train_step(h, inputs, targets, teacher)
-        mx.eval(loss, hits, drafter.parameters(), opt.state)
-        step += 1
-        acc = " ".join(f"{a:.2f}" for a in np.array(hits).tolist())
-        bar.set_postfix(loss=f"{loss.item():.3f}", acc=acc)
-        bar.update(1)
-        if log:
-            log.write(json.dumps({"step": step, "loss": loss.item(), "acc": np.array(hits).tolist(),
-                                  "seconds": time.perf_counter() - t0}) + "\n")
-            log.flush()
-        if val_every and val["data"] is not None and (step % val_every == 0 or step == steps):
-            vloss, vacc = validate()
-            score = accepted_drafts(vacc)
-            if log:
-                log.write(json.dumps({"step": step, "val_loss": vloss, "val_acc": vacc,
-                                      "val_accepted_drafts": score}) + "\n")
+                log.write(json.dumps({"step": step, "loss": loss.item(), "acc": np.array(hits).tolist(),
+                                      "seconds": time.perf_counter() - t0}) + "\n")
                 log.flush()
-            # on stderr with the bar (tqdm's default, stdout, put progress among redrafter-train's results)
-            bar.write(f"step {step}: held-out loss {vloss:.3f} acc {' '.join(f'{a:.2f}' for a in vacc)}"
-                      f" accepted drafts {score:.3f}", file=sys.stderr)
-            if score > val["best"]:
-                val["best"] = score
-                save_copy(drafter, out / "best", save_dtype, {"training": {
-                    "step": step, "val_loss": vloss, "val_acc": vacc, "val_accepted_drafts": score}})
-        if step % save_every == 0 or step == steps:
-            # no best yet is null: -Infinity, which Python wrote and reads back, is not JSON (jq refused the file)
-            best = val["best"] if val["best"] > -math.inf else None
-            save_checkpoint(ckpt, drafter, opt, step, rng, {"best_accepted_drafts": best, "held_out": val["key"],
-                                                            "depth": depth, "model": model})
-    bar.close()
+            if val_every and val["data"] is not None and (step % val_every == 0 or step == steps):
+                vloss, vacc = validate()
+                score = accepted_drafts(vacc)
+                if log:
+                    log.write(json.dumps({"step": step, "val_loss": vloss, "val_acc": vacc,
+                                          "val_accepted_drafts": score}) + "\n")
+                    log.flush()
+                # on stderr with the bar (tqdm's default, stdout, put progress among redrafter-train's results)
+                bar.write(f"step {step}: held-out loss {vloss:.3f} acc {' '.join(f'{a:.2f}' for a in vacc)}"
+                          f" accepted drafts {score:.3f}", file=sys.stderr)
+                if score > val["best"]:
+                    val["best"] = score
+                    save_copy(drafter, out / "best", save_dtype, {"training": {
+                        "step": step, "val_loss": vloss, "val_acc": vacc, "val_accepted_drafts": score}})
+            if step % save_every == 0 or step == steps:
+                # no best yet is null: -Infinity, which Python wrote and reads back, is not JSON (jq refused the file)
+                best = val["best"] if val["best"] > -math.inf else None
+                save_checkpoint(ckpt, drafter, opt, step, rng, {"best_accepted_drafts": best, "held_out": val["key"],
+                                                                "depth": depth, "model": model})
+    finally:
+        bar.close()
     return drafter
 
 

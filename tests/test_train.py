@@ -1370,3 +1370,50 @@ def test_self_instruct_says_when_it_wrote_fewer_tasks_than_asked(tmp_path, monke
     assert len(tasks) == 1
     err = capsys.readouterr().err
     assert "wrote 1 new task of the 3 asked in 12 tries" in err, err
+
+
+def test_an_error_while_distilling_or_training_closes_the_bar_first(tmp_path, capsys, monkeypatch):
+    """An error in the loop (a full disk writing a shard or a checkpoint) left the bar open: the command's error was
+    said on the bar's line, and the bar drawn again after it, distill's at a count not reached (6/6 of 3 answered)."""
+    from redrafter_mlx import distill as distill_module
+    from redrafter_mlx import train as train_module
+
+    real, calls = distill_module.write_shard, []
+
+    def full_at_the_second(*a, **k):
+        if calls:
+            raise OSError(28, "No space left on device")
+        calls.append(real(*a, **k))
+
+    monkeypatch.setattr(distill_module, "write_shard", full_at_the_second)
+    prompts = [f"question {i} about {w}" for i, w in enumerate(["cats", "dogs", "rivers"] * 2)]
+    out = tmp_path / "d"
+    try:
+        distill(TinyLoaded(tiny_model()), prompts, out, batch_size=3, max_tokens=12, progress=True)
+    except OSError:  # what is on stderr when the command says its error (the traceback, and the bar, still held)
+        err = capsys.readouterr().err
+    else:
+        pytest.fail("no error")
+    assert err.endswith("\n") and "3/6" in err.rstrip("\n").rsplit("\r", 1)[-1], repr(err)
+
+    monkeypatch.setattr(train_module, "save_checkpoint", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "full")))
+    samples = list(read_shards(out))
+    try:
+        train(tiny_model(), samples, tmp_path / "run", steps=3, batch=8, save_every=1, draft_vocab=0)
+    except OSError:
+        err = capsys.readouterr().err
+    else:
+        pytest.fail("no error")
+    assert err.endswith("\n") and "1/3" in err.rstrip("\n").rsplit("\r", 1)[-1], repr(err)
+
+    loaded = TinyLoaded(tiny_model(1))
+    loaded.tokenizer = WordTokenizer()
+    monkeypatch.setattr(distill_module, "generate_batch", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "full")))
+    try:
+        self_instruct(loaded, ["Write a poem about the sea.", "Sort these numbers.", "Explain photosynthesis."], 2,
+                      tmp_path / "si.jsonl", batch_size=2)
+    except OSError:
+        err = capsys.readouterr().err
+    else:
+        pytest.fail("no error")
+    assert err.endswith("\n") and "0/2" in err.rstrip("\n").rsplit("\r", 1)[-1], repr(err)
