@@ -529,7 +529,10 @@ def main(argv=None):
         p.error("--seed applies to sampling, and --temperature 0 answers greedily: add --temperature T above 0 "
                 "(or --self-instruct N, whose tasks are sampled), or drop it")
     args.seed = 0 if args.seed is None else args.seed
-    return cli.run("python -m redrafter_mlx.distill", lambda: _distill(args))
+    # a full disk while writing a shard said nothing of the replies kept (Ctrl-C says the same command answers the rest)
+    resume = None if args.backfill_greedy else f"run the same command again to answer the rest (the replies written " \
+                                               f"so far are kept in {args.out})"
+    return cli.run("python -m redrafter_mlx.distill", lambda: _distill(args), resume=resume)
 
 
 def _distill(args):

@@ -616,7 +616,9 @@ def main(argv=None):
         # (said after the model had loaded, leaving an empty --out behind)
         p.error(f"--eval-only evaluates {args.out / 'drafter'}, and no drafter is there: give --eval-drafter PATH, or "
                 "the --out of a finished training run")
-    return cli.run("python -m redrafter_mlx.train", lambda: _train(args))
+    # a full disk while writing a checkpoint said nothing of the work kept (Ctrl-C says where it stopped)
+    resume = None if args.eval_only else "run the same command again to resume from the last checkpoint"
+    return cli.run("python -m redrafter_mlx.train", lambda: _train(args), resume=resume)
 
 
 TRAINING_OPTIONS = ("data", "depth", "steps", "batch", "lr", "warmup", "weight_decay", "val_every", "val_fraction",

@@ -1417,3 +1417,41 @@ def test_an_error_while_distilling_or_training_closes_the_bar_first(tmp_path, ca
     else:
         pytest.fail("no error")
     assert err.endswith("\n") and "0/2" in err.rstrip("\n").rsplit("\r", 1)[-1], repr(err)
+
+
+def test_a_full_disk_in_distill_and_train_says_the_work_is_kept(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """A full disk while distill wrote a shard, or train a checkpoint, ended in one line that said nothing of the
+    work kept, where Ctrl-C says the same command goes on from it (as redrafter-train says of its stages)."""
+    from redrafter_mlx import distill as distill_module
+    from redrafter_mlx import train as train_module
+
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"task {i}: say {'ab' * (i % 4 + 1)}"}) + "\n" for i in range(6)))
+    out = tmp_path / "d"
+    real, calls = distill_module.write_shard, []
+
+    def full_at_the_second(*a, **k):
+        if calls:
+            raise OSError(28, "No space left on device", str(out / "shard-00001.npz"))
+        calls.append(real(*a, **k))
+
+    monkeypatch.setattr(distill_module, "write_shard", full_at_the_second)
+    argv = ["--model", str(tiny_model_dir), "--data", str(data), "--out", str(out), "--batch-size", "3",
+            "--max-tokens", "6"]
+    assert distill_module.main(argv) == 1
+    err = capsys.readouterr().err.split("\n")[-2]
+    assert err == (f"python -m redrafter_mlx.distill: error: No space left on device: {out / 'shard-00001.npz'}; "
+                   f"run the same command again to answer the rest (the replies written so far are kept in {out})"), err
+    monkeypatch.setattr(distill_module, "write_shard", real)
+    assert distill_module.main(argv) == 0  # it does: the first batch's replies are not answered again
+    assert len(list(read_shards(out))) == 6
+
+    def mlx_full(*a, **k):
+        raise RuntimeError("[save_safetensors] Unable to write 1441433 bytes to file.")
+
+    monkeypatch.setattr(train_module, "save_checkpoint", mlx_full)
+    assert train_module.main(["--model", str(tiny_model_dir), "--data", str(out), "--out", str(tmp_path / "run"),
+                              "--steps", "2", "--batch", "8", "--draft-vocab", "0"]) == 1
+    err = capsys.readouterr().err.split("\n")[-2]
+    assert err == ("python -m redrafter_mlx.train: error: Unable to write 1441433 bytes to file: is the disk full, or "
+                   "the folder not writable? (then run the same command again to resume from the last checkpoint)"), err
