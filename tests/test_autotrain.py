@@ -650,3 +650,17 @@ def test_a_drafter_in_place_that_does_not_load_is_not_said_replaced_when_it_stay
     assert (tiny_model_dir / "drafter" / "config.json").read_text() == '{"x": 1}'  # the damaged one stays
     said = [line for line in captured.err.splitlines() if "does not load" in line]
     assert len(said) == 1 and "is replaced" not in said[0] and "not compared" in said[0], said
+
+
+def test_the_manifest_times_the_evaluation_it_reports(tiny_model_dir, tmp_path, tiny_budget, capsys):
+    """Every run evaluates again, and its time was added to the earlier runs' evaluations: a run again with --force
+    (every stage done) recorded the sum of both as the time the evaluation took, in manifest.json and README.md."""
+    work, argv = tiny_run(tiny_model_dir, tmp_path)
+    assert autotrain.main(argv) == 0
+    state = json.loads((work / "state.json").read_text())
+    state["seconds"]["evaluate"] = 6000.0  # an earlier evaluation of 100 minutes
+    (work / "state.json").write_text(json.dumps(state))
+    assert autotrain.main(argv + ["--force"]) == 0
+    manifest = json.loads((tiny_model_dir / "drafter" / "manifest.json").read_text())
+    assert manifest["seconds"]["evaluate"] < 600, manifest["seconds"]
+    assert "evaluate 100." not in (tiny_model_dir / "drafter" / "README.md").read_text()
