@@ -116,7 +116,7 @@ class Log:
 
     def stage(self, i: int, name: str, what: str):
         print(f"[{i}/5] {name}: {what}", file=sys.stderr, flush=True)
-        self._name, self._t0 = name, time.perf_counter()
+        self._name, self._t0, self._open = name, time.perf_counter(), True
 
     def done(self, anew: bool = False, **figures):
         """The stage's time is added to the time it took in earlier runs (a stage resumed after Ctrl-C goes on
@@ -124,7 +124,17 @@ class Log:
         seconds = self.state["seconds"]
         seconds[self._name] = round((0.0 if anew else seconds.get(self._name, 0.0)) + time.perf_counter() - self._t0, 1)
         self.state.update(figures)
+        self._open = False
         self.save()
+
+    def stopped(self):
+        """At the end of a run: a stage stopped by Ctrl-C or an error keeps the time it ran, which its resumed run
+        adds to (the minutes of replies distilled before Ctrl-C were missing from the stage's time)."""
+        if getattr(self, "_open", False):
+            try:
+                self.done()
+            except OSError:  # (a full disk: the error that stopped the run is the one to say)
+                pass
 
     def save(self):
         write_json(self.path, self.state)
@@ -378,10 +388,10 @@ def run(args) -> Dict:
     with contextlib.ExitStack() as held:  # the work folder, held from when it is made to the end (files.one_run_in)
         return _run(args, lambda work: held.enter_context(one_run_in(
             work, f"another redrafter-train is working in {work}: let it finish (or stop it: the work is kept), or "
-                  "give this run another --work")))
+                  "give this run another --work")), held.callback)
 
 
-def _run(args, hold) -> Dict:
+def _run(args, hold, at_exit=lambda f: None) -> Dict:
     from . import registry
     from .distill import distill, interleave, read_shards, self_instruct
     from .drafter import load_drafter
@@ -414,6 +424,7 @@ def _run(args, hold) -> Dict:
 
     _start_afresh_if_other_data(work, groups, model_files_digest(resolved.path), f"{args.budget} {args.weight_format}")
     log = Log(work)
+    at_exit(log.stopped)  # (while the work folder is still held)
     batch_size = args.batch_size or (128 if mx.default_device().type == mx.cpu else 64)
     print(f"redrafter-train: {resolved.name} on {_platform.device_description()}, budget {args.budget} "
           f"(work in {work})", file=sys.stderr)

@@ -664,3 +664,24 @@ def test_the_manifest_times_the_evaluation_it_reports(tiny_model_dir, tmp_path, 
     manifest = json.loads((tiny_model_dir / "drafter" / "manifest.json").read_text())
     assert manifest["seconds"]["evaluate"] < 600, manifest["seconds"]
     assert "evaluate 100." not in (tiny_model_dir / "drafter" / "README.md").read_text()
+
+
+def test_a_stage_stopped_by_ctrl_c_keeps_the_time_it_ran(tiny_model_dir, tmp_path, tiny_budget, monkeypatch, capsys):
+    """A stage's time was recorded only when it finished: the minutes a distillation ran before Ctrl-C were missing
+    from the time the installed drafter's manifest says it took, the resumed run's alone counted."""
+    import time
+
+    work, argv = tiny_run(tiny_model_dir, tmp_path)
+    real = distill.write_shard
+
+    def slow_then_stopped(*a, **kw):
+        time.sleep(1.5)  # a first batch of replies that took a while
+        real(*a, **kw)
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(distill, "write_shard", slow_then_stopped)
+        assert autotrain.main(argv) == 130
+    assert json.loads((work / "state.json").read_text())["seconds"]["distill"] >= 1.5
+    assert autotrain.main(argv) == 0
+    assert json.loads((tiny_model_dir / "drafter" / "manifest.json").read_text())["seconds"]["distill"] >= 1.5
