@@ -29,6 +29,7 @@ redrafter_mlx/data/README.md. `--prompts` uses your own instead.
 """
 
 import contextlib
+import filecmp
 import hashlib
 import json
 import re
@@ -518,8 +519,13 @@ def _run(args, hold, at_exit=lambda f: None) -> Dict:
     installed = args.force or (new_tps > 1.0 and (old is None or new_tps > old["tokens_per_step"]))
     if installed:
         install(trained, home, manifest)
-    log.done(installed=str(home) if installed else None)
+    # the same command run again after it installed: "not installed ... the new one is at" said of the drafter in place
+    weights = "model.safetensors"
+    already = not installed and current is not None and (current / weights).is_file() \
+        and filecmp.cmp(current / weights, trained / weights, shallow=False)
+    log.done(installed=str(home) if installed or already else None)
     manifest["installed"] = str(home) if installed else None
+    manifest["already_installed"] = already
     manifest["kept_at"] = str(trained)
     return manifest
 
@@ -539,6 +545,9 @@ def report(m: Dict, out=None):
               "which greedy decoding must never do: please report it", file=out)
     if m["installed"]:
         print(f"installed {m['installed']} (redrafter-chat --model {m['model']} and load() use it)", file=out)
+    elif m.get("already_installed"):
+        print(f"already installed: the drafter in place is this one, installed by an earlier run (redrafter-chat "
+              f"--model {m['model']} and load() use it; --force installs it again)", file=out)
     elif ev[shape + " (new)"]["tokens_per_step"] <= 1.0:
         print(f"not installed: none of the new drafter's drafts were accepted on the held-out prompts "
               f"({ev[shape + ' (new)']['tokens_per_step']} tokens/step at {shape}), so it would only slow decoding; "
