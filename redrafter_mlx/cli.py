@@ -162,6 +162,10 @@ def run_folder_error(flag: str, path) -> Optional[str]:
     above = None if path.exists() else unwritable_ancestor(path)
     if above is not None:
         return f"{flag} {path} cannot be made: {above} is not a folder you can write"
+    # a folder that is there but cannot be written (as work_folder checks --work): it failed after the model had
+    # loaded, "No such file or directory: OUT/.source.json...", and said to run the same command again
+    if path.is_dir() and unwritable_ancestor(path / "out") is not None:
+        return f"{flag} {path} is a folder you cannot write: give one you can"
     return None
 
 

@@ -377,6 +377,10 @@ def test_a_work_or_out_folder_where_nothing_can_be_written_is_refused_while_pars
         err = capsys.readouterr().err
         assert stopped.value.code == 2 and "--out /proc/redrafter-x cannot be made: /proc is not a folder you can write" \
             in err, err
+        with pytest.raises(SystemExit) as stopped:  # one that is there (it loaded the model and then failed)
+            main(["--model", str(tiny_model_dir), "--data", str(data), "--out", "/proc"])
+        err = capsys.readouterr().err
+        assert stopped.value.code == 2 and "--out /proc is a folder you cannot write" in err, err
 
 
 def test_a_reader_gone_from_the_report_ends_quietly(tiny_model_dir, capsys, monkeypatch):
