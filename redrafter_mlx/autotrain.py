@@ -170,28 +170,30 @@ def measure(loaded, drafters: Dict[str, object], prompts: List[str], max_tokens:
     # on a CPU, minutes on a fresh CUDA GPU): said above the bar, as the other commands say it (the bar stood still)
     say = lambda text: bar.write(text, file=sys.stderr)  # noqa: E731
     plain_tokens = None
-    for mode, key, kw in runs:
-        loaded.drafter_path, loaded.drafter = drafters[key] if key else (None, None)
-        loaded.controllers = {}  # a controller per drafter: the new one's acceptance is learned anew
-        tokens = ends = steps = 0
-        seconds = 0.0
-        outputs = []
-        for p in prompts:
-            g = generate(loaded, p, mode="ar" if mode == "ar" else "redrafter" if key else "auto",
-                         max_tokens=max_tokens, progress=say if mode == "auto" else None, **kw)
-            tokens += g.stats.step_tokens
-            ends += g.stats.end_tokens  # a step that emitted the end token emitted a token (as RunStats counts)
-            steps += g.stats.steps
-            seconds += g.stats.decode_seconds
-            outputs.append(g.tokens)
-            bar.update(1)
-        if plain_tokens is None:
-            plain_tokens = outputs
-        same = outputs == plain_tokens
-        out[f"{mode} ({key})" if key else mode] = {
-            "tokens_per_step": round((tokens + ends) / max(steps, 1), 3),
-            "tokens_per_second": round(tokens / max(seconds, 1e-9), 2), "identical_to_ar": same}
-    bar.close()
+    try:  # closed however the loop ends: an error was said on the bar's line, and the bar drawn again after it
+        for mode, key, kw in runs:
+            loaded.drafter_path, loaded.drafter = drafters[key] if key else (None, None)
+            loaded.controllers = {}  # a controller per drafter: the new one's acceptance is learned anew
+            tokens = ends = steps = 0
+            seconds = 0.0
+            outputs = []
+            for p in prompts:
+                g = generate(loaded, p, mode="ar" if mode == "ar" else "redrafter" if key else "auto",
+                             max_tokens=max_tokens, progress=say if mode == "auto" else None, **kw)
+                tokens += g.stats.step_tokens
+                ends += g.stats.end_tokens  # a step that emitted the end token emitted a token (as RunStats counts)
+                steps += g.stats.steps
+                seconds += g.stats.decode_seconds
+                outputs.append(g.tokens)
+                bar.update(1)
+            if plain_tokens is None:
+                plain_tokens = outputs
+            same = outputs == plain_tokens
+            out[f"{mode} ({key})" if key else mode] = {
+                "tokens_per_step": round((tokens + ends) / max(steps, 1), 3),
+                "tokens_per_second": round(tokens / max(seconds, 1e-9), 2), "identical_to_ar": same}
+    finally:
+        bar.close()
     ar = out["ar"]["tokens_per_second"]
     for row in out.values():
         row["speedup"] = round(row["tokens_per_second"] / max(ar, 1e-9), 3)

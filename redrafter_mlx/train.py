@@ -519,25 +519,27 @@ def evaluate_shapes(loaded, questions: List[dict], shapes, max_tokens: int = 128
 
     results = []
     bar = tqdm(total=len(shapes) * len(questions), desc="evaluate", unit="reply", disable=not progress)
-    for width, length in shapes:
-        per_cat: Dict[str, List[int]] = {}
-        t0 = time.perf_counter()
-        bar.set_postfix(shape=f"{width}x{length}")
-        for cat in dict.fromkeys(q["category"] for q in questions):
-            r = evaluate(loaded, [q["prompt"] for q in questions if q["category"] == cat], width, length, max_tokens,
-                         on_reply=lambda: bar.update(1))
-            per_cat[cat] = [r["tokens"] + r["end_tokens"], r["steps"]]
-        tokens = sum(t for t, _ in per_cat.values())
-        steps = sum(n for _, n in per_cat.values())
-        row = {"beam_width": width, "beam_length": length, "questions": len(questions), "max_tokens": max_tokens,
-               "tokens_per_step": round(tokens / max(steps, 1), 3),
-               "per_category": {c: round(t / max(n, 1), 3) for c, (t, n) in per_cat.items()},
-               "seconds": round(time.perf_counter() - t0, 1)}
-        bar.write(json.dumps(row), file=out)  # (above the bar, when both go to the terminal)
-        if record is not None:
-            record(row)
-        results.append(row)
-    bar.close()
+    try:  # closed however the loop ends: an error (a full disk at eval.jsonl) was said on the bar's line
+        for width, length in shapes:
+            per_cat: Dict[str, List[int]] = {}
+            t0 = time.perf_counter()
+            bar.set_postfix(shape=f"{width}x{length}")
+            for cat in dict.fromkeys(q["category"] for q in questions):
+                r = evaluate(loaded, [q["prompt"] for q in questions if q["category"] == cat], width, length, max_tokens,
+                             on_reply=lambda: bar.update(1))
+                per_cat[cat] = [r["tokens"] + r["end_tokens"], r["steps"]]
+            tokens = sum(t for t, _ in per_cat.values())
+            steps = sum(n for _, n in per_cat.values())
+            row = {"beam_width": width, "beam_length": length, "questions": len(questions), "max_tokens": max_tokens,
+                   "tokens_per_step": round(tokens / max(steps, 1), 3),
+                   "per_category": {c: round(t / max(n, 1), 3) for c, (t, n) in per_cat.items()},
+                   "seconds": round(time.perf_counter() - t0, 1)}
+            bar.write(json.dumps(row), file=out)  # (above the bar, when both go to the terminal)
+            if record is not None:
+                record(row)
+            results.append(row)
+    finally:
+        bar.close()
     return results
 
 

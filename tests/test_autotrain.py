@@ -691,3 +691,30 @@ def test_a_stage_stopped_by_ctrl_c_keeps_the_time_it_ran(tiny_model_dir, tmp_pat
     assert json.loads((work / "state.json").read_text())["seconds"]["distill"] >= 1.5
     assert autotrain.main(argv) == 0
     assert json.loads((tiny_model_dir / "drafter" / "manifest.json").read_text())["seconds"]["distill"] >= 1.5
+
+
+def test_an_error_in_the_evaluation_closes_its_bar_first(monkeypatch, capsys):
+    """An error while evaluating (a prompt decoding refuses, a full disk) left the bar open: the command's error was
+    said on the bar's line, and the bar drawn again after it (distill and train close theirs)."""
+    import importlib
+    from types import SimpleNamespace
+
+    from redrafter_mlx.errors import RedrafterError
+    from redrafter_mlx.stats import RunStats
+
+    calls = []
+
+    def generate(loaded, prompt, mode, max_tokens, progress=None, **kw):
+        calls.append(1)
+        if len(calls) == 3:  # the warm-up, the first reply, then an error
+            raise RedrafterError("refused")
+        return SimpleNamespace(stats=RunStats(step_tokens=4, steps=4, decode_seconds=1.0), tokens=[1, 2, 3, 4])
+
+    monkeypatch.setattr(importlib.import_module("redrafter_mlx.generate"), "generate", generate)
+    try:
+        autotrain.measure(SimpleNamespace(drafter=None), {"new": ("path", object())}, ["a", "b"], 8)
+    except RedrafterError:  # what is on stderr when the command says its error (the bar still held)
+        err = capsys.readouterr().err
+    else:
+        pytest.fail("no error")
+    assert err.endswith("\n") and "1/6" in err.rstrip("\n").rsplit("\r", 1)[-1], repr(err)

@@ -1455,3 +1455,27 @@ def test_a_full_disk_in_distill_and_train_says_the_work_is_kept(tiny_model_dir, 
     err = capsys.readouterr().err.split("\n")[-2]
     assert err == ("python -m redrafter_mlx.train: error: Unable to write 1441433 bytes to file: is the disk full, or "
                    "the folder not writable? (then run the same command again to resume from the last checkpoint)"), err
+
+
+def test_an_error_in_train_s_evaluation_closes_its_bar_first(capsys, monkeypatch):
+    """An error while train evaluated (a full disk writing eval.jsonl) left the bar open: the command's error was
+    said on the bar's line."""
+    from redrafter_mlx import train as train_module
+
+    def evaluate(loaded, prompts, width, length, max_tokens, on_reply):
+        for _ in prompts:
+            on_reply()
+        return {"tokens": 4, "end_tokens": 0, "steps": 2}
+
+    def full(row):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(train_module, "evaluate", evaluate)
+    questions = [{"prompt": "a", "category": "x"}, {"prompt": "b", "category": "y"}]
+    try:
+        train_module.evaluate_shapes(None, questions, [(4, 5), (2, 3)], 8, record=full)
+    except OSError:
+        err = capsys.readouterr().err
+    else:
+        pytest.fail("no error")
+    assert err.endswith("\n") and "2/4" in err.rstrip("\n").rsplit("\r", 1)[-1], repr(err)
