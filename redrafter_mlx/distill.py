@@ -577,8 +577,13 @@ def _distill(args):
             write_json(args.out / "source.json", source)
         if args.self_instruct:
             # (with --seed: its tasks were sampled from seed 0 whatever --seed said)
-            tasks = self_instruct(loaded, seeds, args.self_instruct, args.out / "self_instruct.jsonl", args.batch_size,
-                                  seed=args.seed)
+            try:
+                tasks = self_instruct(loaded, seeds, args.self_instruct, args.out / "self_instruct.jsonl",
+                                      args.batch_size, seed=args.seed)
+            except KeyboardInterrupt as e:  # (it said "cancelled", as if the tasks written were lost)
+                raise KeyboardInterrupt(f"cancelled; the new tasks written so far are in "
+                                        f"{args.out / 'self_instruct.jsonl'}: the same command writes the rest and "
+                                        "answers the prompts") from e
             per_file.append(tasks)
         prompts = interleave(per_file)[args.offset :]
         if args.limit:

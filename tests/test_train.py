@@ -1479,3 +1479,22 @@ def test_an_error_in_train_s_evaluation_closes_its_bar_first(capsys, monkeypatch
     else:
         pytest.fail("no error")
     assert err.endswith("\n") and "2/4" in err.rstrip("\n").rsplit("\r", 1)[-1], repr(err)
+
+
+def test_ctrl_c_in_distill_s_self_instruct_says_the_tasks_are_kept(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """Ctrl-C while distill --self-instruct wrote its new tasks said only "cancelled", as if they were lost; they are
+    kept in OUT/self_instruct.jsonl, and the same command goes on (as Ctrl-C while answering says)."""
+    from redrafter_mlx import distill as distill_module
+
+    def stopped(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(distill_module, "self_instruct", stopped)
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"task number {i}"}) + "\n" for i in range(4)))
+    out = tmp_path / "d"
+    assert distill_module.main(["--model", str(tiny_model_dir), "--data", str(data), "--out", str(out),
+                                "--self-instruct", "2", "--max-tokens", "6"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (f"python -m redrafter_mlx.distill: cancelled; the new tasks written so far are in "
+                   f"{out / 'self_instruct.jsonl'}: the same command writes the rest and answers the prompts"), err
