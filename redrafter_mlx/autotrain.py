@@ -296,7 +296,8 @@ def parse_args(argv=None):
                         "(standard) that are not training prompts too (default: the shipped held-out set)")
     p.add_argument("--work", type=cli.work_folder, default=None,
                    help="folder for the resumable work (default: the package cache, train/<model>); a run on other "
-                        "prompts, another model or other settings starts it afresh, deleting the earlier run's work")
+                        "prompts, another model, --budget or --weight-format starts it afresh, deleting the earlier "
+                        "run's work (another --batch-size, --eval-prompts or --force resumes it)")
     p.add_argument("--force", action="store_true",
                    help="install even when the drafter in place drafts as many tokens per step or more, or when "
                         "none of the new drafter's drafts were accepted")
