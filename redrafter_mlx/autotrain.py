@@ -482,7 +482,12 @@ def _run(args, hold, at_exit=lambda f: None) -> Dict:
 
     current = find_drafter(resolved)
     drafters = {"new": (trained, load_drafter(trained, loaded.model))}
-    if current is not None:
+    # the same command run again after it installed: the drafter in place is this one (it was said "not installed: the
+    # drafter in place drafts as many tokens per step", and measured twice over, a quarter of the evaluation's time)
+    weights = "model.safetensors"
+    already = current is not None and (current / weights).is_file() \
+        and filecmp.cmp(current / weights, trained / weights, shallow=False)
+    if current is not None and not already:
         try:
             drafters["in place"] = (current, load_drafter(current, loaded.model))
         except RedrafterError as e:
@@ -519,16 +524,12 @@ def _run(args, hold, at_exit=lambda f: None) -> Dict:
         "evaluation": {"prompts": len(eval_set), "max_tokens": budget.eval_tokens, "results": results},
     }
     # a drafter none of whose drafts were accepted (1.0 tokens/step: the verified token alone) only slows decoding
-    installed = args.force or (new_tps > 1.0 and (old is None or new_tps > old["tokens_per_step"]))
+    installed = args.force or (not already and new_tps > 1.0 and (old is None or new_tps > old["tokens_per_step"]))
     if installed:
         install(trained, home, manifest)
-    # the same command run again after it installed: "not installed ... the new one is at" said of the drafter in place
-    weights = "model.safetensors"
-    already = not installed and current is not None and (current / weights).is_file() \
-        and filecmp.cmp(current / weights, trained / weights, shallow=False)
     log.done(installed=str(home) if installed or already else None)
     manifest["installed"] = str(home) if installed else None
-    manifest["already_installed"] = already
+    manifest["already_installed"] = already and not installed
     manifest["kept_at"] = str(trained)
     return manifest
 

@@ -81,6 +81,8 @@ def test_train_command_resumes_installs_and_keeps_a_better_drafter(tiny_model_di
     autotrain.main(argv)
     out = capsys.readouterr().out
     assert "already installed: the drafter in place is this one" in out and "not installed" not in out, out
+    # and measured once, not twice over as the new drafter and the one in place
+    assert "fixed 4x5 (in place)" not in json.loads((work / "state.json").read_text())["evaluation"]
     assert (home / "manifest.json").stat().st_mtime_ns == stamp
     autotrain.main(argv + ["--force"])
     assert "installed" in capsys.readouterr().out and (home / "manifest.json").stat().st_mtime_ns != stamp
