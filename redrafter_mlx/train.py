@@ -724,7 +724,14 @@ def _train(args):
                 "depth": args.depth, "steps": args.steps, "batch": args.batch, "lr": args.lr, "soft": args.soft,
                 "greedy_targets": args.greedy_targets,
                 "replies": len(latest["samples"]), "seconds_this_run": round(time.perf_counter() - t0)}})
-            print(f"saved {args.out / 'drafter'}", file=sys.stderr)
+            best = args.out / "best" / "config.json"
+            if best.is_file():  # (the most accurate drafter, which redrafter-train installs, went unsaid)
+                record = json.loads(best.read_text()).get("training", {})
+                print(f"saved {args.out / 'drafter'} (step {args.steps}); the most accurate on the held-out replies "
+                      f"is {args.out / 'best'} (step {record.get('step')}, expected accepted drafts "
+                      f"{record.get('val_accepted_drafts', 0):.3f})", file=sys.stderr)
+            else:
+                print(f"saved {args.out / 'drafter'}", file=sys.stderr)
     if questions is not None:
         loaded.drafter = load_drafter(args.eval_drafter or args.out / "drafter", loaded.model)
         with open(args.out / "eval.jsonl", "a") as f:  # each shape's row as it is done: Ctrl-C lost them all

@@ -1498,3 +1498,23 @@ def test_ctrl_c_in_distill_s_self_instruct_says_the_tasks_are_kept(tiny_model_di
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err == (f"python -m redrafter_mlx.distill: cancelled; the new tasks written so far are in "
                    f"{out / 'self_instruct.jsonl'}: the same command writes the rest and answers the prompts"), err
+
+
+def test_train_says_where_the_most_accurate_drafter_is(tiny_model_dir, tmp_path, capsys):
+    """With --val-every the most accurate drafter goes to OUT/best (what redrafter-train installs), and the run ended
+    saying only "saved OUT/drafter", the last step's."""
+    from redrafter_mlx import distill as distill_module
+    from redrafter_mlx import train as train_module
+
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"task {i}: say {'ab' * (i % 4 + 1)}"}) + "\n" for i in range(12)))
+    out = tmp_path / "d"
+    assert distill_module.main(["--model", str(tiny_model_dir), "--data", str(data), "--out", str(out),
+                                "--max-tokens", "6"]) == 0
+    run = tmp_path / "run"
+    assert train_module.main(["--model", str(tiny_model_dir), "--data", str(out), "--out", str(run), "--steps", "4",
+                              "--batch", "8", "--draft-vocab", "0", "--val-every", "2", "--val-fraction", "0.5"]) == 0
+    assert (run / "best" / "config.json").is_file()
+    said = capsys.readouterr().err.splitlines()[-1]
+    assert said.startswith(f"saved {run / 'drafter'} (step 4); the most accurate on the held-out replies is "
+                           f"{run / 'best'} (step "), said
