@@ -339,9 +339,12 @@ def distill(loaded, prompts: List[str], out: Path, batch_size: int = 16, max_tok
         return 0
     budget = batch_tokens or batch_size * (max_tokens + 128)
     batches = length_batches([len(ids) + max_tokens for _, ids in encoded], batch_size, budget)
-    bar = tqdm(total=len(encoded), desc="distill", unit="prompt", disable=not progress,
+    # a resumed run's bar starts at the prompts answered before, as self-instruct's and train's do (it began at 0 of
+    # the ones left: "0/6" under redrafter-train's "10 prompts")
+    before = len(unique) - len(todo)
+    bar = tqdm(total=before + len(encoded), initial=before, desc="distill", unit="prompt", disable=not progress,
                bar_format="{l_bar}{bar}| {n:.0f}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]")
-    produced, finished, t0 = 0, 0, time.perf_counter()
+    produced, finished, t0 = 0, before, time.perf_counter()
     # the bar is closed however the loop ends, at the prompts answered: an error (a full disk) was said on the bar's
     # line, and the bar drawn again after it, at a count the replies being written had not reached (6/6 of 3)
     try:

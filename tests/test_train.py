@@ -1518,3 +1518,39 @@ def test_train_says_where_the_most_accurate_drafter_is(tiny_model_dir, tmp_path,
     said = capsys.readouterr().err.splitlines()[-1]
     assert said.startswith(f"saved {run / 'drafter'} (step 4); the most accurate on the held-out replies is "
                            f"{run / 'best'} (step "), said
+
+
+def test_a_resumed_distill_bar_counts_the_prompts_answered_before(tmp_path, monkeypatch):
+    """Resumed, the bar began at 0 of the prompts left ("0/3" under redrafter-train's "6 prompts"); it starts at the
+    ones answered before, of all, as self-instruct's and train's bars do."""
+    import tqdm
+
+    from redrafter_mlx import distill as distill_module
+
+    prompts = [f"question {i} about {w}" for i, w in enumerate(["cats", "dogs", "rivers"] * 2)]
+    out = tmp_path / "d"
+    real, calls = distill_module.write_shard, []
+
+    def stopped_after_the_first(*a, **k):
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(real(*a, **k))
+
+    with monkeypatch.context() as m:
+        m.setattr(distill_module, "write_shard", stopped_after_the_first)
+        with pytest.raises(KeyboardInterrupt):
+            distill(TinyLoaded(tiny_model()), prompts, out, batch_size=3, max_tokens=12, progress=False)
+    bars = []
+
+    class Bar(tqdm.tqdm):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            bars.append((self.n, self.total))
+
+        def close(self):
+            bars.append((self.n, self.total))
+            super().close()
+
+    monkeypatch.setattr(tqdm, "tqdm", Bar)
+    assert distill(TinyLoaded(tiny_model()), prompts, out, batch_size=3, max_tokens=12, progress=True) == 3
+    assert bars[0] == (3, 6) and bars[-1] == (6, 6), bars
