@@ -261,6 +261,14 @@ def looks_like_path(name: str) -> bool:
     return len(parts) > 2 or (len(parts) == 2 and not all(parts))
 
 
+def _model_folder_file(name: str) -> bool:
+    """Whether a file of this name is one of a model folder's own (its config, weights or tokenizer), which a
+    user passing it meant the folder by; a file of another kind beside them (notes.txt) is not."""
+    return name.endswith((".safetensors", ".safetensors.index.json", "config.json", ".jinja")) or name in (
+        "tokenizer.json", "tokenizer.model", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+        "merges.txt", "chat_template.json")
+
+
 def hub_id_in_url(name: str) -> Optional[str]:
     """'org/name' for the address of a model's page on the Hugging Face hub (https://huggingface.co/org/name, its
     tree or a file in it, hf.co/...), else None."""
@@ -292,7 +300,7 @@ def resolve(name: Optional[str] = None, progress=None) -> ResolvedModel:
             if _gguf_magic(path):  # it said "not a .gguf model" of one (M.GGUF, or a download saved without its suffix)
                 raise ModelNotFoundError(f"{path} is a GGUF file without the .gguf suffix: rename it to "
                                          f"{path.stem}.gguf")
-            if (path.parent / "config.json").is_file():  # its config.json, weights or tokenizer: the folder was meant
+            if (path.parent / "config.json").is_file() and _model_folder_file(path.name):  # the folder was meant
                 raise ModelNotFoundError(f"{path} is a file of the model folder {path.parent}: pass the folder, not one "
                                          "of its files")
             raise ModelNotFoundError(f"{path} is a file but not a .gguf model; pass a .gguf file or a model folder")
