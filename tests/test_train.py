@@ -1372,6 +1372,14 @@ def test_self_instruct_says_when_it_wrote_fewer_tasks_than_asked(tmp_path, monke
     assert "wrote 1 new task of the 3 asked in 12 tries" in err, err
 
 
+def stderr_when_it_fails(capsys, fn, error=OSError) -> str:
+    """What is on stderr when `fn` raises `error`, where a command then says its error (after the bar, if one was
+    open, is closed)."""
+    with pytest.raises(error):
+        fn()
+    return capsys.readouterr().err
+
+
 def test_an_error_while_distilling_or_training_closes_the_bar_first(tmp_path, capsys, monkeypatch):
     """An error in the loop (a full disk writing a shard or a checkpoint) left the bar open: the command's error was
     said on the bar's line, and the bar drawn again after it, distill's at a count not reached (6/6 of 3 answered)."""
@@ -1388,34 +1396,21 @@ def test_an_error_while_distilling_or_training_closes_the_bar_first(tmp_path, ca
     monkeypatch.setattr(distill_module, "write_shard", full_at_the_second)
     prompts = [f"question {i} about {w}" for i, w in enumerate(["cats", "dogs", "rivers"] * 2)]
     out = tmp_path / "d"
-    try:
-        distill(TinyLoaded(tiny_model()), prompts, out, batch_size=3, max_tokens=12, progress=True)
-    except OSError:  # what is on stderr when the command says its error (the traceback, and the bar, still held)
-        err = capsys.readouterr().err
-    else:
-        pytest.fail("no error")
+    err = stderr_when_it_fails(capsys, lambda: distill(TinyLoaded(tiny_model()), prompts, out, batch_size=3,
+                                                       max_tokens=12, progress=True))
     assert err.endswith("\n") and "3/6" in err.rstrip("\n").rsplit("\r", 1)[-1], repr(err)
 
     monkeypatch.setattr(train_module, "save_checkpoint", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "full")))
     samples = list(read_shards(out))
-    try:
-        train(tiny_model(), samples, tmp_path / "run", steps=3, batch=8, save_every=1, draft_vocab=0)
-    except OSError:
-        err = capsys.readouterr().err
-    else:
-        pytest.fail("no error")
+    err = stderr_when_it_fails(capsys, lambda: train(tiny_model(), samples, tmp_path / "run", steps=3, batch=8,
+                                                     save_every=1, draft_vocab=0))
     assert err.endswith("\n") and "1/3" in err.rstrip("\n").rsplit("\r", 1)[-1], repr(err)
 
     loaded = TinyLoaded(tiny_model(1))
     loaded.tokenizer = WordTokenizer()
     monkeypatch.setattr(distill_module, "generate_batch", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "full")))
-    try:
-        self_instruct(loaded, ["Write a poem about the sea.", "Sort these numbers.", "Explain photosynthesis."], 2,
-                      tmp_path / "si.jsonl", batch_size=2)
-    except OSError:
-        err = capsys.readouterr().err
-    else:
-        pytest.fail("no error")
+    seeds = ["Write a poem about the sea.", "Sort these numbers.", "Explain photosynthesis."]
+    err = stderr_when_it_fails(capsys, lambda: self_instruct(loaded, seeds, 2, tmp_path / "si.jsonl", batch_size=2))
     assert err.endswith("\n") and "0/2" in err.rstrip("\n").rsplit("\r", 1)[-1], repr(err)
 
 
@@ -1472,12 +1467,8 @@ def test_an_error_in_train_s_evaluation_closes_its_bar_first(capsys, monkeypatch
 
     monkeypatch.setattr(train_module, "evaluate", evaluate)
     questions = [{"prompt": "a", "category": "x"}, {"prompt": "b", "category": "y"}]
-    try:
-        train_module.evaluate_shapes(None, questions, [(4, 5), (2, 3)], 8, record=full)
-    except OSError:
-        err = capsys.readouterr().err
-    else:
-        pytest.fail("no error")
+    err = stderr_when_it_fails(capsys, lambda: train_module.evaluate_shapes(None, questions, [(4, 5), (2, 3)], 8,
+                                                                           record=full))
     assert err.endswith("\n") and "2/4" in err.rstrip("\n").rsplit("\r", 1)[-1], repr(err)
 
 
