@@ -30,7 +30,7 @@ from mlx.utils import tree_flatten, tree_map
 
 from redrafter_mlx.config import DRAFTER_MODEL_TYPE, ModelArgs
 from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError, RedrafterError, UnsupportedModelError, one_line
-from redrafter_mlx.registry import _gguf_magic
+from redrafter_mlx.registry import refuse_gguf_without_suffix
 from redrafter_mlx.tokenizer import is_token_id
 
 from .checkpoint import _torch, load_safetensors, pytorch_to_safetensors, read_json, weight_files
@@ -92,9 +92,7 @@ def check_options(base: BaseSource, dtype: Optional[str], quantize: bool):
 def open_base(path: Path) -> BaseSource:
     if path.is_file():
         if path.suffix != ".gguf":
-            if _gguf_magic(path):  # (said "not a .gguf model" of one, as load() did before it said this)
-                raise ModelNotFoundError(f"{path} is a GGUF file without the .gguf suffix: rename it to "
-                                         f"{path.stem}.gguf")
+            refuse_gguf_without_suffix(path)
             raise ModelNotFoundError(f"{path} is a file but not a .gguf model: pass a .gguf file or a checkpoint folder")
         from redrafter_mlx.gguf import read_gguf_config
 

@@ -297,9 +297,7 @@ def resolve(name: Optional[str] = None, progress=None) -> ResolvedModel:
         tidy(local)
     if path.exists():
         if path.is_file() and path.suffix != ".gguf":
-            if _gguf_magic(path):  # it said "not a .gguf model" of one (M.GGUF, or a download saved without its suffix)
-                raise ModelNotFoundError(f"{path} is a GGUF file without the .gguf suffix: rename it to "
-                                         f"{path.stem}.gguf")
+            refuse_gguf_without_suffix(path)
             if (path.parent / "config.json").is_file() and _model_folder_file(path.name):  # the folder was meant
                 raise ModelNotFoundError(f"{path} is a file of the model folder {path.parent}: pass the folder, not one "
                                          "of its files")
@@ -337,6 +335,13 @@ def did_you_mean(name: str) -> str:
     close = ([n for n in names if n.lower() == key] or [n for n in names if n.lower().startswith(key + "-")]
              or difflib.get_close_matches(key, names, n=1, cutoff=0.8))
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def refuse_gguf_without_suffix(path: Path) -> None:
+    """A file that is a GGUF but not named .gguf (M.GGUF, a download saved without its suffix) is refused, saying to
+    rename it (load() and the converter said "not a .gguf model" of one)."""
+    if _gguf_magic(path):
+        raise ModelNotFoundError(f"{path} is a GGUF file without the .gguf suffix: rename it to {path.stem}.gguf")
 
 
 def _gguf_magic(path: Path) -> bool:
