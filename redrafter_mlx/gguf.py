@@ -435,7 +435,8 @@ def _read_tensors(path: Path, layout: Layout) -> Dict[str, mx.array]:
 
 
 def _open(path) -> Layout:
-    """The checked header of a GGUF file of a supported architecture."""
+    """The checked header of a GGUF file of a supported architecture, its tensor types and tokenizer ones this
+    reader takes (a Llama-2 file's SentencePiece tokenizer was said after reading every tensor)."""
     path = Path(path)
     if not path.is_file():
         raise ModelNotFoundError(f"GGUF file not found: {path}")
@@ -454,6 +455,8 @@ def _open(path) -> Layout:
             ": load the model's Hugging Face folder or hub id (org/name) instead"
             + (f", which mlx-lm's {arch} model runs" if runs else ", if mlx-lm has a model for it")
         )
+    check_types(path, layout)
+    check_gguf_tokenizer(layout.meta)
     return layout
 
 
@@ -496,8 +499,6 @@ def read_gguf_config(path) -> Dict[str, Any]:
     read_gguf would (tensor types, tokenizer): a drafter is checked against it before read_gguf reads every tensor
     (a 70B file's 40 GB)."""
     layout = _open(path)
-    check_types(Path(path), layout)
-    check_gguf_tokenizer(layout.meta)
     names = {n for n in (_rename(name) for name, *_ in layout.tensors) if n is not None}
     return _config(Path(path), layout, names | {name for name, *_ in layout.tensors})
 
@@ -506,8 +507,6 @@ def read_gguf(path) -> Tuple[Dict[str, Any], Dict[str, mx.array], Dict[str, Any]
     """Return (config dict in config.json form, weights with HF names, raw metadata)."""
     path = Path(path)
     layout = _open(path)
-    check_types(path, layout)
-    check_gguf_tokenizer(layout.meta)  # a Llama-2 file's SentencePiece tokenizer: said after reading every tensor
     tensors, meta = _read_tensors(path, layout), layout.meta
     weights = {}
     for name, arr in tensors.items():
