@@ -144,11 +144,9 @@ def _base_args_of(name: str):
     from redrafter_mlx.gguf import read_gguf_config
 
     from .base_model import check_architecture
-    from .checkpoint import read_json, resolve
+    from .checkpoint import is_hub_id, read_json, resolve
 
-    parts = name.split("/")
-    hub_id = len(parts) == 2 and all(parts) and not registry.looks_like_path(name)
-    if hub_id and name not in registry.known_models() and not Path(name).expanduser().exists():
+    if is_hub_id(name) and not registry.looks_like_path(name):  # (org/name.gguf is a missing local file)
         # its config.json alone: the whole repository was fetched (gigabytes of weights) to read it
         folder = resolve(name, "base model", config_only=True)
         return check_architecture(read_json(folder / "config.json", "model"), str(folder / "config.json")), folder
