@@ -468,7 +468,8 @@ class FakeEngine(EngineThread):
 
     replies: answered in turn (cycling); a "token" is a word with its trailing space.
     drafter: None to act like a model without a drafter.
-    fail_load: a message to fail loading with.
+    fail_load: a message to fail loading with (or an exception to raise, as an engine breaking its contract).
+    fail_reply: an exception every reply raises before its first token (None: the replies run).
     hold_after: after this many chunks of each reply, wait until `should_stop()` (a reply
         that only ends by being cancelled; 0: before its first token).
     step_delay: real seconds to sleep per chunk (for trying the UI by hand).
@@ -488,6 +489,7 @@ class FakeEngine(EngineThread):
         model: str = "fake-135m",
         drafter: Optional[str] = "fake-drafter",
         fail_load: Optional[str] = None,
+        fail_reply: Optional[BaseException] = None,
         hold_after: Optional[int] = None,
         step_delay: float = 0.0,
         load_delay: float = 0.0,
@@ -501,7 +503,7 @@ class FakeEngine(EngineThread):
         self.load_delay, self.load_gate = load_delay, load_gate
         self.beam_shape, self.tree = beam_shape, tree
         self.replies = list(replies)
-        self.model, self.drafter, self.fail_load = model, drafter, fail_load
+        self.model, self.drafter, self.fail_load, self.fail_reply = model, drafter, fail_load, fail_reply
         self.hold_after, self.step_delay = hold_after, step_delay
         self.calls: List[Tuple[Messages, Settings]] = []
         self.new_chats = 0
@@ -559,6 +561,8 @@ class FakeEngine(EngineThread):
         )
 
     def _reply(self, messages: Messages, settings: Settings, should_stop, on_status=None) -> Iterator[Chunk]:
+        if self.fail_reply is not None:
+            raise self.fail_reply
         self.calls.append((messages, settings))
         for line in self.prefill_status:
             if on_status is not None:

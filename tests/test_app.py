@@ -41,6 +41,13 @@ async def ask(pilot, text):
     await pilot.press("enter")
 
 
+async def streaming(pilot, text):
+    """Ask `text` once the model is ready, and wait until the reply has begun to stream."""
+    await ready(pilot)
+    await ask(pilot, text)
+    await wait_for(pilot, lambda: pilot.app.generating and transcript_replies(pilot.app) != [""])
+
+
 async def paste(pilot, text) -> str:
     """Paste `text` into the prompt box as a terminal does; the box's value after it."""
     from textual import events
@@ -279,9 +286,7 @@ async def test_ctrl_c_cancels_and_sending_while_generating_is_refused():
     engine = FakeEngine([REPLY], hold_after=2)
     app = create_app(engine)
     async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await ask(pilot, "Explain.")
-        await wait_for(pilot, lambda: app.generating and transcript_replies(app) != [""])
+        await streaming(pilot, "Explain.")
         await ask(pilot, "Another?")
         assert len(engine.calls) == 1 and app.query_one(PromptInput).value == "Another?"
         await pilot.press("ctrl+c")
@@ -315,9 +320,7 @@ async def test_ctrl_c_with_text_selected_copies_it_and_the_reply_goes_on():
     engine = FakeEngine([REPLY], hold_after=2)
     app = create_app(engine)
     async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await ask(pilot, "Explain speculative decoding.")
-        await wait_for(pilot, lambda: app.generating and transcript_replies(app) != [""])
+        await streaming(pilot, "Explain speculative decoding.")
         app.screen.selections = {app.query_one(UserMessage): Selection(None, None)}  # (as a mouse drag selects)
         await pilot.press("ctrl+c")
         await pilot.pause()
@@ -923,13 +926,8 @@ async def test_a_second_message_while_loading_stays_in_the_box():
 
 
 async def test_a_reply_that_fails_before_a_word_takes_its_turn_back():
-    engine = FakeEngine(["x"])
-
-    def fails(messages, settings, should_stop, on_status=None):
-        raise EngineError("the prompt has 9 tokens but fake-135m has a context of 4: shorten it")
-        yield
-
-    engine._reply = fails
+    engine = FakeEngine(["x"], fail_reply=EngineError("the prompt has 9 tokens but fake-135m has a context of 4: "
+                                                       "shorten it"))
     app = create_app(engine)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
@@ -960,14 +958,7 @@ async def test_a_reply_errors_whole_text_is_reachable_by_details():
                                   (failure(error), "The reply failed: RuntimeError: [metal::malloc] Attempting",
                                    "which is more than the limit of 8 GB."),
                                   (EngineError("one line only"), "The reply failed: one line only", None)):
-        engine = FakeEngine(["x"])
-
-        def fails(messages, settings, should_stop, on_status=None, raised=raised):
-            yield from ()
-            raise raised
-
-        engine._reply = fails
-        app = create_app(engine)
+        app = create_app(FakeEngine(["x"], fail_reply=raised))
         async with app.run_test(size=SIZE) as pilot:
             await ready(pilot)
             await ask(pilot, "a question")
@@ -1079,12 +1070,7 @@ async def test_a_reply_that_fails_before_a_word_leaves_the_previous_figures_in_t
         await finished(pilot)
         before = panel(app)
         assert "generated    2 tokens" in before
-
-        def fails(messages, settings, should_stop, on_status=None):
-            raise EngineError("the prompt has 9 tokens but fake-135m has a context of 4: shorten it")
-            yield
-
-        engine._reply = fails
+        engine.fail_reply = EngineError("the prompt has 9 tokens but fake-135m has a context of 4: shorten it")
         await ask(pilot, "a long question")
         await finished(pilot)
         assert app.status == "error" and app.query_one(PromptInput).value == "a long question"
