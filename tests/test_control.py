@@ -716,20 +716,27 @@ def test_calibration_measures_a_rising_curve(tiny_loaded):
     ("slow", [1, 2, 4, 8]),  # 0.55 s a token: the budget ran out after 1 token, which alone is no curve
     ("burst", [1, 2, 4, 8]),  # ... and a burst of load in the rounds of 2 tokens
     ("linear", [1, 2, 4]),  # n tokens cost n times one: larger n tell nothing new
-])
+    ("spike", [1, 2, 4, 8]),  # one burst on the first timed sample of 2 tokens (20x one): it had stopped
+])                            # there, and the fastest of the rounds made the curve "cut short"
 def test_calibration_times_enough_sizes_whatever_the_budget(tiny_loaded, monkeypatch, machine, sizes):
     """A calibration whose budget a slow machine or a burst of load spent had stopped after 1 or 2
     tokens; on a 2-token curve timed 3.6x one, 16 tokens cost 40x one, and every later run on the
     cached curve decoded plainly (drafting could never pay, so nothing corrected it)."""
+    calls = {}
+
     def timed(model, cache, start, n, vocab):
+        calls[n] = calls.get(n, 0) + 1
         if machine == "linear":
             return 0.5 * n
+        if machine == "spike" and n == 2 and calls[n] == 2:  # (the first forward of a size is untimed)
+            return 11.0
         return 2.0 if machine == "burst" and n == 2 else 0.5 + 0.05 * n
 
     monkeypatch.setattr(costs, "_time_forward", timed)
     c = costs.calibrate(tiny_loaded.model)
     assert c.sizes.astype(int).tolist() == sizes
     assert np.all(c.seconds <= c.sizes * c.seconds[0] + 1e-12)  # never more than n plain forwards
+    assert not c.cut_short()
     if machine != "linear":
         assert c.ratio(16) < 3.5  # (the flat machine's 16 tokens cost 2.4x one)
 
@@ -814,6 +821,8 @@ def test_models_built_in_memory_do_not_share_a_curve(monkeypatch, tmp_path):
     # model's curve was read back for a 5,000-token one
     monkeypatch.setenv("REDRAFTER_CACHE", str(tmp_path))
     monkeypatch.chdir(tmp_path)
+    # the cache key is under test, not the timing: a burst of load had made a curve cut short (measured again)
+    monkeypatch.setattr(costs, "_time_forward", lambda model, cache, start, n, vocab: 0.01 + 0.001 * n)
     small, big, wide = tiny_loaded(vocab=12), tiny_loaded(vocab=5000), tiny_loaded(vocab=12)
     wide.model.config = {**small.model.config, "intermediate_size": 2048}  # a field ModelArgs does not hold
     assert costs.cost_model(small).source == "measured"
