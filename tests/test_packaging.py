@@ -4,12 +4,18 @@ An editable install (the README's commands, CI) runs from the source folders, so
 that pyproject.toml leaves out of the wheel, or a Python version a dependency does not install on, shows
 only to a user who runs `pip install .` or installs a built wheel; these tests read the declarations."""
 
+import hashlib
 import re
+import shutil
 import subprocess
+import sys
+import tarfile
 import tomllib
+import zipfile
 from importlib import metadata
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
@@ -44,13 +50,18 @@ def package_dirs():
     return {name: REPO / mapped.get(name, name.replace(".", "/")) for name in tool["packages"]}
 
 
-def repository_files(folder: Path):
-    """The files under `folder` that git tracks (every file but caches where git is not there)."""
+def repository_files(folder: Path, untracked: bool = False):
+    """The files under `folder` that git tracks, and with `untracked` those it does not ignore either (every file
+    but caches, builds and dot-folders where git is not there)."""
+    others = ["--others", "--exclude-standard"] if untracked else []
     try:
-        out = subprocess.run(["git", "ls-files", "-z", "--", str(folder)], cwd=REPO, capture_output=True, check=True)
-        return [REPO / name for name in out.stdout.decode().split("\0") if name]
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", *others, "--", str(folder)], cwd=REPO,
+                             capture_output=True, check=True)
+        return [REPO / name for name in out.stdout.decode().split("\0") if name and (REPO / name).is_file()]
     except (OSError, subprocess.CalledProcessError):
-        return [p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
+        skip = ("__pycache__", "build", "dist")
+        return [p for p in folder.rglob("*") if p.is_file() and p.suffix != ".pyc" and not any(
+            part in skip or part.startswith(".") or part.endswith(".egg-info") for part in p.relative_to(REPO).parts)]
 
 
 def test_every_python_folder_is_a_listed_package():
@@ -106,3 +117,56 @@ def test_mlx_floor_is_not_below_mlx_lms():
     assert ours
     for req in ours:
         assert lowest_version(req.specifier) >= floor, f"{req} allows an mlx below mlx-lm's {floor}"
+
+
+# The Apache License 2.0 as apache.org and GitHub give it (11,357 bytes; apache.org's copy adds a leading blank line).
+APACHE_2_SHA256 = "c71d239df91726fc519c6eb72d318ec65820627232b2f796219e87dcf35d0ab4"
+
+
+def test_license_file_is_the_apache_license_pyproject_names():
+    # pyproject.toml said `license = "Apache-2.0"` while the repository held no LICENSE: the wheel and the sdist
+    # named a license without carrying its text, which the Apache License itself asks redistributions to include.
+    assert PYPROJECT["project"]["license"] == "Apache-2.0"
+    assert PYPROJECT["project"].get("license-files") == ["LICENSE"]
+    text = (REPO / "LICENSE").read_bytes()
+    assert text.startswith(b"                                 Apache License\n")
+    assert hashlib.sha256(text).hexdigest() == APACHE_2_SHA256, "LICENSE is not the unmodified Apache License 2.0"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """(sdist, wheel) that setuptools builds from a copy of the checkout (git's files, untracked ones included)."""
+    need = next(Requirement(r) for r in PYPROJECT["build-system"]["requires"] if Requirement(r).name == "setuptools")
+    have = metadata.version("setuptools")
+    assert need.specifier.contains(have), (
+        f"building needs {need} (pyproject's build-system); this environment has setuptools {have}: "
+        "pip install -e '.[test]'")
+    root = tmp_path_factory.mktemp("build")
+    src, out = root / "src", root / "dist"
+    for path in repository_files(REPO, untracked=True):
+        dest = src / path.relative_to(REPO)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, dest)
+    # (the output folder is read before setuptools rewrites sys.argv for its commands)
+    code = "import sys; out = sys.argv[1]; from setuptools import build_meta as b; b.build_sdist(out); b.build_wheel(out)"
+    done = subprocess.run([sys.executable, "-c", code, str(out)], cwd=src, capture_output=True, text=True)
+    assert done.returncode == 0, f"building failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    (sdist,), (wheel,) = out.glob("*.tar.gz"), out.glob("*.whl")
+    return sdist, wheel
+
+
+def test_wheel_and_sdist_carry_the_license(built):
+    sdist, wheel = built
+    license_text = (REPO / "LICENSE").read_bytes()
+    with zipfile.ZipFile(wheel) as whl:
+        names = whl.namelist()
+        info = next(n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info"))
+        assert f"{info}/licenses/LICENSE" in names, f"the wheel holds no {info}/licenses/LICENSE"
+        assert whl.read(f"{info}/licenses/LICENSE") == license_text
+        meta = whl.read(f"{info}/METADATA").decode()
+    assert "License-Expression: Apache-2.0" in meta.splitlines()
+    assert "License-File: LICENSE" in meta.splitlines()
+    with tarfile.open(sdist) as tar:
+        top = tar.getnames()[0].split("/")[0]
+        member = tar.extractfile(f"{top}/LICENSE")
+        assert member is not None and member.read() == license_text, f"the sdist holds no {top}/LICENSE"
