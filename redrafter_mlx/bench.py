@@ -929,7 +929,8 @@ def settings(args, loaded, variants) -> Dict:
     drafts a fixed shape (an adaptive run's showed the tuned W=4 L=4 it never used); --widths and
     --lengths are the grid's, null without --grid; seed null when greedy. weight_format: the one the model was loaded
     with ("float32", "stored"), which replay loads again ("auto" can resolve otherwise there)."""
-    out = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    # (not args.fixed: parse_args's own note of whether a drafting option was given, which "columns" says per column)
+    out = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "fixed"}
     fixed = any(shape is not None for _, _, shape, _ in variants)
     for key in ("beam_width", "beam_length", "lookup", "tree", "tree_min_prob"):
         if not fixed or args.grid and key in ("beam_width", "beam_length"):

@@ -1352,6 +1352,21 @@ def test_help_says_tune_runs_six_questions_unless_limit(capsys):
     assert "the fastest one's histogram of tokens emitted per step" in text and "acceptance plots" not in text
 
 
+def test_the_reports_settings_are_the_options_the_run_was_given(capsys):
+    """The --json report's "settings" held "fixed", parse_args's own note of whether a drafting option was
+    given: no option of that name, and not in the description of the JSON. Every key is an option."""
+    from types import SimpleNamespace
+
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--help"])
+    text = capsys.readouterr().out
+    args = bench.parse_args(["--prompts", "x", "--modes", "ar,redrafter", "--beam-width", "2"])
+    variants = [("ar", "ar", None, (None, True)), ("redrafter", "redrafter", (2, 4, 0, 0, 0.1), (None, True))]
+    out = bench.settings(args, SimpleNamespace(weight_format="float32"), variants)
+    assert out["beam_width"] == 2 and "fixed" not in out
+    assert [key for key in out if f"--{key.replace('_', '-')}" not in text] == []
+
+
 def test_replay_says_which_cost_model_cached_needs(tiny_loaded):
     # it said "run redrafter-bench --modes auto once", which caches the curve of the format "auto" resolves to
     # here, where replay loads the one the bench decoded with (a GPU's stored weights, say)
