@@ -36,9 +36,7 @@ plainly on this machine.
 import argparse
 import importlib.util
 import json
-import signal
 import sys
-import threading
 import time
 from collections import defaultdict
 from itertools import product
@@ -659,7 +657,7 @@ def main(argv=None):
 
 
 def _bench(args) -> int:
-    stop = Stop()  # from the start: SIGTERM while the model loaded ended the process, saying nothing
+    stop = cli.Stop()  # from the start: SIGTERM while the model loaded ended the process, saying nothing
     try:
         return _measure(args, stop)
     except KeyboardInterrupt:
@@ -894,27 +892,6 @@ def _measure(args, stop) -> int:
                   + f", lookup {best.get('lookup', DEFAULT_LOOKUP)} ({best.get('speedup', 0):.2f}x over ar) stored in "
                   f"{path}{whose}")
     return stop.status if interrupted else 0
-
-
-class Stop:
-    """Ctrl-C (SIGINT) and SIGTERM (`kill`, a job's time limit) both stop a run the same way, as
-    KeyboardInterrupt, so either reports the questions that finished. `status`: the exit
-    status, 130 or 143 (128 + the signal), as a shell reports a process those signals end."""
-
-    def __init__(self):
-        self.why, self.status, self._previous = "interrupted", 130, None
-        self.began = False  # the run began: its --json report is written (one stopped before leaves the file alone)
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._terminated)
-
-    def _terminated(self, signum, frame):
-        self.why, self.status = "terminated (SIGTERM)", 128 + signal.SIGTERM
-        raise KeyboardInterrupt
-
-    def restore(self):
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
 
 
 def format_of(description: str) -> str:

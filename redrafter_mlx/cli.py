@@ -10,7 +10,9 @@ user error: one line on stderr, never a traceback.
 import argparse
 import math
 import os
+import signal
 import sys
+import threading
 from typing import Callable, Optional
 
 from .errors import RedrafterError
@@ -290,6 +292,28 @@ def run(prog: str, body: Callable[[], Optional[int]], resume: Optional[str] = No
         said = e.args[0] if e.args and isinstance(e.args[0], str) else "cancelled"
         print(f"\n{prog}: {said}", file=sys.stderr)
         return 130
+
+
+class Stop:
+    """Ctrl-C (SIGINT) and SIGTERM (`kill`, a job's time limit) both stop a run the same way, as
+    KeyboardInterrupt, so either reports what finished (redrafter-bench its questions, replay its
+    figures). `status`: the exit status, 130 or 143 (128 + the signal), as a shell reports a
+    process those signals end. Installed where a command's body starts; `restore` when it ends."""
+
+    def __init__(self):
+        self.why, self.status, self._previous = "interrupted", 130, None
+        self.began = False  # (the bench's) the run began: its --json report is written (one stopped before leaves it)
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._terminated)
+
+    def _terminated(self, signum, frame):
+        self.why, self.status = "terminated (SIGTERM)", 128 + signal.SIGTERM
+        raise KeyboardInterrupt
+
+    def restore(self):
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
 
 
 def versions() -> str:

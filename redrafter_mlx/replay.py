@@ -473,6 +473,19 @@ def decoded_format(report: Dict) -> str:
 
 
 def _run(args, graphs) -> int:
+    stop = cli.Stop()  # from the start: SIGTERM ended the process where it stood, saying nothing
+    try:
+        return _replay_rows(args, graphs, stop)
+    except KeyboardInterrupt:
+        if stop.status == 130:  # Ctrl-C: cli.run says "cancelled"
+            raise
+        print(f"\n{PROG}: {stop.why}", file=sys.stderr)  # (on a line of its own: the progress bar may hold the last)
+        return stop.status
+    finally:
+        stop.restore()
+
+
+def _replay_rows(args, graphs, stop) -> int:
     from .loader import attach_drafter, find_drafter, load
 
     shapes, lookups, trees = args.shapes, args.lookup, args.tree
@@ -577,8 +590,9 @@ def _run(args, graphs) -> int:
         if not done:
             raise
         what = "replies" if unit == "reply" else "questions"  # (a --turns report: a row per turn)
-        print(f"\n{PROG}: cancelled; the figures below cover the first {done} of {len(rows)} {what}", file=sys.stderr)
-        status = 130
+        said = "cancelled" if stop.status == 130 else stop.why  # (Ctrl-C as before; SIGTERM ended it saying nothing)
+        print(f"\n{PROG}: {said}; the figures below cover the first {done} of {len(rows)} {what}", file=sys.stderr)
+        status = stop.status
     groups = {key[1] for key in totals if key[1]}
     categories = sorted(g for g in groups if not g.startswith("turn ")) + sorted(g for g in groups if g.startswith("turn "))
 

@@ -595,6 +595,41 @@ def test_replay_limit_counts_questions_of_a_turns_report(model_dir, prompts, tmp
     assert "cover the first 2 of 4 replies" in capsys.readouterr().err  # it said "questions" of the rows
 
 
+def test_replay_stopped_by_sigterm_prints_what_it_replayed(model_dir, prompts, tmp_path, capsys):
+    """`kill` (SIGTERM) ended a replay where it stood, saying nothing and printing none of the figures of the
+    questions it had replayed (Ctrl-C printed them, status 130). It stops as Ctrl-C does, with status 143, in a
+    child process with SIGTERM at its default, as a shell or a job's time limit starts it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "r.json"
+    assert run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 8, "--json", out)[0] == 0
+    code = """import os, signal, sys
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+from redrafter_mlx import loader, replay
+real, calls = {stub}, []
+def terminated(*a, **kw):
+    calls.append(1)
+    if len(calls) == {at}:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real(*a, **kw)
+{stub} = terminated
+sys.exit(replay.main(sys.argv[1:]))
+"""
+    for stub, at in (("replay.replay", 2), ("loader.load", 1)):  # in the second question, and as the model loads
+        proc = subprocess.run([sys.executable, "-c", code.format(stub=stub, at=at), str(out), "--shapes", "2x3"],
+                              capture_output=True, text=True, cwd=Path(__file__).parent.parent, timeout=300)
+        assert proc.returncode == 143, (proc.returncode, proc.stderr)
+        if stub == "replay.replay":
+            assert ("python -m redrafter_mlx.replay: terminated (SIGTERM); the figures below cover the first 1 of "
+                    f"{len(QUESTIONS)} questions") in proc.stderr
+            assert any(line.startswith("2x3") for line in proc.stdout.splitlines())  # the table of what it replayed
+        else:
+            assert proc.stderr.strip().splitlines()[-1] == "python -m redrafter_mlx.replay: terminated (SIGTERM)"
+            assert proc.stdout == ""
+
+
 def test_replay_category_columns_fit_long_names(capsys):
     """replay's per-category table cut nothing but made every column 18 wide: a longer category name pushed
     its cells and the next columns out from under their names."""
