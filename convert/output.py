@@ -10,6 +10,7 @@ The manifest (`manifest.json`) records the sources, the sha256 of every input fi
 dtype, the quantization and the versions of the tools that wrote the folder.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -182,6 +183,24 @@ STOPPING = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasa
 
 def _raise_on_signal(signum, frame):
     raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def signals_stop():
+    """SIGTERM and SIGHUP raised as KeyboardInterrupt(their name) inside the block, where they are at their defaults
+    (in the main thread): from a conversion's start, where the output folder's handlers are not installed yet (a
+    signal as the model was read or fetched ended the process saying nothing)."""
+    installed = []
+    if threading.current_thread() is threading.main_thread():
+        for s in STOPPING:
+            if signal.getsignal(s) == signal.SIG_DFL:
+                signal.signal(s, _raise_on_signal)
+                installed.append(s)
+    try:
+        yield
+    finally:
+        for s in installed:
+            signal.signal(s, signal.SIG_DFL)
 
 
 def signal_name(e: KeyboardInterrupt) -> str:

@@ -1731,6 +1731,43 @@ mlx_lm.utils.save_model = save_then_signal
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+def test_a_signal_before_the_output_folder_is_made_says_so(tmp_path, mlx_ckpt, name):
+    """The output folder turns SIGTERM and SIGHUP into a clean stop once it is made; one that came before (as the
+    modules imported, the arguments were read or the model resolved, fetched or opened: the first second or more)
+    ended the process saying nothing. It stops there as later, with nothing written."""
+    import signal
+
+    setup = f"""
+from convert import checkpoint
+resolve = checkpoint.resolve
+def signal_then_resolve(*args, **kwargs):
+    signal.raise_signal(signal.{name})
+    return resolve(*args, **kwargs)
+checkpoint.resolve = signal_then_resolve
+"""
+    out = tmp_path / "out"
+    rc, lines = convert_in_child(setup, "--model", mlx_ckpt[0], "--out", out)
+    assert rc == 128 + getattr(signal, name) and lines == ["error: cancelled; nothing was written"], (rc, lines)
+    assert list(tmp_path.iterdir()) == []
+    # as `python -m convert` imports its modules, before main runs
+    code = f"""import builtins, runpy, signal, sys
+signal.signal(signal.SIGTERM, signal.SIG_DFL); signal.signal(signal.SIGHUP, signal.SIG_DFL)
+real = builtins.__import__
+def importing(name, globals=None, locals=None, fromlist=(), level=0):
+    if level == 1 and name == "cli" and (globals or {{}}).get("__package__") == "convert":
+        signal.raise_signal(signal.{name})
+    return real(name, globals, locals, fromlist, level)
+builtins.__import__ = importing
+sys.argv = ["convert", "--model", {str(mlx_ckpt[0])!r}, "--out", {str(out)!r}, "--quiet"]
+runpy.run_module("convert", run_name="__main__", alter_sys=True)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).parent.parent, timeout=300)
+    assert (proc.returncode, proc.stderr) == (128 + getattr(signal, name), "error: cancelled; nothing was written\n")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_second_signal_while_cleaning_up_still_leaves_nothing(tmp_path, mlx_ckpt):
     """A second SIGTERM or Ctrl-C (pressed again while nothing seemed to happen) that came while the staging folder
     was deleted stopped the deletion: a hidden, half-deleted model (gigabytes) stayed beside the output, under
