@@ -97,11 +97,19 @@ def resolve(source: str, what: str, drafter: bool = False, config_only: bool = F
 
 def _on_hub(source: str, patterns: List[str]) -> List[str]:
     """The names of hub repository `source`'s files that match `patterns` (asked without fetching them); none where
-    the hub cannot say (offline, an older huggingface-hub): the fetch that follows tells."""
+    the hub cannot say (offline, an older huggingface-hub): the fetch that follows tells. No progress bar: the dry
+    run drew "[dry-run] Fetching 2 files: 100%" of files never fetched (GGUF files the error then said to download,
+    .bin weights refused for want of torch)."""
     from huggingface_hub import snapshot_download
+    from huggingface_hub.utils import tqdm
+
+    class Unseen(tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "disable": True})
 
     try:
-        return sorted(f.filename for f in snapshot_download(source, allow_patterns=patterns, dry_run=True))
+        return sorted(f.filename for f in snapshot_download(source, allow_patterns=patterns, dry_run=True,
+                                                            tqdm_class=Unseen))
     except Exception:
         return []
 

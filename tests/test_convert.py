@@ -1206,6 +1206,37 @@ def test_a_hub_model_of_one_bin_file_without_torch_is_refused_before_its_downloa
     assert_clean_failure(rc, lines, out, "has no weights")
 
 
+def test_asking_the_hub_what_it_holds_draws_no_progress_bar(capsys, monkeypatch):
+    """The converter asks the hub which files a repository holds (GGUF files, .bin weights) with a dry run of
+    snapshot_download, which drew "[dry-run] Fetching 2 files: 100%": a bar for files never fetched, above an
+    error that said to download one. The real snapshot_download here, on a hub of one repository faked below it."""
+    import inspect
+    from types import SimpleNamespace
+
+    from huggingface_hub import _snapshot_download as hub
+    from huggingface_hub.file_download import DryRunFileInfo
+    from huggingface_hub.hf_api import RepoFile
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    from convert.checkpoint import _on_hub
+
+    files = ["README.md", "model-Q4_0.gguf", "model-Q8_0.gguf"]
+    monkeypatch.setattr(hub.HfApi, "repo_info", lambda self, **kw: SimpleNamespace(sha="a" * 40))
+    monkeypatch.setattr(hub.HfApi, "list_repo_tree", lambda self, **kw: [RepoFile(path=f, size=1, oid="b" * 40)
+                                                                          for f in files])
+    fields = inspect.signature(DryRunFileInfo).parameters
+    monkeypatch.setattr(hub, "hf_hub_download", lambda repo, filename, **kw: DryRunFileInfo(
+        **{name: filename if name == "filename" else None for name in fields}))
+    hidden = are_progress_bars_disabled()
+    enable_progress_bars()  # (as a terminal's run has them; HF_HUB_DISABLE_PROGRESS_BARS would hide the bar)
+    try:
+        assert _on_hub("org/model-GGUF", ["*.gguf"]) == files[1:]
+    finally:
+        if hidden:
+            disable_progress_bars()
+    assert capsys.readouterr().err == ""
+
+
 def test_a_hub_drafter_fetches_only_the_weights_it_reads(tmp_path, capsys, monkeypatch, mlx_ckpt):
     """A hub drafter was fetched with all of model.safetensors, pytorch_model.bin and model.pt (the first alone is
     read), and one stored as .bin was refused for want of torch only as it was read: after the base model given as
