@@ -50,6 +50,7 @@ from .errors import ContextLengthError, RedrafterError, json_kind
 from .files import json_document, messages_instead_of_text, read_text_file, unwritable_ancestor, write_json
 from .graph import graph_name, parse_graph
 from .lookup import MAX_GROWTH
+from .registry import default_model_name
 from .tokenizer import is_blank
 from .config import FLOAT_FORMATS, WEIGHT_FORMATS
 from .tree_search import DEFAULT_MIN_PROB
@@ -489,9 +490,10 @@ def parse_args(argv=None):
         "(the shipped prompts; --prompts FILE.jsonl for your own, e.g. MT-Bench's question.jsonl from FastChat)",
     )
     cli.add_version(p)
-    p.add_argument("--model", default=None, help="registry name, local path or hub id (default: the registry default)")
+    p.add_argument("--model", default=None,
+                   help=f"registry name, local path or hub id (default: {default_model_name()})")
     p.add_argument("--drafter", default=None, help="drafter folder (default: the one found beside the model)")
-    p.add_argument("--prompts", type=cli.path, default=SHIPPED_PROMPTS,
+    p.add_argument("--prompts", type=cli.path, default=SHIPPED_PROMPTS, metavar="FILE.jsonl",
                    help="JSONL file of questions: Spec-Bench lines ({\"question_id\", \"category\", \"turns\": [...]}; "
                         "the first turn of each, unless --turns) or one-turn lines ({\"prompt\": ...}) (default: the "
                         "16 prompts shipped with the package that redrafter-train holds out, none of them in the "
@@ -504,7 +506,7 @@ def parse_args(argv=None):
                    "draw on the conversation (default: 1, the first turn alone)")
     p.add_argument("--max-tokens", type=cli.positive, default=256, metavar="N",
                    help="longest reply per turn in tokens (default: 256)")
-    p.add_argument("--modes", default="ar", help=f"comma-separated, from {', '.join(MODES)} (default: ar); "
+    p.add_argument("--modes", default="ar", metavar="MODE[,MODE...]", help=f"comma-separated, from {', '.join(MODES)} (default: ar); "
                    "auto = the adaptive controller, which sizes each step's draft to this machine's measured cost "
                    "(and decodes plainly where drafting does not pay); redrafter = the same, with the drafter "
                    "required, when no drafting option below is given, else fixed drafting with those options; "
@@ -546,7 +548,8 @@ def parse_args(argv=None):
                    "this device (auto needs no tuning)")
     p.add_argument("--plot", type=cli.writable_file, default=None, metavar="FILE.png",
                    help="write a PNG of speedup and tokens/step per fixed drafting variant, and the fastest one's "
-                   "histogram of tokens emitted per step (another format where the name ends in .svg, .pdf, ...)")
+                   "histogram of tokens emitted per step (another format where the name ends in .svg, .pdf, ...; "
+                   "needs matplotlib: pip install 'redrafter-mlx[bench]')")
     p.add_argument("--temperature", type=cli.temperature, default=0.0, metavar="T",
                    help="0 = greedy (default), where every mode's output must equal ar's and the table says whether "
                    "it does; above 0, sampled")

@@ -1385,6 +1385,13 @@ def test_help_says_tune_runs_six_questions_unless_limit(capsys):
     assert bench.parse_args(["--prompts", "x"]).limit is None
     # --plot promised "acceptance plots"; it draws tokens emitted per step (the accepted-length histogram)
     assert "the fastest one's histogram of tokens emitted per step" in text and "acceptance plots" not in text
+    # --model's default was "the registry default", a name --help gave nowhere; --plot's matplotlib was said only by
+    # the error; --prompts PROMPTS and --modes MODES said neither the file's kind nor that modes are a list
+    from redrafter_mlx.registry import default_model_name
+
+    assert f"registry name, local path or hub id (default: {default_model_name()})" in text
+    assert "needs matplotlib: pip install 'redrafter-mlx[bench]'" in text
+    assert "--prompts FILE.jsonl" in text and "--modes MODE[,MODE...]" in text
 
 
 def test_the_reports_settings_are_the_options_the_run_was_given(capsys):
