@@ -36,7 +36,7 @@ from .files import read_text_file
 from .graph import graph_name, parse_graph
 from .tokenizer import is_token_id
 from .tree_search import DEFAULT_MIN_PROB
-from .tuning import parse_shapes
+from .tuning import DEFAULT_LOOKUP, parse_shapes
 
 
 PROG = "python -m redrafter_mlx.replay"  # how its errors, notes and --help name it (notes said "replay:")
@@ -318,15 +318,23 @@ def print_auto(configs, totals, categories, per_step, plain: Dict[str, float], n
 
 def main(argv=None) -> int:
     p = cli.Parser(prog=PROG, description=__doc__.split("\n\n")[0],
-                   epilog="example: python -m redrafter_mlx.replay bench.json --shapes 1x3,4x3 --lookup 0,8")
+                   epilog="Without --auto it prints, per drafting config, tokens/step (what greedy decoding with it "
+                   "emits per step), packed/step (tokens verified per step), drafter rows/step and accepted tokens "
+                   "per step that only the context lookup drafted, then the same per category; speed needs "
+                   "redrafter-bench. "
+                   "example: redrafter-bench --modes ar --json bench.json, then "
+                   "python -m redrafter_mlx.replay bench.json --shapes 1x3,4x3 --lookup 0,8")
     cli.add_version(p)
-    p.add_argument("results", type=cli.path, help="a redrafter-bench --json file with ar results (greedy)")
+    p.add_argument("results", type=cli.path,
+                   help="a redrafter-bench --json file with ar results (greedy: --modes ar, the default)")
     p.add_argument("--model", default=None, help="the model the results came from (default: the one they name)")
     p.add_argument("--drafter", default=None, help="drafter folder (default: the one found beside the model)")
     p.add_argument("--shapes", type=parse_shapes, default=None, metavar="WxL[,WxL...]",
-                   help="comma-separated WxL beam shapes (default: 1x3,4x3)")
+                   help="comma-separated WxL beam shapes: W beams of L tokens, counting the base model's own "
+                        "(default: 1x3,4x3)")
     p.add_argument("--lookup", type=lambda t: parse_ints(t, "--lookup", minimum=0), default=None, metavar="N[,N...]",
-                   help="comma-separated context-lookup lengths (default: 0)")
+                   help="comma-separated context-lookup lengths: tokens of the context's copy added to the drafts "
+                        f"(0 = none, the default; redrafter-bench's fixed drafting adds {DEFAULT_LOOKUP} unless tuned)")
     p.add_argument("--tree", type=lambda t: parse_ints(t, "--tree", minimum=0), default=None, metavar="N[,N...]",
                    help="comma-separated node budgets of a dynamic draft tree, W wide and L - 1 deep "
                         "(0 = the W x L beams; default: 0)")
@@ -336,7 +344,7 @@ def main(argv=None) -> int:
     p.add_argument("--graph", type=parse_graph, default=[(None, True)], metavar="K[,K...]",
                    help="draft a GSD graph (graph.py) with k-gram length K (0: match the token alone) and the "
                         "context graph; gsdK: GSD alone; 'none': the tree; comma-separated, e.g. none,0,gsd0 "
-                        "(needs --tree)")
+                        "(fixed shapes need --tree N, N > 0; --auto takes it alone)")
     p.add_argument("--no-context-graph", action="store_true",
                    help="with --graph: merge inside the draft only, without grafting the context's continuations")
     p.add_argument("--no-lookup-growth", action="store_true",

@@ -1428,6 +1428,13 @@ def test_replay_help_gives_the_tree_floor_it_uses(capsys):
         replay.main(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert f"below P (default: {DEFAULT_MIN_PROB}, the tree search's)" in text and "--limit N only the first N" in text
+    # --graph said "(needs --tree)", and --auto, which refuses --tree, said "--graph applies"; the help said nothing
+    # of what replay prints, nor how to make the file it reads
+    assert "(fixed shapes need --tree N, N > 0; --auto takes it alone)" in text
+    assert replay.main(["no-such-bench.json", "--auto", "gpu", "--graph", "1"]) == 2  # (the file, not the options)
+    assert "--tree" not in capsys.readouterr().err
+    assert "Without --auto it prints, per drafting config, tokens/step" in text
+    assert "example: redrafter-bench --modes ar --json bench.json, then python -m redrafter_mlx.replay bench.json" in text
 
 
 def test_no_speedup_where_ar_timed_no_decode_step(model_dir, prompts, tmp_path, capsys):
