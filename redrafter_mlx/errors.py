@@ -34,12 +34,13 @@ class DrafterMismatchError(RedrafterError):
     """A drafter whose hidden size or vocabulary does not fit the base model."""
 
 
-class ContextLengthError(RedrafterError):
-    """The prompt does not fit in the model's context window."""
+class ContextLengthError(RedrafterError, ValueError):
+    """The prompt does not fit in the model's context window. Also a ValueError (a bad input value, as
+    InvalidPromptError is)."""
 
 
-class EmptyPromptError(RedrafterError):
-    """Nothing to generate from."""
+class EmptyPromptError(RedrafterError, ValueError):
+    """Nothing to generate from. Also a ValueError (a bad input value, as InvalidPromptError is)."""
 
 
 class InvalidPromptError(RedrafterError, ValueError):

@@ -47,6 +47,13 @@ def test_all_errors_are_redrafter_errors():
         assert issubclass(exc, RedrafterError) and issubclass(RedrafterError, Exception)
 
 
+def test_every_bad_prompt_or_setting_error_is_a_value_error():
+    """EmptyPromptError and ContextLengthError were not ValueErrors while InvalidPromptError and SettingError were:
+    a caller catching ValueError for bad input missed an empty or too-long prompt."""
+    for exc in (EmptyPromptError, ContextLengthError, InvalidPromptError, SettingError):
+        assert issubclass(exc, ValueError) and exc.__mro__[1] is RedrafterError, exc
+
+
 # ---- names and paths ---------------------------------------------------------------------
 
 def test_unknown_model_name_lists_the_known_ones():
@@ -935,6 +942,8 @@ def test_context_overflow(tiny_loaded):
     ids = list(range(10, 10 + 40))
     m.args.max_position_embeddings = 40
     raises(ContextLengthError, lambda: generate(m, ids), "40 tokens", "context of 40", "shorten")
+    with pytest.raises(ValueError):  # (a bad input value, caught as one)
+        generate(m, ids)
     m.args.max_position_embeddings = 41
     assert generate(m, ids, max_tokens=1).finish_reason == "length"
 
@@ -942,6 +951,8 @@ def test_context_overflow(tiny_loaded):
 def test_empty_prompt(tiny_loaded):
     raises(EmptyPromptError, lambda: generate(tiny_loaded, "  "), "prompt is empty")
     raises(EmptyPromptError, lambda: generate(tiny_loaded, [{"role": "user", "content": ""}]), "no text")
+    with pytest.raises(ValueError):  # (a bad input value, caught as one)
+        generate(tiny_loaded, "  ")
 
 
 # ---- settings ------------------------------------------------------------------------------
