@@ -446,6 +446,14 @@ def _open(path) -> Layout:
         raise UnsupportedModelError(f"{path.name} is a LoRA adapter (general.type adapter), not a model: load the "
                                     "model it adapts, with the adapter merged into it (llama.cpp's llama-export-lora)")
     arch = layout.architecture  # before the tensors: a qwen2 file's Q5_0 tensors are not its problem
+    if not arch.strip():  # it said "GGUF architecture '' is not supported", of a file that names none
+        held = layout.meta.get("general.architecture")
+        what = ("its metadata has no general.architecture, which every GGUF model holds" if held is None else
+                f"its general.architecture holds {repr(held) if isinstance(held, str) else 'a value that is not text'}, not a "
+                "name such as 'llama'")
+        raise CorruptModelError(f"{path.name}: the GGUF file names no architecture ({what}): it is damaged or not a "
+                                "model; write it again, or load the model's Hugging Face folder or hub id (org/name) "
+                                "instead")
     if arch not in SUPPORTED_ARCHITECTURES:  # (it said no more: not that the model's folder loads)
         import importlib.util
 

@@ -578,6 +578,16 @@ def test_gguf_of_another_architecture(tiny_kit, tmp_path):
            "if mlx-lm has a model for it")
 
 
+def test_a_gguf_that_names_no_architecture(tiny_kit, tmp_path):
+    """A GGUF without general.architecture (or with an empty one) said "GGUF architecture '' is not supported"."""
+    path = tiny_kit.write_gguf(tmp_path / "m.gguf", tiny_kit.model(seed=0), drop_meta=("general.architecture",))
+    msg = raises(CorruptModelError, lambda: load(str(path)), "m.gguf", "names no architecture",
+                 "no general.architecture")
+    assert "''" not in msg
+    path = tiny_kit.write_gguf(tmp_path / "e.gguf", tiny_kit.model(seed=0), meta_extra={"general.architecture": ""})
+    raises(CorruptModelError, lambda: load(str(path)), "e.gguf", "names no architecture", "general.architecture holds ''")
+
+
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "header-only"])
 def test_corrupt_gguf(tiny_kit, tmp_path, damage):
     good = tiny_kit.write_gguf(tmp_path / "good.gguf", tiny_kit.model(seed=0)).read_bytes()
