@@ -532,6 +532,14 @@ def load(
     except RuntimeError as e:  # mlx-lm's code for another backend: bitnet's Metal kernels on a CPU (a traceback)
         raise UnsupportedModelError(f"{resolved.path.name} loads but cannot run on this device "
                                     f"({device_description()}): {one_line(e)}") from e
+    if not tokenizer.eos_token_ids:  # replies ran on to max_tokens, saying nothing of why
+        where = ("no tokenizer.ggml.eos_token_id or eot_token_id in the GGUF" if resolved.kind == "gguf" else
+                 "no eos_token_id in config.json or generation_config.json, no eos_token in tokenizer_config.json")
+        message = (f"{resolved.name} names no end-of-sequence or end-of-turn token ({where}): "
+                   "generation stops only at max_tokens")
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        if progress:
+            progress(message)
     if not loaded.tree_ok:
         message = (f"speculation off for {resolved.name}: a draft tree verified on it disagrees with plain "
                    f"decoding (relative logit error {loaded.info['self_check_error']:.2g}); decoding plainly")

@@ -113,6 +113,34 @@ def test_folder_generation_config_eos_ids(tiny_kit, tmp_path):
     assert {7, 8, tiny_kit.token_id("<|im_end|>")} <= set(m.tokenizer.eos_token_ids)
 
 
+def test_a_model_that_names_no_end_token_is_said_at_load(tiny_kit, tmp_path):
+    """A model whose config and tokenizer name no end-of-sequence or end-of-turn token ran every reply on to
+    max_tokens, saying nothing: the load warns (and tells progress=), and decoding is as it was."""
+    import warnings
+
+    model = tiny_kit.model(seed=0)
+    path = tiny_kit.write_folder(tmp_path / "tiny", model, config_extra={"eos_token_id": None})
+    for f in path.glob("*.json"):  # the tokenizer's specials renamed from the end-of-turn names the loader knows
+        f.write_text(f.read_text().replace("<|im_end|>", "<|im_stop|>").replace("<|endoftext|>", "<|begin|>"))
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**config, "eos_token": None}))
+    said = []
+    with pytest.warns(RuntimeWarning, match="names no end-of-sequence or end-of-turn token .*no eos_token_id in "
+                                            "config.json.*generation stops only at max_tokens"):
+        m = load(str(path), use_drafter=False, progress=said.append)
+    assert m.tokenizer.eos_token_ids == [] and sum("names no end-of-sequence" in s for s in said) == 1
+    assert generate(m, "hi", max_tokens=4, mode="ar").finish_reason == "length"
+    n = model.config["vocab_size"]  # a GGUF: no eos/eot/bos ids, no token marked special (control)
+    gguf = tiny_kit.write_gguf(tmp_path / "m.gguf", model, meta_extra={"tokenizer.ggml.token_type": mx.array([1] * n, dtype=mx.int32)},
+                               drop_meta=("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.bos_token_id"))
+    with pytest.warns(RuntimeWarning, match="m.gguf names no end-of-sequence .*no tokenizer.ggml.eos_token_id"):
+        assert load(str(gguf), use_drafter=False).tokenizer.eos_token_ids == []
+    with warnings.catch_warnings():  # a model that names one: no warning
+        warnings.filterwarnings("error", message=".*names no end-of-sequence")
+        load(str(tiny_kit.write_folder(tmp_path / "ok", model)), use_drafter=False)
+        load(str(tiny_kit.write_gguf(tmp_path / "ok.gguf", model)), use_drafter=False)
+
+
 def test_tied_folder(tiny_kit, tmp_path):
     model = tiny_kit.model(seed=1, tie_word_embeddings=True)
     m = load(str(tiny_kit.write_folder(tmp_path / "tied", model)))
