@@ -504,6 +504,7 @@ def load(
         if resolved.kind == "gguf":
             config, weights, meta = read_gguf(resolved.path)
             tokenizer = Tokenizer.from_gguf_metadata(meta)
+            tokenizer.check_chat_template(f"the chat template in {resolved.path.name} (tokenizer.chat_template)")
             model, description = build_model(config, weights, weight_format)
         else:
             config, model, description, tokenizer = _load_folder(resolved.path, weight_format, progress)

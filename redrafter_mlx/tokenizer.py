@@ -221,11 +221,45 @@ class Tokenizer:
             if not isinstance(template, str):  # (without it, the chat ran as plain text, saying nothing of the file)
                 raise CorruptModelError(f"{extra} holds no chat_template text")
             hf.chat_template = template
+            source = extra
+        elif isinstance(getattr(hf, "chat_template", None), dict):  # named ones (additional_chat_templates/)
+            source = Path(path)
+        else:  # transformers reads chat_template.jinja before the chat_template in tokenizer_config.json
+            source = next((Path(path) / n for n in ("chat_template.jinja", "tokenizer_config.json")
+                           if (Path(path) / n).is_file()), Path(path) / "tokenizer_config.json")
         eos = set(eos_token_ids)
         if hf.eos_token_id is not None:
             eos.add(hf.eos_token_id)
         # Folders that carry their own BOS in the post-processor need nothing more.
-        return cls(hf, eos | cls._end_of_turn_ids(hf), add_bos=False)
+        tokenizer = cls(hf, eos | cls._end_of_turn_ids(hf), add_bos=False)
+        tokenizer.check_chat_template(f"the chat template in {source}")
+        return tokenizer
+
+    def check_chat_template(self, where: str):
+        """Compile the chat template as transformers does at the first prompt (its own Jinja environment and
+        extensions), so a template that is not valid Jinja is refused at load, as a CorruptModelError naming
+        `where` and the line, not at the first prompt of a chat."""
+        template = getattr(self.hf, "chat_template", None)
+        if not template:
+            return
+        try:
+            from jinja2 import TemplateSyntaxError
+            from transformers.utils.chat_template_utils import _compile_jinja_template
+        except ImportError:  # (transformers' helper moved: the first prompt says it, as before)
+            return
+        named = template.items() if isinstance(template, dict) else [(None, template)]
+        for name, text in named:
+            what = f"{where} (the one named {name!r})" if name is not None else where
+            if not isinstance(text, str):
+                raise CorruptModelError(f"{what} is not text but {type(text).__name__}")
+            try:
+                _compile_jinja_template(text)
+            except TemplateSyntaxError as e:  # (TemplateAssertionError too: a filter Jinja does not have)
+                raise CorruptModelError(f"{what} is not valid Jinja (line {e.lineno}: {one_line(e.message or e)}): "
+                                        "fix it, or copy it again from the model") from e
+            except SyntaxError as e:  # Jinja's Python, e.g. {% break %} outside a loop
+                raise CorruptModelError(f"{what} is not valid Jinja ({one_line(e.msg or e)}): fix it, or copy it again "
+                                        "from the model") from e
 
     @staticmethod
     def _end_of_turn_ids(hf) -> set:

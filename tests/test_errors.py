@@ -1084,19 +1084,50 @@ def test_redrafter_mode_without_its_drafter_says_why(tiny_kit, tmp_path):
 
 
 def test_a_chat_template_that_is_not_valid_jinja(tiny_kit, tmp_path):
-    """It said "the model's chat template refused this conversation", as if the conversation were at fault."""
+    """It said "the model's chat template refused this conversation", as if the conversation were at fault; and then
+    only at the first prompt, the model having loaded: it is refused at load, naming the file and the line."""
     path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
-    broken = "{% for m in messages %}{{ m['content'] }}"  # no endfor
-    for f in path.glob("*.jinja"):
-        f.write_text(broken)
+    broken = "{% for m in messages %}{{ m['content'] }}\n{% if %}"  # an if without its condition, on line 2
+    jinja = path / "chat_template.jinja"
+    if jinja.is_file():
+        jinja.write_text(broken)
     config = json.loads((path / "tokenizer_config.json").read_text())
     if "chat_template" in config:
         (path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": broken}))
-    m = load(str(path), use_drafter=False)
-    assert m.tokenizer.has_chat_template
+    where = jinja if jinja.is_file() else path / "tokenizer_config.json"
+    msg = raises(CorruptModelError, lambda: load(str(path), use_drafter=False), f"chat template in {where}",
+                 "not valid Jinja", "line 2", "expected an expression")
+    assert "refused" not in msg
+    if jinja.is_file():  # a filter Jinja does not have, in transformers' environment as the first prompt would
+        jinja.write_text("{{ messages | no_such_filter }}")
+        raises(CorruptModelError, lambda: load(str(path), use_drafter=False), "not valid Jinja", "line 1",
+               "no_such_filter")
+        jinja.write_text(tiny_kit.CHAT_TEMPLATE.replace("{% endfor %}", "{% if loop.last %}{% break %}{% endif %}"
+                                                                        "{% endfor %}"))
+        assert load(str(path), use_drafter=False).tokenizer.has_chat_template  # (loop controls, as transformers')
+        (path / "additional_chat_templates").mkdir()  # a named one beside it (transformers 5's tool_use.jinja ...)
+        (path / "additional_chat_templates" / "tool_use.jinja").write_text(broken)
+        raises(CorruptModelError, lambda: load(str(path), use_drafter=False), f"chat template in {path}",
+               "the one named 'tool_use'", "not valid Jinja", "line 2")
+    m = load(str(tiny_kit.write_folder(tmp_path / "ok", tiny_kit.model(seed=0))), use_drafter=False)
+    m.tokenizer.hf.chat_template = broken  # one set after the load: said at the first prompt, as before
     msg = raises(CorruptModelError, lambda: generate(m, "Hi", max_tokens=1), "chat template", "not valid Jinja",
                  "tokenizer files")
     assert "refused" not in msg
+
+
+def test_a_gguf_or_chat_template_json_template_that_is_not_valid_jinja(tiny_kit, tmp_path):
+    broken = "{% for m in messages %}{{ m['content'] }}"  # no endfor
+    path = tiny_kit.write_gguf(tmp_path / "m.gguf", tiny_kit.model(seed=0), meta_extra={"tokenizer.chat_template": broken})
+    raises(CorruptModelError, lambda: load(str(path), use_drafter=False), "chat template in m.gguf",
+           "tokenizer.chat_template", "not valid Jinja", "line 1", "endfor")
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
+    (path / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    (path / "chat_template.json").write_text(json.dumps({"chat_template": broken}))
+    raises(CorruptModelError, lambda: load(str(path), use_drafter=False), "chat_template.json", "not valid Jinja")
 
 
 def test_a_tokenizer_with_more_tokens_than_the_model(tiny_kit, tmp_path):
