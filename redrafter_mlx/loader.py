@@ -22,7 +22,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Set, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -305,30 +305,29 @@ def new_model(config: Dict[str, Any], seed: int = 0) -> TreeModel:
     return TreeModel(model, config)
 
 
-def _load_folder(path: Path, weight_format: str, progress: Optional[Callable[[str], None]] = None
-                 ) -> Tuple[Dict[str, Any], TreeModel, str, Tokenizer]:
-    """A Hugging Face / mlx-community folder, built by mlx-lm's own loading (config, sanitize,
-    quantization), after checks that give one-line errors."""
-    cfg_path = path / "config.json"
-    if not cfg_path.is_file():
-        ggufs = sorted(f.name for f in path.glob("*.gguf") if f.is_file())
-        if ggufs:  # a downloaded GGUF's folder: it said "not a model folder", not which file to pass
-            raise ModelNotFoundError(f"{path} has no config.json: not a model folder, but it holds "
-                                     f"{', '.join(ggufs[:3])}{' and more' if len(ggufs) > 3 else ''}: pass the .gguf "
-                                     f"file itself ({path / ggufs[0]})")
-        try:
-            inner = sorted(d for d in path.iterdir() if d.is_dir() and d.name != "drafter"
-                           and (d / "config.json").is_file()
-                           and DRAFTER_MODEL_TYPE not in (d / "config.json").read_text(errors="replace"))
-        except OSError:  # (an unreadable folder: the error below is what there is to say)
-            inner = []
-        if inner:  # an archive unpacked into a folder of its own, a folder of models: "not a model folder", no more
-            raise ModelNotFoundError(f"{path} has no config.json: not a model folder, but {inner[0].name}/ in it is "
-                                     f"one{f' (and {len(inner) - 1} more)' if len(inner) > 1 else ''}: pass {inner[0]}")
-        raise ModelNotFoundError(f"{path} has no config.json: not a model folder")
-    config = read_json_object(cfg_path, "model config")
-    gen = path / "generation_config.json"  # optional; mlx-lm reads it too
-    generation = read_json_object(gen, "generation config") if gen.is_file() else {}
+def _refuse_folder_without_config(path: Path) -> NoReturn:
+    """A folder without config.json is refused, naming what to pass where it holds one: a .gguf file (a downloaded
+    GGUF's folder), or a model folder inside it."""
+    ggufs = sorted(f.name for f in path.glob("*.gguf") if f.is_file())
+    if ggufs:  # a downloaded GGUF's folder: it said "not a model folder", not which file to pass
+        raise ModelNotFoundError(f"{path} has no config.json: not a model folder, but it holds "
+                                 f"{', '.join(ggufs[:3])}{' and more' if len(ggufs) > 3 else ''}: pass the .gguf "
+                                 f"file itself ({path / ggufs[0]})")
+    try:
+        inner = sorted(d for d in path.iterdir() if d.is_dir() and d.name != "drafter"
+                       and (d / "config.json").is_file()
+                       and DRAFTER_MODEL_TYPE not in (d / "config.json").read_text(errors="replace"))
+    except OSError:  # (an unreadable folder: the error below is what there is to say)
+        inner = []
+    if inner:  # an archive unpacked into a folder of its own, a folder of models: "not a model folder", no more
+        raise ModelNotFoundError(f"{path} has no config.json: not a model folder, but {inner[0].name}/ in it is "
+                                 f"one{f' (and {len(inner) - 1} more)' if len(inner) > 1 else ''}: pass {inner[0]}")
+    raise ModelNotFoundError(f"{path} has no config.json: not a model folder")
+
+
+def _weight_files(path: Path) -> List[Path]:
+    """The model*.safetensors files mlx-lm reads in `path`, refusing a folder without them, one missing a shard,
+    and one mixing the weights of two downloads."""
     files = sorted(path.glob("model*.safetensors"))  # what mlx-lm reads (Mistral's repos add consolidated.safetensors)
     others = sorted(f.name for f in path.glob("*.safetensors"))
     if not files and others:  # mlx-lm said "No safetensors found", of a folder with some
@@ -357,13 +356,21 @@ def _load_folder(path: Path, weight_format: str, progress: Optional[Callable[[st
             raise CorruptModelError(f"{path} lacks {', '.join(missing[:3])}{' and more' if len(missing) > 3 else ''}, "
                                     "a shard of its weights (an interrupted download or copy?)")
         refuse_mixed_weights(path, files, "model.safetensors")
-    model_classes(config, str(cfg_path))  # refuses unsupported families before reading any weights
+    return files
+
+
+def _refuse_sizes_not_whole(cfg_path: Path, config: Dict[str, Any]) -> None:
+    """Sizes (SIZE_KEYS) given as text, true/false or a fraction, at the top or in text_config."""
     for where, block in (("", config), ("text_config.", config.get("text_config"))):
         for key in SIZE_KEYS if isinstance(block, dict) else ():
             value = block.get(key)  # "32" failed in mlx-lm: "unsupported operand type(s)" (1e30 is said where it is read)
             if isinstance(value, (str, bool)) or (isinstance(value, float) and not value.is_integer()):
                 raise CorruptModelError(f"{cfg_path} holds {where}{key} {json.dumps(block[key])}, not a whole number "
                                         "(a hand-edited config?)")
+
+
+def _refuse_bad_quantization_block(cfg_path: Path, config: Dict[str, Any]) -> None:
+    """An mlx-community `quantization` block without whole-number bits and group_size."""
     quant = config.get("quantization")
     if quant is not None and not (isinstance(quant, dict) and all(
             isinstance(quant.get(k), int) and not isinstance(quant.get(k), bool) and quant[k] > 0
@@ -372,6 +379,12 @@ def _load_folder(path: Path, weight_format: str, progress: Optional[Callable[[st
         raise CorruptModelError(f"{cfg_path}: its quantization block ({one_line(json.dumps(quant), 80)}) does not give "
                                 'bits and group_size as whole numbers, as mlx-lm writes them ({"group_size": 64, '
                                 '"bits": 4}): use the config.json written with these weights')
+
+
+def _tensor_names(files: List[Path]) -> Tuple[Set[str], Dict[str, Path]]:
+    """The tensor names in the weight files (their headers alone), and the files holding lm_head.weight and
+    model.embed_tokens.weight; a file that cannot be read is refused, named as a Git LFS pointer or as cut short
+    where it is one."""
     from safetensors import safe_open
 
     names, where = set(), {}
@@ -387,16 +400,20 @@ def _load_folder(path: Path, weight_format: str, progress: Optional[Callable[[st
             raise CorruptModelError(f"cannot read {f.name}: {one_line(e)}" + (
                 f" ({f} is cut short or damaged: an interrupted download or copy? download it again)" if cut else "")) \
                 from e
-    overrides = config_overrides(config)
-    text_config = config.get("text_config") or {}
-    if "tie_word_embeddings" not in config and "tie_word_embeddings" not in text_config:
-        # Some configs omit it: the weights tell (an lm_head of its own means untied; internlm2 calls it `output`).
-        overrides["tie_word_embeddings"] = not any(n.split(".")[-2:-1] == ["lm_head"] or n.split(".")[0] == "output"
-                                                   for n in names)
+    return names, where
+
+
+def _refuse_model_file(cfg_path: Path, config: Dict[str, Any]) -> None:
     if config.get("model_file") is not None:  # mlx-lm said "Pass trust_remote_code=True", an option load() has not
         raise UnsupportedModelError(f"{cfg_path} names a model file of its own ({config['model_file']!r}): this tool "
                                     "runs mlx-lm's model classes and never a model folder's own code; drop model_file "
                                     "from config.json where its model_type is a family mlx-lm has")
+
+
+def _refuse_quantization_config_without_its_weights(path: Path, config: Dict[str, Any], names: Set[str]) -> None:
+    """A quantization_config saying AWQ or GPTQ beside weights that are not (no .qweight tensors)."""
+    cfg_path = path / "config.json"
+    text_config = config.get("text_config") or {}
     qconfig = config.get("quantization_config", text_config.get("quantization_config"))
     method = qconfig.get("quant_method") if isinstance(qconfig, dict) else None
     if method in ("awq", "gptq") and "quantization" not in config and not any(n.endswith(".qweight") for n in names):
@@ -404,6 +421,43 @@ def _load_folder(path: Path, weight_format: str, progress: Optional[Callable[[st
         raise CorruptModelError(f"{cfg_path} says its weights are {method.upper()}-quantized (quantization_config), "
                                 f"but the weights in {path.name} hold no .qweight tensors: use the config.json written "
                                 "with these weights (without quantization_config if they are not quantized)")
+
+
+def check_folder(path: Path, config: Dict[str, Any]) -> Tuple[Set[str], Dict[str, Path]]:
+    """Refuse, with a one-line error, what mlx-lm's load_model would fail on unclearly (or with a traceback) in model
+    folder `path`, whose config.json holds `config`: the weights missing, a shard missing, two downloads' weights
+    mixed, a family mlx-lm cannot build or that cannot verify trees, sizes that are not whole numbers, a bad
+    quantization block, an unreadable weight file, a model_file, an AWQ/GPTQ config without such weights. Nothing
+    is loaded: tensors are read by their headers. Returns the tensor names in the weights, and the files holding
+    lm_head.weight and model.embed_tokens.weight."""
+    cfg_path = path / "config.json"
+    files = _weight_files(path)
+    model_classes(config, str(cfg_path))  # refuses unsupported families before reading any weights
+    _refuse_sizes_not_whole(cfg_path, config)
+    _refuse_bad_quantization_block(cfg_path, config)
+    names, where = _tensor_names(files)
+    _refuse_model_file(cfg_path, config)
+    _refuse_quantization_config_without_its_weights(path, config, names)
+    return names, where
+
+
+def _load_folder(path: Path, weight_format: str, progress: Optional[Callable[[str], None]] = None
+                 ) -> Tuple[Dict[str, Any], TreeModel, str, Tokenizer]:
+    """A Hugging Face / mlx-community folder, built by mlx-lm's own loading (config, sanitize,
+    quantization), after checks that give one-line errors."""
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        _refuse_folder_without_config(path)  # (it raises)
+    config = read_json_object(cfg_path, "model config")
+    gen = path / "generation_config.json"  # optional; mlx-lm reads it too
+    generation = read_json_object(gen, "generation config") if gen.is_file() else {}
+    names, where = check_folder(path, config)
+    overrides = config_overrides(config)
+    text_config = config.get("text_config") or {}
+    if "tie_word_embeddings" not in config and "tie_word_embeddings" not in text_config:
+        # Some configs omit it: the weights tell (an lm_head of its own means untied; internlm2 calls it `output`).
+        overrides["tie_word_embeddings"] = not any(n.split(".")[-2:-1] == ["lm_head"] or n.split(".")[0] == "output"
+                                                   for n in names)
     tied = config.get("tie_word_embeddings", text_config.get("tie_word_embeddings"))
     own_head = False  # an lm_head.weight that is not the embedding, beside a config that says they are tied
     if tied is True and len(where) == 2:
