@@ -18,7 +18,6 @@ progress of its own, after a status line saying how much it writes.
 import contextlib
 import io
 import re
-import shlex
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from mlx.utils import tree_flatten, tree_map
 
 from redrafter_mlx.config import DRAFTER_MODEL_TYPE, ModelArgs
 from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError, RedrafterError, UnsupportedModelError, one_line
-from redrafter_mlx.registry import refuse_gguf_without_suffix
+from redrafter_mlx.registry import refuse_gguf_folder, refuse_gguf_without_suffix
 from redrafter_mlx.tokenizer import is_token_id
 
 from .checkpoint import _torch, load_safetensors, pytorch_to_safetensors, read_json, weight_files
@@ -100,10 +99,7 @@ def open_base(path: Path) -> BaseSource:
         # fit it was refused; convert_gguf reads them)
         config = read_gguf_config(path)
         return BaseSource(path, "gguf", config, check_architecture(config, path.name))
-    ggufs = sorted(path.glob("*.gguf"))
-    if ggufs and not (path / "config.json").is_file():  # (said "has no config.json: not a model folder", no more)
-        raise ModelNotFoundError(f"{path} has no config.json, so it is no checkpoint folder; it holds {ggufs[0].name}: "
-                                 f"give --model {shlex.quote(str(ggufs[0]))}")
+    refuse_gguf_folder(path, "--model")  # (read_json said "has no config.json: not a model folder", no more)
     config = read_json(path / "config.json", "model")
     if (path / "generation_config.json").is_file():
         # it is copied as is: a damaged one was, and redrafter_mlx.load then refused the converted folder

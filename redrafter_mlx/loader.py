@@ -308,11 +308,7 @@ def new_model(config: Dict[str, Any], seed: int = 0) -> TreeModel:
 def _refuse_folder_without_config(path: Path) -> NoReturn:
     """A folder without config.json is refused, naming what to pass where it holds one: a .gguf file (a downloaded
     GGUF's folder), or a model folder inside it."""
-    ggufs = sorted(f.name for f in path.glob("*.gguf") if f.is_file())
-    if ggufs:  # a downloaded GGUF's folder: it said "not a model folder", not which file to pass
-        raise ModelNotFoundError(f"{path} has no config.json: not a model folder, but it holds "
-                                 f"{', '.join(ggufs[:3])}{' and more' if len(ggufs) > 3 else ''}: pass the .gguf "
-                                 f"file itself ({path / ggufs[0]})")
+    registry.refuse_gguf_folder(path)
     try:
         inner = sorted(d for d in path.iterdir() if d.is_dir() and d.name != "drafter"
                        and (d / "config.json").is_file()

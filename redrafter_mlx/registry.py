@@ -17,6 +17,7 @@ thread that runs it (the chat, quit during its first load).
 import hashlib
 import json
 import os
+import shlex
 import subprocess
 import shutil
 import sys
@@ -342,6 +343,20 @@ def refuse_gguf_without_suffix(path: Path) -> None:
     rename it (load() and the converter said "not a .gguf model" of one)."""
     if _gguf_magic(path):
         raise ModelNotFoundError(f"{path} is a GGUF file without the .gguf suffix: rename it to {path.stem}.gguf")
+
+
+def refuse_gguf_folder(path: Path, option: Optional[str] = None) -> None:
+    """A folder without config.json that holds .gguf files (a downloaded GGUF's folder) is refused, naming the file to
+    pass instead: `option` ("--model") is the command-line option that takes it, else "pass the .gguf file itself".
+    (load() and the converter said only "has no config.json: not a model folder" of one.)"""
+    if (path / "config.json").is_file():
+        return
+    ggufs = sorted(f.name for f in path.glob("*.gguf") if f.is_file())
+    if ggufs:
+        first = path / ggufs[0]
+        how = f"give {option} {shlex.quote(str(first))}" if option else f"pass the .gguf file itself ({first})"
+        raise ModelNotFoundError(f"{path} has no config.json: not a model folder, but it holds "
+                                 f"{', '.join(ggufs[:3])}{' and more' if len(ggufs) > 3 else ''}: {how}")
 
 
 def _gguf_magic(path: Path) -> bool:
