@@ -400,7 +400,7 @@ def _run(args, hold, at_exit=lambda f: None) -> Dict:
     from .distill import distill, interleave, read_shards, self_instruct
     from .drafter import load_drafter
     from .loader import load
-    from .train import open_log, save_copy, train
+    from .train import default_warmup, open_log, save_copy, train
 
     budget = BUDGETS[args.budget]
     user_prompts = args.prompts is not None
@@ -467,7 +467,7 @@ def _run(args, hold, at_exit=lambda f: None) -> Dict:
     log.stage(3, "train", f"{budget.steps} steps on {len(samples)} replies ({n_tokens} tokens)")
     with open_log(work / "train") as f:
         drafter = train(loaded.model, samples, work / "train", depth=depth, steps=budget.steps, batch=512, lr=1e-3,
-                        warmup=min(50, budget.steps // 5), weight_decay=0.01, draft_vocab=vocab,
+                        warmup=default_warmup(budget.steps), weight_decay=0.01, draft_vocab=vocab,
                         eos_ids=loaded.tokenizer.eos_token_ids, save_every=min(25, max(budget.steps // 4, 1)), log=f,
                         val_every=max(budget.steps // 4, 1), save_dtype=mx.float16,
                         val_advice="give more prompts (--prompts)" if user_prompts else "use --budget standard")

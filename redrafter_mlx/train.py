@@ -41,7 +41,7 @@ from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
 from . import cli  # noqa: E402
 from .config import DrafterArgs  # noqa: E402
 from .drafter import Drafter, load_drafter, save_drafter  # noqa: E402
-from .errors import CorruptModelError, RedrafterError, one_line  # noqa: E402
+from .errors import CorruptModelError, RedrafterError, SettingError, one_line  # noqa: E402
 from .files import one_run_in, read_json_object, replace_folder, staging_folder, write_json  # noqa: E402
 from .tuning import parse_shapes  # noqa: E402
 
@@ -166,6 +166,22 @@ def save_copy(drafter: Drafter, path: Path, dtype=None, extra_config: dict = Non
     if dtype is not None:
         copy.set_dtype(dtype)  # floating parameters only
     save_drafter(copy, path, extra_config)
+
+
+def default_warmup(steps: int) -> int:
+    """Warm-up steps when none are given: 50, or a fifth of the steps when that is fewer (redrafter-train's budgets
+    too). A fixed 50 left a run of 50 steps or fewer in warm-up to its end, never decaying."""
+    return min(50, steps // 5)
+
+
+def warmup_error(warmup: int, steps: int) -> Optional[str]:
+    """Why `warmup` does not fit a run of `steps` steps, or None: the learning rate would rise to its last step (or
+    stop short of its peak) and never decay."""
+    if warmup >= steps:
+        return (f"--warmup {warmup} is not fewer than --steps {steps}: the learning rate would warm up to the last "
+                f"step and never decay; give a --warmup under {steps} (or none: {default_warmup(steps)} for "
+                f"{steps} steps)")
+    return None
 
 
 def lr_schedule(peak: float, warmup: int, total: int):
@@ -311,7 +327,7 @@ def train(
     steps: int = 1000,
     batch: int = 512,
     lr: float = 1e-3,
-    warmup: int = 50,
+    warmup: Optional[int] = None,
     weight_decay: float = 0.0,
     exit_dim: Optional[int] = None,
     layers: int = 1,
@@ -351,9 +367,16 @@ def train(
     model: names the base model ({"name", "weights": `weights_fingerprint`}) in the checkpoint; a
     checkpoint of another drafter shape, depth or named model is refused (`check_same_run`).
 
-    val_advice: what the caller's user can do when nothing can be validated (in the caller's options)."""
+    val_advice: what the caller's user can do when nothing can be validated (in the caller's options).
+
+    warmup: linear warm-up steps, fewer than `steps` (a SettingError otherwise); None: `default_warmup(steps)`."""
     from tqdm import tqdm
 
+    if warmup is None:
+        warmup = default_warmup(steps)
+    elif warmup >= steps:  # (the schedule never left its warm-up, saying nothing)
+        raise SettingError(f"warmup {warmup} is not fewer than steps {steps}: the learning rate would warm up to the "
+                           "last step and never decay")
     out = Path(out)
     widths = sorted({int(np.shape(s["hidden"])[-1]) for s in samples})
     if widths != [base.args.hidden_size]:
@@ -559,7 +582,9 @@ def main(argv=None):
     p.add_argument("--batch", type=cli.positive, default=512, help="positions per step (default: 512)")
     p.add_argument("--lr", type=cli.number(0, above=True), default=1e-3,
                    help="peak learning rate, cosine-decayed (default: 1e-3)")
-    p.add_argument("--warmup", type=cli.non_negative, default=50, help="linear warm-up steps (default: 50)")
+    p.add_argument("--warmup", type=cli.non_negative, default=None,
+                   help="linear warm-up steps, fewer than --steps (default: 50, or a fifth of --steps when that is "
+                        "fewer)")
     p.add_argument("--weight-decay", type=cli.number(0), default=0.0, help="AdamW weight decay (default: 0)")
     p.add_argument("--val-every", type=cli.non_negative, default=0, metavar="N",
                    help="held-out loss and accuracy every N steps; the most accurate drafter -> OUT/best "
@@ -608,6 +633,9 @@ def main(argv=None):
     unused = _unused_options(p, args)
     if unused:
         p.error(unused)
+    bad_warmup = None if args.eval_only or args.warmup is None else warmup_error(args.warmup, args.steps)
+    if bad_warmup:  # (accepted, the learning rate never left its warm-up)
+        p.error(bad_warmup)
     for width, length in args.beam_shapes:  # (refused by decoding after the whole training run)
         too_big = cli.draft_size_error(width, length, None, None)
         if too_big:

@@ -340,6 +340,38 @@ def test_train_refuses_a_reload_every_past_the_last_step(tmp_path, capsys):
     assert "no distillation shards" in capsys.readouterr().err
 
 
+def test_train_refuses_a_warmup_as_long_as_the_run(patterned, tmp_path, capsys, monkeypatch):
+    """--warmup W with W >= --steps S was accepted: the learning rate rose to the last step and never decayed. It is
+    refused while parsing (and by train()); given no --warmup, a short run warms up for a fifth of its steps, not
+    50 (which left --steps 10 in warm-up throughout), as redrafter-train's budgets do."""
+    from redrafter_mlx import autotrain
+    from redrafter_mlx import train as train_module
+    from redrafter_mlx.errors import SettingError
+
+    (tmp_path / "d").mkdir()
+    for warmup in ("200", "500"):
+        with pytest.raises(SystemExit) as e:
+            train_module.main(["--data", str(tmp_path / "d"), "--out", str(tmp_path / "t"), "--steps", "200",
+                               "--warmup", warmup])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and f"error: --warmup {warmup} is not fewer than --steps " \
+            "200: the learning rate would warm up to the last step and never decay; give a --warmup under 200" in err
+    for argv in (["--steps", "200", "--warmup", "199"], ["--steps", "10"]):  # parsed: then no shards in d
+        assert train_module.main(["--data", str(tmp_path / "d"), "--out", str(tmp_path / "t"), *argv]) == 2
+        assert "no distillation shards" in capsys.readouterr().err
+    model, data = patterned
+    with pytest.raises(SettingError, match="warmup 3 is not fewer than steps 3"):
+        train(model, data, tmp_path / "api", steps=3, warmup=3, progress=False)
+    assert not (tmp_path / "api").exists()
+    schedules = []
+    real = train_module.lr_schedule
+    monkeypatch.setattr(train_module, "lr_schedule", lambda *a: schedules.append(a) or real(*a))
+    train(model, data, tmp_path / "short", steps=10, batch=8, draft_vocab=0, progress=False)
+    assert schedules == [(1e-3, 2, 10)]
+    assert [train_module.default_warmup(s) for s in (1, 4, 10, 249, 250, 1000)] == [0, 0, 2, 49, 50, 50]
+    assert all(train_module.default_warmup(b.steps) < b.steps for b in autotrain.BUDGETS.values())
+
+
 def test_train_refuses_beam_shapes_decoding_would_refuse_while_parsing(tmp_path, capsys):
     """--beam-shapes 2000x5 was refused by decoding (over the 1024 tokens a step drafts may hold) only when the
     evaluation came, after the whole training run."""
