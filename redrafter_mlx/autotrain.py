@@ -20,7 +20,8 @@ command again):
    file or in a model folder, whose manifest.json then names it where the converter wrote one;
    for hub models in this package's cache), unless the drafter
    already there drafts as many tokens per step or more, or none of the new drafter's drafts were accepted
-   (then `--force` installs it anyway).
+   (then `--force` installs it anyway). The drafter it replaces is kept beside it as `<name>.previous`
+   (`drafter.previous/`), replacing an older one there; load() never uses it.
 
 The work (prompts answered, checkpoints) is kept in `--work` (default: this package's cache,
 `train/<model>`); delete it to start over. The prompts shipped with the package are the
@@ -32,6 +33,7 @@ import contextlib
 import filecmp
 import hashlib
 import json
+import os
 import re
 import shlex
 import shutil
@@ -49,8 +51,8 @@ from . import cli  # noqa: E402
 from .distill import check_seeds, read_prompt_files  # noqa: E402
 from .config import WEIGHT_FORMATS  # noqa: E402
 from .errors import RedrafterError  # noqa: E402
-from .files import (model_manifest_of, one_run_in, record_drafter, replace_folder, signals_held,  # noqa: E402
-                    staging_folder, unwritable_ancestor, write_json)
+from .files import (model_manifest_of, one_run_in, record_drafter, signals_held, staging_folder,  # noqa: E402
+                    unwritable_ancestor, write_json)
 
 DATA = Path(__file__).parent / "data"
 TRAIN_PROMPTS = DATA / "train_prompts.jsonl"
@@ -214,9 +216,49 @@ def held_out_accuracy(train_dir: Path) -> Optional[Dict]:
     return best
 
 
-def install(src: Path, home: Path, manifest: Dict):
+def previous_home(home: Path) -> Path:
+    """Where `install` keeps the drafter it replaces: beside it, named `<name>.previous` (MODEL/drafter.previous,
+    NAME.drafter.previous beside a GGUF file, drafters/models--org--name.previous in the package cache). load()
+    never looks there: it finds a drafter at `home` itself (loader.find_drafter)."""
+    return home.with_name(home.name + ".previous")
+
+
+def _swap_in_keeping(new: Path, home: Path) -> Optional[Path]:
+    """Rename `new` to `home`, the folder already there to `previous_home(home)` (replacing an older one), and return
+    where it went (None: nothing was there). Signals are held by the caller. As files.replace_folder, the folder in
+    place is first set aside under the name files.tidy puts back at `home` when a process dies before the new one is
+    in; each rename that fails undoes the ones before it."""
+    if not (home.exists() or home.is_symlink()):
+        os.rename(new, home)
+        return None
+    previous = previous_home(home)
+    aside = staging_folder(home, "old-")
+    try:
+        older = previous.exists() or previous.is_symlink()
+        if older:
+            os.rename(previous, aside / "older")
+        try:
+            os.rename(home, aside / "old")
+            try:
+                os.rename(new, home)
+            except BaseException:
+                os.rename(aside / "old", home)
+                raise
+        except BaseException:
+            if older:
+                os.rename(aside / "older", previous)
+            raise
+        os.rename(aside / "old", previous)
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)  # (the older drafter kept aside, no longer kept)
+    return previous
+
+
+def install(src: Path, home: Path, manifest: Dict) -> Optional[Path]:
     """Copy the drafter folder `src` to `home` with its manifest: written beside, then swapped
     in, so an interruption leaves either the old drafter or the new one, never half of one.
+    The drafter it replaces is kept at `previous_home(home)`, replacing an older one there (it was
+    deleted, hours of training included), and its place is returned (None when `home` held nothing).
     A model folder the converter wrote (home is MODEL/drafter) has its manifest.json's `drafter`
     entry name the new drafter in the same moment (it went on naming the one converted with the
     model, hashes and all)."""
@@ -239,7 +281,7 @@ def install(src: Path, home: Path, manifest: Dict):
                      "sha256": {f.name: sha256_of(f) for f in sorted(tmp.iterdir())
                                 if f.name in ("config.json", "model.safetensors")}}
         with signals_held():
-            replace_folder(tmp, home)
+            kept = _swap_in_keeping(tmp, home)
             if model_manifest is not None:
                 failed = record_drafter(model_manifest, entry)
     except BaseException:
@@ -247,6 +289,7 @@ def install(src: Path, home: Path, manifest: Dict):
         raise
     if failed:  # the drafter is in place: a note, not a failed run
         print(f"redrafter-train: note: {failed}", file=sys.stderr)
+    return kept
 
 
 def readme(m: Dict) -> str:
@@ -300,7 +343,8 @@ def parse_args(argv=None):
                         "run's work (another --batch-size, --eval-prompts or --force resumes it)")
     p.add_argument("--force", action="store_true",
                    help="install even when the drafter in place drafts as many tokens per step or more, or when "
-                        "none of the new drafter's drafts were accepted")
+                        "none of the new drafter's drafts were accepted (a drafter replaced is kept beside it, as "
+                        "drafter.previous/)")
     p.add_argument("--weight-format", default="auto", choices=WEIGHT_FORMATS,
                    help="the format the base model runs in while distilling and evaluating (default: auto, the "
                         "fastest here)")
@@ -525,10 +569,10 @@ def _run(args, hold, at_exit=lambda f: None) -> Dict:
     }
     # a drafter none of whose drafts were accepted (1.0 tokens/step: the verified token alone) only slows decoding
     installed = args.force or (not already and new_tps > 1.0 and (old is None or new_tps > old["tokens_per_step"]))
-    if installed:
-        install(trained, home, manifest)
+    previous = install(trained, home, manifest) if installed else None
     log.done(installed=str(home) if installed or already else None)
     manifest["installed"] = str(home) if installed else None
+    manifest["previous"] = str(previous) if previous else None  # (not in the installed manifest: this run's news)
     manifest["already_installed"] = already and not installed
     manifest["kept_at"] = str(trained)
     return manifest
@@ -548,7 +592,9 @@ def report(m: Dict, out=None):
         print(f"warning: {', '.join(differed)} gave replies that differ from plain decoding on the held-out prompts, "
               "which greedy decoding must never do: please report it", file=out)
     if m["installed"]:
-        print(f"installed {m['installed']} (redrafter-chat --model {m['model']} and load() use it)", file=out)
+        print(f"installed {m['installed']} (redrafter-chat --model {m['model']} and load() use it)"
+              + (f"; the drafter it replaces is kept at {m['previous']} (put it back in its place to use it again)"
+                 if m.get("previous") else ""), file=out)
     elif m.get("already_installed"):
         print(f"already installed: the drafter in place is this one, installed by an earlier run (redrafter-chat "
               f"--model {m['model']} and load() use it; --force installs it again)", file=out)

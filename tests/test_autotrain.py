@@ -84,9 +84,15 @@ def test_train_command_resumes_installs_and_keeps_a_better_drafter(tiny_model_di
     # and measured once, not twice over as the new drafter and the one in place
     assert "fixed 4x5 (in place)" not in json.loads((work / "state.json").read_text())["evaluation"]
     assert (home / "manifest.json").stat().st_mtime_ns == stamp
+    before = (home / "manifest.json").read_text()
     autotrain.main(argv + ["--force"])
-    assert "installed" in capsys.readouterr().out and (home / "manifest.json").stat().st_mtime_ns != stamp
+    out = capsys.readouterr().out
+    assert "installed" in out and (home / "manifest.json").stat().st_mtime_ns != stamp
     assert not list(tiny_model_dir.glob(".drafter.*"))  # no half-written folders left beside it
+    # the drafter it replaced is kept beside it, and said (it was deleted), and load() still uses the new one
+    assert (tiny_model_dir / "drafter.previous" / "manifest.json").read_text() == before
+    assert f"; the drafter it replaces is kept at {tiny_model_dir / 'drafter.previous'} (put it back" in out, out
+    assert load(str(tiny_model_dir)).drafter_path == home
 
 
 def test_a_drafter_none_of_whose_drafts_were_accepted_is_not_installed(tiny_model_dir, tmp_path, tiny_budget,
@@ -572,6 +578,53 @@ def test_an_installed_drafter_is_named_by_the_converted_model_s_manifest(tiny_mo
     (model / "manifest.json").write_text('{"tool": "something else", "drafter": null}')
     autotrain.install(old, model / "drafter", _installed_manifest())
     assert (model / "manifest.json").read_text() == '{"tool": "something else", "drafter": null}'
+
+
+def test_a_replaced_drafter_is_kept_beside_it_and_never_loaded(tiny_kit, tmp_path, monkeypatch):
+    """`--force`, or a new drafter that drafts more, deleted the drafter in place for good. It is moved to
+    `<home>.previous` (here beside a GGUF file: NAME.drafter.previous), replacing an older one there; load() does
+    not take it for the model's drafter, and a swap that fails leaves both where they were."""
+    import filecmp
+    import os
+
+    from redrafter_mlx import registry
+    from redrafter_mlx.drafter import new_drafter, save_drafter
+
+    gguf = tiny_kit.write_gguf(tmp_path / "m.gguf", tiny_kit.model(seed=0))
+    home = registry.resolve(str(gguf)).drafter_home
+    assert home == tmp_path / "m.drafter"
+    sources = []
+    for seed in (1, 2, 3):
+        sources.append(tmp_path / f"trained-{seed}")
+        save_drafter(new_drafter(tiny_kit.model(seed=0).args, lm_head="shared", seed=seed), sources[-1])
+
+    def holds(folder, source):
+        return filecmp.cmp(folder / "model.safetensors", source / "model.safetensors", shallow=False)
+
+    assert autotrain.install(sources[0], home, _installed_manifest()) is None  # nothing was there
+    assert autotrain.install(sources[1], home, _installed_manifest()) == tmp_path / "m.drafter.previous"
+    assert holds(home, sources[1]) and holds(tmp_path / "m.drafter.previous", sources[0])
+    assert autotrain.install(sources[2], home, _installed_manifest()) == tmp_path / "m.drafter.previous"
+    assert holds(home, sources[2]) and holds(tmp_path / "m.drafter.previous", sources[1])  # the older one replaced
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith((".m", "m."))) == [
+        "m.drafter", "m.drafter.previous", "m.gguf"]  # nothing hidden left beside them
+    assert load(str(gguf)).drafter_path == home
+    rename = os.rename
+
+    def failing_into_place(a, b):  # the new drafter's rename (putting the old one back goes on)
+        if Path(b) == home and Path(a).name.startswith(".m.drafter.new-"):
+            raise OSError(28, "No space left on device")
+        return rename(a, b)
+
+    with monkeypatch.context() as m:
+        m.setattr(autotrain.os, "rename", failing_into_place)
+        with pytest.raises(OSError):
+            autotrain.install(sources[0], home, _installed_manifest())
+    assert holds(home, sources[2]) and holds(tmp_path / "m.drafter.previous", sources[1])
+    import shutil
+
+    shutil.rmtree(home)
+    assert load(str(gguf)).drafter is None  # the backup is not the model's drafter
 
 
 def test_ctrl_c_as_a_drafter_is_installed_still_names_it_in_the_model_manifest(tiny_model_dir, tiny_kit, tmp_path,
