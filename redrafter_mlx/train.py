@@ -711,6 +711,25 @@ def _check_data_source(folders: List[Path], model: Optional[str]):
                                  "with the model the data was distilled from (--model)")
 
 
+def _trained_to(drafter: Path, steps: int) -> bool:
+    """Does the drafter folder a training run saved record `steps` steps (its config's training record)?"""
+    try:
+        record = read_json_object(drafter / "config.json", "drafter config").get("training")
+    except (OSError, RedrafterError):  # none, or unreadable: saved again from the checkpoint
+        return False
+    return isinstance(record, dict) and record.get("steps") == steps
+
+
+def _best_note(out: Path) -> str:
+    """'; the most accurate on the held-out replies is OUT/best (step N, ...)' when --val-every kept one, else ''."""
+    best = out / "best" / "config.json"
+    if not best.is_file():
+        return ""
+    record = json.loads(best.read_text()).get("training", {})
+    return (f"; the most accurate on the held-out replies is {out / 'best'} (step {record.get('step')}, expected "
+            f"accepted drafts {record.get('val_accepted_drafts', 0):.3f})")
+
+
 def _train(args):
     from .distill import read_shards
     from .loader import load
@@ -720,20 +739,27 @@ def _train(args):
     if done > args.steps:  # it saved the checkpoint's drafter as a --steps one, saying nothing
         raise RedrafterError(f"{args.out / 'checkpoint'} holds step {done}, past --steps {args.steps}: give --steps "
                              f"{done} or more to resume it, or another --out to start anew")
+    finished = not args.eval_only and done == args.steps and _trained_to(args.out / "drafter", args.steps)
+    if finished:  # (it trained nothing, and saved the checkpoint's drafter again with a new record: this run's time)
+        print(f"{args.out / 'drafter'} is already trained to step {args.steps}: nothing to train (a larger --steps "
+              f"trains it on; another --out starts anew){_best_note(args.out)}", file=sys.stderr)
+        if questions is None:
+            return
     latest = {}
 
     def samples_now():
         latest["samples"] = [s for folder in args.data for s in read_shards(folder)]
         return latest["samples"]
 
-    if not args.eval_only:  # the data before the model: a folder with none was said after a load (minutes)
+    training = not (args.eval_only or finished)
+    if training:  # the data before the model: a folder with none was said after a load (minutes)
         samples = samples_now()
         if not samples:
             raise RedrafterError(f"no distillation shards in {' '.join(map(str, args.data))}")
         _check_data_source(args.data, args.model)
     loaded = load(args.model, use_drafter=False)
     args.out.mkdir(parents=True, exist_ok=True)
-    if not args.eval_only:
+    if training:
         busy = f"another training run is working in {args.out}: let it finish (or stop it: its checkpoint is kept), " \
                "or give another --out"
         with one_run_in(args.out, busy):  # (two at once wrote their steps into one checkpoint)
@@ -752,14 +778,8 @@ def _train(args):
                 "depth": args.depth, "steps": args.steps, "batch": args.batch, "lr": args.lr, "soft": args.soft,
                 "greedy_targets": args.greedy_targets,
                 "replies": len(latest["samples"]), "seconds_this_run": round(time.perf_counter() - t0)}})
-            best = args.out / "best" / "config.json"
-            if best.is_file():  # (the most accurate drafter, which redrafter-train installs, went unsaid)
-                record = json.loads(best.read_text()).get("training", {})
-                print(f"saved {args.out / 'drafter'} (step {args.steps}); the most accurate on the held-out replies "
-                      f"is {args.out / 'best'} (step {record.get('step')}, expected accepted drafts "
-                      f"{record.get('val_accepted_drafts', 0):.3f})", file=sys.stderr)
-            else:
-                print(f"saved {args.out / 'drafter'}", file=sys.stderr)
+            note = _best_note(args.out)  # (the most accurate drafter, which redrafter-train installs, went unsaid)
+            print(f"saved {args.out / 'drafter'}" + (f" (step {args.steps}){note}" if note else ""), file=sys.stderr)
     if questions is not None:
         loaded.drafter = load_drafter(args.eval_drafter or args.out / "drafter", loaded.model)
         with open(args.out / "eval.jsonl", "a") as f:  # each shape's row as it is done: Ctrl-C lost them all

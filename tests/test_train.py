@@ -1543,6 +1543,43 @@ def test_train_says_where_the_most_accurate_drafter_is(tiny_model_dir, tmp_path,
                            f"{run / 'best'} (step "), said
 
 
+def test_a_finished_training_run_run_again_says_so_and_keeps_its_record(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """The same command again after every step was done trained nothing, and saved the checkpoint's drafter again
+    with a new training record (seconds_this_run: the seconds of the run that did nothing). It says the drafter is
+    already trained and leaves it, its record and the log as they were, without loading the model."""
+    import os
+
+    from redrafter_mlx import distill as distill_module
+    from redrafter_mlx import loader
+    from redrafter_mlx import train as train_module
+
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"task {i}: say {'ab' * (i % 4 + 1)}"}) + "\n" for i in range(12)))
+    assert distill_module.main(["--model", str(tiny_model_dir), "--data", str(data), "--out", str(tmp_path / "d"),
+                                "--max-tokens", "6"]) == 0
+    run = tmp_path / "run"
+    argv = ["--model", str(tiny_model_dir), "--data", str(tmp_path / "d"), "--out", str(run), "--steps", "2",
+            "--batch", "8", "--draft-vocab", "0", "--val-every", "2", "--val-fraction", "0.5"]
+    assert train_module.main(argv) == 0
+    config = json.loads((run / "drafter" / "config.json").read_text())
+    config["training"]["seconds_this_run"] = 834  # as a real run records its time
+    (run / "drafter" / "config.json").write_text(json.dumps(config))
+    kept = {f: (f.read_bytes(), os.stat(f).st_mtime_ns) for f in sorted(run.rglob("*")) if f.is_file()}
+    capsys.readouterr()
+    with monkeypatch.context() as m:
+        m.setattr(loader, "load", lambda *a, **k: pytest.fail("loaded the model to train nothing"))
+        assert train_module.main(argv) == 0
+    err = capsys.readouterr().err
+    assert err.startswith(f"{run / 'drafter'} is already trained to step 2: nothing to train (a larger --steps trains "
+                          f"it on; another --out starts anew); the most accurate on the held-out replies is "
+                          f"{run / 'best'} (step 2, "), err
+    assert err.count("\n") == 1, err
+    assert {f: (f.read_bytes(), os.stat(f).st_mtime_ns) for f in sorted(run.rglob("*")) if f.is_file()} == kept
+    # a larger --steps trains on from the checkpoint, as before
+    assert train_module.main([*argv, "--steps", "3"]) == 0  # (the last --steps counts)
+    assert json.loads((run / "drafter" / "config.json").read_text())["training"]["steps"] == 3
+
+
 def test_a_resumed_distill_bar_counts_the_prompts_answered_before(tmp_path, monkeypatch):
     """Resumed, the bar began at 0 of the prompts left ("0/3" under redrafter-train's "6 prompts"); it starts at the
     ones answered before, of all, as self-instruct's and train's bars do."""
