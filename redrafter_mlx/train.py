@@ -607,8 +607,11 @@ def main(argv=None):
     p.add_argument("--reload-every", type=cli.non_negative, default=0, metavar="N",
                    help="re-read --data every N steps (a distillation run still adding shards; default: 0, never)")
     p.add_argument("--dtype", default="float16", choices=["float16", "float32"], help="saved weights (default: float16)")
-    p.add_argument("--eval-only", action="store_true", help="skip training: evaluate --eval-drafter")
-    p.add_argument("--eval-drafter", type=cli.path, default=None, help="drafter folder to evaluate (default OUT/drafter)")
+    p.add_argument("--eval-only", action="store_true",
+                   help="train nothing: evaluate --eval-drafter (default: OUT/drafter) on --eval-prompts")
+    p.add_argument("--eval-drafter", type=cli.path, default=None,
+                   help="with --eval-only, the drafter folder to evaluate (default: OUT/drafter; a training run "
+                        "evaluates the drafter it saves there)")
     p.add_argument("--eval-prompts", type=cli.path, default=None,
                    help="Spec-Bench JSONL (lines with 'turns' and 'category') to report tokens/step on after training")
     p.add_argument("--eval-per-category", type=cli.positive, default=2, help="questions per category (default: 2)")
@@ -633,6 +636,10 @@ def main(argv=None):
     unused = _unused_options(p, args)
     if unused:
         p.error(unused)
+    if args.eval_drafter is not None and not args.eval_only:  # (it trained, then evaluated another drafter)
+        p.error(f"--eval-drafter {args.eval_drafter} is evaluated with --eval-only: a training run evaluates the "
+                f"drafter it trains ({args.out / 'drafter'}); add --eval-only to evaluate {args.eval_drafter} alone, "
+                "or drop --eval-drafter")
     bad_warmup = None if args.eval_only or args.warmup is None else warmup_error(args.warmup, args.steps)
     if bad_warmup:  # (accepted, the learning rate never left its warm-up)
         p.error(bad_warmup)

@@ -1037,6 +1037,11 @@ def test_training_refuses_data_it_cannot_use(patterned, tmp_path, capsys, monkey
                         "--eval-only trains nothing: drop --data, --steps"),
                        (["--data", str(tmp_path), "--val-fraction", "0.5"],
                         "--val-fraction is the share held out for validation every --val-every N steps"),
+                       # (it trained OUT/drafter, then evaluated the other drafter, into OUT/eval.jsonl)
+                       (["--data", str(tmp_path), "--eval-prompts", "q.jsonl", "--eval-drafter", str(drafter)],
+                        f"--eval-drafter {drafter} is evaluated with --eval-only: a training run evaluates the drafter "
+                        f"it trains ({tmp_path / 'e' / 'drafter'}); add --eval-only to evaluate {drafter} alone, or "
+                        "drop --eval-drafter"),
                        (["--data", str(tmp_path), str(tmp_path / "." )],  # (its replies were trained on twice)
                         f"--data {tmp_path}: given twice; give each distillation folder once")):
         with pytest.raises(SystemExit) as stopped:
