@@ -257,6 +257,8 @@ def run(args, report: Reporter) -> Path:
     if args.drafter:
         drafter_src = drafter_src or drafter_source()
         output.protect(drafter_src)
+        if base is not None:
+            output.keep_drafter(replaced=True)
     elif base is not None:
         output.keep_drafter()
         _note_drafter_left(args.model, base.path, output.path, report)

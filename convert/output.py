@@ -99,14 +99,22 @@ class OutputFolder:
         if self.target.exists() and _inside(Path(source), self.target):
             raise ConversionError(f"--force would delete the input {source}: choose another output folder")
 
-    def keep_drafter(self):
-        """Refuse to replace a model folder with one without a drafter, when the old one has one: `--force` deleted
-        MODEL/drafter with the rest, a drafter redrafter-train had spent hours on included, without a word."""
+    def keep_drafter(self, replaced: bool = False):
+        """Refuse to replace a model folder with one without a drafter, when the old one has one (`replaced`: a
+        --drafter is given to replace it): `--force` deleted MODEL/drafter with the rest, a drafter redrafter-train
+        had spent hours on included, without a word. Likewise MODEL/drafter.previous, the drafter redrafter-train
+        keeps when it installs a new one, whatever --drafter says."""
+        if not self.force:
+            return
         old = self.target / "drafter"
-        if self.force and (old / "config.json").is_file():
+        if not replaced and (old / "config.json").is_file():
             raise ConversionError(f"--force would delete the drafter in {old} with the folder, and no --drafter is "
                                   f"given: to keep it, move it out of {self.shown} and give it as --drafter; to drop "
                                   "it, remove it first")
+        kept = self.target / "drafter.previous"
+        if (kept / "config.json").is_file():
+            raise ConversionError(f"--force would delete the earlier drafter redrafter-train kept in {kept} with the "
+                                  f"folder: to keep it, move it out of {self.shown}; to drop it, remove it first")
 
     def _check_replaceable(self):
         if self.target.is_dir() and not _replaceable(self.target):

@@ -1927,6 +1927,22 @@ def test_force_without_a_drafter_never_deletes_the_one_in_the_folder(tmp_path, c
     assert not (model / "drafter").exists()
 
 
+def test_force_never_deletes_the_drafter_redrafter_train_kept(tmp_path, capsys, mlx_ckpt):
+    """redrafter-train keeps the drafter it replaces as MODEL/drafter.previous; `--force` deleted it with the old
+    folder, with or without --drafter."""
+    model = tmp_path / "model"
+    drafter = write_numpy_drafter(tmp_path / "d", H, V, exit_dim=2 * H, layers=1)
+    assert run_convert(capsys, "--model", mlx_ckpt[0], "--drafter", drafter, "--out", model)[0] == 0
+    (model / "drafter").rename(model / "drafter.previous")
+    before = sorted(p.name for p in (model / "drafter.previous").iterdir())
+    for given in ([], ["--drafter", str(drafter)]):
+        rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], *given, "--out", model, "--force")
+        assert rc != 0 and len(lines) == 1 and f"kept in {model / 'drafter.previous'}" in lines[0], lines
+        assert sorted(p.name for p in (model / "drafter.previous").iterdir()) == before
+    shutil.rmtree(model / "drafter.previous")
+    assert run_convert(capsys, "--model", mlx_ckpt[0], "--drafter", drafter, "--out", model, "--force")[0] == 0
+
+
 def test_a_model_manifest_that_cannot_be_rewritten_is_a_note_not_a_failure(tmp_path, capsys, monkeypatch, mlx_ckpt):
     """The drafter is already in place when MODEL/manifest.json is rewritten: a failure there is said as a note (the
     conversion is done), not as "error: ... nothing was written"."""
