@@ -18,6 +18,7 @@ from .errors import (  # noqa: F401
     ModelNotFoundError,
     NetworkError,
     RedrafterError,
+    RedrafterWarning,
     SettingError,
     UnsupportedModelError,
 )
@@ -30,8 +31,8 @@ __version__ = "0.1.0"
 # costs, ...) and not `load`, which is imported on first use (below).
 __all__ = [
     "load", "LoadedModel", "generate", "stream", "PromptCache", "Event", "Generation", "RunStats", "StepStats",
-    "RedrafterError", "ContextLengthError", "CorruptModelError", "DrafterMismatchError", "EmptyPromptError",
-    "InvalidPromptError", "ModelNotFoundError", "NetworkError", "SettingError", "UnsupportedModelError",
+    "RedrafterError", "RedrafterWarning", "ContextLengthError", "CorruptModelError", "DrafterMismatchError",
+    "EmptyPromptError", "InvalidPromptError", "ModelNotFoundError", "NetworkError", "SettingError", "UnsupportedModelError",
 ]
 
 # `load` and `LoadedModel` come from loader.py, which imports mlx-lm and through it transformers

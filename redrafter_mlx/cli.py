@@ -13,9 +13,10 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from typing import Callable, Optional
 
-from .errors import RedrafterError
+from .errors import RedrafterError, RedrafterWarning
 from .sampling import SEED_MAX
 
 
@@ -267,9 +268,12 @@ def run(prog: str, body: Callable[[], Optional[int]], resume: Optional[str] = No
     command that keeps its work goes on, e.g. "run the same command again to resume") if given;
     Ctrl-C with 130 (and what the body said of where it stopped); output cut short by the reader
     (`... | head`) quietly, as other command-line tools do. Anything else is a bug and keeps its
-    traceback."""
+    traceback. The library's warnings (RedrafterWarning) are not printed: load() tells the command's
+    progress lines the same words (they had been printed twice, once with Python's warning header)."""
     try:
-        return body() or 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RedrafterWarning)
+            return body() or 0
     except RedrafterError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2

@@ -18,6 +18,12 @@ class RedrafterError(Exception):
     """Base class: anything a user can fix (bad input, missing files, wrong model)."""
 
 
+class RedrafterWarning(RuntimeWarning):
+    """Something off about a model that still loads (no end token named, a tied head that is not the embedding,
+    speculation off after the self-check): warned, and told to load()'s `progress` too. The command lines, which
+    print what progress tells them, do not print the warning as well."""
+
+
 class ModelNotFoundError(RedrafterError):
     """A model name, path or hub id that resolves to nothing."""
 

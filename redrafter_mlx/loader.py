@@ -32,7 +32,8 @@ from . import registry
 from ._platform import device_description, fast_cpu_blas, on_cpu
 from .base_model import TreeModel, check_supported, self_check
 from .config import DRAFTER_MODEL_TYPE, FLOAT_FORMATS, WEIGHT_FORMATS, ModelArgs, check_head_counts
-from .errors import CorruptModelError, ModelNotFoundError, RedrafterError, SettingError, UnsupportedModelError, one_line
+from .errors import (CorruptModelError, ModelNotFoundError, RedrafterError, RedrafterWarning, SettingError,
+                     UnsupportedModelError, one_line)
 from .files import read_json_object, refuse_lfs_pointer, refuse_mixed_weights, tidy
 from .gguf import read_gguf
 from .tokenizer import Tokenizer, is_token_id
@@ -490,7 +491,7 @@ def _load_folder(path: Path, weight_format: str, progress: Optional[Callable[[st
         message = (f"{cfg_path} says tie_word_embeddings true, so the lm_head.weight in {path.name}, which is not the "
                    "input embedding, is not used (as in transformers): if the model was trained with its own output "
                    "layer, set tie_word_embeddings to false")
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        warnings.warn(message, RedrafterWarning, stacklevel=3)
         if progress:  # (as the self-check's warning: the chat shows these lines, not warnings)
             progress(message)
     quant = stored_quantization(model, config.get("quantization"))
@@ -588,13 +589,13 @@ def load(
                  "no eos_token_id in config.json or generation_config.json, no eos_token in tokenizer_config.json")
         message = (f"{resolved.name} names no end-of-sequence or end-of-turn token ({where}): "
                    "generation stops only at max_tokens")
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        warnings.warn(message, RedrafterWarning, stacklevel=2)
         if progress:
             progress(message)
     if not loaded.tree_ok:
         message = (f"speculation off for {resolved.name}: a draft tree verified on it disagrees with plain "
                    f"decoding (relative logit error {loaded.info['self_check_error']:.2g}); decoding plainly")
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        warnings.warn(message, RedrafterWarning, stacklevel=2)
         if progress:
             progress(message)
     if use_drafter:

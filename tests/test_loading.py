@@ -113,17 +113,22 @@ def test_folder_generation_config_eos_ids(tiny_kit, tmp_path):
     assert {7, 8, tiny_kit.token_id("<|im_end|>")} <= set(m.tokenizer.eos_token_ids)
 
 
+def _folder_naming_no_end_token(tiny_kit, path, model):
+    path = tiny_kit.write_folder(path, model, config_extra={"eos_token_id": None})
+    for f in path.glob("*.json"):  # the tokenizer's specials renamed from the end-of-turn names the loader knows
+        f.write_text(f.read_text().replace("<|im_end|>", "<|im_stop|>").replace("<|endoftext|>", "<|begin|>"))
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**config, "eos_token": None}))
+    return path
+
+
 def test_a_model_that_names_no_end_token_is_said_at_load(tiny_kit, tmp_path):
     """A model whose config and tokenizer name no end-of-sequence or end-of-turn token ran every reply on to
     max_tokens, saying nothing: the load warns (and tells progress=), and decoding is as it was."""
     import warnings
 
     model = tiny_kit.model(seed=0)
-    path = tiny_kit.write_folder(tmp_path / "tiny", model, config_extra={"eos_token_id": None})
-    for f in path.glob("*.json"):  # the tokenizer's specials renamed from the end-of-turn names the loader knows
-        f.write_text(f.read_text().replace("<|im_end|>", "<|im_stop|>").replace("<|endoftext|>", "<|begin|>"))
-    config = json.loads((path / "tokenizer_config.json").read_text())
-    (path / "tokenizer_config.json").write_text(json.dumps({**config, "eos_token": None}))
+    path = _folder_naming_no_end_token(tiny_kit, tmp_path / "tiny", model)
     said = []
     with pytest.warns(RuntimeWarning, match="names no end-of-sequence or end-of-turn token .*no eos_token_id in "
                                             "config.json.*generation stops only at max_tokens"):
@@ -139,6 +144,24 @@ def test_a_model_that_names_no_end_token_is_said_at_load(tiny_kit, tmp_path):
         warnings.filterwarnings("error", message=".*names no end-of-sequence")
         load(str(tiny_kit.write_folder(tmp_path / "ok", model)), use_drafter=False)
         load(str(tiny_kit.write_gguf(tmp_path / "ok.gguf", model)), use_drafter=False)
+
+
+def test_a_command_line_says_a_load_warning_once(tiny_kit, tmp_path, capsys):
+    """The command lines print load()'s progress lines, and the library warned the same words as well: Python's
+    "FILE:LINE: RuntimeWarning: ..." header and the line again, above the same text in brackets."""
+    import warnings
+
+    from redrafter_mlx import RedrafterWarning
+    from redrafter_mlx.__main__ import main
+
+    path = _folder_naming_no_end_token(tiny_kit, tmp_path / "tiny", tiny_kit.model(seed=0))
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        assert main(["--model", str(path), "--mode", "ar", "--max-tokens", "2", "hi"]) == 0
+    assert not [w for w in warned if issubclass(w.category, RedrafterWarning)]
+    assert capsys.readouterr().err.count("names no end-of-sequence") == 1
+    with pytest.warns(RedrafterWarning, match="names no end-of-sequence"):  # the API still warns
+        load(str(path), use_drafter=False)
 
 
 def test_tied_folder(tiny_kit, tmp_path):
