@@ -17,7 +17,7 @@ from typing import Dict, List, Tuple
 import mlx.core as mx
 
 from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError, NetworkError
-from redrafter_mlx.files import refuse_lfs_pointer, refuse_mixed_weights
+from redrafter_mlx.files import refuse_lfs_pointer, refuse_missing_shards, refuse_mixed_weights
 
 from .output import ConversionError
 
@@ -142,9 +142,7 @@ def _shards_from_index(folder: Path, index_name: str) -> List[Path]:
     names = sorted(set(weight_map.values()))
     if not names:
         raise CorruptModelError(f"{folder / index_name} lists no weight files")
-    missing = [n for n in names if not (folder / n).is_file()]
-    if missing:
-        raise CorruptModelError(f"{folder.name} is missing weight shard(s) listed in {index_name}: {', '.join(missing)}")
+    refuse_missing_shards(folder, [], index_name, names)  # (as load() says it)
     return [folder / n for n in names]
 
 
@@ -159,13 +157,15 @@ def weight_files(folder: Path) -> Tuple[str, List[Path]]:
                              "model.safetensors.index.json", [p.name for p in shards])
         return "safetensors", shards
     files = sorted(folder.glob("model*.safetensors"))
-    if files:
+    if files:  # (model-00001-of-00003.safetensors with the others missing was converted as the whole model)
+        refuse_missing_shards(folder, files)
         refuse_mixed_weights(folder, files, "model.safetensors")
         return "safetensors", files
     if (folder / "pytorch_model.bin.index.json").is_file():
         return "pytorch", _shards_from_index(folder, "pytorch_model.bin.index.json")
     files = sorted(folder.glob("pytorch_model*.bin"))
     if files:
+        refuse_missing_shards(folder, files)
         refuse_mixed_weights(folder, files, "pytorch_model.bin")
         return "pytorch", files
     others = sorted(p.name for p in folder.glob("*.safetensors")) + sorted(p.name for p in folder.glob("*.pt*"))

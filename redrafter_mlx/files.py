@@ -297,6 +297,27 @@ def refuse_lfs_pointer(path: Path):
                                 "(or download the model with huggingface-hub)")
 
 
+def refuse_missing_shards(folder: Path, files: Iterable[Path], index: Optional[str] = None,
+                          listed: Iterable[str] = ()):
+    """A weight shard missing from `folder` (an interrupted download or copy) is refused, naming it: with `index`,
+    one of `listed` (the shards the index names) that is not there; without, one of a numbered set
+    (model-00001-of-00003.safetensors, pytorch_model-00001-of-00002.bin) that `files` (the weight files there) do
+    not complete. load() and the converter both say it so (mlx-lm said "Missing 11 parameters" of the weights; the
+    converter took a folder of unindexed shards with some missing and converted what was there)."""
+    if index is not None:
+        missing = sorted({n for n in listed if not (folder / n).is_file()})
+        what = f"which {index} lists"
+    else:
+        names = {f.name for f in files}
+        numbered = [m for n in names if (m := re.fullmatch(r"(model|pytorch_model)-(\d+)-of-(\d+)\.(safetensors|bin)", n))]
+        missing = sorted({f"{m[1]}-{i:0{len(m[2])}d}-of-{m[3]}.{m[4]}" for m in numbered
+                          for i in range(1, min(int(m[3]), 9999) + 1)} - names)
+        what = "a shard of its weights"
+    if missing:
+        raise CorruptModelError(f"{folder} lacks {', '.join(missing[:3])}{' and more' if len(missing) > 3 else ''}, "
+                                f"{what} (an interrupted download or copy?)")
+
+
 def refuse_mixed_weights(folder: Path, files: List[Path], single: str, index: Optional[str] = None,
                          listed: Iterable[str] = ()):
     """Weight files of two downloads in one folder: mlx-lm reads every model*.safetensors (the

@@ -34,7 +34,7 @@ from .base_model import TreeModel, check_supported, self_check
 from .config import DRAFTER_MODEL_TYPE, FLOAT_FORMATS, WEIGHT_FORMATS, ModelArgs, check_head_counts
 from .errors import (CorruptModelError, ModelNotFoundError, RedrafterError, RedrafterWarning, SettingError,
                      UnsupportedModelError, one_line)
-from .files import read_json_object, refuse_lfs_pointer, refuse_mixed_weights, tidy
+from .files import read_json_object, refuse_lfs_pointer, refuse_missing_shards, refuse_mixed_weights, tidy
 from .gguf import read_gguf
 from .tokenizer import Tokenizer, is_token_id
 from .tuning import find_tuned
@@ -336,22 +336,14 @@ def _weight_files(path: Path) -> List[Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():  # a shard missing read as weights that "do not fit the model config: Missing parameters"
         shards = read_json_object(index, "safetensors index").get("weight_map")
-        missing = sorted({f for f in shards.values() if isinstance(f, str) and not (path / f).is_file()}) \
-            if isinstance(shards, dict) else []
-        if missing:
-            raise CorruptModelError(f"{path} lacks {', '.join(missing[:3])}{' and more' if len(missing) > 3 else ''}, "
-                                    f"which {index.name} lists (an interrupted download or copy?)")
+        listed = [f for f in shards.values() if isinstance(f, str)] if isinstance(shards, dict) else []
+        refuse_missing_shards(path, files, index.name, listed)
         if isinstance(shards, dict) and shards:
             refuse_mixed_weights(path, files, "model.safetensors", index.name, shards.values())
     else:
         # Without an index, shards are named model-00001-of-00003.safetensors: one missing read as weights that
         # "do not fit the model config: Missing 11 parameters"
-        shards = [m for f in files if (m := re.fullmatch(r"model-(\d+)-of-(\d+)\.safetensors", f.name))]
-        missing = sorted({f"model-{i:0{len(m[1])}d}-of-{m[2]}.safetensors" for m in shards
-                          for i in range(1, min(int(m[2]), 9999) + 1)} - {f.name for f in files})
-        if missing:
-            raise CorruptModelError(f"{path} lacks {', '.join(missing[:3])}{' and more' if len(missing) > 3 else ''}, "
-                                    "a shard of its weights (an interrupted download or copy?)")
+        refuse_missing_shards(path, files)
         refuse_mixed_weights(path, files, "model.safetensors")
     return files
 

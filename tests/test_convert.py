@@ -859,6 +859,26 @@ def test_a_safetensors_file_the_index_does_not_list_is_refused(tmp_path, capsys,
     assert_clean_failure(rc, lines, tmp_path / "again", "model.safetensors beside the shards", "Remove")
 
 
+@pytest.mark.parametrize("index", [None, {}])
+def test_a_shard_missing_is_refused_in_the_words_load_uses(tmp_path, capsys, mlx_ckpt, index):
+    """model-00001-of-00002.safetensors without its second shard and without an index: load() refused the folder,
+    the converter took it (open_base). With an index naming the missing shard, the two said it in words of their
+    own ("lacks X, which ... lists" and "is missing weight shard(s) listed in ..."): one function says both."""
+    from redrafter_mlx.errors import CorruptModelError
+
+    src = tmp_path / "src"
+    shutil.copytree(mlx_ckpt[0], src, ignore=shutil.ignore_patterns("model.safetensors"))
+    write_shards(src, dict(tree_flatten(mlx_ckpt[1].parameters())), index=index)
+    (src / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(CorruptModelError) as loaded:
+        load(str(src), use_drafter=False)
+    said = str(loaded.value)
+    assert said.startswith(f"{src} lacks model-00002-of-00002.safetensors, ") and "interrupted download" in said
+    out = tmp_path / "out"
+    rc, lines = run_convert(capsys, "--model", src, "--out", out)
+    assert_clean_failure(rc, lines, out, said)
+
+
 @pytest.mark.parametrize("weight_map, said", [(["model.safetensors"], "it is a list"),
                                                ({"model.norm.weight": None}, "'model.norm.weight': None"),
                                                ({"model.norm.weight": "/etc/passwd"}, "'/etc/passwd'")])
