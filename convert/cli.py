@@ -154,6 +154,7 @@ def _base_args_of(name: str):
     if resolved.kind == "gguf":
         config, where = read_gguf_config(resolved.path), resolved.path.name  # (its header: no tensor is read)
     else:
+        registry.refuse_gguf_folder(resolved.path, "--base")  # (read_json said "has no config.json: not a model folder")
         where = resolved.path / "config.json"
         config = read_json(where, "model")
     return check_architecture(config, str(where)), resolved.path

@@ -714,14 +714,18 @@ def test_gguf_folder_loads_in_both_and_matches_mlx_lm(tmp_path, capsys):
 # ---- bad inputs ---------------------------------------------------------------------------
 
 def test_a_gguf_in_a_folder_or_without_its_suffix_is_named(tmp_path, capsys):
-    """A folder holding a .gguf (no config.json) said "has no config.json: not a model folder", and a GGUF file
-    without its suffix (M.GGUF, a download saved under another name) "a file but not a .gguf model"."""
+    """A folder holding a .gguf (no config.json), as --model or as a drafter's --base, said "has no config.json: not a
+    model folder", and a GGUF file without its suffix (M.GGUF, a download saved under another name) "a file but not a
+    .gguf model"."""
     folder = tmp_path / "models"
     folder.mkdir()
     (folder / "m.gguf").write_bytes(b"GGUF" + bytes(60))  # (named, never read)
     out = tmp_path / "out"
     rc, lines = run_convert(capsys, "--model", folder, "--out", out)
     assert_clean_failure(rc, lines, out, "has no config.json", f"it holds m.gguf: give --model {folder / 'm.gguf'}")
+    drafter = write_numpy_drafter(tmp_path / "d", H, V, exit_dim=2 * H, layers=1)  # the folder as a drafter's --base
+    rc, lines = run_convert(capsys, "--drafter", drafter, "--base", folder, "--out", out)
+    assert_clean_failure(rc, lines, out, "has no config.json", f"it holds m.gguf: give --base {folder / 'm.gguf'}")
     (tmp_path / "M.GGUF").write_bytes(b"GGUF" + bytes(60))
     rc, lines = run_convert(capsys, "--model", tmp_path / "M.GGUF", "--out", out)
     assert_clean_failure(rc, lines, out, "is a GGUF file without the .gguf suffix: rename it to M.gguf")
