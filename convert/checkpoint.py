@@ -16,6 +16,7 @@ from typing import Dict, List, Tuple
 
 import mlx.core as mx
 
+from redrafter_mlx import registry
 from redrafter_mlx.errors import CorruptModelError, ModelNotFoundError, NetworkError
 from redrafter_mlx.files import refuse_lfs_pointer, refuse_missing_shards, refuse_mixed_weights
 
@@ -33,8 +34,6 @@ def _first_line(e: BaseException) -> str:
 
 def is_hub_id(source: str) -> bool:
     """Would `resolve` fetch `source` from the hub (not a local path, nor a registry name)?"""
-    from redrafter_mlx import registry
-
     parts = source.split("/")
     return (len(parts) == 2 and all(parts) and not source.startswith((".", "/", "~"))
             and not Path(source).expanduser().exists() and source not in registry.known_models())
@@ -47,8 +46,6 @@ def resolve(source: str, what: str, drafter: bool = False, config_only: bool = F
     if path.exists():
         return path.resolve()
     if not drafter:
-        from redrafter_mlx import registry
-
         if source in registry.known_models():
             return registry.resolve(source).path
     if not is_hub_id(source):
@@ -66,22 +63,20 @@ def resolve(source: str, what: str, drafter: bool = False, config_only: bool = F
             try:
                 _torch()
             except ConversionError:
-                if _on_hub(source, pickles):  # (refused as it was read, after the base model's download)
+                if registry.hub_files(source, pickles):  # (refused as it was read, after the base model's download)
                     raise
             folder = Path(snapshot_download(source, allow_patterns=patterns + pickles))
-        ggufs = [] if drafter or (folder / "config.json").is_file() else _on_hub(source, ["*.gguf"])
-        if ggufs:  # (said "<a hub cache folder> has no config.json: not a model folder")
-            raise ModelNotFoundError(
-                f"{source} holds GGUF files ({', '.join(ggufs[:4])}{', ...' if len(ggufs) > 4 else ''}), not a "
-                f"checkpoint folder: download the one you want (hf download {source} {ggufs[0]} --local-dir DIR) "
-                f"and give that file as {'--base' if config_only else '--model'}")
+        if not drafter and not (folder / "config.json").is_file():  # (said "<a hub cache folder> has no config.json")
+            registry.refuse_gguf_repository(source, registry.hub_files(source, ["config.json", "*.gguf"]),
+                                            f"give that file as {'--base' if config_only else '--model'}")
         if not drafter and not config_only and not list(folder.glob("model*.safetensors")):
             try:
                 _torch()
             except ConversionError:
                 # said before the .bin weights are fetched: lmsys/vicuna-7b-v1.3's 13 GB came first, and a single
                 # pytorch_model.bin (no index to tell) is asked of the hub
-                if (folder / "pytorch_model.bin.index.json").is_file() or _on_hub(source, HUB_PYTORCH_PATTERNS):
+                if ((folder / "pytorch_model.bin.index.json").is_file()
+                        or registry.hub_files(source, HUB_PYTORCH_PATTERNS)):
                     raise
             folder = Path(snapshot_download(source, allow_patterns=patterns + HUB_PYTORCH_PATTERNS))
     except (ConversionError, ModelNotFoundError):
@@ -93,25 +88,6 @@ def resolve(source: str, what: str, drafter: bool = False, config_only: bool = F
         raise NetworkError(f"{what} {source!r} is not a local path, and it could not be fetched from the Hugging Face "
                            f"hub ({kind}): {_first_line(e)}") from e
     return folder
-
-
-def _on_hub(source: str, patterns: List[str]) -> List[str]:
-    """The names of hub repository `source`'s files that match `patterns` (asked without fetching them); none where
-    the hub cannot say (offline, an older huggingface-hub): the fetch that follows tells. No progress bar: the dry
-    run drew "[dry-run] Fetching 2 files: 100%" of files never fetched (GGUF files the error then said to download,
-    .bin weights refused for want of torch)."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.utils import tqdm
-
-    class Unseen(tqdm):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **{**kwargs, "disable": True})
-
-    try:
-        return sorted(f.filename for f in snapshot_download(source, allow_patterns=patterns, dry_run=True,
-                                                            tqdm_class=Unseen))
-    except Exception:
-        return []
 
 
 def read_json(path: Path, what: str) -> dict:

