@@ -576,11 +576,9 @@ def load(
     except RuntimeError as e:  # mlx-lm's code for another backend: bitnet's Metal kernels on a CPU (a traceback)
         raise UnsupportedModelError(f"{resolved.path.name} loads but cannot run on this device "
                                     f"({device_description()}): {one_line(e)}") from e
-    if not tokenizer.eos_token_ids:  # replies ran on to max_tokens, saying nothing of why
-        where = ("no tokenizer.ggml.eos_token_id or eot_token_id in the GGUF" if resolved.kind == "gguf" else
-                 "no eos_token_id in config.json or generation_config.json, no eos_token in tokenizer_config.json")
-        message = (f"{resolved.name} names no end-of-sequence or end-of-turn token ({where}): "
-                   "generation stops only at max_tokens")
+    message = _end_token_problem(resolved, tokenizer, getattr(model.args, "vocab_size", None),
+                                 meta if resolved.kind == "gguf" else None)
+    if message:  # replies ran on to max_tokens, saying nothing of why
         warnings.warn(message, RedrafterWarning, stacklevel=2)
         if progress:
             progress(message)
@@ -603,6 +601,46 @@ def load(
                               "command line, loads the model without it)") from e
     loaded.info["load_seconds"] = time.perf_counter() - t0
     return loaded
+
+
+def _end_token_problem(resolved: "registry.ResolvedModel", tokenizer: Tokenizer, vocab: Any,
+                       meta: Optional[Dict[str, Any]] = None) -> Optional[str]:
+    """What to warn of a model's end tokens, or None: none named, or ids named outside the model's vocabulary (the
+    model never emits them: a config from another model, or a damaged one). Those are dropped from the tokenizer's
+    stop set. Warned, not refused: the model runs as it should, and it still stops at the end tokens it names
+    within its vocabulary (llama.cpp, too, ignores such an id with a warning); with none left, replies run on to
+    max_tokens, as with none named. `meta`: a GGUF's metadata (its ids outside its token table never reach the
+    tokenizer)."""
+    named: Dict[int, str] = {}  # id -> where the model's files name it
+    if meta is not None:
+        for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"):
+            value = meta.get(key)
+            value = value.item() if hasattr(value, "item") else value
+            if is_token_id(value):
+                named.setdefault(int(value), key)
+    else:
+        for name in ("generation_config.json", "config.json"):
+            f = resolved.path / name
+            ids = read_json_object(f, "model config").get("eos_token_id") if f.is_file() else None
+            for i in ids if isinstance(ids, list) else [ids]:
+                if is_token_id(i):
+                    named.setdefault(int(i), f"eos_token_id in {name}")
+    outside = sorted({i for i in [*named, *tokenizer.eos_token_ids] if is_token_id(vocab) and i >= vocab})
+    if outside:
+        tokenizer.eos_token_ids = [i for i in tokenizer.eos_token_ids if i < vocab]
+        of_tokenizer = "the tokenizer's end token"
+        said = ", ".join(f"{i} ({named.get(i, of_tokenizer)})" for i in outside[:3])
+        return (f"{resolved.name} names end-of-sequence token id{'s' if len(outside) > 1 else ''} {said}"
+                f"{' and more' if len(outside) > 3 else ''} outside its vocabulary of {vocab} tokens (ids 0 to "
+                f"{vocab - 1}), which the model never emits (a config from another model, or a damaged one?): "
+                + ("ignored" if tokenizer.eos_token_ids else
+                   "ignored, and it names no other end token: generation stops only at max_tokens"))
+    if not tokenizer.eos_token_ids:
+        where = ("no tokenizer.ggml.eos_token_id or eot_token_id in the GGUF" if meta is not None else
+                 "no eos_token_id in config.json or generation_config.json, no eos_token in tokenizer_config.json")
+        return (f"{resolved.name} names no end-of-sequence or end-of-turn token ({where}): "
+                "generation stops only at max_tokens")
+    return None
 
 
 def attach_drafter(loaded: LoadedModel, drafter, progress: Optional[Callable[[str], None]] = None,

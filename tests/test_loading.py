@@ -164,6 +164,50 @@ def test_a_command_line_says_a_load_warning_once(tiny_kit, tmp_path, capsys):
         load(str(path), use_drafter=False)
 
 
+def test_an_end_token_outside_the_vocabulary_is_said_and_ignored(tiny_kit, tmp_path):
+    """An eos_token_id past the model's vocabulary (a config from another model) is a token the model never emits:
+    nothing said so, and a model with no other end token ran every reply on to max_tokens. The load warns, naming the
+    id and where it is named, and drops it from the stop set; with no other end token left, the one warning says
+    that generation stops only at max_tokens."""
+    import warnings
+
+    model = tiny_kit.model(seed=0)
+    n = model.config["vocab_size"]
+    path = tiny_kit.write_folder(tmp_path / "tiny", model, config_extra={"eos_token_id": n + 5})
+    said = []
+    with pytest.warns(RuntimeWarning) as record:
+        m = load(str(path), use_drafter=False, progress=said.append)
+    [message] = [str(w.message) for w in record if "end-of-sequence" in str(w.message)]
+    assert f"names end-of-sequence token id {n + 5} (eos_token_id in config.json) outside its vocabulary of {n} " \
+           f"tokens (ids 0 to {n - 1})" in message and message.endswith(": ignored"), message
+    assert said.count(message) == 1
+    assert n + 5 not in m.tokenizer.eos_token_ids and tiny_kit.token_id("<|im_end|>") in m.tokenizer.eos_token_ids
+
+    # no other end token: one warning, saying so (not a second one saying that none is named)
+    for f in path.glob("*.json"):  # the tokenizer's specials renamed from the end-of-turn names the loader knows
+        f.write_text(f.read_text().replace("<|im_end|>", "<|im_stop|>").replace("<|endoftext|>", "<|begin|>"))
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**config, "eos_token": None}))
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [n, n + 1]}))
+    with pytest.warns(RuntimeWarning) as record:
+        m = load(str(path), use_drafter=False)
+    [message] = [str(w.message) for w in record if "end-of-sequence" in str(w.message)]
+    assert f"token ids {n} (eos_token_id in generation_config.json), {n + 1} (eos_token_id in generation_config.json), " \
+           f"{n + 5} (eos_token_id in config.json) outside" in message, message
+    assert message.endswith("it names no other end token: generation stops only at max_tokens"), message
+    assert m.tokenizer.eos_token_ids == []
+    assert generate(m, "hi", max_tokens=4, mode="ar").finish_reason == "length"
+
+    gguf = tiny_kit.write_gguf(tmp_path / "m.gguf", model, meta_extra={
+        "tokenizer.ggml.eos_token_id": mx.array(n + 3, dtype=mx.uint32)})
+    with pytest.warns(RuntimeWarning, match=f"m.gguf names end-of-sequence token id {n + 3} "
+                                            r"\(tokenizer.ggml.eos_token_id\) outside its vocabulary"):
+        load(str(gguf), use_drafter=False)
+    with warnings.catch_warnings():  # ids inside the vocabulary: no warning
+        warnings.filterwarnings("error", message=".*end-of-sequence")
+        load(str(tiny_kit.write_folder(tmp_path / "ok", model, config_extra={"eos_token_id": n - 1})), use_drafter=False)
+
+
 def test_tied_folder(tiny_kit, tmp_path):
     model = tiny_kit.model(seed=1, tie_word_embeddings=True)
     m = load(str(tiny_kit.write_folder(tmp_path / "tied", model)))
