@@ -209,8 +209,9 @@ def writable_file(text: str):
     if path.exists() and not path.is_file():  # the file written beside it replaced it: /dev/stdout, as root
         raise argparse.ArgumentTypeError(f"{path} is not a regular file (a device, a pipe or a terminal), and the "
                                          "results are written to a file that replaces it: give a file's path")
-    if not folder.is_dir():
-        raise argparse.ArgumentTypeError(f"folder {folder} does not exist")
+    if not folder.is_dir():  # (a file there had been said as "folder X does not exist", though X exists)
+        raise argparse.ArgumentTypeError(f"{folder} is a file, not a folder" if folder.exists() else
+                                         f"folder {folder} does not exist")
     # A file is made there and removed, as the results are written (a temporary file renamed): os.access
     # passes everything for root, and a folder such as /proc then lost a whole run at its first write.
     import tempfile

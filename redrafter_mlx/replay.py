@@ -14,9 +14,10 @@ tokens/step (exact on the tests' tiny models).
     python -m redrafter_mlx.replay runs/bench.json --shapes 1x3,4x3 --lookup 0,8 [--drafter DIR]
 
 reads the `ar` rows of a `redrafter-bench --json` file (prompt ids and output ids).
-`--context-ceiling 8,32` adds, per drafting config, the bound that no scoring of context grafts
-(graph.py) can pass: every step extended in hindsight by the context's continuation that runs
-furthest along the output from any node of the accepted path (`context_ceiling`).
+`--context-ceiling 8,32` prints, per drafting config and instead of its own row (`0,8,32` keeps that row
+beside them), the bound that no scoring of context grafts (graph.py) can pass: every step extended in
+hindsight by the context's continuation that runs furthest along the output from any node of the
+accepted path (`context_ceiling`).
 """
 
 import json

@@ -51,6 +51,12 @@ def test_writable_file(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse(cli.writable_file, str(tmp_path / "r.json"))
     assert f"folder {tmp_path / 'missing'} does not exist" in capsys.readouterr().err
+    # a file where the folder should be: it was said as "folder F does not exist", though F exists
+    (tmp_path / "r.json").unlink()
+    (tmp_path / "f").write_text("")
+    with pytest.raises(SystemExit):
+        parse(cli.writable_file, str(tmp_path / "f" / "r.json"))
+    assert f"{tmp_path / 'f'} is a file, not a folder" in capsys.readouterr().err
 
 
 def test_run_ends_user_and_os_errors_with_one_line(capsys):
