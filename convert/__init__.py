@@ -8,3 +8,5 @@ Modules: cli (arguments, order of work, errors), output (atomic output folder, m
 checkpoint (sources, shards, safe tensor reading), base_model (HF via mlx-lm; GGUF),
 drafter (Apple drafter -> redrafter_mlx format), tokenizer (tokenizer + chat template).
 """
+
+PROG = "python -m convert"  # how --help and every error name the command (errors began "error:" alone)

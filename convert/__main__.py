@@ -3,6 +3,8 @@
 import signal
 import sys
 
+from . import PROG
+
 STOPPING = ("SIGTERM", "SIGHUP")  # (convert.output.STOPPING: that module imports mlx, which is what takes the time)
 
 
@@ -22,7 +24,7 @@ def _main():
         from .cli import main
     except KeyboardInterrupt as e:
         name = e.args[0] if len(e.args) == 1 and e.args[0] in STOPPING else "SIGINT"
-        print("error: cancelled; nothing was written", file=sys.stderr)
+        print(f"{PROG}: error: cancelled; nothing was written", file=sys.stderr)
         return 128 + getattr(signal, name)
     finally:
         for s in installed:  # (main installs its own)

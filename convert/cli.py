@@ -20,6 +20,7 @@ from redrafter_mlx import _platform  # noqa: E402,F401  (OpenBLAS before mlx)
 from redrafter_mlx.cli import Parser, add_version, describe, write_failure  # noqa: E402
 from redrafter_mlx.errors import RedrafterError, one_line  # noqa: E402
 
+from . import PROG  # noqa: E402
 from .output import CancelledAfterWriting, OutputFolder, exit_code, signal_name, signals_stop  # noqa: E402
 
 EXAMPLES = """\
@@ -53,7 +54,7 @@ no code from a checkpoint is ever run.
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(
-        prog="python -m convert",
+        prog=PROG,
         description="Convert a model of a supported family (Hugging Face checkpoint or llama GGUF) and Apple's ReDrafter "
         "draft head into one MLX model folder for redrafter_mlx (and mlx-lm).",
         epilog=EXAMPLES,
@@ -304,29 +305,29 @@ def main(argv=None) -> int:
             with hub_bars(not args.quiet):
                 target = run(args, report)
         except RedrafterError as e:
-            print(f"error: {one_line(e, limit=2000)}", file=sys.stderr)  # our own message, whole
+            print(f"{PROG}: error: {one_line(e, limit=2000)}", file=sys.stderr)  # our own message, whole
             return 2
         except CancelledAfterWriting as e:
-            print(f"error: {e.signal_name} came as the output was renamed into place; {e.target} is whole",
+            print(f"{PROG}: error: {e.signal_name} came as the output was renamed into place; {e.target} is whole",
                   file=sys.stderr)
             return exit_code(e.signal_name)
         except KeyboardInterrupt as e:
-            print("error: cancelled; nothing was written", file=sys.stderr)
+            print(f"{PROG}: error: cancelled; nothing was written", file=sys.stderr)
             return exit_code(signal_name(e))
         except MemoryError:
-            print("error: out of memory; nothing was written", file=sys.stderr)
+            print(f"{PROG}: error: out of memory; nothing was written", file=sys.stderr)
             return 1
         except OSError as e:  # a file that cannot be read or written, a full disk
-            print(f"error: {describe(e)} (nothing was written)", file=sys.stderr)
+            print(f"{PROG}: error: {describe(e)} (nothing was written)", file=sys.stderr)
             return 1
         except Exception as e:  # a bug, or an error from a library this tool does not expect
             said = write_failure(e)  # MLX's writes fail with a RuntimeError: a full disk read as a bug
             if said is not None:
-                print(f"error: {said} (nothing was written)", file=sys.stderr)
+                print(f"{PROG}: error: {said} (nothing was written)", file=sys.stderr)
                 return 1
             if os.environ.get("CONVERT_DEBUG"):
                 raise
-            print(f"error: {type(e).__name__}: {one_line(e)} (nothing was written; CONVERT_DEBUG=1 shows the "
+            print(f"{PROG}: error: {type(e).__name__}: {one_line(e)} (nothing was written; CONVERT_DEBUG=1 shows the "
                   "traceback)", file=sys.stderr)
             return 1
     # quoted for a shell: a path with a space in it split into two arguments when pasted

@@ -8,7 +8,7 @@
 - A 4-bit conversion loads and generates (ReDrafter output equal to plain decoding).
 - The default GGUF model converts to a folder that redrafter_mlx and mlx-lm both load, with
   the same greedy tokens.
-- Bad inputs: one `error:` line, exit code != 0, no output folder left behind.
+- Bad inputs: one `python -m convert: error:` line, exit code != 0, no output folder left behind.
 
 Tests that need torch skip without it (`pip install 'redrafter-mlx[convert]'`); one tiny
 safetensors checkpoint written with MLX keeps the converter covered without torch.
@@ -42,6 +42,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<assistant>{% endif %}"
 )
 TOKENS = [1, 40, 71, 80, 80, 83, 3, 90, 100, 45, 60, 61, 62, 9]
+ERROR = "python -m convert: error: "  # how every error line begins, as the other tools' "PROG: error: "
 
 
 # ---- helpers ------------------------------------------------------------------------------
@@ -55,7 +56,7 @@ def run_convert(capsys, *argv):
 
 def assert_clean_failure(rc, lines, out: Path, *needles):
     assert rc != 0
-    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert len(lines) == 1 and lines[0].startswith(ERROR), lines
     for n in needles:
         assert n in lines[0], lines[0]
     assert not out.exists()
@@ -275,7 +276,7 @@ def test_an_empty_argument_is_named(tmp_path, capsys, monkeypatch, mlx_ckpt, opt
     with pytest.raises(SystemExit) as e:
         convert_main([str(a) for pair in args.items() for a in pair])
     assert e.value.code == 2
-    assert f"error: {option} is empty" in capsys.readouterr().err
+    assert f"{ERROR}{option} is empty" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
@@ -420,7 +421,7 @@ def test_a_base_model_refused_by_its_config_is_refused_before_any_work(tmp_path,
     out = tmp_path / "out"
     rc = convert_main(["--model", str(src), "--drafter", str(drafter), *argv, "--out", str(out)])
     lines = capsys.readouterr().err.splitlines()
-    assert rc == 2 and lines[-1].startswith("error: "), lines
+    assert rc == 2 and lines[-1].startswith(ERROR), lines
     assert ("already quantized" if refused == "quantized" else "model_file") in lines[-1]
     assert not [line for line in lines if line.startswith(("[convert] drafter", "[convert] tokenizer"))], lines
     assert not out.exists()
@@ -1173,7 +1174,7 @@ def test_bin_without_torch_is_refused_before_any_work(tmp_path, capsys, monkeypa
     out = tmp_path / "out"
     rc = convert_main(["--model", str(src), "--drafter", str(drafter), "--out", str(out)])
     lines = capsys.readouterr().err.splitlines()
-    assert rc != 0 and lines[-1].startswith("error: reading .bin/.pt checkpoints needs PyTorch"), lines
+    assert rc != 0 and lines[-1].startswith(f"{ERROR}reading .bin/.pt checkpoints needs PyTorch"), lines
     assert not [line for line in lines if line.startswith(("[convert] drafter", "[convert] tokenizer"))], lines
     assert not out.exists()
     hub = tmp_path / "snapshot"  # what the first fetch (no .bin files) gives of a repository of .bin shards
@@ -1715,7 +1716,7 @@ def test_force_on_a_linked_output_replaces_the_folder_it_links_to(tmp_path, caps
     link = tmp_path / "models" / "vicuna"
     link.symlink_to(Path("..") / "big disk" / "vicuna")
     rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--out", link)
-    assert rc != 0 and lines == [f"error: output folder {link} (a link to {real}) already exists (use --force to "
+    assert rc != 0 and lines == [f"{ERROR}output folder {link} (a link to {real}) already exists (use --force to "
                                  "replace it)"], lines
     rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--out", link, "--force")
     assert rc == 0, lines
@@ -1745,7 +1746,7 @@ def test_a_linked_output_gets_the_same_checks_as_the_folder_it_links_to(tmp_path
     loop = tmp_path / "loop"
     loop.symlink_to(loop)
     rc, lines = run_convert(capsys, "--model", mlx_ckpt[0], "--out", loop, "--force")
-    assert rc != 0 and lines == [f"error: output {loop} is a symbolic link that leads to itself (a loop)"], lines
+    assert rc != 0 and lines == [f"{ERROR}output {loop} is a symbolic link that leads to itself (a loop)"], lines
     # a link to a model's input is still refused by --force
     model_link = tmp_path / "to-input"
     model_link.symlink_to(mlx_ckpt[0])
@@ -1763,7 +1764,7 @@ def convert_in_child(setup: str, *argv):
             "from convert.cli import main\n" + setup + "\nsys.exit(main(sys.argv[1:]))\n")
     proc = subprocess.run([sys.executable, "-c", code, *map(str, argv), "--quiet"], capture_output=True, text=True,
                           cwd=Path(__file__).parent.parent, timeout=300)
-    return proc.returncode, [line for line in proc.stderr.splitlines() if line.startswith("error")]
+    return proc.returncode, [line for line in proc.stderr.splitlines() if line.startswith(ERROR)]
 
 
 @pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
@@ -1783,7 +1784,7 @@ mlx_lm.utils.save_model = save_then_signal
 """
     out = tmp_path / "out"
     rc, lines = convert_in_child(setup, "--model", mlx_ckpt[0], "--out", out)
-    assert rc == 128 + getattr(signal, name) and lines == ["error: cancelled; nothing was written"], (rc, lines)
+    assert rc == 128 + getattr(signal, name) and lines == [f"{ERROR}cancelled; nothing was written"], (rc, lines)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -1804,7 +1805,7 @@ checkpoint.resolve = signal_then_resolve
 """
     out = tmp_path / "out"
     rc, lines = convert_in_child(setup, "--model", mlx_ckpt[0], "--out", out)
-    assert rc == 128 + getattr(signal, name) and lines == ["error: cancelled; nothing was written"], (rc, lines)
+    assert rc == 128 + getattr(signal, name) and lines == [f"{ERROR}cancelled; nothing was written"], (rc, lines)
     assert list(tmp_path.iterdir()) == []
     # as `python -m convert` imports its modules, before main runs
     code = f"""import builtins, runpy, signal, sys
@@ -1820,7 +1821,7 @@ runpy.run_module("convert", run_name="__main__", alter_sys=True)
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=Path(__file__).parent.parent, timeout=300)
-    assert (proc.returncode, proc.stderr) == (128 + getattr(signal, name), "error: cancelled; nothing was written\n")
+    assert (proc.returncode, proc.stderr) == (128 + getattr(signal, name), f"{ERROR}cancelled; nothing was written\n")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -1844,7 +1845,7 @@ output.shutil.rmtree = signal_again
 """
     out = tmp_path / "out"
     rc, lines = convert_in_child(setup, "--model", mlx_ckpt[0], "--out", out)
-    assert rc == 143 and lines == ["error: cancelled; nothing was written"], (rc, lines)
+    assert rc == 143 and lines == [f"{ERROR}cancelled; nothing was written"], (rc, lines)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -1864,7 +1865,7 @@ def rename_and_hang_up(a, b):
 files.os.rename = rename_and_hang_up
 """
     rc, lines = convert_in_child(setup, "--model", mlx_ckpt[0], "--out", out, "--force")
-    assert rc == 129 and lines == [f"error: SIGHUP came as the output was renamed into place; {out} is whole"], \
+    assert rc == 129 and lines == [f"{ERROR}SIGHUP came as the output was renamed into place; {out} is whole"], \
         (rc, lines)
     assert (out / "model.safetensors").is_file() and [p.name for p in tmp_path.iterdir()] == ["model"]
 
