@@ -140,7 +140,7 @@ def _check_args(p: argparse.ArgumentParser, args):
 
 def _base_args_of(name: str):
     """ModelArgs of the model a drafter is for (only its config is read), refusing an architecture
-    redrafter_mlx cannot run as converting that model would."""
+    redrafter_mlx cannot run as converting that model would; and that model, resolved as load() resolves it."""
     from redrafter_mlx import registry
     from redrafter_mlx.gguf import read_gguf_config
 
@@ -150,7 +150,8 @@ def _base_args_of(name: str):
     if is_hub_id(name) and not registry.looks_like_path(name):  # (org/name.gguf is a missing local file)
         # its config.json alone: the whole repository was fetched (gigabytes of weights) to read it
         folder = resolve(name, "base model", config_only=True)
-        return check_architecture(read_json(folder / "config.json", "model"), str(folder / "config.json")), folder
+        return (check_architecture(read_json(folder / "config.json", "model"), str(folder / "config.json")),
+                registry.ResolvedModel(name, folder))
     resolved = registry.resolve(name)
     if resolved.kind == "gguf":
         config, where = read_gguf_config(resolved.path), resolved.path.name  # (its header: no tensor is read)
@@ -158,7 +159,7 @@ def _base_args_of(name: str):
         registry.refuse_gguf_folder(resolved.path, "--base")  # (read_json said "has no config.json: not a model folder")
         where = resolved.path / "config.json"
         config = read_json(where, "model")
-    return check_architecture(config, str(where)), resolved.path
+    return check_architecture(config, str(where)), resolved
 
 
 def _files_info(info: Dict[str, Any], root: Optional[Path], report: Reporter) -> Dict[str, Any]:
@@ -221,6 +222,18 @@ def _note_drafter_left(name: str, path: Path, out: Path, report: Reporter):
                     f"{shlex.quote(str(left))} to bring it along")
 
 
+def _found_by_load(base_model, target: Path) -> bool:
+    """Whether load(--base) finds the drafter just written by itself (MODEL/drafter, X.drafter beside X.gguf): the
+    command to try then needs no --drafter (it gave one wherever the drafter went)."""
+    from redrafter_mlx.loader import find_drafter
+
+    try:
+        found = find_drafter(base_model)
+    except OSError:  # (the drafter is written: a folder beside it that cannot be read is no failure of this)
+        return False
+    return found is not None and os.path.realpath(found) == os.path.realpath(target)
+
+
 def run(args, report: Reporter) -> Path:
     from .base_model import check_options, convert_base, open_base
     from .checkpoint import DRAFTER_FILES, _torch, is_hub_id, resolve
@@ -253,7 +266,8 @@ def run(args, report: Reporter) -> Path:
                    f"hidden {base.args.hidden_size}, vocabulary {base.args.vocab_size})")
         base_args = base.args
     else:
-        base_args, base_path = _base_args_of(args.base)
+        base_args, base_model = _base_args_of(args.base)
+        base_path = base_model.path
         output.protect(base_path)
         report.say(f"drafter for: {base_path}")
     if args.drafter:
@@ -290,6 +304,8 @@ def run(args, report: Reporter) -> Path:
             report.say("hashing inputs for the manifest")
             base_info = _files_info(base_info, base.path if base.path.is_dir() else None, report)
         write_manifest(tmp, base_info, drafter_info)
+    if base is None:
+        args.found_by_load = _found_by_load(base_model, output.target)
     return output.path  # (a link as given: it stays, and leads to the output)
 
 
@@ -332,6 +348,11 @@ def main(argv=None) -> int:
             return 1
     # quoted for a shell: a path with a space in it split into two arguments when pasted
     out = shlex.quote(str(target))
-    try_it = f"--model {out}" if args.model else f"--model {shlex.quote(os.path.expanduser(args.base))} --drafter {out}"
+    if args.model:
+        try_it = f"--model {out}"
+    else:
+        try_it = f"--model {shlex.quote(os.path.expanduser(args.base))}"
+        if not getattr(args, "found_by_load", False):  # a drafter elsewhere: load() would not find it
+            try_it += f" --drafter {out}"
     report.say(f"wrote {target}; try it: python -m redrafter_mlx {try_it} \"Hello!\"")
     return 0

@@ -615,6 +615,25 @@ def test_the_command_to_try_quotes_paths_with_spaces(tmp_path, capsys, mlx_ckpt)
     assert argv[argv.index("--model") + 1] == str(base) and argv[argv.index("--drafter") + 1] == str(out)
 
 
+def test_the_command_to_try_leaves_out_a_drafter_load_finds(tmp_path, capsys, mlx_ckpt):
+    """A drafter converted into MODEL/drafter, where load(MODEL) looks, was still given to try as
+    `--model MODEL --drafter MODEL/drafter`; the command is the shorter one there (and keeps --drafter elsewhere)."""
+    import shlex
+
+    model = tmp_path / "model"
+    assert run_convert(capsys, "--model", mlx_ckpt[0], "--out", model)[0] == 0
+    src = write_numpy_drafter(tmp_path / "d", H, V, exit_dim=2 * H, layers=1)
+
+    def tried(*argv):
+        assert convert_main([*map(str, argv)]) == 0
+        said = [line for line in capsys.readouterr().err.splitlines() if "try it: " in line]
+        return shlex.split(said[-1].split("try it: ", 1)[1])
+
+    assert tried("--drafter", src, "--base", model, "--out", model / "drafter") == [
+        "python", "-m", "redrafter_mlx", "--model", str(model), "Hello!"]
+    assert "--drafter" in tried("--drafter", src, "--base", model, "--out", tmp_path / "elsewhere")
+
+
 # ---- the default GGUF model ---------------------------------------------------------------
 
 def test_a_quantized_gguf_says_its_bits_per_weight(tmp_path, capsys):
