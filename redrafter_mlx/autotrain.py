@@ -408,8 +408,9 @@ def _check_work_folder(work: Path):
         ours = False
     theirs = [f"{name}/" if (work / name).is_dir() else name for name in WORK_NAMES if (work / name).exists()]
     if theirs and not ours:
+        them = "them" if len(theirs) > 1 else "it"  # ("holds train/ ... would delete them" for one entry)
         raise RedrafterError(f"--work {work} holds {', '.join(theirs)}, which redrafter-train did not write, and a run "
-                             "there would delete them: give a new or empty folder, or the work folder of an earlier "
+                             f"there would delete {them}: give a new or empty folder, or the work folder of an earlier "
                              "run")
 
 

@@ -261,6 +261,19 @@ def test_a_work_folder_holding_someone_elses_train_folder_is_refused_not_emptied
     autotrain._check_work_folder(project)
 
 
+def test_a_foreign_work_folder_is_said_in_the_grammar_of_its_count(tmp_path):
+    """One entry that no run made was said "holds train/, ... would delete them"."""
+    from redrafter_mlx.errors import RedrafterError
+
+    (tmp_path / "train").mkdir()
+    with pytest.raises(RedrafterError, match=r"holds train/, which redrafter-train did not write, and a run there "
+                                             r"would delete it: "):
+        autotrain._check_work_folder(tmp_path)
+    (tmp_path / "state.json").write_text("{}")
+    with pytest.raises(RedrafterError, match=r"holds train/, state.json, which .* would delete them: "):
+        autotrain._check_work_folder(tmp_path)
+
+
 def test_a_drafter_place_that_cannot_be_written_is_refused_before_loading(tiny_model_dir, tmp_path, capsys,
                                                                           monkeypatch):
     """It was checked after the model had loaded (minutes for a large model)."""
