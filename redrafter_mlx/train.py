@@ -521,7 +521,9 @@ def evaluate(loaded, prompts: List[str], width: int, length: int, max_tokens: in
 
 
 def eval_prompts(path: Path, per_category: int) -> List[dict]:
-    """The first `per_category` questions (first turns) of each category of a Spec-Bench file."""
+    """The first `per_category` questions (first turns) of each category of a JSONL file of Spec-Bench lines
+    ({"turns": [...], "category": ...}) or one-turn {"prompt": ...} lines (their "source" the category where
+    they have none), as redrafter-bench --prompts reads them (bench.read_prompts)."""
     from .bench import read_prompts
 
     taken: Dict[str, int] = {}
@@ -613,8 +615,13 @@ def main(argv=None):
                    help="with --eval-only, the drafter folder to evaluate (default: OUT/drafter; a training run "
                         "evaluates the drafter it saves there)")
     p.add_argument("--eval-prompts", type=cli.path, default=None,
-                   help="Spec-Bench JSONL (lines with 'turns' and 'category') to report tokens/step on after training")
-    p.add_argument("--eval-per-category", type=cli.positive, default=2, help="questions per category (default: 2)")
+                   help="questions to report tokens/step on after training (or with --eval-only), as "
+                        "redrafter-bench --prompts takes them: JSONL of Spec-Bench lines ({\"turns\": [...], "
+                        "\"category\": ...}; the first turn is asked) or one-turn {\"prompt\": ...} lines (their "
+                        "'source' the category where they have none)")
+    p.add_argument("--eval-per-category", type=cli.positive, default=2,
+                   help="questions taken from each category of --eval-prompts, the first in the file (lines with no "
+                        "category are one; default: 2)")
     p.add_argument("--eval-max-tokens", type=cli.positive, default=128, help="tokens per evaluated reply (default: 128)")
     p.add_argument("--beam-shapes", type=parse_shapes, default="4x5", metavar="WxL[,WxL...]",
                    help="W x L list, e.g. 4x5,8x5 (default: 4x5)")
