@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog=PROG,
         description="Convert a model of a supported family (Hugging Face checkpoint or llama GGUF) and Apple's ReDrafter "
-        "draft head into one MLX model folder for redrafter_mlx (and mlx-lm).",
+        "draft head into one MLX model folder for redrafter_mlx (and mlx-lm); or, with --base, convert a drafter alone "
+        "for a model already converted.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -74,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --drafter and no --model: the model the drafter is for (converted folder, "
                           ".gguf, registry name or hub id); the output is then the drafter folder alone")
     out = p.add_argument_group("output")
-    out.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder (must not exist, unless --force)")
+    out.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder, which must not exist unless --force: the converted model, or with --base the drafter alone "
+                          "(MODEL/drafter is where redrafter_mlx finds it by itself)")
     out.add_argument("--force", action="store_true",
                      help="replace an existing output folder (a model or drafter folder only; an --out that is a "
                           "symbolic link is followed: the folder it points to is replaced, the link stays)")
@@ -86,14 +88,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="quantize the base model with mlx-lm (a GGUF is first dequantized, to --dtype or else "
                           "float16; an already quantized folder needs --dtype, to which it is first dequantized; the "
                           "drafter is not quantized)")
-    out.add_argument("--q-bits", type=int, choices=[2, 3, 4, 5, 6, 8], help="bits per weight (default 4)")
+    out.add_argument("--q-bits", type=int, choices=[2, 3, 4, 5, 6, 8], help="with --quantize: bits per weight (default 4)")
     out.add_argument("--q-group-size", type=int, choices=[32, 64, 128],
-                     help="quantization group size (default 64); it must divide the layers' input widths (a size "
-                          "that leaves layers unquantized where another would not is refused)")
+                     help="with --quantize: quantization group size, the weights that share a scale (default 64); "
+                          "it must divide the layers' input widths (a size that leaves layers unquantized where "
+                          "another would not is refused)")
     out.add_argument("--chat-template", metavar="NAME|FILE",
                      help="chat template to store with the tokenizer: 'vicuna' or a Jinja file "
                           "(default: the checkpoint's own)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars or status lines")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bars or status lines (notes on the result and errors are still said)")
     return p
 
 
