@@ -1,4 +1,5 @@
-"""Distillation data for draft heads: the base model's own greedy replies, with its hidden states.
+"""Distillation data for draft heads: the base model's own replies (greedy, or sampled with --temperature), with its
+hidden states.
 
     python -m redrafter_mlx.distill --model smollm2-135m --out runs/distill \
         --data ../shared/data/alpaca_1000.jsonl ../shared/data/seed_tasks.jsonl \
@@ -482,9 +483,13 @@ def self_instruct(loaded, seeds: List[str], n: int, path: Path, batch_size: int 
 def main(argv=None):
     p = cli.Parser(prog="python -m redrafter_mlx.distill", description=__doc__.split("\n\n")[0])
     cli.add_version(p)
-    p.add_argument("--model", default=None, help="registry name, local path or hub id (default: smollm2-135m)")
-    p.add_argument("--data", nargs="+", type=cli.path,
-                   help="prompt JSONL files (never MT-Bench); required unless --backfill-greedy")
+    p.add_argument("--model", default=None,
+                   help="the base model the drafter is for: registry name, local path or hub id "
+                        "(default: smollm2-135m)")
+    p.add_argument("--data", nargs="+", type=cli.path, metavar="FILE",
+                   help="prompt JSONL files, lines with 'prompt', 'instruction' (alpaca, with its 'input'; "
+                        "self-instruct seeds), 'question' (GSM8K) or Spec-Bench 'turns' (the first); MT-Bench is "
+                        "refused (it is the benchmark); required unless --backfill-greedy")
     p.add_argument("--out", type=cli.path, required=True,
                    help="folder for the replies and hidden states (shards); a run stopped early resumes there (the same "
                         "--model, --temperature and --weight-format: another's is refused)")
@@ -492,27 +497,32 @@ def main(argv=None):
                    help="skip the first N prompts (interleaved across files; default: 0)")
     p.add_argument("--limit", type=cli.positive, default=None, metavar="N",
                    help="use N prompts from --offset (interleaved across files; default: all)")
-    p.add_argument("--batch-size", type=cli.positive, default=16, help="most prompts answered together (default: 16)")
-    p.add_argument("--batch-tokens", type=cli.positive, default=None,
+    p.add_argument("--batch-size", type=cli.positive, default=16, metavar="N",
+                   help="most prompts answered together (default: 16)")
+    p.add_argument("--batch-tokens", type=cli.positive, default=None, metavar="N",
                    help="most padded tokens (prompt + --max-tokens) in a batch; long prompts go in smaller batches "
                         "(default: batch size x (max tokens + 128))")
-    p.add_argument("--max-tokens", type=cli.positive, default=256, help="longest reply (default: 256)")
+    p.add_argument("--max-tokens", type=cli.positive, default=256, metavar="N",
+                   help="longest reply, in tokens (default: 256)")
     p.add_argument("--max-prompt-tokens", type=cli.positive, default=None, metavar="N",
                    help="skip prompts of more than N tokens (chat template included): on a CPU the few very long "
                         "ones cost more than they teach (default: all that leave --max-tokens in the context)")
     p.add_argument("--weight-format", default="float32", choices=WEIGHT_FORMATS,
-                   help="the base model's weights while distilling (default: float32)")
+                   help="the base model's weights while distilling: auto = the fastest for this device, stored = as "
+                        "in the file (e.g. 4-bit), or a dtype (default: float32)")
     p.add_argument("--self-instruct", type=cli.non_negative, default=0, metavar="N",
                    help="first have the model write N new tasks from the seed tasks (files named seed_tasks*, "
                         "else all --data) into OUT/self_instruct.jsonl, and answer them too")
     p.add_argument("--temperature", type=cli.temperature, default=0.0, metavar="T",
                    help="sample replies at T instead of greedy ones: more varied contexts, still the model's own "
                         "text (answers are keyed by prompt: use another --out than the greedy run; default: 0, greedy)")
-    p.add_argument("--seed", type=cli.seed, default=None,
+    p.add_argument("--seed", type=cli.seed, default=None, metavar="N",
                    help="sampling seed of --temperature and of --self-instruct's new tasks, 0 to 2**64 - 1 "
                         "(default: 0)")
     p.add_argument("--backfill-greedy", action="store_true",
-                   help="only add the greedy tokens to the shards of an older sampled run in OUT, then stop")
+                   help="answer no prompts: only add the base model's greedy token at each reply position (what "
+                        "training learns from sampled replies) to the shards of a sampled run in OUT written before "
+                        "they were stored, then stop")
     args = p.parse_args(argv)
     unused = [flag for flag, given in (("--data", args.data), ("--offset", args.offset), ("--limit", args.limit),
                                        ("--batch-tokens", args.batch_tokens), ("--max-prompt-tokens", args.max_prompt_tokens),
