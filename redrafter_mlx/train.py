@@ -1,4 +1,4 @@
-"""Train a ReDrafter draft head on distillation data (see distill.py), base model frozen.
+"""Train a ReDrafter draft head, base model frozen, on the replies python -m redrafter_mlx.distill kept.
 
     python -m redrafter_mlx.train --model smollm2-135m --data runs/distill --out runs/drafter \
         --depth 4 --steps 2000 --batch 512 --draft-vocab 8192
@@ -574,9 +574,13 @@ def main(argv=None):
     p.add_argument("--model", default=None,
                    help="the base model the head drafts for, the one --data was distilled from (registry name, "
                         "local path or hub id; default: smollm2-135m)")
-    p.add_argument("--data", type=cli.path, nargs="+", help="distillation folder(s) from redrafter_mlx.distill")
+    p.add_argument("--data", type=cli.path, nargs="+", metavar="DIR",
+                   help="the --out folders of python -m redrafter_mlx.distill (one or more); required unless "
+                        "--eval-only")
     p.add_argument("--out", type=cli.path, required=True,
-                   help="run folder: checkpoints (a stopped run resumes from them), train_log.jsonl, OUT/drafter")
+                   help="run folder: checkpoints (a stopped run resumes from them), train_log.jsonl, eval.jsonl, and "
+                        "the trained drafter in OUT/drafter (give it to the other commands as --drafter, or put it in "
+                        "MODEL/drafter, where they find it by themselves)")
     p.add_argument("--depth", type=cli.positive, default=4,
                    help="draft tokens predicted per position (beam length - 1; default: 4)")
     p.add_argument("--steps", type=cli.positive, default=1000, help="optimizer steps in all, resumed ones included "
@@ -595,7 +599,7 @@ def main(argv=None):
                    help="share of the replies held out for validation (default: 0.05)")
     p.add_argument("--soft", type=cli.number(0, 1), default=0.0, metavar="A",
                    help="weight of the base model's own distribution as target, from 0 to 1 (0: the reply tokens "
-                        "only; 1: the distribution only; default: 0); see loss_fn")
+                        "only; 1: the distribution only; default: 0)")
     p.add_argument("--greedy-targets", action="store_true",
                    help="predict the base model's greedy token at each position of sampled replies (stored by "
                         "distill --temperature), not the sampled one")
@@ -608,23 +612,26 @@ def main(argv=None):
                    help="checkpoint every N steps (default: 200)")
     p.add_argument("--reload-every", type=cli.non_negative, default=0, metavar="N",
                    help="re-read --data every N steps (a distillation run still adding shards; default: 0, never)")
-    p.add_argument("--dtype", default="float16", choices=["float16", "float32"], help="saved weights (default: float16)")
+    p.add_argument("--dtype", default="float16", choices=["float16", "float32"],
+                   help="the saved drafter's weights (default: float16)")
     p.add_argument("--eval-only", action="store_true",
                    help="train nothing: evaluate --eval-drafter (default: OUT/drafter) on --eval-prompts")
-    p.add_argument("--eval-drafter", type=cli.path, default=None,
+    p.add_argument("--eval-drafter", type=cli.path, default=None, metavar="DIR",
                    help="with --eval-only, the drafter folder to evaluate (default: OUT/drafter; a training run "
                         "evaluates the drafter it saves there)")
-    p.add_argument("--eval-prompts", type=cli.path, default=None,
+    p.add_argument("--eval-prompts", type=cli.path, default=None, metavar="FILE.jsonl",
                    help="questions to report tokens/step on after training (or with --eval-only), as "
                         "redrafter-bench --prompts takes them: JSONL of Spec-Bench lines ({\"turns\": [...], "
                         "\"category\": ...}; the first turn is asked) or one-turn {\"prompt\": ...} lines (their "
                         "'source' the category where they have none)")
-    p.add_argument("--eval-per-category", type=cli.positive, default=2,
+    p.add_argument("--eval-per-category", type=cli.positive, default=2, metavar="N",
                    help="questions taken from each category of --eval-prompts, the first in the file (lines with no "
                         "category are one; default: 2)")
-    p.add_argument("--eval-max-tokens", type=cli.positive, default=128, help="tokens per evaluated reply (default: 128)")
+    p.add_argument("--eval-max-tokens", type=cli.positive, default=128, metavar="N",
+                   help="tokens per evaluated reply (default: 128)")
     p.add_argument("--beam-shapes", type=parse_shapes, default="4x5", metavar="WxL[,WxL...]",
-                   help="W x L list, e.g. 4x5,8x5 (default: 4x5)")
+                   help="the beam shapes (W beams of L tokens) the --eval-prompts evaluation decodes with, e.g. "
+                        "4x5,8x5 (default: 4x5)")
     args = p.parse_args(argv)
     if not args.eval_only and args.data is None:
         p.error("--data is required for training")
