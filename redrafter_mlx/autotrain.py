@@ -51,6 +51,7 @@ from . import cli  # noqa: E402
 from .distill import check_seeds, read_prompt_files  # noqa: E402
 from .config import WEIGHT_FORMATS  # noqa: E402
 from .errors import RedrafterError  # noqa: E402
+from .registry import default_model_name  # noqa: E402
 from .files import (model_manifest_of, one_run_in, record_drafter, signals_held, staging_folder,  # noqa: E402
                     unwritable_ancestor, write_json)
 
@@ -327,8 +328,9 @@ def parse_args(argv=None):
         epilog="example: redrafter-train --model smollm2-135m --budget quick",
     )
     cli.add_version(p)
-    p.add_argument("--model", default=None, help="registry name, model folder, GGUF file or hub id "
-                                                 "(default: the registry default)")
+    p.add_argument("--model", default=None,
+                   help="the model to train a drafter for: registry name, model folder, GGUF file or hub id "
+                        f"(default: {default_model_name()})")
     p.add_argument("--budget", choices=sorted(BUDGETS), default="quick", help=BUDGET_HELP)
     p.add_argument("--prompts", type=cli.path, nargs="+", default=None, metavar="FILE.jsonl",
                    help="your own training prompts (JSONL lines with 'prompt', 'instruction', 'question' or 'turns'), "
@@ -337,10 +339,12 @@ def parse_args(argv=None):
                    help="held-out prompts for the evaluation, in the same format: the first "
                         f"{BUDGETS['quick'].eval_prompts} (--budget quick) or {BUDGETS['standard'].eval_prompts} "
                         "(standard) that are not training prompts too (default: the shipped held-out set)")
-    p.add_argument("--work", type=cli.work_folder, default=None,
-                   help="folder for the resumable work (default: the package cache, train/<model>); a run on other "
-                        "prompts, another model, --budget or --weight-format starts it afresh, deleting the earlier "
-                        "run's work (another --batch-size, --eval-prompts or --force resumes it)")
+    p.add_argument("--work", type=cli.work_folder, default=None, metavar="DIR",
+                   help="folder for the resumable work (default: train/<model> in the package cache: "
+                        "$REDRAFTER_CACHE, else $XDG_CACHE_HOME/redrafter-mlx or ~/.cache/redrafter-mlx); a run on "
+                        "other prompts, another model, --budget or --weight-format starts it afresh, deleting the "
+                        "earlier run's work (another --batch-size, --eval-prompts or --force resumes it); a folder "
+                        "holding distill/, train/, state.json or prompts.json that no run wrote is refused")
     p.add_argument("--force", action="store_true",
                    help="install even when the drafter in place drafts as many tokens per step or more, or when "
                         "none of the new drafter's drafts were accepted (a drafter replaced is kept beside it, as "
@@ -348,8 +352,8 @@ def parse_args(argv=None):
     p.add_argument("--weight-format", default="auto", choices=WEIGHT_FORMATS,
                    help="the format the base model runs in while distilling and evaluating (default: auto, the "
                         "fastest here)")
-    p.add_argument("--batch-size", type=cli.positive, default=None,
-                   help="prompts answered together (default: 128 on a CPU, 64 on a GPU)")
+    p.add_argument("--batch-size", type=cli.positive, default=None, metavar="N",
+                   help="prompts the model answers together while distilling (default: 128 on a CPU, 64 on a GPU)")
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # as given, for the manifest
     return args

@@ -261,6 +261,16 @@ def test_a_work_folder_holding_someone_elses_train_folder_is_refused_not_emptied
     autotrain._check_work_folder(project)
 
 
+def test_help_names_the_default_model(capsys):
+    """--model's default was "the registry default", a name --help gave nowhere (redrafter-bench names it)."""
+    from redrafter_mlx.registry import default_model_name
+
+    with pytest.raises(SystemExit):
+        autotrain.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"GGUF file or hub id (default: {default_model_name()})" in text and "registry default" not in text
+
+
 def test_a_foreign_work_folder_is_said_in_the_grammar_of_its_count(tmp_path):
     """One entry that no run made was said "holds train/, ... would delete them"."""
     from redrafter_mlx.errors import RedrafterError
