@@ -8,6 +8,7 @@ user error: one line on stderr, never a traceback.
 """
 
 import argparse
+import contextlib
 import math
 import os
 import signal
@@ -262,6 +263,51 @@ def write_failure(error: BaseException) -> Optional[str]:
     return None
 
 
+class _LineAfterCtrlC:
+    """Standard error while a command runs, watching whether its line was ended since Ctrl-C. The terminal echoes
+    "^C" where the cursor is (after a progress bar's half-drawn line, or at a line's start), and the message that
+    follows ran on after it: `run` puts the message on a line of its own. A progress bar closed on the way out
+    ends its line (tqdm writes its last state and a newline), and the line put before the message then left a
+    blank one under the bar."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.line_ended = False  # what was written last ended its line, and no Ctrl-C ("^C") came after it
+
+    def ctrl_c(self, signum, frame):
+        self.line_ended = False
+        signal.default_int_handler(signum, frame)  # KeyboardInterrupt, as ever
+
+    def write(self, text):
+        if text:
+            self.line_ended = text.endswith("\n")
+        return self.stream.write(text)
+
+    def __getattr__(self, name):  # flush, isatty, fileno, encoding...: the stream's own
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def _watching_ctrl_c():
+    """A `_LineAfterCtrlC` over sys.stderr while the block runs, told of Ctrl-C by a SIGINT handler. Where
+    Python's own handler is not the one in place (another thread, a handler the program set, SIGINT ignored),
+    nothing is watched: the line is taken as not ended, as it was before."""
+    watch = _LineAfterCtrlC(sys.stderr)
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield watch
+        return
+    before = sys.stderr
+    sys.stderr = watch
+    signal.signal(signal.SIGINT, watch.ctrl_c)
+    try:
+        yield watch
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if sys.stderr is watch:
+            sys.stderr = before
+
+
 def run(prog: str, body: Callable[[], Optional[int]], resume: Optional[str] = None) -> int:
     """Run a command's body and return its exit status. A user error (`RedrafterError`) ends it
     with one line on stderr and status 2; an OS error (a path that cannot be read or written, a
@@ -271,6 +317,11 @@ def run(prog: str, body: Callable[[], Optional[int]], resume: Optional[str] = No
     (`... | head`) quietly, as other command-line tools do. Anything else is a bug and keeps its
     traceback. The library's warnings (RedrafterWarning) are not printed: load() tells the command's
     progress lines the same words (they had been printed twice, once with Python's warning header)."""
+    with _watching_ctrl_c() as line:
+        return _run(prog, body, resume, line)
+
+
+def _run(prog: str, body: Callable[[], Optional[int]], resume: Optional[str], line: _LineAfterCtrlC) -> int:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RedrafterWarning)
@@ -295,7 +346,8 @@ def run(prog: str, body: Callable[[], Optional[int]], resume: Optional[str] = No
         return 1
     except KeyboardInterrupt as e:  # a body may say where it stopped and how to go on: KeyboardInterrupt(text)
         said = e.args[0] if e.args and isinstance(e.args[0], str) else "cancelled"
-        print(f"\n{prog}: {said}", file=sys.stderr)
+        # on a line of its own (after "^C", or a bar left mid-line), but no blank one under a bar closed since
+        print(("" if line.line_ended else "\n") + f"{prog}: {said}", file=sys.stderr)
         return 130
 
 

@@ -5,6 +5,7 @@ import argparse
 import errno
 import json
 import os
+import sys
 
 from pathlib import Path
 
@@ -504,3 +505,40 @@ def test_a_prompt_that_begins_like_an_option_is_told_to_go_after_dashes(capsys):
     with pytest.raises(SystemExit):
         main_cli.main(["--max-tokens", "0", "hi"])
     assert "goes after --" not in capsys.readouterr().err  # (no prompt that looks like an option: no hint)
+
+
+def test_ctrl_c_is_said_on_a_line_of_its_own_with_no_blank_line_under_a_closed_bar(capsys):
+    """The message after Ctrl-C began with a newline, to leave the line where the terminal echoed "^C" (or a bar
+    left mid-line); under a progress bar closed on the way out (the commands close theirs however they end) it
+    left a blank line. It is put only where the line was not ended since Ctrl-C."""
+    import signal
+
+    from tqdm import tqdm
+
+    def closes_its_bar():
+        bar = tqdm(total=4, desc="distill", bar_format="{desc} {n}/{total}", mininterval=0)
+        try:
+            bar.update(1)
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C
+        finally:
+            bar.close()
+
+    def leaves_its_bar():
+        print("\rdistill 1/4", end="", file=sys.stderr)
+        signal.raise_signal(signal.SIGINT)
+
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert cli.run("tool", closes_its_bar) == 130
+    assert capsys.readouterr().err == "\rdistill 0/4\rdistill 1/4\rdistill 1/4\ntool: cancelled\n"
+    assert cli.run("tool", leaves_its_bar) == 130
+    assert capsys.readouterr().err == "\rdistill 1/4\ntool: cancelled\n"
+
+    def said_a_line_then_ctrl_c():  # the terminal echoes "^C" at the start of the next line
+        print("loading the model", file=sys.stderr)
+        signal.raise_signal(signal.SIGINT)
+
+    assert cli.run("tool", said_a_line_then_ctrl_c) == 130
+    assert capsys.readouterr().err == "loading the model\n\ntool: cancelled\n"
+    # the command's standard error and Python's own handler are back
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler and sys.stderr is not None
+    assert type(sys.stderr).__name__ != "_LineAfterCtrlC"
