@@ -748,6 +748,18 @@ class ChatApp(App):
                 for n in (2, 3, 4, 5, 6):
                     set_it = lambda w=w, n=n: self.set_beam(w, n)  # noqa: E731
                     yield SystemCommand(f"Beam {w} × {n}", "Set beam width × length", set_it)
+        # /seed and /details, in /help's words (the palette had neither): a seed where replies are sampled, "Seed off"
+        # where one is fixed, the last reply's seed to fix (/seed N, N typed from it), /details after a cut error
+        if self.status != "load failed" and self.settings.temperature > 0:
+            last = self.stats.seed if self.stats is not None else None
+            yield SystemCommand("Seed", "The last reply's seed (/seed)", self.show_seed)
+            if last is not None and last != self.settings.seed:
+                yield SystemCommand(f"Seed {last}", f"Every reply drawn with seed {last} (the last reply's), as "
+                                    f"--seed {last} (/seed {last})", lambda: self.set_seed(last))
+            if self.settings.seed is not None:
+                yield SystemCommand("Seed off", "A fresh seed for each reply (/seed off)", lambda: self.set_seed(None))
+        if self.error_details is not None:
+            yield SystemCommand("Details", "A failed reply's whole error (/details)", self.action_details)
         yield SystemCommand("Stats panel", "Show or hide the live stats (F2)", self.action_toggle_stats)
         yield SystemCommand("Keys and commands", "Show help in the transcript", self.action_help)
 

@@ -683,6 +683,61 @@ async def test_the_command_palette_lists_only_what_would_do_something():
         assert not any(title.startswith("Beam") for title in listed)
 
 
+async def choose(pilot, text):
+    """Choose a command in the command palette (Ctrl+P) as a user does: type `text`, Enter on the first hit."""
+    from textual.command import CommandList
+
+    app = pilot.app
+    await pilot.press("ctrl+p")
+    await wait_for(pilot, lambda: app.screen.is_modal)
+    await pilot.press(*("space" if c == " " else c for c in text))
+    hits = app.screen.query_one(CommandList)
+    await wait_for(pilot, lambda: hits.option_count and hits.highlighted is not None)
+    await pilot.pause(0.2)  # (the search runs in the background: its last hits)
+    first = str(hits.get_option_at_index(hits.highlighted).prompt).split("\n")[0]
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: not app.screen.is_modal)
+    await pilot.pause()
+    return first
+
+
+async def test_the_command_palette_has_seed_and_details_as_their_slash_commands_do():
+    """/seed and /details were not in the command palette, which Ctrl+P in the footer and /help offer as "all
+    commands": they are, in /help's words, where they would do something (a seed where replies are sampled, "Seed
+    off" where one is fixed, the last reply's seed to fix; the whole error after a failed reply's cut one)."""
+    from app.engine import FAKE_SEED
+
+    def said(app):
+        return str(list(app._notifications)[-1].message)
+
+    app = create_app(FakeEngine(["One.", "Two."]), Settings(temperature=0.7))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert "Seed" in palette(app) and not {"Seed off", f"Seed {FAKE_SEED}", "Details"} & set(palette(app))
+        await ask(pilot, "first")
+        await finished(pilot)
+        assert await choose(pilot, "seed") == "Seed"
+        assert said(app).startswith(f"The last reply was drawn with seed {FAKE_SEED}: /seed {FAKE_SEED} draws")
+        assert await choose(pilot, f"seed {FAKE_SEED}") == f"Seed {FAKE_SEED}"
+        assert app.settings.seed == FAKE_SEED and said(app).startswith(f"Seed {FAKE_SEED}: every reply is drawn")
+        assert f"Seed {FAKE_SEED}" not in palette(app)  # (fixed already)
+        assert await choose(pilot, "seed off") == "Seed off"
+        assert app.settings.seed is None and said(app).startswith("Seed off: each reply draws a fresh one")
+    app = create_app(FakeEngine(["x"]), Settings())  # greedy: no seed draws a reply
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert not any(title.startswith("Seed") for title in palette(app))
+    error = RuntimeError("[metal::malloc] Attempting to allocate 9 GB\nwhich is more than the limit of 8 GB.")
+    app = create_app(FakeEngine(["x"], fail_reply=error))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "a question")
+        await finished(pilot)
+        assert await choose(pilot, "details") == "Details"
+        assert str(app.query(Notice).last().render()).endswith(f"in full:\nRuntimeError: {error}")
+    assert "/seed (the last reply's seed)" in HELP and "/details (a failed reply's whole error)" in HELP
+
+
 async def test_a_message_sent_while_loading_is_kept_and_sent_once_ready():
     gate = threading.Event()  # the load ends when the test says so
     engine = FakeEngine(["Ready now."], load_gate=gate)
