@@ -17,25 +17,34 @@ ENGINE_EXIT_SECONDS = 10.0  # after quitting, how long the engine may take to fi
 EXAMPLES = """\
 examples:
   redrafter-chat
-      chat with the default model (smollm2-135m, fetched once into $REDRAFTER_CACHE), with
-      adaptive speculative decoding: each step's draft is sized to this machine's measured cost
-      (a few seconds of measuring the first time), plain decoding wherever drafting does not pay
-  redrafter-chat --model ~/models/llama-7b --drafter ~/models/llama-7b/drafter -W 8 -L 5
-      a local model folder (or .gguf file) with a ReDrafter head, a fixed beam of 8 x 5 tokens
+      chat with the default model (smollm2-135m, fetched once into
+      $REDRAFTER_CACHE), with adaptive speculative decoding: each step's draft
+      is sized to this machine's measured cost (a few seconds of measuring the
+      first time), plain decoding wherever drafting does not pay
+  redrafter-chat --model ~/llama-7b --drafter ~/llama-7b/drafter -W 8 -L 5
+      a local model folder (or .gguf file) with a ReDrafter head, a fixed beam
+      of 8 x 5 tokens
   redrafter-chat --model mlx-community/Qwen3-0.6B-4bit --no-speculative
-      a Hugging Face hub model (any family mlx-lm builds), plain decoding to start with (Ctrl+T switches)
-  redrafter-chat --temperature 0.7 --top-p 0.9 --max-tokens 512 --system "Answer briefly."
+      a Hugging Face hub model (any family mlx-lm builds), plain decoding to
+      start with (Ctrl+T switches)
+  redrafter-chat --temperature 0.7 --top-p 0.9 --system "Answer briefly."
   redrafter-chat --temperature 0.7 --seed 1234
-      sampled replies drawn with seed 1234 (the stats panel shows each sampled reply's seed)
+      sampled replies drawn with seed 1234 (the stats panel shows each sampled
+      reply's seed)
 
 in the app:
   Enter send · Up/Down prompt history · PgUp/PgDn scroll the conversation
-  Esc or Ctrl+C cancel the reply (the streamed part stays) or a message waiting for the model to load
-      (with text selected, Ctrl+C copies it and cancels nothing)
-  Ctrl+N new chat · Ctrl+Y copy the last reply · Ctrl+T speculative decoding on/off
-  /seed N draws the next replies with seed N (as --seed N) · /seed shows the last reply's · /seed off
-  F5/F6 beam width -/+ · F7/F8 beam length -/+ (a fixed beam) · /auto adaptive again
-  F2 stats panel on/off · Ctrl+P all commands · /help lists the /commands · Ctrl+Q quits
+  Esc or Ctrl+C cancel the reply (the streamed part stays) or a message
+      waiting for the model to load (with text selected, Ctrl+C copies it and
+      cancels nothing)
+  Ctrl+N new chat · Ctrl+Y copy the last reply
+  Ctrl+T speculative decoding on/off
+  /seed N draws the next replies with seed N (as --seed N)
+      /seed shows the last reply's · /seed off a fresh one for each
+  F5/F6 beam width -/+ · F7/F8 beam length -/+ (a fixed beam)
+      /auto adaptive again
+  F2 stats panel on/off · Ctrl+P all commands · /help lists the /commands
+  Ctrl+Q quits
 """
 
 
@@ -111,8 +120,10 @@ class _Parser(argparse.ArgumentParser):
 def configure_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="redrafter-chat",
-        description="Chat with a local LLM in the terminal, with ReDrafter speculative decoding on MLX "
-        "and live decoding stats (tok/s, tokens/step, acceptance, speedup).",
+        # (lines of their own, as the examples: the formatter keeps them as written, and one line of 148 characters
+        # broke mid-word in an 80-column terminal)
+        description="Chat with a local LLM in the terminal, with ReDrafter speculative decoding on\n"
+        "MLX and live decoding stats (tok/s, tokens/step, acceptance, speedup).",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -661,6 +661,24 @@ async def test_the_footer_fits_an_80_column_terminal():
         assert [str(label.render()).strip() for label in app.query("FooterLabel")] == ["Width", "Length"]
 
 
+def test_help_fits_an_80_column_terminal(monkeypatch):
+    """argparse wraps the options' help to the terminal, not the description and the examples (kept as written):
+    the description was one line of 148 characters and eleven lines of the examples ran past 80 columns (macOS
+    Terminal's default window), each broken mid-word by the terminal. Every line fits, and every example
+    command parses."""
+    import shlex
+
+    from app.__main__ import EXAMPLES
+
+    monkeypatch.setenv("COLUMNS", "80")
+    text = configure_parser().format_help()
+    assert [line for line in text.splitlines() if len(line) > 79] == []
+    commands = [line.split(None, 1) for line in EXAMPLES.splitlines() if line.startswith("  redrafter-chat")]
+    assert len(commands) == 5
+    for _, *options in commands:
+        configure_parser().parse_args(shlex.split(options[0]) if options else [])
+
+
 async def test_the_command_palette_lists_only_what_would_do_something():
     """Ctrl+P listed twenty "Beam W × N" commands over a model with no drafter, each answering that a beam needs
     one, and every chat command after a failed load: they are left out where they would do nothing."""
