@@ -39,12 +39,15 @@ STATS_MIN_WIDTH = 100  # narrower terminals start with the stats panel hidden (F
 # competes with decoding for the CPU and the GIL: on the 2-core CPU, redrawing on every step
 # halved tok/s in the app, plain and speculative alike.
 UPDATE_SECONDS = 0.1
+# A note is written in the bubble's bottom border, and cut there ("…") past its width: 41 characters at 100
+# columns, the narrowest terminal that shows the stats panel beside the conversation ("stopped: max tokens (256;
+# --max-tokens s…" and "stopped: context full · Ctrl+N starts a new c…", what to do cut off).
 FINISH_NOTES = {
     "eos": "",
     # (it said "max tokens" alone: not how many, nor that the chat's --max-tokens sets it, 256 unless given)
-    "length": "stopped: max tokens ({max_tokens}; --max-tokens sets it)",
+    "length": "stopped at {max_tokens} tokens (--max-tokens)",
     # the conversation fills the model's context: a next message cannot fit (it failed, and only then said so)
-    "context": "stopped: context full · Ctrl+N starts a new chat",
+    "context": "stopped: context full · Ctrl+N new chat",
     "cancelled": "cancelled",
 }
 HELP = """\

@@ -1065,7 +1065,7 @@ async def test_a_reply_that_fills_the_context_says_how_to_go_on():
         await ask(pilot, "Tell me everything.")
         await finished(pilot)
         assert app.status == "done (context)"
-        assert app.query_one(AssistantMessage).border_subtitle == "stopped: context full · Ctrl+N starts a new chat"
+        assert app.query_one(AssistantMessage).border_subtitle == "stopped: context full · Ctrl+N new chat"
 
 async def test_a_reply_cut_at_max_tokens_says_the_limit_and_its_option():
     """A reply cut by the token limit said "stopped: max tokens": not which limit (256 unless given), nor that
@@ -1076,7 +1076,38 @@ async def test_a_reply_cut_at_max_tokens_says_the_limit_and_its_option():
         await ask(pilot, "Count.")
         await finished(pilot)
         assert app.status == "done (length)" and transcript_replies(app) == ["one two three "]
-        assert app.query_one(AssistantMessage).border_subtitle == "stopped: max tokens (3; --max-tokens sets it)"
+        assert app.query_one(AssistantMessage).border_subtitle == "stopped at 3 tokens (--max-tokens)"
+
+
+def screen_text(app: ChatApp) -> str:
+    """The screen as drawn, one line of text per row."""
+    strips = app.screen._compositor.render_strips()
+    return "\n".join("".join(segment.text for segment in strip).rstrip() for strip in strips)
+
+
+@pytest.mark.parametrize("reason,note", [("length", "stopped at 16384 tokens (--max-tokens)"),
+                                         ("context", "stopped: context full · Ctrl+N new chat")])
+async def test_a_reply_s_note_fits_its_bubble_beside_the_stats_panel(reason, note):
+    """The note in a reply's bottom border is cut ("…") past the bubble's width: at 100 columns (the narrowest that
+    shows the stats panel) it read "stopped: max tokens (256; --max-tokens s…" and "stopped: context full · Ctrl+N
+    starts a new c…", what to do cut off. The notes are whole there."""
+    from app.engine import Chunk
+
+    engine = FakeEngine(["x"])
+
+    def stops(messages, settings, should_stop, on_status=None):
+        yield Chunk("An answer", Stats(new_tokens=3, steps=2), reason)
+
+    engine._reply = stops
+    app = create_app(engine, Settings(max_tokens=16384))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        assert app.query_one(StatsPanel).display
+        await ask(pilot, "Go on.")
+        await finished(pilot)
+        await pilot.pause()
+        assert app.query_one(AssistantMessage).border_subtitle == note
+        assert f" {note} ─╯" in screen_text(app)
 
 
 async def test_the_panel_says_how_much_of_the_context_the_conversation_holds():
