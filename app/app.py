@@ -59,15 +59,17 @@ Keys
   {beam_keys} · Ctrl+P all commands
   A pasted text keeps its line breaks, shown as ⏎
 Commands
-  /new · /copy · /spec [on|off] · /beam W L · /width N · /length N (a fixed beam{beam_needs}) · /auto (adaptive)
+  /new (or /clear) · /copy · /spec [on|off] · /beam W L · /width N · /length N (a fixed beam{beam_needs}) · /auto (adaptive)
   /seed N (every reply drawn with seed N, as --seed N) · /seed (the last reply's seed) · /seed off (a fresh one each)
-  /stats (the panel on/off) · /details (a failed reply's whole error) · /help
+  /stats (the panel on/off) · /details (a failed reply's whole error) · /help · /quit (or /exit)
   A message starting with / is sent as such when written //"""
 # Textual's copy_to_clipboard writes an OSC 52 sequence and cannot know what the terminal did with it: "Copied"
 # was said in terminals that ignore it (macOS Terminal, tmux without set-clipboard), the clipboard unchanged.
 TO_CLIPBOARD = "to the terminal's clipboard (OSC 52: some terminals ignore it, macOS Terminal among them)."
 COMMANDS = {  # each /command as it is written, for the notice on bad arguments
-    "new": "/new", "copy": "/copy", "spec": "/spec, /spec on or /spec off", "beam": "/beam W L (or /beam WxL)",
+    # (/clear, /quit and /exit, what other terminal chats take, answered "Unknown command")
+    "new": "/new", "clear": "/clear", "quit": "/quit", "exit": "/exit", "copy": "/copy",
+    "spec": "/spec, /spec on or /spec off", "beam": "/beam W L (or /beam WxL)",
     "width": "/width N", "length": "/length N", "auto": "/auto", "help": "/help", "stats": "/stats",
     "details": "/details", "seed": "/seed N (0 to 2**64 - 1), /seed or /seed off",
 }
@@ -696,10 +698,12 @@ class ChatApp(App):
                         severity="warning", markup=False)
             return
         try:
-            if name in ("new", "copy", "auto", "help", "stats", "details") and args:
+            if name in ("new", "clear", "quit", "exit", "copy", "auto", "help", "stats", "details") and args:
                 raise ValueError
-            if name == "new":
+            if name in ("new", "clear"):
                 await self.action_new_chat()
+            elif name in ("quit", "exit"):
+                await self.action_quit()  # (Ctrl+Q's)
             elif name == "copy":
                 self.action_copy_reply()
             elif name == "spec" and args in ([], ["on"], ["off"]):

@@ -406,6 +406,32 @@ async def test_new_chat_during_a_reply_cancels_it_first():
         assert app.messages == [] and not app.query(AssistantMessage)
 
 
+async def test_clear_quit_and_exit_are_commands_as_in_other_terminal_chats():
+    """/clear, /quit and /exit, what other terminal chats take, answered "Unknown command": /clear starts a new chat
+    as /new does, /quit and /exit quit as Ctrl+Q does (a reply running is cancelled: ChatApp.on_unmount)."""
+    engine = FakeEngine(["One.", "Two."])
+    app = create_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await ask(pilot, "Hello")
+        await finished(pilot)
+        await ask(pilot, "/clear")
+        await wait_for(pilot, lambda: engine.new_chats == 1)
+        assert app.messages == [] and not app.query(AssistantMessage)
+        assert str(app.query(Notice).last().render()) == "New chat."
+        await ask(pilot, "/clear all")
+        assert str(list(app._notifications)[-1].message) == "'/clear all': /clear is written /clear."
+        assert not app._exit
+    for command in ("/quit", "/exit", " /QUIT"):
+        app = create_app(FakeEngine(["x"]))
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot)
+            await ask(pilot, command)
+            await pilot.pause()
+            assert app._exit and app.return_code == 0, command
+    assert "/new (or /clear)" in HELP and "/quit (or /exit)" in HELP
+
+
 async def test_new_chat_while_a_reply_is_cancelled_before_a_word_leaves_the_box_empty():
     """Ctrl+N while a reply was being cancelled before its first word put the withdrawn message back into the
     new chat's prompt box, as if to send it again in a chat the user had just asked to start afresh."""
