@@ -274,7 +274,14 @@ def has_terminal() -> bool:
 
 def main(argv=None) -> int:
     parser = configure_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not any(word.startswith("-") for word in extra):  # (it said "unrecognized arguments: What is MLX?")
+        shown = " ".join(extra)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        parser.error(f"the chat takes no prompt on its command line ({shown!r}): type it once the chat opens; "
+                     "python -m redrafter_mlx PROMPT answers one prompt in a script")
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.system is not None:  # bytes that are not UTF-8 (another locale's argv): every reply failed, the chat open
         try:
             args.system.encode("utf-8")

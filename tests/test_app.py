@@ -687,6 +687,23 @@ async def test_the_footer_fits_an_80_column_terminal():
         assert [str(label.render()).strip() for label in app.query("FooterLabel")] == ["Width", "Length"]
 
 
+def test_a_prompt_given_on_the_command_line_is_said_to_be_typed_in_the_chat(capsys):
+    """`redrafter-chat "What is MLX?"` (as `python -m redrafter_mlx PROMPT` takes one) said "unrecognized arguments:
+    What is MLX?", which read as a bad option: it says the chat takes no prompt there, and where one goes."""
+    from app.__main__ import main
+
+    for argv in (["What is MLX?"], ["--temperature", "0.7", "What", "is", "MLX?"]):
+        with pytest.raises(SystemExit) as stopped:
+            main(argv)
+        assert stopped.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("redrafter-chat: error: the chat takes no prompt on its command line ('What is MLX?'): "
+                              "type it once the chat opens; python -m redrafter_mlx PROMPT answers one"), err
+    with pytest.raises(SystemExit):
+        main(["--modle", "x"])  # an unknown option stays one
+    assert "error: unrecognized arguments: --modle x (options: redrafter-chat --help)" in capsys.readouterr().err
+
+
 def test_help_fits_an_80_column_terminal(monkeypatch):
     """argparse wraps the options' help to the terminal, not the description and the examples (kept as written):
     the description was one line of 148 characters and eleven lines of the examples ran past 80 columns (macOS
