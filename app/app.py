@@ -364,13 +364,14 @@ class ChatApp(App):
                 self.post_message(ReplyFailed(reply_id, "the engine ended the reply without a reason", text))
 
     def on_reply_status(self, msg: ReplyStatus):
-        if msg.reply_id == self.reply_id and self.reply_view is not None and not self.reply_view.text:
+        if msg.reply_id == self.reply_id and self.reply_view is not None and not self.reply_view.text \
+                and self.status != "cancelling":
             self.reply_view.border_subtitle = msg.text
 
     async def on_reply_progress(self, msg: ReplyProgress):
         if msg.reply_id != self.reply_id or self.reply_view is None:
             return
-        if msg.text and not self.reply_view.text:
+        if msg.text and not self.reply_view.text and self.status != "cancelling":
             self.reply_view.border_subtitle = ""  # the prompt has been read
         if msg.finish_reason is None:  # keep the newest; a timer draws it (see UPDATE_SECONDS)
             if self._pending is None:
@@ -501,6 +502,11 @@ class ChatApp(App):
         if self._cancel is not None and not self._cancel.is_set():
             self._cancel.set()
             self.status = "cancelling"
+            # said on the reply itself: the panel said it alone, and it is hidden under STATS_MIN_WIDTH columns, while
+            # the reply stops only after its step, or the chunk of a long prompt it is reading (seconds), nothing
+            # on screen changing meanwhile
+            if self.reply_view is not None:
+                self.reply_view.border_subtitle = "cancelling…"
             self._refresh()
 
     def action_cancel_or_copy(self):

@@ -17,6 +17,7 @@ import pytest
 from app.__main__ import configure_parser
 from app.app import HELP, ChatApp, create_app
 from app.engine import Engine, EngineError, FakeEngine, Settings, Stats
+from app.messages import ReplyStatus
 from app.widgets import AssistantMessage, LoadStatus, Notice, PromptInput, StatsPanel, UserMessage
 
 SIZE = (120, 40)
@@ -1183,6 +1184,43 @@ async def test_a_long_prompt_shows_its_reading_and_a_cancel_then_withdraws_it():
         assert app.query_one(PromptInput).value == "a pasted document"
         await pilot.pause()  # it said nothing: the message vanished from the transcript unexplained
         assert any("taken back into the prompt box" in str(n.render()) for n in app.query(Notice))
+
+
+@pytest.mark.parametrize("before_a_word", [True, False])
+async def test_a_reply_being_cancelled_says_so_on_itself(before_a_word):
+    """Esc set the panel's status to "cancelling…" and nothing else: under 100 columns the panel is hidden, and a reply
+    stops only after its step, or the chunk of a long prompt it reads (seconds), the screen unchanged meanwhile. The
+    reply's bubble says "cancelling…" until it has stopped (a prompt-reading line coming then does not replace it)."""
+    engine = FakeEngine(["Several words to stream here."], hold_after=0 if before_a_word else 2,
+                        prefill_status=("reading the prompt: 512 of 2048 tokens",))
+    seen, held = threading.Event(), engine._reply
+
+    def gated(messages, settings, should_stop, on_status=None):  # the stop is seen only when the test says
+        yield from held(messages, settings, lambda: seen.is_set() and should_stop(), on_status)
+
+    engine._reply = gated
+    app = create_app(engine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        assert not app.query_one(StatsPanel).display
+        await ask(pilot, "a pasted document")
+        await wait_for(pilot, lambda: app.reply_view is not None and app.reply_view.border_subtitle
+                       == ("reading the prompt: 512 of 2048 tokens" if before_a_word else ""))
+        if not before_a_word:
+            await wait_for(pilot, lambda: app.reply_view.text)
+        await pilot.press("escape")
+        await pilot.pause()
+        view = app.reply_view
+        try:
+            assert app.status == "cancelling" and view.border_subtitle == "cancelling…"
+            app.post_message(ReplyStatus(app.reply_id, "reading the prompt: 1024 of 2048 tokens"))
+            await pilot.pause()
+            assert view.border_subtitle == "cancelling…"
+        finally:
+            seen.set()  # (the reply ends, and the app with it, whatever was asserted)
+        await finished(pilot)
+        if not before_a_word:
+            assert view.border_subtitle == "cancelled"
 
 
 async def test_a_reply_cancelled_before_a_word_leaves_the_stats_panel_as_it_was():
