@@ -290,17 +290,21 @@ def main(argv=None) -> int:
                          "is the terminal's locale UTF-8?)")
     if args.model is not None and not args.model.strip():  # said after the screen opened, in the library's words
         parser.error("--model is empty: give a registry name, a path or a hub id, or leave --model out (smollm2-135m)")
-    refused = refusal(args) or missing_path(args) or unknown_name(args)
-    if refused:
-        parser.error(refused)
-    if not has_terminal():
-        parser.error("the chat needs a terminal, and its input or output is redirected; for a reply in a script: "
-                     "python -m redrafter_mlx PROMPT (or - to read the prompt from standard input)")
-    from .app import create_app
+    try:  # the library's import (MLX's) and Textual's take seconds before the screen opens
+        refused = refusal(args) or missing_path(args) or unknown_name(args)
+        if refused:
+            parser.error(refused)
+        if not has_terminal():
+            parser.error("the chat needs a terminal, and its input or output is redirected; for a reply in a script: "
+                         "python -m redrafter_mlx PROMPT (or - to read the prompt from standard input)")
+        from .app import create_app
 
-    settings = settings_from(args)
-    engine = Engine(args.model, args.drafter, use_drafter=not args.no_drafter)
-    app = create_app(engine, settings)
+        settings = settings_from(args)
+        engine = Engine(args.model, args.drafter, use_drafter=not args.no_drafter)
+        app = create_app(engine, settings)
+    except KeyboardInterrupt:  # Ctrl+C then printed a traceback of 30-odd lines from inside those imports
+        print("\nredrafter-chat: cancelled", file=sys.stderr)  # (after the "^C" the terminal echoed)
+        return 130
     app.run()  # quitting cancels a running reply and closes the engine (ChatApp.on_unmount)
     status = 1 if app.return_code else 0  # Textual's 1 after an error it printed (the shell was told 0)
     if app.load_error is not None:  # the screen is gone: say it where it stays, whole (the screen said its first line)

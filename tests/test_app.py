@@ -705,6 +705,24 @@ def test_a_prompt_given_on_the_command_line_is_said_to_be_typed_in_the_chat(caps
     assert "error: unrecognized arguments: --modle x (options: redrafter-chat --help)" in capsys.readouterr().err
 
 
+def test_ctrl_c_before_the_screen_opens_ends_with_one_line(capsys, monkeypatch):
+    """The seconds before the chat's screen opens go into importing the library (MLX) and Textual: Ctrl+C then
+    printed a KeyboardInterrupt traceback of 30-odd lines from inside those imports (and the shell's status for
+    SIGINT). It says "cancelled" on a line of its own, status 130, as the other commands do."""
+    import app.__main__ as chat_main
+
+    def importing(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(chat_main, "refusal", importing)
+    try:
+        status = chat_main.main([])
+    except KeyboardInterrupt:  # (a failure, not pytest's own Ctrl+C, which ends the whole run)
+        pytest.fail("Ctrl+C before the screen opened ended the chat with a traceback")
+    assert status == 130
+    assert capsys.readouterr().err == "\nredrafter-chat: cancelled\n"
+
+
 def test_help_fits_an_80_column_terminal(monkeypatch):
     """argparse wraps the options' help to the terminal, not the description and the examples (kept as written):
     the description was one line of 148 characters and eleven lines of the examples ran past 80 columns (macOS
