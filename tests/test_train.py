@@ -87,17 +87,58 @@ def test_length_batches_keep_rows_and_padded_tokens_within_bounds():
     assert length_batches([], 4, 100) == []
 
 
-def test_distill_round_trip_and_resume(samples, tmp_path):
-    model, out, got = samples
-    assert len(got) == 16
-    for s in got:
-        assert s["hidden"].shape == (len(s["reply"]), 32) and s["hidden"].dtype == np.float16
-        assert s["prompt"].dtype == np.int32
+def talkative_model():
+    """A tiny model whose greedy replies differ from prompt to prompt and change token within a reply, some
+    ending early at the end token (1): tiny_model's greedy reply is token 37, 24 times, for every prompt."""
+    model = new_model(dict(model_type="llama", hidden_size=32, num_hidden_layers=2, intermediate_size=64,
+                           num_attention_heads=4, num_key_value_heads=2, vocab_size=48, tie_word_embeddings=False,
+                           rms_norm_eps=1e-5), 2)
+    model.lm_head.weight = model.lm_head.weight * 4  # sharper: greedy choices far from ties
+    mx.eval(model.parameters())
+    return model
+
+
+def test_distill_round_trip_and_resume(tmp_path, monkeypatch):
+    """What distill writes is what read_shards gives back, array for array: the prompts' ids, the replies, the
+    hidden states that predicted them (float16, bit for bit) and the greedy tokens. (It checked shapes and
+    dtypes alone, of replies that were all token 37 24 times: a shard that stored the replies reversed, or
+    another row's hidden states, passed.)"""
+    import importlib
+
+    distill_module = importlib.import_module("redrafter_mlx.distill")
+    model = talkative_model()
+    prompts = [f"question number {i} about {w}" for i, w in enumerate(["cats", "dogs", "rivers", "maths"] * 4)]
+    written, real = [], distill_module.write_shard
+    monkeypatch.setattr(distill_module, "write_shard",
+                        lambda out, index, rows: written.extend(dict(r) for r in rows) or real(out, index, rows))
+    out = tmp_path / "d"
+    assert distill(TinyLoaded(model), prompts, out, batch_size=5, max_tokens=24, progress=False) == 16
+    got = list(read_shards(out))
+    assert len(got) == len(written) == 16
+    for s, w in zip(got, written):
+        assert s["prompt"].dtype == s["reply"].dtype == s["greedy"].dtype == np.int32
+        assert s["hidden"].dtype == np.float16 and s["hidden"].shape == (len(s["reply"]), 32)
+        assert s["prompt"].tolist() == list(w["prompt"]) and s["reply"].tolist() == list(w["reply"])
+        assert np.array_equal(s["hidden"], w["hidden"])
+        assert s["greedy"].tolist() == s["reply"].tolist() == list(w["greedy"])  # greedy decoding: its own argmax
+    # the test's premise: replies that tell a reversal, a swap of rows and an early end apart
+    replies = [s["reply"].tolist() for s in got]
+    assert len({tuple(r) for r in replies}) > 8 and any(r != r[::-1] for r in replies)
+    assert any(len(r) < 24 for r in replies) and any(len(r) == 24 for r in replies)
+    # every prompt answered once, under its own ids; replies stop before the end token (1), within max_tokens
+    tok = TinyTokenizer()
+    assert sorted(s["prompt"].tolist() for s in got) == sorted(tok.prompt_ids(p) for p in prompts)
+    assert all(len(r) <= 24 and 1 not in r for r in replies)
+    # in one batch of 16 (padded otherwise, rows ending at other steps), the same replies
+    monkeypatch.setattr(distill_module, "write_shard", real)
+    assert distill(TinyLoaded(model), prompts, tmp_path / "one", batch_size=16, max_tokens=24, progress=False) == 16
+    assert sorted((s["prompt"].tolist(), s["reply"].tolist()) for s in read_shards(tmp_path / "one")) == \
+        sorted((s["prompt"].tolist(), s["reply"].tolist()) for s in got)
     shards = sorted(out.glob("shard-*.npz"))
     # A second run over the same prompts answers nothing new.
-    prompts = [f"question number {i} about {w}" for i, w in enumerate(["cats", "dogs", "rivers", "maths"] * 4)]
     assert distill(TinyLoaded(model), prompts + ["one more"], out, batch_size=5, max_tokens=24, progress=False) == 1
     assert len(sorted(out.glob("shard-*.npz"))) == len(shards) + 1
+    assert [s["prompt"].tolist() for s in read_shards(out)][-1] == tok.prompt_ids("one more")
 
 
 def test_a_prompt_given_twice_is_answered_once(tmp_path, capsys):
