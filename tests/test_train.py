@@ -47,7 +47,7 @@ def samples(tmp_path_factory):
 
 
 def test_batched_distillation_equals_greedy_decoding():
-    model = tiny_model()
+    model = talkative_model()  # (tiny_model repeats one token per row)
     prompts = [[3, 4, 5], [7, 8, 9, 10, 11, 12], [5]]
     rows = generate_batch(model, prompts, 10, eos=[])
     for p, (reply, hidden, greedy) in zip(prompts, rows):
@@ -61,7 +61,7 @@ def test_batched_distillation_equals_greedy_decoding():
 
 
 def test_batched_distillation_drops_finished_rows_without_changing_the_others():
-    model = tiny_model()
+    model = talkative_model()  # (tiny_model repeats one token per row)
     prompts = [[3, 4, 5], [7, 8, 9, 10, 11, 12], [5], [9, 9, 2, 30], [40, 41], [6, 6, 6]]  # 6: finished rows run on a while
     full = generate_batch(model, prompts, 12, eos=[])
     # an end token that some rows write early and others later or never: rows leave the batch mid-run
