@@ -457,6 +457,13 @@ def test_quantize_refuses_an_awq_checkpoint(tmp_path, capsys, mlx_ckpt):
     assert_clean_failure(rc, lines, out, "already quantized (awq)", "without --quantize")
     rc, lines = run_convert(capsys, "--model", src, "--out", out)  # as it is, it converts
     assert rc == 0, lines
+    # ... into MLX's own 4-bit layers that compute what the AWQ checkpoint does (it checked the exit status alone)
+    converted = load(str(out), weight_format="stored", use_drafter=False)
+    assert converted.weight_format.startswith("4-bit (group 32)")
+    assert not [k for k in mx.load(str(out / "model.safetensors")) if k.endswith((".qweight", ".qzeros"))]
+    ids = mx.array([TOKENS])
+    want, _ = load(str(src), weight_format="stored", use_drafter=False).model(ids)
+    assert mx.array_equal(converted.model(ids)[0], want).item()
 
 
 def test_a_quantization_mlx_lm_cannot_read_is_named(tmp_path, capsys, mlx_ckpt):
