@@ -360,12 +360,17 @@ def test_a_copy_carrying_the_reply_skips_the_drafter():
     assert doubtful.next_step(repeat, True, 1000) == "draft"
 
 
-def test_a_copy_carrying_the_reply_is_lossless_through_copy_only_steps():
+def test_a_copy_carrying_the_reply_is_lossless_through_copy_only_steps(monkeypatch):
     m = with_costs(tiny_loaded(), cpu_costs())
     prompt = PROMPT + PROMPT
     ar = generate(m, prompt, mode="ar", max_tokens=200)
+    kinds, next_step = [], Controller.next_step
+    monkeypatch.setattr(Controller, "next_step", lambda self, *a, **k: kinds.append(next_step(self, *a, **k)) or kinds[-1])
     auto = generate(m, prompt, mode="auto", max_tokens=200)
     assert auto.tokens == ar.tokens
+    # the premise: steps that verified the copy alone, between drafted ones (it was not checked, so a controller that
+    # never chose one passed)
+    assert kinds.count("lookup") >= 3 and "draft" in kinds, kinds
 
 
 def test_acceptance_model_learns_from_outcomes():
