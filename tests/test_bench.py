@@ -1703,9 +1703,12 @@ def test_a_sampled_reports_seed_gives_its_replies_again(model_dir, prompts, tmp_
     rows = report["results"]
     assert [r["seed"] for r in rows] == [0] * len(rows) == [0] * 4
     m = load(str(model_dir))
+    others = []
     for r in rows:
         question = next(q for q in QUESTIONS if q["question_id"] == r["question_id"])["turns"][0]
         assert generate(m, question, max_tokens=10, temperature=1.5, seed=r["seed"]).tokens == r["tokens"]
+        others.append(generate(m, question, max_tokens=10, temperature=1.5, seed=r["seed"] + 1).tokens != r["tokens"])
+    assert any(others)  # the premise: another seed draws other replies here (else any seed "gave the reply again")
     rc, _, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 4, "--limit", 1, "--json", out)
     report = json.loads(out.read_text())
     assert report["settings"]["seed"] is None and all("seed" not in r for r in report["results"])
