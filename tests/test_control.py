@@ -909,7 +909,7 @@ def test_a_new_drafter_times_its_levels_and_keeps_the_cached_curve(tiny_loaded, 
     assert entry["measured_at"] == stamp and len(entry["draft_level"]) == 2
 
 
-def test_a_drafter_put_in_place_of_another_times_its_own_levels(tiny_loaded, monkeypatch):
+def test_a_drafter_put_in_place_of_another_times_its_own_levels(tiny_loaded, monkeypatch, quiet_machine):
     """The cached seconds per drafter level were keyed by the drafter's path: a drafter redrafter-train or the
     converter put in MODEL/drafter (another width, depth or draft vocabulary: another cost) was costed with the
     figure timed for the one it replaced. The figure is keyed by the drafter's digest now."""
