@@ -401,12 +401,21 @@ class ChatApp(App):
 
     async def _draw_pending(self):
         msg, self._pending = self._pending, None
-        if msg is None or msg.reply_id != self.reply_id or self.reply_view is None:
+        if msg is None or not self._drawing(msg):
             return
         self._drawn_at = time.monotonic()
         await self.reply_view.show(msg.text)
+        if not self._drawing(msg):  # (the app was torn down, or the reply ended, while the reply was drawn)
+            return
         self.stats = msg.stats
         self._refresh()
+
+    def _drawing(self, msg: ReplyProgress) -> bool:
+        """Whether a streamed redraw (`_draw_pending`, from a timer) is still wanted: its reply still runs, and the
+        app is not being torn down. Quitting mid-reply, the timer's redraw ran after the widgets were gone, and its
+        NoMatches (StatsPanel) ended the chat with a traceback."""
+        return (self.is_running and msg.reply_id == self.reply_id and self.reply_view is not None
+                and self.reply_view.is_attached)
 
     async def on_reply_failed(self, msg: ReplyFailed):
         if msg.reply_id != self.reply_id or self.reply_view is None:

@@ -283,6 +283,37 @@ async def test_cancel_mid_reply_keeps_the_streamed_text_and_the_conversation():
         ]
 
 
+async def test_a_redraw_due_after_the_app_is_torn_down_draws_nothing():
+    """Quitting while a reply streamed, the timer's redraw of the newest progress (`_draw_pending`) could run
+    after the widgets were gone (2 exits in 8): its `NoMatches: StatsPanel` ended the chat with a traceback. A
+    redraw due then, or one whose drawing the teardown overtook, draws nothing."""
+    import asyncio
+
+    from app.messages import ReplyProgress
+
+    app = create_app(FakeEngine([REPLY], hold_after=3))
+    async with app.run_test(size=SIZE) as pilot:
+        await streaming(pilot, "Explain.")
+        view, text = app.reply_view, app.reply_view.text
+        drawn, shown = asyncio.Event(), view.show
+
+        async def slow_show(new_text):  # the drawing still under way when the app goes
+            await drawn.wait()
+            await shown(new_text)
+
+        view.show = slow_show
+        app._pending = ReplyProgress(app.reply_id, text + "drafted ", app.stats, None)
+        overtaken = asyncio.ensure_future(app._draw_pending())
+        await pilot.pause()
+    assert not app.query(StatsPanel) and app.reply_view is view  # torn down mid-reply
+    drawn.set()
+    await overtaken  # (raised NoMatches)
+    view.show = shown
+    app._pending = ReplyProgress(app.reply_id, text + "drafted tokens ", app.stats, None)
+    await app._draw_pending()  # due after the teardown (raised NoMatches)
+    assert app._pending is None and not view.text.endswith("drafted tokens ")  # nothing drawn
+
+
 async def test_ctrl_c_cancels_and_sending_while_generating_is_refused():
     engine = FakeEngine([REPLY], hold_after=2)
     app = create_app(engine)
