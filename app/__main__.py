@@ -314,7 +314,12 @@ def main(argv=None) -> int:
     # Quit during the load: nothing of it is wanted, and a load stops only between its stages (the shell
     # waited up to ENGINE_EXIT_SECONDS for it, the chat gone). Leave at once: the terminal is restored by
     # now, and what a load writes (a download, a measured cost curve) is written whole or not at all.
-    if not engine.wait(0 if app.status == "loading" else ENGINE_EXIT_SECONDS):
+    try:
+        ended = engine.wait(0 if app.status == "loading" else ENGINE_EXIT_SECONDS)
+    except KeyboardInterrupt:  # Ctrl+C while waiting for the engine printed a traceback from inside the wait
+        print("\nredrafter-chat: cancelled", file=sys.stderr)  # (after the "^C" the terminal echoed)
+        status, ended = 130, False  # the engine's step still runs: leave as below
+    if not ended:
         # Still inside MLX (a load, or a step longer than that): finalizing the interpreter around a
         # thread that runs MLX can abort the process ("terminate called without an active
         # exception"); leave without tearing the runtime down.

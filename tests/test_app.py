@@ -2146,6 +2146,39 @@ def test_quitting_while_the_model_loads_leaves_at_once(monkeypatch):
     assert waited == [ENGINE_EXIT_SECONDS] and exited == []
 
 
+def test_ctrl_c_while_waiting_for_the_engine_after_quitting_ends_with_one_line(capsys, monkeypatch):
+    """After the chat's screen closes, main() waits up to ENGINE_EXIT_SECONDS for the engine to end its step:
+    Ctrl+C then printed a KeyboardInterrupt traceback from inside the wait. It says "cancelled" on a line of its
+    own, status 130, and leaves without tearing the runtime down around the engine's thread (os._exit)."""
+    import os
+
+    import app.app as app_module
+    import app.__main__ as chat_main
+
+    class Interrupted(FakeEngine):
+        def wait(self, timeout):
+            raise KeyboardInterrupt
+
+    class Quit:  # the chat, quit after its model loaded
+        load_error = load_details = None
+        status, return_code = "ready", 0
+
+        def run(self):
+            pass
+
+    exited = []
+    monkeypatch.setattr(app_module, "create_app", lambda engine, settings: Quit())
+    monkeypatch.setattr(chat_main, "has_terminal", lambda: True)
+    monkeypatch.setattr(chat_main, "Engine", lambda *a, **k: Interrupted())
+    monkeypatch.setattr(os, "_exit", exited.append)
+    try:
+        status = chat_main.main([])
+    except KeyboardInterrupt:  # (a failure, not pytest's own Ctrl+C, which ends the whole run)
+        pytest.fail("Ctrl+C while waiting for the engine ended the chat with a traceback")
+    assert exited == [130] and status == 130
+    assert capsys.readouterr().err == "\nredrafter-chat: cancelled\n"
+
+
 async def test_a_paste_with_carriage_returns_keeps_every_line():
     """Terminals send a pasted text's line breaks as carriage returns (VTE, xterm, iTerm2, Windows Terminal:
     what Enter sends), which the prompt box did not take for line breaks: Input's own paste kept the first
