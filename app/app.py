@@ -107,9 +107,12 @@ class ChatApp(App):
         # with nothing to cancel and no text selected to copy: the binding above replaced Textual's own ctrl+c
         # (help_quit), and the reflex of quitting with Ctrl+C did nothing at all, silently
         Binding("ctrl+c", "nothing_to_cancel", show=False, system=True),
-        Binding("ctrl+n", "new_chat", "New chat"),
+        # "New" and "Spec" (as /spec), not "New chat" and "Speculative": at 80 columns, while a reply streams (or a
+        # message waits for the model), "esc Cancel" pushed the F7/F8 keys under the palette's, the footer ending
+        # "f5 f6 Width f"
+        Binding("ctrl+n", "new_chat", "New"),
         Binding("ctrl+y", "copy_reply", "Copy"),
-        Binding("ctrl+t", "toggle_speculative", "Speculative"),
+        Binding("ctrl+t", "toggle_speculative", "Spec"),
         Binding("f2", "toggle_stats", "Stats", show=False),
         # the prompt box has the focus, and a one-line box has no page to turn: PgUp/PgDn did nothing, and a long
         # reply could be read back by keyboard only after Tab moved the focus to the transcript

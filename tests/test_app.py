@@ -706,17 +706,36 @@ def palette(app: ChatApp):
 
 async def test_the_footer_fits_an_80_column_terminal():
     """At 80 columns (macOS Terminal's default window) the footer ended at "f6 Width+": F7/F8 (the beam length)
-    were out of sight, under the command palette's key. F5/F6 and F7/F8 show under one label each now."""
-    app = create_app(FakeEngine(["x"]))
+    were out of sight, under the command palette's key. F5/F6 and F7/F8 show under one label each now. While a
+    reply streamed (and while a message waited for the model) "esc Cancel" pushed them out again, the footer
+    ending "f5 f6 Width f": every key fits in each of those states."""
+
+    async def fits(pilot, *shown):
+        await pilot.pause()
+        keys = {key.key: key for key in pilot.app.query("FooterKey")}
+        assert set(shown) | {"ctrl+q", "ctrl+t", "f5", "f6", "f7", "f8", "ctrl+p"} <= set(keys)
+        edge = keys["ctrl+p"].region.x  # (the palette's key, at the right)
+        assert [name for name, key in keys.items() if name != "ctrl+p" and key.region.right > edge] == []
+        assert all(label.region.right <= edge for label in pilot.app.query("FooterLabel"))
+        assert [str(label.render()).strip() for label in pilot.app.query("FooterLabel")] == ["Width", "Length"]
+
+    app = create_app(FakeEngine([REPLY], hold_after=3))
     async with app.run_test(size=(80, 24)) as pilot:
         await ready(pilot)
-        await pilot.pause()
-        keys = {key.key: key for key in app.query("FooterKey")}
-        assert {"ctrl+q", "ctrl+n", "ctrl+y", "ctrl+t", "f5", "f6", "f7", "f8", "ctrl+p"} <= set(keys)
-        edge = keys["ctrl+p"].region.x  # (the palette's key, at the right)
-        assert all(key.region.right <= edge for name, key in keys.items() if name != "ctrl+p")
-        assert all(label.region.right <= edge for label in app.query("FooterLabel"))
-        assert [str(label.render()).strip() for label in app.query("FooterLabel")] == ["Width", "Length"]
+        await fits(pilot, "ctrl+n", "ctrl+y")
+        await streaming(pilot, "Explain.")
+        await fits(pilot, "escape", "ctrl+n", "ctrl+y")
+        await pilot.press("escape")
+        await finished(pilot)
+    gate = threading.Event()
+    app = create_app(FakeEngine(["x"], load_gate=gate))
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ask(pilot, "Hello?")  # waits for the model
+            assert app._queued == "Hello?"
+            await fits(pilot, "escape", "ctrl+n")
+    finally:
+        gate.set()
 
 
 def test_a_prompt_given_on_the_command_line_is_said_to_be_typed_in_the_chat(capsys):
