@@ -672,8 +672,10 @@ def _bench(args) -> int:
         if args.json:
             said = f"; nothing written to {args.json}" + (" (the file there is an earlier run's)"
                                                           if args.json.exists() else "")
-        # (on a line of its own: a download's progress bar may hold the last one)
-        print(f"\nredrafter-bench: {stop.why} before the first question began{said}", file=sys.stderr)
+        # on a line of its own (a download's progress bar may hold the last one, or the terminal's "^C"), but no blank
+        # one under a bar closed since, as cli.run's own message
+        print(cli.after_ctrl_c() + f"redrafter-bench: {stop.why} before the first question began{said}",
+              file=sys.stderr)
         return stop.status
     finally:
         stop.restore()
@@ -830,10 +832,12 @@ def _measure(args, stop) -> int:
                 write_report(args.json, loaded, args, results, variants, complete=False)
     except KeyboardInterrupt:
         if not done:
-            print(f"redrafter-bench: {stop.why} before the first question finished; nothing to report"
+            print(cli.after_ctrl_c() + f"redrafter-bench: {stop.why} before the first question finished; nothing to "
+                  "report"
                   + (f" ({args.json} holds no results, \"complete\": false)" if args.json else ""), file=sys.stderr)
             return stop.status
-        print(f"redrafter-bench: {stop.why} after {done} of {len(prompts)} questions; reporting those",
+        print(cli.after_ctrl_c() + f"redrafter-bench: {stop.why} after {done} of {len(prompts)} questions; reporting "
+              "those",
               file=sys.stderr)
     except RedrafterError as e:
         print(f"redrafter-bench: error: {e}", file=sys.stderr)

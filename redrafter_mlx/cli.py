@@ -308,6 +308,14 @@ def _watching_ctrl_c():
             sys.stderr = before
 
 
+def after_ctrl_c() -> str:
+    """What a command's own message after Ctrl-C (or SIGTERM) starts with, inside `run`: "\n" where the line was
+    not ended since Ctrl-C (the terminal's "^C", a bar left mid-line), nothing under a line ended since (a bar
+    closed on the way out: a "\n" of its own left a blank line). `run`'s own rule for its message."""
+    line = sys.stderr
+    return "" if isinstance(line, _LineAfterCtrlC) and line.line_ended else "\n"
+
+
 def run(prog: str, body: Callable[[], Optional[int]], resume: Optional[str] = None) -> int:
     """Run a command's body and return its exit status. A user error (`RedrafterError`) ends it
     with one line on stderr and status 2; an OS error (a path that cannot be read or written, a

@@ -1537,13 +1537,14 @@ def test_an_interrupted_run_reports_the_questions_it_finished(model_dir, prompts
 
     def stopping(loaded, prompt, mode, *a, **kw):  # Ctrl-C during the second question's redrafter run
         if prompt == QUESTIONS[1]["turns"][0] and mode != "ar":
-            raise KeyboardInterrupt
+            signal.raise_signal(signal.SIGINT)
         return real(loaded, prompt, mode, *a, **kw)
 
     monkeypatch.setattr(bench, "run_one", stopping)
     rc, text, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 8, "--modes", "ar,redrafter",
                         "--beam-width", 2, "--beam-length", 3, "--json", out)
-    assert rc == 130 and "interrupted after 1 of 3 questions" in err
+    # on a line of its own, after the one where the terminal echoed "^C" (it ran on after the "^C")
+    assert rc == 130 and " tok/s\n\nredrafter-bench: interrupted after 1 of 3 questions; reporting those\n" in err
     report = json.loads(out.read_text())
     assert report["complete"] is False
     assert [(r["question_id"], r["mode"]) for r in report["results"]] == [(81, "ar"), (81, "redrafter")]
@@ -1564,6 +1565,7 @@ def test_an_interrupted_run_reports_the_questions_it_finished(model_dir, prompts
     rc, text, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 8, "--modes", "ar",
                         "--json", out)
     assert rc == 143 and "terminated (SIGTERM) after 2 of 3 questions" in err and "ar" in text
+    assert " tok/s\nredrafter-bench: terminated" in err  # (no "^C" to leave: no blank line)
     report = json.loads(out.read_text())
     assert report["complete"] is False and [r["question_id"] for r in report["results"]] == [81, 82]
     assert signal.getsignal(signal.SIGTERM) is before  # the bench's handler is gone once it returns
@@ -1639,6 +1641,50 @@ def test_a_run_stopped_while_its_model_loads_says_it_wrote_nothing(model_dir, pr
                      "--json", out)
     assert rc == 143 and "terminated (SIGTERM) before the first question finished; nothing to report" in err
     assert json.loads(out.read_text())["complete"] is False  # this run's, with no results
+
+
+def test_ctrl_c_while_the_model_loads_is_said_on_a_line_of_its_own_with_no_blank_line_under_a_closed_bar(
+        model_dir, prompts, capsys, monkeypatch):
+    """The bench's own message after Ctrl-C while its model loaded began with a newline, whatever came before it:
+    under a download's bar closed on the way out (tqdm ends its line) it left a blank line. It follows cli.run's rule
+    (test_cli's test_ctrl_c_is_said_on_a_line_of_its_own_...): a newline only where the line was not ended since
+    Ctrl-C (the terminal's "^C", a bar left mid-line); none after a SIGTERM that follows an ended line."""
+    import sys
+
+    from tqdm import tqdm
+
+    from redrafter_mlx import loader
+
+    def closes_its_bar(*a, **k):
+        bar = tqdm(total=4, desc="fetch", bar_format="{desc} {n}/{total}", mininterval=0)
+        try:
+            bar.update(1)
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C
+        finally:
+            bar.close()
+
+    def leaves_its_bar(*a, **k):
+        print("\rfetch 1/4", end="", file=sys.stderr)
+        signal.raise_signal(signal.SIGINT)
+
+    def said_a_line_then_ctrl_c(*a, **k):  # the terminal echoes "^C" at the start of the next line
+        print("loading the model", file=sys.stderr)
+        signal.raise_signal(signal.SIGINT)
+
+    def said_a_line_then_sigterm(*a, **k):  # nothing echoed: the next line is free
+        print("loading the model", file=sys.stderr)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    said = "before the first question began\n"
+    for load, status, err in (
+            (closes_its_bar, 130, f"\rfetch 0/4\rfetch 1/4\rfetch 1/4\nredrafter-bench: interrupted {said}"),
+            (leaves_its_bar, 130, f"\rfetch 1/4\nredrafter-bench: interrupted {said}"),
+            (said_a_line_then_ctrl_c, 130, f"loading the model\n\nredrafter-bench: interrupted {said}"),
+            (said_a_line_then_sigterm, 143, f"loading the model\nredrafter-bench: terminated (SIGTERM) {said}")):
+        monkeypatch.setattr(loader, "load", load)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 4, "--modes", "ar") \
+            == (status, "", err), load.__name__
 
 
 def test_turns_run_each_question_as_a_conversation(model_dir, prompts, tmp_path, capsys):
