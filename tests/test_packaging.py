@@ -170,3 +170,40 @@ def test_wheel_and_sdist_carry_the_license(built):
         top = tar.getnames()[0].split("/")[0]
         member = tar.extractfile(f"{top}/LICENSE")
         assert member is not None and member.read() == license_text, f"the sdist holds no {top}/LICENSE"
+
+
+def test_the_wheel_holds_every_package_file_as_the_checkout_has_it(built):
+    """The tests above read pyproject.toml's declarations; the wheel built from them went unchecked past its
+    LICENSE, so a wheel missing a module or a data file (an exclude-package-data, a package-dir that maps a
+    package elsewhere, a build backend's own rule) passed them all. Every file of every listed package, modules
+    and data, is in the built wheel at its import path, byte for byte; nothing outside those packages is; and
+    every console script names a function its wheel's module defines."""
+    import ast
+    import configparser
+
+    _, wheel = built
+    with zipfile.ZipFile(wheel) as whl:
+        names = whl.namelist()
+        info = next(n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info"))
+        held = {n: whl.read(n) for n in names if not n.startswith(f"{info}/")}
+        entry_points = whl.read(f"{info}/entry_points.txt").decode()
+    prefixes = {name: name.replace(".", "/") for name in package_dirs()}
+    want = {}
+    for name, folder in package_dirs().items():
+        for path in repository_files(folder):
+            want[f"{prefixes[name]}/{path.relative_to(folder).as_posix()}"] = path.read_bytes()
+    assert any(n.endswith(".tcss") for n in want) and any(n.endswith(".jsonl") for n in want)  # data files too
+    missing = sorted(n for n in want if n not in held)
+    assert missing == [], f"in the checkout's packages, not in the wheel: {missing}"
+    changed = sorted(n for n in want if held[n] != want[n])
+    assert changed == [], f"in the wheel with other content than the checkout's: {changed}"
+    outside = sorted(n for n in held if not any(n.startswith(p + "/") for p in prefixes.values()))
+    assert outside == [], f"in the wheel, outside the listed packages: {outside}"
+    scripts = configparser.ConfigParser()
+    scripts.read_string(entry_points)
+    assert dict(scripts["console_scripts"]) == PYPROJECT["project"]["scripts"]
+    for target in PYPROJECT["project"]["scripts"].values():
+        module, function = target.split(":")
+        source = held[module.replace(".", "/") + ".py"]
+        defined = {n.name for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
+        assert function in defined, f"{target}: the wheel's {module} defines no {function}()"
