@@ -220,10 +220,17 @@ async def test_adaptive_by_default_even_where_plain_decoding_was_tuned_fastest()
 
 async def test_redraws_are_coalesced_while_streaming(monkeypatch):
     """Chunks faster than UPDATE_SECONDS are drawn together (redraws cost decoding speed), and the
-    newest one is still drawn while the reply runs; the final text is whole."""
+    newest one is still drawn while the reply runs; the final text is whole.
+
+    (It streamed a whole reply and asked for 2 to chunks/3 redraws: the reply ended within one
+    UPDATE_SECONDS, so a timer that drew the first chunk and never a later one passed as well as one that
+    did, and a reply slowed past 4 s by a loaded machine would have been refused for the redraws its length
+    allowed. The reply now waits twice: the newest chunk must reach the screen while it waits; and the
+    redraws are held to what the reply's own duration allows, one each UPDATE_SECONDS and the final one.)"""
     import app.app as app_module
 
-    monkeypatch.setattr(app_module, "UPDATE_SECONDS", 0.5)
+    every = 0.5
+    monkeypatch.setattr(app_module, "UPDATE_SECONDS", every)
     shown = []
     original = AssistantMessage.show
 
@@ -232,15 +239,38 @@ async def test_redraws_are_coalesced_while_streaming(monkeypatch):
         await original(self, text)
 
     monkeypatch.setattr(AssistantMessage, "show", counting_show)
-    engine = FakeEngine([REPLY + " " + REPLY], step_delay=0.01)
+    waits, sent = {6: threading.Event(), 12: threading.Event()}, []  # the reply waits before chunks 6 and 12
+    whole = " ".join([REPLY] * 3)
+    engine = FakeEngine([whole], step_delay=0.01)  # (chunks apart, each one a message: Textual merges a burst)
+    held = engine._reply
+
+    def waiting(messages, settings, should_stop, on_status=None):
+        for n, chunk in enumerate(held(messages, settings, should_stop, on_status)):
+            if n in waits:
+                waits[n].wait(60)
+            sent.append(chunk.text)
+            yield chunk
+
+    engine._reply = waiting
     app = create_app(engine)
     async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await ask(pilot, "Explain.")
+        try:
+            await ready(pilot)
+            began = time.monotonic()
+            await ask(pilot, "Explain.")
+            for n, release in waits.items():
+                await wait_for(pilot, lambda: len(sent) == n and app.reply_view is not None
+                               and app.reply_view.text == "".join(sent))
+                assert app.generating, n  # the newest chunk drawn while the reply runs
+                release.set()
+        finally:
+            for release in waits.values():
+                release.set()
         await finished(pilot)
-        assert transcript_replies(app) == [REPLY + " " + REPLY]
-    chunks = len((REPLY + " " + REPLY).split(" "))  # about a word per chunk, or fewer chunks
-    assert 2 <= len(shown) < chunks / 3, (len(shown), chunks)  # some redraws while streaming, far fewer than chunks
+        took = time.monotonic() - began
+        assert transcript_replies(app) == [whole]
+    # a redraw at once, then at most one each UPDATE_SECONDS, and the final text: however long the reply took
+    assert 3 <= len(shown) <= 2 + took / every, (len(shown), len(sent), took)
 
 
 async def test_stats_panel_updates_while_generating():
