@@ -207,3 +207,20 @@ def test_the_wheel_holds_every_package_file_as_the_checkout_has_it(built):
         source = held[module.replace(".", "/") + ".py"]
         defined = {n.name for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
         assert function in defined, f"{target}: the wheel's {module} defines no {function}()"
+
+
+def test_the_sdist_holds_every_package_file_as_the_checkout_has_it(built):
+    """`pip install redrafter-mlx-X.tar.gz` builds its wheel from the sdist, whose files were left unchecked past
+    its LICENSE: every file of every listed package, and pyproject.toml, is in it at its repository path, byte
+    for byte."""
+    sdist, _ = built
+    with tarfile.open(sdist) as tar:
+        top = tar.getnames()[0].split("/")[0]
+        held = {m.name[len(top) + 1:]: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    want = {path.relative_to(REPO).as_posix(): path.read_bytes()
+            for folder in package_dirs().values() for path in repository_files(folder)}
+    want["pyproject.toml"] = (REPO / "pyproject.toml").read_bytes()
+    missing = sorted(n for n in want if n not in held)
+    assert missing == [], f"in the checkout's packages, not in the sdist: {missing}"
+    changed = sorted(n for n in want if held[n] != want[n])
+    assert changed == [], f"in the sdist with other content than the checkout's: {changed}"
