@@ -478,7 +478,7 @@ def test_looked_up_counts_the_tokens_only_the_copy_drafted(monkeypatch):
     assert context_only(tree, 3, path).tolist() == [False] * 4
 
 
-def test_greedy_stops_at_eos_mid_run():
+def test_greedy_stops_at_eos_mid_run(monkeypatch):
     m = tiny_loaded()
     ar = generate(m, PROMPT, mode="ar", max_tokens=120)
     eos = ar.tokens[60]
@@ -488,6 +488,30 @@ def test_greedy_stops_at_eos_mid_run():
         rd = generate(m, PROMPT, mode="redrafter", max_tokens=120, beam_width=width, beam_length=length)
         assert rd.tokens == ar.tokens[:cut] and rd.finish_reason == "eos"
     assert generate(m, PROMPT, mode="ar", max_tokens=120).tokens == ar.tokens[:cut]
+    # The end token above first occurs at index 3 (the reply soon loops over three tokens), as the base
+    # model's own token of its step: a stop that looked only at that token passed. Here it is an accepted
+    # draft with more accepted drafts after it: the reply's loop is in the prompt, so the copy drafts it.
+    gen = importlib.import_module("redrafter_mlx.generate")
+    raw, real_accept = [], gen.accept
+
+    def counting(tree, choices):  # the draft tokens each step accepted, before any cut
+        path, bonus = real_accept(tree, choices)
+        raw.append(len(path) - 1)
+        return path, bonus
+
+    monkeypatch.setattr(gen, "accept", counting)
+    looping = PROMPT + ar.tokens[:30]
+    m.tokenizer = CharTokenizer()
+    free = generate(m, looping, mode="ar", max_tokens=40).tokens
+    eos = free[2]
+    cut = free.index(eos)
+    assert cut > 0
+    m.tokenizer = CharTokenizer(eos=[eos])
+    for width, length in [(1, 4), (8, 5)]:
+        raw.clear()
+        rd = generate(m, looping, mode="redrafter", max_tokens=120, beam_width=width, beam_length=length)
+        assert rd.tokens == free[:cut] and rd.finish_reason == "eos"
+        assert raw[-1] > rd.step_stats[-1].emitted  # the end token was one of the step's accepted drafts
 
 
 def test_greedy_context_limit():
