@@ -295,15 +295,30 @@ def test_replay_counts_the_steps_real_graph_decoding_takes():
 
 @pytest.mark.parametrize("mode", ["redrafter", "auto"])
 def test_sampling_through_grafted_nodes_matches_base_distribution(mode):
-    # A repetitive prompt: the context graph grafts copies, and a 4-token vocabulary makes aliases.
+    """The context graph grafts copies of the prompt's run of 0s (what this model tends to say next), and a
+    4-token vocabulary makes aliases. With the prompt 1 2 3 0 1 2 3 0 1 2 this test had, one reply of 3
+    tokens in ~200 went through a grafted node (none in mode auto), and accepting grafted nodes unchecked
+    passed it; most grafts sit deeper than 3 tokens reach. Now ~1 in 10 does, and longer replies, which go
+    through grafts in both modes, are each checked against plain decoding's reply for their seed (a draw
+    depends on the seed and its position alone: sampling.py): that break fails it."""
     m = tiny_loaded(vocab=4, seed=2)
     if mode == "auto":
         with_costs(m, flat_costs())
-    prompt = [1, 2, 3, 0, 1, 2, 3, 0, 1, 2]
+    prompt = [1, 2, 3] + [0] * 8  # 13 sequences of 3 tokens above 2%
     probs = exact_distribution(m, prompt, 3, 1.0, 1.0)
     kw = dict(beam_width=3, beam_length=4, lookup=3, tree=8, tree_min_prob=0.01) if mode == "redrafter" else {}
-    counts = sampled_counts(m, prompt, 3, 1500, mode=mode, temperature=1.0, graph=0, **kw)
+    runs = []
+    counts = sampled_counts(m, prompt, 3, 1500, runs, mode=mode, temperature=1.0, graph=0, **kw)
     assert chi_square_p(counts, probs) > 1e-3
+    assert sum(g.stats.accepted_tokens for g in runs) > 300  # the replies went through trees
+    if mode == "redrafter":
+        assert sum(g.stats.aliases for g in runs) > 0 and sum(g.stats.graft_accepted_tokens for g in runs) > 75
+    grafts = 0
+    for seed in range(60):
+        g = generate(m, prompt, mode=mode, max_tokens=16, seed=seed, temperature=1.0, graph=0, **kw)
+        assert g.tokens == generate(m, prompt, mode="ar", max_tokens=16, seed=seed, temperature=1.0).tokens, seed
+        grafts += g.stats.graft_accepted_tokens
+    assert grafts > (30 if mode == "redrafter" else 0)  # (auto: 4 tokens, in these 60 replies)
 
 
 @pytest.mark.parametrize("kw", [

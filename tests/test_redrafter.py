@@ -728,12 +728,16 @@ def exact_distribution(m, prompt, k, temperature, top_p):
     return probs
 
 
-def sampled_counts(m, prompt, k, n, **kw):
+def sampled_counts(m, prompt, k, n, runs=None, **kw):
+    """Counts of the first k tokens over seeds 0 to n - 1; `runs` (a list) collects each reply (a Generation),
+    so a test can check that the replies did go through what it claims to test (drafts, copies, grafts)."""
     V = m.args.vocab_size
     counts = np.zeros((V,) * k)
     for seed in range(n):
-        toks = generate(m, prompt, max_tokens=k, seed=seed, **kw).tokens
-        counts[tuple(toks)] += 1
+        g = generate(m, prompt, max_tokens=k, seed=seed, **kw)
+        counts[tuple(g.tokens)] += 1
+        if runs is not None:
+            runs.append(g)
     return counts
 
 
