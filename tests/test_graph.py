@@ -323,17 +323,23 @@ def test_sampling_through_grafted_nodes_matches_base_distribution(mode):
 
 @pytest.mark.parametrize("kw", [
     dict(mode="redrafter", beam_width=3, beam_length=4, lookup=0, tree=8, tree_min_prob=0.01),  # a tree, no graph
-    dict(mode="redrafter", beam_width=3, beam_length=4, lookup=3, tree=8, tree_min_prob=0.01, graph=1,
+    dict(mode="redrafter", beam_width=3, beam_length=4, lookup=3, tree=16, tree_min_prob=0.001, graph=1,
          context_graph=False),  # merging alone
 ], ids=["tree", "graph1-no-context"])
 def test_sampling_with_top_p_matches_base_distribution_in_the_other_drafting_modes(kw):
     """Two modes the tests above leave out, at T = 0.7 and top_p = 0.8 (accepting the first row
-    unchecked fails it: sequences of probability 0)."""
+    unchecked fails it: sequences of probability 0). Merging alone had a tree of 8 nodes at a floor of
+    0.01, where no node was ever merged (0 aliases in every reply): it ran as the tree case; 16 nodes at
+    0.001 merge (~7 aliases a reply), and the test says so."""
     m = tiny_loaded(vocab=4, seed=2)
     prompt = [1, 2, 3, 0, 1, 2, 3, 0, 1, 2]
     probs = exact_distribution(m, prompt, 3, 0.7, 0.8)
-    counts = sampled_counts(m, prompt, 3, 600, temperature=0.7, top_p=0.8, **kw)
+    runs = []
+    counts = sampled_counts(m, prompt, 3, 600, runs, temperature=0.7, top_p=0.8, **kw)
     assert chi_square_p(counts, probs) > 1e-3
+    assert sum(g.stats.accepted_tokens for g in runs) > 100  # the replies went through trees
+    if kw.get("graph") is not None:
+        assert sum(g.stats.aliases for g in runs) > 600
 
 
 def test_context_ceiling_extends_a_step_by_what_the_context_continues():
