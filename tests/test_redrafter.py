@@ -263,6 +263,14 @@ def test_greedy_equals_plain_tiny(width, length, lm_head):
         # the beams, plus the copy: it grows to 4x the lookup while accepted whole, and in a loop
         # it runs on past the context's end as the text repeats
         assert rd.stats.packed_tokens <= rd.stats.steps * (width * length + MAX_GROWTH * DEFAULT_LOOKUP)
+    # The reply loops over 3 tokens from its third, so with the lookup on (the default) the copy drafts
+    # ~240 of its tokens: the accepted drafts above are the copy's, and verifying the drafter's beams wrongly
+    # (or not at all) passed. Without the copy, the drafter's own drafts must be accepted, tokens unchanged.
+    alone = generate(m, PROMPT, mode="redrafter", max_tokens=256, beam_width=width, beam_length=length, lookup=0)
+    assert alone.tokens == ar.tokens and alone.stats.looked_up_tokens == 0
+    if length > 1:
+        assert alone.stats.accepted_tokens > 0 and alone.stats.steps < ar.stats.steps
+        assert alone.stats.drafted_tokens == alone.stats.steps * width * (length - 1)
 
 
 @pytest.mark.parametrize("width,length,look", [(1, 2, 8), (4, 3, 3), (1, 5, 2)])
