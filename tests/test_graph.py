@@ -258,13 +258,19 @@ def test_greedy_graph_drafting_equals_plain_tiny(graph, context_graph):
 
 @pytest.mark.parametrize("costs", ["flat", "linear"])
 def test_adaptive_graph_drafting_equals_plain_tiny(costs):
+    """On linear costs drafting never pays: the controller parks every step, so that case compares plain
+    decoding with plain decoding (it said nothing of it, as if graph drafting had been checked there).
+    It says so now; the flat case checks that graphs were drafted, merged and accepted."""
     m = tiny_loaded()
     ar = generate(m, PROMPT, mode="ar", max_tokens=200)
     with_costs(m, flat_costs() if costs == "flat" else linear_costs())
     auto = generate(m, PROMPT, mode="auto", max_tokens=200, graph=0)
     assert auto.tokens == ar.tokens and auto.stats.adaptive
     if costs == "flat":
-        assert auto.stats.grafted_tokens > 0
+        assert auto.stats.grafted_tokens > 0 and auto.stats.aliases > 0
+        assert auto.stats.parked_steps == 0 and auto.stats.accepted_tokens > 150
+    else:
+        assert auto.stats.parked_steps == auto.stats.steps and auto.stats.accepted_tokens == 0
     small = tiny_loaded(context=len(PROMPT) + 40)
     ar = generate(small, PROMPT, mode="ar", max_tokens=500)
     auto = generate(with_costs(small, flat_costs()), PROMPT, mode="auto", max_tokens=500, graph=1)
