@@ -782,9 +782,15 @@ def test_sampling_matches_base_distribution(sampling_model, temperature, top_p, 
     m = sampling_model
     prompt = [1, 2, 3, 0, 1, 2, 3, 0, 1, 2] if look else SAMPLING_PROMPT
     probs = exact_distribution(m, prompt, 3, temperature, top_p)
-    counts = sampled_counts(m, prompt, 3, 1500, mode="redrafter", temperature=temperature, top_p=top_p,
+    runs = []
+    counts = sampled_counts(m, prompt, 3, 1500, runs, mode="redrafter", temperature=temperature, top_p=top_p,
                             beam_width=shape[0], beam_length=shape[1], lookup=look)
     assert chi_square_p(counts, probs) > 1e-3
+    # the replies went through verified drafts (a mode decoding plainly would pass the chi-square too):
+    # ~0.7, ~0.35 and ~0.13 accepted drafts a reply, of which ~0.05 the copy's in the third case
+    assert sum(g.stats.accepted_tokens for g in runs) > 100
+    if look:
+        assert sum(g.stats.looked_up_tokens for g in runs) > 20
 
 
 def test_sampling_test_catches_a_wrong_scheme(sampling_model, monkeypatch):
