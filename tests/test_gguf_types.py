@@ -208,6 +208,20 @@ def test_quantized_gguf_weights_are_what_llama_cpp_computes(tiny_kit, tmp_path, 
     stored = load(str(path), weight_format="stored", use_drafter=False)
     bits = {"Q4_K": 4, "Q4_0": 4, "Q4_1": 4, "Q5_K": 5, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8}.get(kind)
     assert stored.weight_format == (f"{bits}-bit (group 32)" if bits else "float16"), stored.weight_format
+    # The stored weights hold the same values (only the format was checked: scales or biases rounded or lost on
+    # the way to the stored model went unseen). A GPU keeps float16 scales (or weights): their rounding.
+    params = dict(tree_flatten(stored.model.parameters()))
+    for name, (_, shape, raw) in blocks.items():
+        key = hf_name(name)
+        base = key[: -len(".weight")]
+        if bits:
+            scales = params[f"{base}.scales"]
+            w = mx.dequantize(params[key], scales, params[f"{base}.biases"], group_size=32, bits=bits)
+        else:
+            w = scales = params[key]
+        want, got = dequantize(kind, raw, shape), np.array(w.astype(mx.float32))
+        tol = 1e-6 if scales.dtype == mx.float32 else 2e-3
+        assert np.abs(got - want).max() <= tol * np.abs(want).max(), (name, float(np.abs(got - want).max()))
 
 
 def test_a_q4_k_m_gguf_computes_what_its_float_weights_compute(tiny_kit, tmp_path):
