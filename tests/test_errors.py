@@ -796,9 +796,9 @@ def test_missing_or_corrupt_drafter(tiny_kit, tmp_path):
     raises(ModelNotFoundError, lambda: load_drafter(tmp_path / "nothing", base), "no drafter", "config.json")
     save_drafter(new_drafter(base.args), tmp_path / "d")
     (tmp_path / "d" / "model.safetensors").write_bytes(b"\0\1\2")
-    raises(CorruptModelError, lambda: load_drafter(tmp_path / "d", base), "cannot read")
+    raises(CorruptModelError, lambda: load_drafter(tmp_path / "d", base), f"cannot read {tmp_path / 'd' / 'model.safetensors'}")
     (tmp_path / "d" / "config.json").write_text("{")
-    raises(CorruptModelError, lambda: load_drafter(tmp_path / "d", base), "not valid JSON")
+    raises(CorruptModelError, lambda: load_drafter(tmp_path / "d", base), f"{tmp_path / 'd' / 'config.json'} is not valid JSON")
     (tmp_path / "d" / "config.json").write_text("{}")  # it said "__init__() missing 2 required positional arguments"
     msg = raises(CorruptModelError, lambda: load_drafter(tmp_path / "d", base), "is not a drafter config: it lacks "
                  "hidden_size, vocab_size")
