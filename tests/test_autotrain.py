@@ -798,12 +798,13 @@ def test_an_error_in_the_evaluation_closes_its_bar_first(monkeypatch, capsys):
     assert err.endswith("\n") and "1/6" in err.rstrip("\n").rsplit("\r", 1)[-1], repr(err)
 
 
-def test_the_work_option_names_the_settings_that_start_it_afresh(capsys):
+def test_the_work_option_names_the_settings_that_start_it_afresh(capsys, monkeypatch):
     """--work's help said "other settings" start the folder afresh, deleting the earlier run's work: which ones was
     left to guess (--batch-size, --eval-prompts and --force resume it; --budget and --weight-format do not)."""
+    monkeypatch.setenv("COLUMNS", "1000")  # (argparse wraps at hyphens: "--eval-" / "prompts")
     with pytest.raises(SystemExit):
         autotrain.parse_args(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    said = help_text[help_text.index("--work WORK"):]
+    said = help_text[help_text.index("--work DIR folder"):]
     assert "another model, --budget or --weight-format starts it afresh" in said
     assert "another --batch-size, --eval-prompts or --force resumes it" in said
