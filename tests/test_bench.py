@@ -1062,8 +1062,10 @@ def test_an_entry_without_a_drafter_digest_is_used_only_with_the_drafter_it_was_
 
     from redrafter_mlx.tuning import device_keys
 
+    # measured after the drafter was written, whatever the wall clock says of the files' times (the premise)
+    written = max((model_dir / "drafter" / f).stat().st_mtime for f in ("config.json", "model.safetensors"))
     older = {"beam_width": 2, "beam_length": 5, "drafter": str(model_dir / "drafter"),
-             "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+             "measured_at": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(max(time.time(), written)))}
     (model_dir / FILE).write_text(json.dumps({device_keys()[-1]: older}))
     other = tmp_path / "other"
     save_drafter(new_drafter(load(str(model_dir), use_drafter=False).args, lm_head="shared", seed=3), other)
