@@ -289,23 +289,21 @@ class _LineAfterCtrlC:
 
 @contextlib.contextmanager
 def _watching_ctrl_c():
-    """A `_LineAfterCtrlC` over sys.stderr while the block runs, told of Ctrl-C by a SIGINT handler. Where
-    Python's own handler is not the one in place (another thread, a handler the program set, SIGINT ignored),
-    nothing is watched: the line is taken as not ended, as it was before."""
-    watch = _LineAfterCtrlC(sys.stderr)
+    """A `_LineAfterCtrlC` over sys.stderr while the block runs (read by after_ctrl_c), told of Ctrl-C by a SIGINT
+    handler. Where Python's own handler is not the one in place (another thread, a handler the program set, SIGINT
+    ignored), nothing is watched: the line is taken as not ended, as it was before."""
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-        yield watch
+        yield
         return
-    before = sys.stderr
-    sys.stderr = watch
+    watch = sys.stderr = _LineAfterCtrlC(sys.stderr)
     signal.signal(signal.SIGINT, watch.ctrl_c)
     try:
-        yield watch
+        yield
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if sys.stderr is watch:
-            sys.stderr = before
+            sys.stderr = watch.stream
 
 
 def after_ctrl_c() -> str:
@@ -325,11 +323,11 @@ def run(prog: str, body: Callable[[], Optional[int]], resume: Optional[str] = No
     (`... | head`) quietly, as other command-line tools do. Anything else is a bug and keeps its
     traceback. The library's warnings (RedrafterWarning) are not printed: load() tells the command's
     progress lines the same words (they had been printed twice, once with Python's warning header)."""
-    with _watching_ctrl_c() as line:
-        return _run(prog, body, resume, line)
+    with _watching_ctrl_c():
+        return _run(prog, body, resume)
 
 
-def _run(prog: str, body: Callable[[], Optional[int]], resume: Optional[str], line: _LineAfterCtrlC) -> int:
+def _run(prog: str, body: Callable[[], Optional[int]], resume: Optional[str]) -> int:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RedrafterWarning)
@@ -355,7 +353,7 @@ def _run(prog: str, body: Callable[[], Optional[int]], resume: Optional[str], li
     except KeyboardInterrupt as e:  # a body may say where it stopped and how to go on: KeyboardInterrupt(text)
         said = e.args[0] if e.args and isinstance(e.args[0], str) else "cancelled"
         # on a line of its own (after "^C", or a bar left mid-line), but no blank one under a bar closed since
-        print(("" if line.line_ended else "\n") + f"{prog}: {said}", file=sys.stderr)
+        print(after_ctrl_c() + f"{prog}: {said}", file=sys.stderr)
         return 130
 
 
