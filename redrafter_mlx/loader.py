@@ -14,6 +14,7 @@ are kept.
 """
 
 import contextlib
+import inspect
 import io
 import json
 import os
@@ -33,7 +34,7 @@ from ._platform import device_description, fast_cpu_blas, on_cpu
 from .base_model import TreeModel, check_supported, self_check
 from .config import DRAFTER_MODEL_TYPE, FLOAT_FORMATS, WEIGHT_FORMATS, ModelArgs, check_head_counts
 from .errors import (CorruptModelError, ModelNotFoundError, RedrafterError, RedrafterWarning, SettingError,
-                     UnsupportedModelError, one_line)
+                     UnsupportedModelError, json_kind, one_line)
 from .files import read_json_object, refuse_lfs_pointer, refuse_missing_shards, refuse_mixed_weights, tidy
 from .gguf import read_gguf
 from .tokenizer import Tokenizer, is_token_id
@@ -43,6 +44,9 @@ DTYPES = {name: getattr(mx, name) for name in FLOAT_FORMATS}
 # config.json sizes every family's model args take as whole numbers (shapes)
 SIZE_KEYS = ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size", "num_attention_heads",
              "num_key_value_heads", "head_dim", "max_position_embeddings")
+# config.json keys the families' model args take as numbers, and as true/false
+NUMBER_KEYS = ("rope_theta", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps")
+BOOL_KEYS = ("tie_word_embeddings", "rope_traditional", "attention_bias", "mlp_bias")
 
 
 @dataclass
@@ -348,14 +352,84 @@ def _weight_files(path: Path) -> List[Path]:
     return files
 
 
-def _refuse_sizes_not_whole(cfg_path: Path, config: Dict[str, Any]) -> None:
-    """Sizes (SIZE_KEYS) given as text, true/false or a fraction, at the top or in text_config."""
-    for where, block in (("", config), ("text_config.", config.get("text_config"))):
-        for key in SIZE_KEYS if isinstance(block, dict) else ():
-            value = block.get(key)  # "32" failed in mlx-lm: "unsupported operand type(s)" (1e30 is said where it is read)
-            if isinstance(value, (str, bool)) or (isinstance(value, float) and not value.is_integer()):
-                raise CorruptModelError(f"{cfg_path} holds {where}{key} {json.dumps(block[key])}, not a whole number "
-                                        "(a hand-edited config?)")
+def _expected(key: str, value: Any) -> Optional[str]:
+    """What config.json's `key` must hold where `value` is not that (null aside), else None."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if key in BOOL_KEYS:  # "false" (text) is true in Python; 0 failed in MLX's rope, transformers refuses both
+        return None if isinstance(value, bool) else "true or false"
+    if key in NUMBER_KEYS:  # an int is fine: mlx-lm's own defaults are such (rope_theta: float = 10000)
+        return None if number else "a number"
+    if key == "max_position_embeddings":  # 4096.0 is read with int(); 0 and out-of-range values where it is read
+        return None if number and float(value).is_integer() else "a whole number"
+    whole = isinstance(value, int) and not isinstance(value, bool)  # 32.0 failed in MLX ("normal(): incompatible ...")
+    if key == "head_dim":  # 0: not given (llama: head_dim or hidden_size // heads)
+        return None if whole and value >= 0 else "a whole number of 0 or more"
+    return None if whole and value >= 1 else "a whole number above 0"
+
+
+def _fields(args_class: Any) -> Optional[Dict[str, bool]]:
+    """The fields of an mlx-lm model args class (what from_dict reads), each with whether its family takes null for
+    it (an optional field, or code that fills it in: glm's head_dim `or hidden_size // heads`, gear's
+    num_key_value_heads `is None`; qwen2's asserts it is not), or None where they cannot be told."""
+    try:
+        params = inspect.signature(args_class).parameters
+    except (TypeError, ValueError):
+        return None
+    try:
+        source = inspect.getsource(inspect.getmodule(args_class))
+    except (OSError, TypeError):
+        source = ""
+    return {k: p.default is None or "Optional" in str(p.annotation) or "None" in str(p.annotation)
+            or re.search(rf"\b{k}\s+(or\b|is\s+None\b|==\s*None\b)", source) is not None for k, p in params.items()}
+
+
+def _refuse_wrong_types(cfg_path: Path, config: Dict[str, Any], args_class: Any = None) -> None:
+    """A size, number or true/false key (SIZE_KEYS, NUMBER_KEYS, BOOL_KEYS) of another type: "rope_theta": "10000.0",
+    "hidden_size": 32.0, "rms_norm_eps": null, "tie_word_embeddings": "yes", failed inside mlx-lm or MLX (at the
+    first forward, in the tokenizer's transformers) in their words, naming no key, or went through ("false" is true).
+    Keys the family's model args (`args_class`) do not read are let be, as mlx-lm ignores them, but for sizes given as
+    text, true/false or a fraction; null passes where its field is optional (mlx-lm defaults it). A text_config is
+    judged by the model args of its model_type (a vision-language wrapper's text model), null passing where those
+    are not known; rope_parameters' rope_theta where it is the one read (config_overrides)."""
+    from mlx_lm.utils import _get_classes
+
+    fields = _fields(args_class)
+    blocks = [("", config, fields)]
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict) and "rope_theta" in rope and "rope_theta" not in config:
+        blocks.append(("rope_parameters.", {"rope_theta": rope["rope_theta"]}, fields))
+    text = config.get("text_config")
+    if isinstance(text, dict):
+        inner = None
+        if fields is not None and "text_config" not in fields:
+            inner = {}  # not read: sizes alone, as at the top
+        elif isinstance(text.get("model_type"), str):
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):  # (olmo's module prints, then exits)
+                    inner = _fields(_get_classes(text)[1])
+            except (ValueError, KeyError, ImportError, SystemExit):
+                pass  # (model_classes says what of it)
+        blocks.append(("text_config.", text, inner))
+    for where, block, read in blocks:
+        for key in (*SIZE_KEYS, *NUMBER_KEYS, *BOOL_KEYS):
+            if key not in block:
+                continue
+            value = block[key]
+            if read is not None and key not in read and not (key in SIZE_KEYS and (
+                    isinstance(value, (str, bool)) or isinstance(value, float) and not value.is_integer())):
+                continue  # a key this family does not read
+            if value is None and (read is None or read.get(key, True) or key == "max_position_embeddings"):
+                continue  # (the context's null is read as not given, and mlx-lm reads it for rope scaling alone)
+            expected = _expected(key, value)
+            if expected:
+                if value is None or isinstance(value, int) and not isinstance(value, bool) and key not in BOOL_KEYS:
+                    kind = ""
+                elif isinstance(value, float) and value.is_integer() and key in SIZE_KEYS:
+                    kind = " (written with a decimal point)"
+                else:
+                    kind = f" ({json_kind(value)})"
+                raise CorruptModelError(f"{cfg_path}: {where}{key} is {one_line(json.dumps(value), 80)}{kind}; "
+                                        f"{expected} is expected")
 
 
 def _refuse_bad_quantization_block(cfg_path: Path, config: Dict[str, Any]) -> None:
@@ -415,14 +489,14 @@ def _refuse_quantization_config_without_its_weights(path: Path, config: Dict[str
 def check_folder(path: Path, config: Dict[str, Any]) -> Tuple[Set[str], Dict[str, Path]]:
     """Refuse, with a one-line error, what mlx-lm's load_model would fail on unclearly (or with a traceback) in model
     folder `path`, whose config.json holds `config`: the weights missing, a shard missing, two downloads' weights
-    mixed, a family mlx-lm cannot build or that cannot verify trees, sizes that are not whole numbers, a bad
-    quantization block, an unreadable weight file, a model_file, an AWQ/GPTQ config without such weights. Nothing
-    is loaded: tensors are read by their headers. Returns the tensor names in the weights, and the files holding
-    lm_head.weight and model.embed_tokens.weight."""
+    mixed, a family mlx-lm cannot build or that cannot verify trees, sizes, numbers and true/false values of
+    another type, a bad quantization block, an unreadable weight file, a model_file, an AWQ/GPTQ config without
+    such weights. Nothing is loaded: tensors are read by their headers. Returns the tensor names in the weights,
+    and the files holding lm_head.weight and model.embed_tokens.weight."""
     cfg_path = path / "config.json"
     files = _weight_files(path)
-    model_classes(config, str(cfg_path))  # refuses unsupported families before reading any weights
-    _refuse_sizes_not_whole(cfg_path, config)
+    _, args_class = model_classes(config, str(cfg_path))  # refuses unsupported families before reading any weights
+    _refuse_wrong_types(cfg_path, config, args_class)
     _refuse_bad_quantization_block(cfg_path, config)
     names, where = _tensor_names(files)
     _refuse_model_file(cfg_path, config)

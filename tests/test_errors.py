@@ -462,8 +462,58 @@ def test_a_size_in_a_config_that_is_not_a_whole_number(tiny_kit, tmp_path):
     for key, value in (("hidden_size", "32"), ("num_hidden_layers", 2.5), ("vocab_size", True),
                        ("max_position_embeddings", "4096")):  # (said as "cannot load the tokenizer")
         (path / "config.json").write_text(json.dumps({**config, key: value}))
-        msg = raises(CorruptModelError, lambda: load(str(path)), f"holds {key} {json.dumps(value)}, not a whole number")
+        msg = raises(CorruptModelError, lambda: load(str(path)), f"config.json: {key} is {json.dumps(value)} (",
+                     "a whole number")
         assert "operand" not in msg
+
+
+def test_config_values_of_the_wrong_type(tiny_kit, tmp_path):
+    """A number, size or true/false key of another type got through the folder's checks and failed inside mlx-lm or
+    MLX in their words ("loads but cannot run: TypeError: rope(): incompatible function arguments", "'<=' not
+    supported between instances of 'str' and 'float'", "cannot load the tokenizer", a bare AssertionError of a
+    vocab_size 0), or went through ("false" is true): one line names the file, the key, the value and what it
+    must be."""
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
+    config = json.loads((path / "config.json").read_text())
+    no_theta = {k: v for k, v in config.items() if k != "rope_theta"}
+    for changes, said in (({"rope_theta": "10000.0"}, 'rope_theta is "10000.0" (a string); a number is expected'),
+                          ({"rope_theta": None}, "rope_theta is null; a number is expected"),
+                          ({"rope_theta": [10000]}, "rope_theta is [10000] (a list); a number is expected"),
+                          ({"rope_theta": True}, "rope_theta is true (true or false); a number is expected"),
+                          ({"rms_norm_eps": "1e-5"}, 'rms_norm_eps is "1e-5" (a string); a number is expected'),
+                          ({"rms_norm_eps": None}, "rms_norm_eps is null; a number is expected"),
+                          ({"num_attention_heads": "4"}, 'num_attention_heads is "4" (a string); a whole number above'),
+                          ({"hidden_size": 32.0}, "hidden_size is 32.0 (written with a decimal point); a whole number"),
+                          ({"intermediate_size": [64]}, "intermediate_size is [64] (a list); a whole number above 0"),
+                          ({"num_hidden_layers": {"n": 2}}, 'num_hidden_layers is {"n": 2} (an object); a whole'),
+                          ({"vocab_size": 0}, "vocab_size is 0; a whole number above 0 is expected"),
+                          ({"head_dim": -8}, "head_dim is -8; a whole number of 0 or more is expected"),
+                          ({"tie_word_embeddings": "yes"}, 'tie_word_embeddings is "yes" (a string); true or false'),
+                          ({"tie_word_embeddings": None}, "tie_word_embeddings is null; true or false is expected"),
+                          ({"rope_traditional": 0}, "rope_traditional is 0 (a number); true or false is expected"),
+                          ({"attention_bias": "false"}, 'attention_bias is "false" (a string); true or false'),
+                          ({"rope_parameters": {"rope_theta": "5e4", "rope_type": "default"}},
+                           'rope_parameters.rope_theta is "5e4" (a string); a number is expected')):
+        base = no_theta if "rope_parameters" in changes else config
+        (path / "config.json").write_text(json.dumps({**base, **changes}))
+        msg = raises(CorruptModelError, lambda: load(str(path), use_drafter=False), f"{path / 'config.json'}: {said}")
+        assert "TypeError" not in msg and "cannot run" not in msg and "tokenizer" not in msg, msg
+    # what mlx-lm takes: a whole number where a number is read, null where its field is optional, a key the family
+    # does not read (llama has no layer_norm_eps)
+    (path / "config.json").write_text(json.dumps({**config, "rope_theta": 10000, "num_key_value_heads": 2,
+                                                  "head_dim": None, "layer_norm_eps": "x"}))
+    assert load(str(path), use_drafter=False).model.model.args.rope_theta == 10000
+    # a vision-language wrapper's text_config, judged by its text model's args (gemma3_text: head_dim is not optional)
+    text = dict(model_type="gemma3_text", hidden_size=32, num_hidden_layers=2, intermediate_size=64,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=tiny_kit.vocab_size,
+                query_pre_attn_scalar=8, sliding_window=4, sliding_window_pattern=2, rms_norm_eps=1e-6)
+    path = tiny_kit.write_folder(tmp_path / "g", tiny_kit.model(seed=0, model_type="gemma3", text_config=text))
+    config = json.loads((path / "config.json").read_text())
+    for changes, said in (({"rms_norm_eps": "1e-6"}, 'text_config.rms_norm_eps is "1e-6" (a string); a number'),
+                          ({"rope_theta": None}, "text_config.rope_theta is null; a number is expected"),
+                          ({"head_dim": None}, "text_config.head_dim is null; a whole number of 0 or more")):
+        (path / "config.json").write_text(json.dumps({**config, "text_config": {**text, **changes}}))
+        raises(CorruptModelError, lambda: load(str(path), use_drafter=False), f"{path / 'config.json'}: {said}")
 
 
 def test_a_drafter_path_one_folder_above_the_drafter_names_it(tiny_kit, tmp_path):
@@ -693,7 +743,8 @@ def test_model_files_with_values_mlx_lm_cannot_use(tiny_kit, tmp_path):
                                 # a ZeroDivisionError, named as such, before; then "config.json", not saying whose
                                 [str(tmp_path / "heads" / "config.json"), "num_attention_heads 0"]),
                                ("rope", {"config.json": json.dumps({**cfg, "rope_theta": "10000"})},
-                                ["cannot run", "rope"]),
+                                # "loads but cannot run: TypeError: rope(): incompatible function arguments" before
+                                ["config.json: rope_theta is \"10000\" (a string); a number is expected"]),
                                ("eos", {"generation_config.json": '{"eos_token_id": "x"}'},
                                 ["generation_config.json", "eos_token_id holds 'x', not a token id"]),
                                # read as token 2 before
@@ -1198,7 +1249,8 @@ def test_config_files_of_the_wrong_shape(tiny_kit, tmp_path):
     (path / "config.json").write_text("[]")
     raises(CorruptModelError, lambda: load(str(path)), "config.json", "JSON object")
     (path / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": "abc"}))
-    raises(CorruptModelError, lambda: load(str(path)), "config.json", 'max_position_embeddings "abc", not a whole number')
+    raises(CorruptModelError, lambda: load(str(path)), "config.json",
+           'max_position_embeddings is "abc" (a string); a whole number is expected')
     (path / "config.json").write_text(json.dumps(cfg))
     (path / "generation_config.json").write_text("{eos")
     raises(CorruptModelError, lambda: load(str(path)), "generation_config.json", "not valid JSON")
