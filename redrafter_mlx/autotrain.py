@@ -33,7 +33,6 @@ import contextlib
 import filecmp
 import hashlib
 import json
-import os
 import re
 import shlex
 import shutil
@@ -52,8 +51,8 @@ from .distill import check_seeds, read_prompt_files  # noqa: E402
 from .config import WEIGHT_FORMATS  # noqa: E402
 from .errors import RedrafterError  # noqa: E402
 from .registry import default_model_name  # noqa: E402
-from .files import (model_manifest_of, one_run_in, record_drafter, signals_held, staging_folder,  # noqa: E402
-                    unwritable_ancestor, write_json)
+from .files import (model_manifest_of, one_run_in, record_drafter, replace_folder, signals_held,  # noqa: E402
+                    staging_folder, unwritable_ancestor, write_json)
 
 DATA = Path(__file__).parent / "data"
 TRAIN_PROMPTS = DATA / "train_prompts.jsonl"
@@ -224,37 +223,6 @@ def previous_home(home: Path) -> Path:
     return home.with_name(home.name + ".previous")
 
 
-def _swap_in_keeping(new: Path, home: Path) -> Optional[Path]:
-    """Rename `new` to `home`, the folder already there to `previous_home(home)` (replacing an older one), and return
-    where it went (None: nothing was there). Signals are held by the caller. As files.replace_folder, the folder in
-    place is first set aside under the name files.tidy puts back at `home` when a process dies before the new one is
-    in; each rename that fails undoes the ones before it."""
-    if not (home.exists() or home.is_symlink()):
-        os.rename(new, home)
-        return None
-    previous = previous_home(home)
-    aside = staging_folder(home, "old-")
-    try:
-        older = previous.exists() or previous.is_symlink()
-        if older:
-            os.rename(previous, aside / "older")
-        try:
-            os.rename(home, aside / "old")
-            try:
-                os.rename(new, home)
-            except BaseException:
-                os.rename(aside / "old", home)
-                raise
-        except BaseException:
-            if older:
-                os.rename(aside / "older", previous)
-            raise
-        os.rename(aside / "old", previous)
-    finally:
-        shutil.rmtree(aside, ignore_errors=True)  # (the older drafter kept aside, no longer kept)
-    return previous
-
-
 def install(src: Path, home: Path, manifest: Dict) -> Optional[Path]:
     """Copy the drafter folder `src` to `home` with its manifest: written beside, then swapped
     in, so an interruption leaves either the old drafter or the new one, never half of one.
@@ -281,8 +249,9 @@ def install(src: Path, home: Path, manifest: Dict) -> Optional[Path]:
                      "config": config, "dtype": str(head.dtype).replace("mlx.core.", ""),
                      "sha256": {f.name: sha256_of(f) for f in sorted(tmp.iterdir())
                                 if f.name in ("config.json", "model.safetensors")}}
-        with signals_held():
-            kept = _swap_in_keeping(tmp, home)
+        with signals_held():  # (replace_folder holds them too: the manifest's entry changes with the drafter)
+            kept = previous_home(home) if home.exists() or home.is_symlink() else None
+            replace_folder(tmp, home, keep=previous_home(home))
             if model_manifest is not None:
                 failed = record_drafter(model_manifest, entry)
     except BaseException:

@@ -452,24 +452,40 @@ def signals_held():
             signal.raise_signal(s)
 
 
-def replace_folder(new: Path, target: Path) -> Path:
+def replace_folder(new: Path, target: Path, keep: Optional[Path] = None) -> Path:
     """Rename the finished folder `new` (beside `target`, e.g. from `staging_folder`) to `target`,
     replacing what is there. That takes two renames, the old folder aside and the new one in:
     Ctrl-C or SIGTERM is held until both are done and the old folder is deleted (between the
-    renames it left no folder in place), and a failing second rename puts the old folder back."""
+    renames it left no folder in place), and a failing second rename puts the old folder back.
+    With `keep` (a path beside `target`), the old folder goes there instead of being deleted,
+    replacing an older folder there (set aside with it first, and put back where a rename fails:
+    every rename that fails undoes the ones before it). Where the process dies between the renames,
+    the old folder is in the hidden `.NAME.old-*` folder `tidy` puts back at `target`. Signals
+    already held by the caller (`signals_held` around this and more) stay held until its block ends."""
     new, target = Path(new), Path(target)
+    keep = None if keep is None else Path(keep)
     with signals_held():
         if not (target.exists() or target.is_symlink()):
             os.rename(new, target)
             return target
         aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-{_owner()}", dir=target.parent))
         try:
-            os.rename(target, aside / "old")
+            older = keep is not None and (keep.exists() or keep.is_symlink())
+            if older:
+                os.rename(keep, aside / "older")
             try:
-                os.rename(new, target)
+                os.rename(target, aside / "old")
+                try:
+                    os.rename(new, target)
+                except BaseException:
+                    os.rename(aside / "old", target)
+                    raise
             except BaseException:
-                os.rename(aside / "old", target)
+                if older:
+                    os.rename(aside / "older", keep)
                 raise
+            if keep is not None:
+                os.rename(aside / "old", keep)
         finally:
-            shutil.rmtree(aside, ignore_errors=True)
+            shutil.rmtree(aside, ignore_errors=True)  # (the old folder, or with `keep` the older one, not kept)
     return target

@@ -640,7 +640,7 @@ def test_a_replaced_drafter_is_kept_beside_it_and_never_loaded(tiny_kit, tmp_pat
         return rename(a, b)
 
     with monkeypatch.context() as m:
-        m.setattr(autotrain.os, "rename", failing_into_place)
+        m.setattr(os, "rename", failing_into_place)
         with pytest.raises(OSError):
             autotrain.install(sources[0], home, _installed_manifest())
     assert holds(home, sources[2]) and holds(tmp_path / "m.drafter.previous", sources[1])

@@ -1345,15 +1345,26 @@ def test_ctrl_c_while_a_folder_is_replaced_leaves_the_new_one(tiny_kit, tmp_path
     assert load_drafter(tmp_path / "d", tiny_kit.model(seed=0)) is not None
 
 
-def test_a_failed_folder_replacement_puts_the_old_one_back(tmp_path, monkeypatch):
+def _folders(tmp_path, texts):
+    """Folders in tmp_path ({name: text}), each holding a file f with its text; returns a function that reads all the
+    folders there back."""
+    for name, text in texts.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "f").write_text(text)
+    return lambda: {p.name: (p / "f").read_text() for p in tmp_path.iterdir()}
+
+
+@pytest.mark.parametrize("keep", [None, "target.previous"])
+def test_a_failed_folder_replacement_puts_the_old_one_back(tmp_path, monkeypatch, keep):
+    """A failing rename of the new folder into place puts the old folder back, and with `keep` the older folder kept
+    there too (replace_folder sets it aside first)."""
     import errno
     import os
 
     from redrafter_mlx.files import replace_folder
 
-    for name, text in (("target", "old"), ("new", "new")):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "f").write_text(text)
+    texts = _folders(tmp_path, {"target": "old", "new": "new", **({keep: "older"} if keep else {})})
+    before = texts()
     rename = os.rename
 
     def failing(src, dst):
@@ -1363,9 +1374,22 @@ def test_a_failed_folder_replacement_puts_the_old_one_back(tmp_path, monkeypatch
 
     monkeypatch.setattr(os, "rename", failing)
     with pytest.raises(OSError):
-        replace_folder(tmp_path / "new", tmp_path / "target")
-    assert (tmp_path / "target" / "f").read_text() == "old"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["new", "target"]
+        replace_folder(tmp_path / "new", tmp_path / "target", keep=keep and tmp_path / keep)
+    assert texts() == before  # nothing hidden left beside them
+
+
+def test_a_folder_replaced_keeping_the_old_one_keeps_it_and_replaces_an_older_one(tmp_path):
+    """replace_folder(new, target, keep=...) moves the old folder to `keep` instead of deleting it, replacing the
+    older one there."""
+    from redrafter_mlx.files import replace_folder
+
+    keep, texts = tmp_path / "target.previous", _folders(tmp_path, {"new": "first"})
+    assert replace_folder(tmp_path / "new", tmp_path / "target", keep=keep) == tmp_path / "target"
+    assert texts() == {"target": "first"}  # nothing was there: nothing kept
+    for old, text in (("first", "second"), ("second", "third")):
+        _folders(tmp_path, {"new": text})
+        replace_folder(tmp_path / "new", tmp_path / "target", keep=keep)
+        assert texts() == {"target": text, "target.previous": old}
 
 
 def test_what_a_killed_process_left_beside_a_folder_is_cleared_and_the_old_folder_put_back(tmp_path):
