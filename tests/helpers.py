@@ -195,3 +195,39 @@ def piped(text: str):
         yield Path(f"/dev/fd/{r}")
     finally:
         os.close(r)
+
+
+# What a command may be doing when Ctrl-C comes, for the tests of the message said after it (cli.run's, the bench's):
+# a newline goes before it only where the line was not ended since. Each takes and ignores any arguments, so that it
+# can stand in for what it interrupts (a command's body, loader.load).
+
+def closes_its_bar(*a, **k):
+    """Ctrl-C within a progress bar ("fetch 1/4") closed on the way out: tqdm ends its line."""
+    import signal
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=4, desc="fetch", bar_format="{desc} {n}/{total}", mininterval=0)
+    try:
+        bar.update(1)
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C
+    finally:
+        bar.close()
+
+
+def leaves_its_bar(*a, **k):
+    """Ctrl-C with a bar left mid-line ("\\rfetch 1/4", no newline)."""
+    import signal
+    import sys
+
+    print("\rfetch 1/4", end="", file=sys.stderr)
+    signal.raise_signal(signal.SIGINT)
+
+
+def said_a_line_then_ctrl_c(*a, **k):
+    """Ctrl-C after a whole line: the terminal echoes "^C" at the start of the next line."""
+    import signal
+    import sys
+
+    print("loading the model", file=sys.stderr)
+    signal.raise_signal(signal.SIGINT)

@@ -1653,25 +1653,9 @@ def test_ctrl_c_while_the_model_loads_is_said_on_a_line_of_its_own_with_no_blank
     Ctrl-C (the terminal's "^C", a bar left mid-line); none after a SIGTERM that follows an ended line."""
     import sys
 
-    from tqdm import tqdm
+    from helpers import closes_its_bar, leaves_its_bar, said_a_line_then_ctrl_c
 
     from redrafter_mlx import loader
-
-    def closes_its_bar(*a, **k):
-        bar = tqdm(total=4, desc="fetch", bar_format="{desc} {n}/{total}", mininterval=0)
-        try:
-            bar.update(1)
-            signal.raise_signal(signal.SIGINT)  # Ctrl-C
-        finally:
-            bar.close()
-
-    def leaves_its_bar(*a, **k):
-        print("\rfetch 1/4", end="", file=sys.stderr)
-        signal.raise_signal(signal.SIGINT)
-
-    def said_a_line_then_ctrl_c(*a, **k):  # the terminal echoes "^C" at the start of the next line
-        print("loading the model", file=sys.stderr)
-        signal.raise_signal(signal.SIGINT)
 
     def said_a_line_then_sigterm(*a, **k):  # nothing echoed: the next line is free
         print("loading the model", file=sys.stderr)

@@ -524,29 +524,13 @@ def test_ctrl_c_is_said_on_a_line_of_its_own_with_no_blank_line_under_a_closed_b
     left a blank line. It is put only where the line was not ended since Ctrl-C."""
     import signal
 
-    from tqdm import tqdm
-
-    def closes_its_bar():
-        bar = tqdm(total=4, desc="distill", bar_format="{desc} {n}/{total}", mininterval=0)
-        try:
-            bar.update(1)
-            signal.raise_signal(signal.SIGINT)  # Ctrl-C
-        finally:
-            bar.close()
-
-    def leaves_its_bar():
-        print("\rdistill 1/4", end="", file=sys.stderr)
-        signal.raise_signal(signal.SIGINT)
+    from helpers import closes_its_bar, leaves_its_bar, said_a_line_then_ctrl_c
 
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert cli.run("tool", closes_its_bar) == 130
-    assert capsys.readouterr().err == "\rdistill 0/4\rdistill 1/4\rdistill 1/4\ntool: cancelled\n"
+    assert capsys.readouterr().err == "\rfetch 0/4\rfetch 1/4\rfetch 1/4\ntool: cancelled\n"
     assert cli.run("tool", leaves_its_bar) == 130
-    assert capsys.readouterr().err == "\rdistill 1/4\ntool: cancelled\n"
-
-    def said_a_line_then_ctrl_c():  # the terminal echoes "^C" at the start of the next line
-        print("loading the model", file=sys.stderr)
-        signal.raise_signal(signal.SIGINT)
+    assert capsys.readouterr().err == "\rfetch 1/4\ntool: cancelled\n"
 
     assert cli.run("tool", said_a_line_then_ctrl_c) == 130
     assert capsys.readouterr().err == "loading the model\n\ntool: cancelled\n"
