@@ -291,9 +291,9 @@ def stream(
     loaded: a LoadedModel from `load()`. prompt: text (wrapped in the chat template), a list
     of {"role", "content"} messages (roles: system, user, assistant, tool), or a list of token
     ids (used as is).
-    mode: "ar" (plain decoding: the drafting settings below are not used, so a caller can switch
-    speculation off without dropping them; the CLIs refuse them with --mode ar), "redrafter"
-    (needs a drafter), or "auto".
+    mode: "auto" (the default), "ar" (plain decoding: the drafting settings below are not used, so
+    a caller can switch speculation off without dropping them; the CLIs refuse them with --mode ar)
+    or "redrafter" (needs a drafter).
     With no drafting setting given (beam_width, beam_length, tree, tree_min_prob, lookup and
     draft_top_k all None), "auto" and "redrafter" are adaptive (control.py): every step the
     controller keeps the draft nodes that maximize expected tokens per second on this machine's
@@ -301,57 +301,66 @@ def stream(
     a drafter (or with use_drafter=False) drafts from the context alone where that pays.
     With any drafting setting given, drafting is fixed (mode "auto": redrafter when the model
     has a drafter and the beam length is not 1; without a drafter, or with use_drafter=False,
-    only the copy of a `lookup` > 0 given, else plain decoding). beam_width/beam_length: W beams of L
-    tokens, L counting the base model's own (so L=1 drafts nothing; mode "auto" then
-    decodes plainly, mode "redrafter" still adds the lookup beam); None takes
-    the shape tuned for this device (`redrafter-bench --tune`, `loaded.beam_shape`; W=1 L=1
-    when plain decoding measured fastest), else tuning.DEFAULT_SHAPE.
+    only the copy of a `lookup` > 0 given, else plain decoding).
+    beam_width/beam_length: W beams of L tokens, L counting the base model's own (so L=1 drafts
+    nothing; mode "auto" then decodes plainly, mode "redrafter" still adds the lookup beam); None
+    (the default) takes the shape tuned for this device (`redrafter-bench --tune`,
+    `loaded.beam_shape`; W=1 L=1 when plain decoding measured fastest), else tuning.DEFAULT_SHAPE.
     lookup: in redrafter mode, also draft a copy of up to this many tokens from the context where
     its last tokens recur (lookup.py); after a step that accepted the whole copy the next may be
     twice as long, up to lookup.MAX_GROWTH times this (within MAX_DRAFT_TOKENS), and back to this
-    after one that did not (lookup.CopyLength). 0 turns it off, None takes the tuned length, else
-    tuning.DEFAULT_LOOKUP.
+    after one that did not (lookup.CopyLength). 0 turns it off; None (the default) takes the tuned
+    length, else tuning.DEFAULT_LOOKUP.
     tree: in redrafter mode, draft a dynamic tree of up to this many nodes instead of the fixed
     beams (tree_search.py): W wide, L - 1 deep, nodes whose path probability is below
-    `tree_min_prob` dropped (0 = fixed beams; None takes the budget tuned with the beam shape
-    when the shape is tuned too, else tuning.DEFAULT_TREE; tree_min_prob None: the tuned floor,
-    else tree_search.DEFAULT_MIN_PROB; given where W x L beams are drafted, which it would not
-    prune, it is refused). `tuning.drafting` holds these rules.
+    `tree_min_prob` dropped (0 = fixed beams; None, the default, takes the budget tuned with the
+    beam shape when the shape is tuned too, else tuning.DEFAULT_TREE).
+    tree_min_prob: that floor, in (0, 1] (None, the default: the tuned floor, else
+    tree_search.DEFAULT_MIN_PROB); given where W x L beams are drafted, which it would not
+    prune, it is refused. `tuning.drafting` holds these rules.
     draft_top_k: beam search draws each beam's next token from the drafter's k most likely ones
     (W x L beams only: given without `tree`, it drafts beams, not a tuned tree; with tree > 0 it is
-    refused, a tree keeping at most W children per node already).
-    use_drafter: False drafts without the model's drafter (adaptive: from the context alone).
+    refused, a tree keeping at most W children per node already). None (the default): from all.
+    use_drafter: True (the default) drafts with the model's drafter where it has one; False drafts
+    without it (adaptive: from the context alone).
     graph: draft a graph (GSD, graph.py) instead of a tree, K being GSD's k-gram length (0
     matches on the token alone): a node whose last K + 1 tokens match one drafted elsewhere
     reuses that one's continuation, and with `context_graph` every drafter node whose last
     tokens occur in the context gets what followed there (up to `lookup` tokens), and the root's
     copy runs up to 4 x `lookup`, cut by its calibrated probability (graph.root_copy). Needs a
     tree (`tree` > 0) when drafting is fixed; adaptive drafting chooses among grafted nodes as
-    among any. None: a tree, as without GSD. Without a drafter (use_drafter=False, or a model with
-    none) it is not used: no node is drafted to merge, or to graft the context under.
-    max_tokens: the longest reply in tokens (>= 1); it also ends at the chat template's end-of-turn
-    token (not output), at the model's context length ("context"), or when should_stop() returns
-    True, which is asked between prompt chunks and before each decode step ("cancelled").
+    among any. None (the default): a tree, as without GSD. Without a drafter (use_drafter=False,
+    or a model with none) it is not used: no node is drafted to merge, or to graft the context under.
+    context_graph: with `graph`, also graft what followed in the context (above); True by
+    default, False grafts only between drafted nodes.
+    max_tokens: the longest reply in tokens (>= 1; 256 by default); it also ends at the chat
+    template's end-of-turn token (not output), at the model's context length ("context"), or when
+    should_stop() returns True ("cancelled").
+    should_stop: a function () -> bool, asked between prompt chunks and before each decode step;
+    True ends the reply ("cancelled"). None (the default): never asked.
     temperature: 0 (the default) decodes greedily, token for token plain decoding; above 0, tokens
     are drawn from softmax(logits / temperature) of the base model, restricted to the smallest
-    set of tokens holding top_p of the probability (top_p in (0, 1]; 1: all of them). top_p and
-    seed serve sampling alone: with temperature 0 they are checked and not used (so a caller can
-    switch sampling off without dropping them, as mode "ar" does drafting; the CLIs refuse them).
-    seed: sampling's random seed (None: a fresh one for each reply, which `stats.seed` gives, so a
-    reply can be had again with seed=stats.seed). A draw depends only on the
-    seed and its position in the sequence (sampling.py), so a seed gives plain decoding's reply in
-    every mode and with every tree, the adaptive controller's (whose trees follow measured
-    timings) included.
+    set of tokens holding top_p of the probability.
+    top_p: in (0, 1]; 1 (the default) keeps every token. top_p and seed serve sampling alone:
+    with temperature 0 they are checked and not used (so a caller can switch sampling off
+    without dropping them, as mode "ar" does drafting; the CLIs refuse them).
+    seed: sampling's random seed, 0 to 2**64 - 1 (None, the default: a fresh one for each reply,
+    which `stats.seed` gives, so a reply can be had again with seed=stats.seed). A draw depends
+    only on the seed and its position in the sequence (sampling.py), so a seed gives plain
+    decoding's reply in every mode and with every tree, the adaptive controller's (whose trees
+    follow measured timings) included.
     prompt_cache: a PromptCache(loaded.model) kept across calls (the turns of a chat): the prompt's
     longest prefix it holds is not read again. One per model and conversation, used by one stream
     at a time (a stream whose cache another call used before it ended stops with a SettingError).
-    system: a system prompt, put first before a text prompt or a message list (blank or None: the
-    chat template's default); refused with token ids, and with a message list that begins with a
-    system message of its own.
-    progress: called with a line of text while an adaptive call calibrates this machine's cost
-    curve (the first call for a device and model, a few seconds), after the settings, the
-    prompt and the context length were checked, and per chunk of a prompt (its part not
-    cached yet) longer than one chunk (PREFILL_CHUNK tokens) while it is read.
+    None (the default): a cache for this call alone.
+    system: a system prompt, put first before a text prompt or a message list (blank or None, the
+    default: the chat template's default); refused with token ids, and with a message list that
+    begins with a system message of its own.
+    progress: a function (str) -> None called with a line of text while an adaptive call
+    calibrates this machine's cost curve (the first call for a device and model, a few seconds),
+    after the settings, the prompt and the context length were checked, and per chunk of a prompt
+    (its part not cached yet) longer than one chunk (PREFILL_CHUNK tokens) while it is read.
+    None (the default): nothing is told.
     """
     if mode not in MODES:
         raise SettingError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")

@@ -332,6 +332,15 @@ def test_generate_shows_the_settings_it_takes():
     assert sig.return_annotation is Generation
 
 
+def test_help_of_stream_and_generate_says_what_each_setting_means_and_its_default():
+    """help(stream) (which generate points to) had no entry for should_stop, context_graph or tree_min_prob,
+    and did not say the default of mode, max_tokens, top_p, draft_top_k, use_drafter, prompt_cache or progress."""
+    from helpers import undocumented_settings
+
+    assert undocumented_settings(stream) == {}
+    assert "help(stream)" in generate.__doc__
+
+
 def test_a_loaded_model_reads_as_one_line_that_names_it(tiny_kit, tmp_path):
     """`>>> m` printed the dataclass's whole repr: the drafter's module tree over several lines, the adaptive
     controllers, the registry entry (1.7 KB for the default model). It is one line: name, file, weight format,
