@@ -590,12 +590,16 @@ def load(
 ) -> LoadedModel:
     """Load a model by registry name, local path (.gguf or folder) or hub id.
 
-    name: None loads the registry's default model (smollm2-135m).
-    drafter: a drafter folder that overrides the one found beside the model.
-    use_drafter: False loads no drafter (mode "auto" then drafts from the context alone).
-    weight_format: "auto" (fastest for the device), "stored" (as in the file, e.g. 4-bit),
-        "float32", "float16" or "bfloat16".
-    progress: called with short status lines (fetch, load) for UIs.
+    name: a registry name, a path or a hub id; None (the default) loads the registry's default
+        model (smollm2-135m).
+    drafter: a drafter folder that overrides the one found beside the model; None (the default):
+        the one found beside it, if any.
+    use_drafter: True (the default) loads a drafter; False loads none (mode "auto" then drafts
+        from the context alone).
+    weight_format: "auto" (the default: fastest for the device), "stored" (as in the file, e.g.
+        4-bit), "float32", "float16" or "bfloat16".
+    progress: a function (str) -> None, called with short status lines (fetch, load, what is
+        off about the model) for UIs; None (the default): nothing is told.
     """
     t0 = time.perf_counter()
     if name is not None and not isinstance(name, (str, os.PathLike)):

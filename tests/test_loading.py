@@ -511,3 +511,10 @@ def test_importing_mlx_before_redrafter_warns_about_the_slow_blas():
     first = run("import redrafter_mlx\nimport mlx.core\nfrom redrafter_mlx._platform import FAST_BLAS\n"
                 "assert FAST_BLAS in ('MKL', 'OpenBLAS')")
     assert first.returncode == 0, first.stderr
+
+
+def test_help_of_load_says_what_each_argument_means_and_its_default():
+    """help(load) gave no default for any argument but name (drafter, use_drafter, weight_format, progress)."""
+    from helpers import undocumented_settings
+
+    assert undocumented_settings(load, skip=()) == {}
