@@ -184,6 +184,7 @@ def _check_types(**settings):
 
 # Other libraries' names (mlx-lm, Hugging Face transformers) for a setting, or for one not offered here: read as
 # typos, `temp` was "did you mean 'system'?", `top_k` and `stop` "did you mean 'top_p'?", `max_length` 'beam_length'
+_STOP = "stop strings are not offered: should_stop, a function asked between steps, ends a reply"
 _OTHER_NAMES = {
     "temp": "did you mean 'temperature'?",
     "max_new_tokens": "did you mean 'max_tokens'?",
@@ -194,10 +195,21 @@ _OTHER_NAMES = {
     "min_p": "min-p sampling is not offered: top_p limits sampling",
     "repetition_penalty": "not offered: a reply follows the base model's own distribution",
     "logits_processors": "not offered: a reply follows the base model's own distribution",
-    "stop": "stop strings are not offered: should_stop, a function asked between steps, ends a reply",
+    "stop": _STOP,
     "stream": "stream() yields the reply as it comes, generate() returns it whole",
     "draft_model": "the drafter comes with the model: load(NAME, drafter=PATH)",
     "num_draft_tokens": "beam_width and beam_length, or tree, size the drafts (none of them: adaptive)",
+    # (these read as typos: `model` was "did you mean 'mode'?", `min_tokens` "did you mean 'max_tokens'?")
+    "model": "the model is the first argument, the one load() returned; mode picks the decoding",
+    "min_tokens": "not offered: a reply ends at the model's end-of-turn token or max_tokens",
+    "max_completion_tokens": "did you mean 'max_tokens'?",
+    "stop_strings": _STOP, "stop_sequences": _STOP, "eos_token_id": _STOP,
+    "do_sample": "temperature > 0 samples, 0 (the default) decodes greedily",
+    "num_beams": "beam search of the reply is not offered; beam_width and beam_length shape drafting",
+    "verbose": "the reply's figures are in its stats (out.stats, or each event's)",
+    "prompt_progress_callback": "did you mean 'progress'?",
+    "messages": "a list of messages is the prompt, the second argument",
+    "system_prompt": "did you mean 'system'?",
 }
 
 

@@ -404,10 +404,16 @@ def test_stream_refuses_bad_arguments_when_called(tiny_loaded):
 @pytest.mark.parametrize("name,said", [("temp", "did you mean 'temperature'?"), ("max_new_tokens", "'max_tokens'"),
                                        ("max_length", "'max_tokens'"), ("top_k", "top-k sampling is not offered"),
                                        ("stop", "should_stop"), ("stream", "stream() yields"),
-                                       ("beam_widht", "did you mean 'beam_width'?")])
+                                       ("beam_widht", "did you mean 'beam_width'?"),
+                                       ("model", "the model is the first argument"), ("min_tokens", "not offered"),
+                                       ("stop_strings", "should_stop"), ("eos_token_id", "should_stop"),
+                                       ("num_beams", "shape drafting"), ("verbose", "stats"),
+                                       ("prompt_progress_callback", "'progress'")])
 def test_an_unknown_setting_is_not_read_as_an_unrelated_one(tiny_loaded, name, said):
     """Read as typos of the nearest setting, other libraries' names pointed to unrelated ones: mlx-lm's
-    `temp` was "did you mean 'system'?", `top_k` and `stop` "did you mean 'top_p'?"."""
+    `temp` was "did you mean 'system'?", `top_k` and `stop` "did you mean 'top_p'?", `model` "did you mean
+    'mode'?", vLLM's `min_tokens` "did you mean 'max_tokens'?"; transformers' stop_strings, eos_token_id and
+    num_beams, mlx-lm's verbose and prompt_progress_callback said nothing."""
     for call in (generate, stream):
         with pytest.raises(TypeError) as e:
             call(tiny_loaded, PROMPT, **{name: 1})
