@@ -71,6 +71,12 @@ class PromptCache:
     def reuse(self, prompt: Sequence[int]) -> int:
         """Trim to the longest prefix shared with `prompt`, keeping at least one prompt token
         to run (its logits start the reply). Returns how many tokens are reused."""
+        if hasattr(prompt, "tolist") and getattr(prompt, "ndim", None) == 1:  # a numpy or MLX array of ids
+            prompt = prompt.tolist()
+        if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence) or not prompt:
+            # [] said "PromptCache.truncate takes a number of tokens >= 0, not -1", None a TypeError from zip,
+            # and "text" cleared the cache
+            raise SettingError(f"PromptCache.reuse takes a prompt's token ids, at least one, not {prompt!r:.40}")
         n = 0
         for a, b in zip(self.ids, prompt):
             if a != b:

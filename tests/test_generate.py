@@ -589,6 +589,24 @@ def test_truncating_a_prompt_cache_keeps_what_it_says(tiny_loaded):
     assert_cache_holds(m.model, pc)
 
 
+def test_reusing_a_prompt_cache_for_no_token_ids_says_so(tiny_loaded):
+    """reuse([]) said "PromptCache.truncate takes a number of tokens >= 0, not -1" (a method and a value the
+    caller had not named), reuse(None) was a TypeError from zip, and reuse("text") cleared the cache."""
+    from redrafter_mlx.errors import SettingError
+
+    m = tiny_loaded
+    pc = PromptCache(m.model)
+    generate(m, PROMPT, max_tokens=6, prompt_cache=pc)
+    held = list(pc.ids)
+    for bad in ([], None, "text", 5):
+        with pytest.raises(SettingError, match="reuse takes a prompt's token ids, at least one"):
+            pc.reuse(bad)
+    assert pc.ids == held
+    assert pc.reuse(np.array(held[:5] + [7])) == 5 and pc.ids == held[:5]  # (as before: ids as an array)
+    assert pc.reuse(held[:4] + [7]) == 4 and pc.ids == held[:4]
+    assert_cache_holds(m.model, pc)
+
+
 def test_closing_the_stream_early_keeps_the_cache_consistent(tiny_loaded):
     m = tiny_loaded
     free = generate(m, PROMPT, max_tokens=20).tokens
