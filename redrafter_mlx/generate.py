@@ -51,7 +51,9 @@ MODES = ("auto", "ar", "redrafter")
 class PromptCache:
     """A KV cache and the token ids it holds, kept across calls (e.g. the turns of a chat).
 
-    A new prompt reuses the longest common prefix of ids and only prefills the rest."""
+    A new prompt reuses the longest common prefix of ids and only prefills the rest.
+    model: the base model, `loaded.model` (not the LoadedModel that load() returned), whose keys
+    and values it holds; it serves that model alone."""
 
     def __init__(self, model):
         if not callable(getattr(model, "make_cache", None)):  # e.g. the LoadedModel that load() returns
@@ -101,6 +103,7 @@ class PromptCache:
         return n
 
     def reset(self):
+        """Empty it, as truncate(0): the next prompt is read whole."""
         self.truncate(0)
 
     def __repr__(self) -> str:  # (was <redrafter_mlx.generate.PromptCache object at 0x...>: nothing of what it holds)

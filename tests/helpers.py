@@ -236,7 +236,7 @@ def said_a_line_then_ctrl_c(*a, **k):
 def undocumented_settings(fn, skip=("loaded", "prompt")) -> dict:
     """The settings of `fn` whose entry in its docstring is missing or does not say its default: {name: why}.
     An entry starts with the name and a colon ("seed: ...", or "beam_width/beam_length: ..." for two) and runs to
-    the next entry; it says the default with the word "default"."""
+    the next entry; one for a setting with a default says it, with the word "default"."""
     import inspect
     import re
 
@@ -250,5 +250,6 @@ def undocumented_settings(fn, skip=("loaded", "prompt")) -> dict:
         end = starts[i + 1][0] if i + 1 < len(starts) else len(doc)
         for name in label.split("/"):
             entries.setdefault(name, doc[at:end])
+    required = {n for n, p in inspect.signature(fn).parameters.items() if p.default is inspect.Parameter.empty}
     return {n: ("no entry" if n not in entries else "no default said") for n in names
-            if n not in entries or "default" not in entries[n]}
+            if n not in entries or (n not in required and "default" not in entries[n])}

@@ -341,6 +341,15 @@ def test_help_of_stream_and_generate_says_what_each_setting_means_and_its_defaul
     assert "help(stream)" in generate.__doc__
 
 
+def test_help_of_prompt_cache_says_what_it_is_made_with():
+    """PromptCache's docstring did not name its argument, which is the base model (loaded.model), not the
+    LoadedModel that load() returns."""
+    from helpers import undocumented_settings
+
+    assert undocumented_settings(PromptCache, skip=()) == {}
+    assert "loaded.model" in PromptCache.__doc__ and PromptCache.reset.__doc__
+
+
 def test_a_loaded_model_reads_as_one_line_that_names_it(tiny_kit, tmp_path):
     """`>>> m` printed the dataclass's whole repr: the drafter's module tree over several lines, the adaptive
     controllers, the registry entry (1.7 KB for the default model). It is one line: name, file, weight format,
