@@ -164,6 +164,28 @@ def write_shards(folder: Path, weights: dict, index: dict = None) -> dict:
     return shards
 
 
+def undocumented_settings(fn, skip=("loaded", "prompt")) -> dict:
+    """The settings of `fn` whose entry in its docstring is missing or does not say its default: {name: why}.
+    An entry starts with the name and a colon ("seed: ...", or "beam_width/beam_length: ..." for two) and runs to
+    the next entry; one for a setting with a default says it, with the word "default"."""
+    import inspect
+    import re
+
+    doc = " ".join((fn.__doc__ or "").split())
+    names = [n for n in inspect.signature(fn).parameters if n not in skip]
+    every = [n for n in inspect.signature(fn).parameters]
+    starts = sorted((m.start(), m.group(1)) for m in re.finditer(
+        r"(?:^|(?<=[\s(]))((?:\w+/)*(?:" + "|".join(every) + r")(?:/\w+)*): ", doc))
+    entries = {}
+    for i, (at, label) in enumerate(starts):
+        end = starts[i + 1][0] if i + 1 < len(starts) else len(doc)
+        for name in label.split("/"):
+            entries.setdefault(name, doc[at:end])
+    required = {n for n, p in inspect.signature(fn).parameters.items() if p.default is inspect.Parameter.empty}
+    return {n: ("no entry" if n not in entries else "no default said") for n in names
+            if n not in entries or (n not in required and "default" not in entries[n])}
+
+
 def ctrl_c_as_renamed_to(monkeypatch, target: Path):
     """Press Ctrl-C (SIGINT) as files.py renames something to `target`, then let the rename go on:
     what holds signals around a folder swap must finish it before the interrupt lands."""
@@ -232,24 +254,3 @@ def said_a_line_then_ctrl_c(*a, **k):
     print("loading the model", file=sys.stderr)
     signal.raise_signal(signal.SIGINT)
 
-
-def undocumented_settings(fn, skip=("loaded", "prompt")) -> dict:
-    """The settings of `fn` whose entry in its docstring is missing or does not say its default: {name: why}.
-    An entry starts with the name and a colon ("seed: ...", or "beam_width/beam_length: ..." for two) and runs to
-    the next entry; one for a setting with a default says it, with the word "default"."""
-    import inspect
-    import re
-
-    doc = " ".join((fn.__doc__ or "").split())
-    names = [n for n in inspect.signature(fn).parameters if n not in skip]
-    every = [n for n in inspect.signature(fn).parameters]
-    starts = sorted((m.start(), m.group(1)) for m in re.finditer(
-        r"(?:^|(?<=[\s(]))((?:\w+/)*(?:" + "|".join(every) + r")(?:/\w+)*): ", doc))
-    entries = {}
-    for i, (at, label) in enumerate(starts):
-        end = starts[i + 1][0] if i + 1 < len(starts) else len(doc)
-        for name in label.split("/"):
-            entries.setdefault(name, doc[at:end])
-    required = {n for n, p in inspect.signature(fn).parameters.items() if p.default is inspect.Parameter.empty}
-    return {n: ("no entry" if n not in entries else "no default said") for n in names
-            if n not in entries or (n not in required and "default" not in entries[n])}
