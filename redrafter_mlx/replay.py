@@ -180,6 +180,9 @@ PROFILES = {
     # H200 (MLX CUDA, float16): 4.9 ms for one token, 7.2-7.9 ms for 2-64; the drafter's time per
     # level there was not measured: 1 ms assumed
     "gpu": ([1, 2, 4, 8, 16, 32, 64], [0.0049, 0.0072, 0.0073, 0.0074, 0.0075, 0.0077, 0.0079], 0.001),
+    # 2-core AMD EPYC, float32, MKL from pip (2026-12-01): a plain (pipelined) step 50 ms, verifying
+    # one token 59, a second 21 ms more: the first drafted node is dear, drafting marginal
+    "epyc": ([1, 2, 4, 8, 16, 32], [0.059, 0.080, 0.093, 0.101, 0.120, 0.191], 0.0032, 0.050),
 }
 
 
@@ -200,8 +203,8 @@ def profile_costs(name: str, loaded=None):
         return FixedCosts(c.sizes.astype(int).tolist(), c.seconds.tolist(), c.draft_level)
     if name not in PROFILES:
         raise RedrafterError(f"unknown cost profile {name!r}: pick cached or one of " + ", ".join(PROFILES))
-    sizes, seconds, draft_level = PROFILES[name]
-    return FixedCosts(sizes, seconds, draft_level)
+    sizes, seconds, draft_level, *plain = PROFILES[name]  # (a plain step's seconds where not the first size's)
+    return FixedCosts(sizes, seconds, draft_level, plain=plain[0] if plain else None)
 
 
 def replay_auto(loaded, ctl, prompt: Sequence[int], tokens: Sequence[int], ended: bool = False, hidden=None,
@@ -294,9 +297,10 @@ def print_categories(configs, totals, categories, what: str, name, cell, width: 
         print(f"{name(config):<{width}} " + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
 
 
-def print_auto(configs, totals, categories, per_step, plain: Dict[str, float], no_drafter: bool):
+def print_auto(configs, totals, categories, per_step, plain: Dict[str, float], no_drafter: bool, replies=None):
     """The --auto table: per (profile, graph) config, and per category. plain: each profile's
-    plain step seconds."""
+    plain step seconds; replies: per config, (reply, tokens, modeled seconds) of each reply
+    replayed, for the line on those slower than plain decoding."""
 
     def speedup(tot, profile):
         return tot["produced"] * plain[profile] / tot["seconds"] if tot["seconds"] else 0.0
@@ -315,6 +319,18 @@ def print_auto(configs, totals, categories, per_step, plain: Dict[str, float], n
                      lambda config: f"{config[0]} {graph_name(config[1])}",
                      lambda config, tot: f"{per_step(tot, 'produced'):.2f}/{per_step(tot, 'packed'):.1f}/"
                                          f"{speedup(tot, config[0]):.2f}x", 18)
+    for config in configs if replies else ():
+        print(f"{config[0]} {graph_name(config[1])}: {slower_replies(replies[config], plain[config[0]])}")
+
+
+def slower_replies(replies, plain: float, worst: int = 5) -> str:
+    """What the controller's "never slower than plain decoding" comes to per reply, which the
+    totals hide: how many replies ran slower than plain decoding would have (modeled), and the
+    slowest. replies: (name, tokens produced, modeled seconds)."""
+    speeds = sorted((tokens * plain / seconds, name) for name, tokens, seconds in replies if seconds > 0)
+    below = [(x, name) for x, name in speeds if x < 1.0 - 1e-9]
+    said = f"{len(below)} of {len(speeds)} replies slower than plain decoding"
+    return said + (" (slowest: " + ", ".join(f"{name} {x:.2f}x" for x, name in below[:worst]) + ")" if below else "")
 
 
 def main(argv=None) -> int:
@@ -366,7 +382,7 @@ def main(argv=None) -> int:
                    help="replay the adaptive controller (mode auto) instead of fixed shapes, on a fixed cost "
                         f"profile: {', '.join(PROFILES)} (measured; see replay.PROFILES) or cached (this machine's "
                         "cost model for the model); prints tokens/step, packed/step, parked share and the speedup "
-                        "the profile's costs give (--graph applies; --shapes, --lookup, --tree and --tree-min-prob "
+                        "the profile's costs give, and the replies it makes slower than plain decoding (--graph applies; --shapes, --lookup, --tree and --tree-min-prob "
                         "are refused)")
     p.add_argument("--no-drafter", action="store_true", help="with --auto: draft from the context copy alone")
     p.add_argument("--limit", type=cli.positive, default=None, metavar="N", help="only the first N questions")
@@ -562,6 +578,7 @@ def _replay_rows(args, graphs, stop) -> int:
         first = held[: args.limit]
         rows = [r for r in rows if r.get("question_id") in first]
     totals: Dict[tuple, Dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    replies: Dict[tuple, list] = defaultdict(list)  # --auto: per config, (reply, tokens, seconds) of each
     if args.auto:
         from .control import Controller
 
@@ -591,6 +608,9 @@ def _replay_rows(args, graphs, stop) -> int:
                 outs.append((config, out))
             turn = (f"turn {r['turn']}",) if "turn" in r else ()  # redrafter-bench --turns
             for config, out in outs:
+                if args.auto:
+                    name = f"q{r.get('question_id', done + 1)}" + (f" turn {r['turn']}" if turn else "")
+                    replies[config].append((name, out["produced"], out["seconds"]))
                 for group in ("", r.get("category", ""), *turn):
                     for name, v in out.items():
                         totals[(config, group)][name] += v
@@ -609,7 +629,7 @@ def _replay_rows(args, graphs, stop) -> int:
         return tot[name] / max(tot["steps"], 1)
 
     if args.auto:
-        print_auto(configs, totals, categories, per_step, plain, args.no_drafter)
+        print_auto(configs, totals, categories, per_step, plain, args.no_drafter, replies)
         return status
 
     def drafting(g, ceil):

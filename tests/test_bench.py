@@ -486,6 +486,26 @@ def test_replay_runs_a_config_given_twice_once(model_dir, prompts, tmp_path, cap
     assert table("--auto", "mkl,mkl") == table("--auto", "mkl")
 
 
+def test_replay_auto_counts_the_replies_slower_than_plain_decoding(model_dir, prompts, tmp_path, capsys):
+    """The controller is meant never to be slower than plain decoding, and --auto printed only totals, which
+    hide a reply it made slower: it now says how many, and the slowest, per profile (epyc: a plain step
+    cheaper than verifying one token, as measured)."""
+    from redrafter_mlx import replay
+
+    assert replay.slower_replies([("q1", 10, 1.0), ("q2", 10, 0.25), ("q3", 0, 0.0), ("q4", 4, 0.25)], 0.05) == \
+        "2 of 3 replies slower than plain decoding (slowest: q1 0.50x, q4 0.80x)"
+    assert replay.slower_replies([("q2", 10, 0.25)], 0.05) == "0 of 1 replies slower than plain decoding"
+    costs = replay.profile_costs("epyc")
+    assert costs.plain == pytest.approx(0.050) and costs.verify(1) == pytest.approx(0.059)
+    out = tmp_path / "r.json"
+    assert run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 16, "--json", out)[0] == 0
+    questions = len(json.loads(out.read_text())["results"])
+    assert replay.main([str(out), "--auto", "mkl,epyc"]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if "replies slower than plain decoding" in line]
+    assert [line.split(":")[0] for line in said] == ["mkl tree", "epyc tree"]
+    assert all(f" of {questions} replies" in line for line in said)
+
+
 def test_replay_without_the_drafter_loads_none(model_dir, prompts, tmp_path, capsys):
     """replay --auto P --no-drafter loaded the drafter anyway: one beside the model that failed to load stopped
     it with "use_drafter=False, --no-drafter on the command line, loads the model without it", which it had
