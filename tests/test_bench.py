@@ -1553,7 +1553,8 @@ def test_cli_reports_settings_out_of_range(model_dir, capsys, monkeypatch):
     assert "adaptive:" in err and "graph:" in err  # the graph's figures come beside auto's, not instead
 
 
-def test_an_interrupted_run_reports_the_questions_it_finished(model_dir, prompts, tmp_path, capsys, monkeypatch):
+def test_an_interrupted_run_reports_the_questions_it_finished(model_dir, prompts, tmp_path, capsys, monkeypatch,
+                                                              ctrl_c_raises):
     out = tmp_path / "b.json"
     real = bench.run_one
 
@@ -1666,7 +1667,7 @@ def test_a_run_stopped_while_its_model_loads_says_it_wrote_nothing(model_dir, pr
 
 
 def test_ctrl_c_while_the_model_loads_is_said_on_a_line_of_its_own_with_no_blank_line_under_a_closed_bar(
-        model_dir, prompts, capsys, monkeypatch):
+        model_dir, prompts, capsys, monkeypatch, ctrl_c_raises):
     """The bench's own message after Ctrl-C while its model loaded began with a newline, whatever came before it:
     under a download's bar closed on the way out (tqdm ends its line) it left a blank line. It follows cli.run's rule
     (test_cli's test_ctrl_c_is_said_on_a_line_of_its_own_...): a newline only where the line was not ended since

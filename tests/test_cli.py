@@ -518,7 +518,7 @@ def test_a_prompt_that_begins_like_an_option_is_told_to_go_after_dashes(capsys):
     assert "goes after --" not in err  # (no prompt that looks like an option: no hint)
 
 
-def test_ctrl_c_is_said_on_a_line_of_its_own_with_no_blank_line_under_a_closed_bar(capsys):
+def test_ctrl_c_is_said_on_a_line_of_its_own_with_no_blank_line_under_a_closed_bar(capsys, ctrl_c_raises):
     """The message after Ctrl-C began with a newline, to leave the line where the terminal echoed "^C" (or a bar
     left mid-line); under a progress bar closed on the way out (the commands close theirs however they end) it
     left a blank line. It is put only where the line was not ended since Ctrl-C."""
