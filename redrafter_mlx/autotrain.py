@@ -250,8 +250,9 @@ def install(src: Path, home: Path, manifest: Dict) -> Optional[Path]:
                      "sha256": {f.name: sha256_of(f) for f in sorted(tmp.iterdir())
                                 if f.name in ("config.json", "model.safetensors")}}
         with signals_held():  # (replace_folder holds them too: the manifest's entry changes with the drafter)
-            kept = previous_home(home) if home.exists() or home.is_symlink() else None
-            replace_folder(tmp, home, keep=previous_home(home))
+            previous = previous_home(home)
+            kept = previous if home.exists() or home.is_symlink() else None
+            replace_folder(tmp, home, keep=previous)
             if model_manifest is not None:
                 failed = record_drafter(model_manifest, entry)
     except BaseException:

@@ -137,11 +137,18 @@ def _misfit(text: str) -> bool:
     return any(w in text for w in ("parameters not in model", "Missing", "Expected shape"))
 
 
+def _classes_quietly(config: Dict[str, Any], printed: Optional[io.StringIO] = None):
+    """mlx-lm's _get_classes(config), what its model modules print on import kept in `printed` instead of stdout
+    (olmo's module prints, then exits: SystemExit, for the caller to take)."""
+    from mlx_lm.utils import _get_classes
+
+    with contextlib.redirect_stdout(io.StringIO() if printed is None else printed):
+        return _get_classes(config)
+
+
 def model_classes(config: Dict[str, Any], where: str = "config.json"):
     """mlx-lm's (Model, ModelArgs) classes for a config (read from `where`, which errors name), refusing
     what cannot verify trees."""
-    from mlx_lm.utils import _get_classes
-
     model_type = config.get("model_type")
     if not model_type:
         raise UnsupportedModelError(f"{where} has no model_type: not a model mlx-lm can build")
@@ -152,8 +159,7 @@ def model_classes(config: Dict[str, Any], where: str = "config.json"):
     check_head_counts(config, where)
     printed = io.StringIO()
     try:
-        with contextlib.redirect_stdout(printed):
-            return _get_classes(config)
+        return _classes_quietly(config, printed)
     except SystemExit as e:
         # mlx-lm's olmo module prints "To run olmo install ai2-olmo: ..." and exits the process when that
         # package is missing: a chat or a script calling load() ended there, with no error to catch.
@@ -391,8 +397,6 @@ def _refuse_wrong_types(cfg_path: Path, config: Dict[str, Any], args_class: Any 
     text, true/false or a fraction; null passes where its field is optional (mlx-lm defaults it). A text_config is
     judged by the model args of its model_type (a vision-language wrapper's text model), null passing where those
     are not known; rope_parameters' rope_theta where it is the one read (config_overrides)."""
-    from mlx_lm.utils import _get_classes
-
     fields = _fields(args_class)
     blocks = [("", config, fields)]
     rope = config.get("rope_parameters")
@@ -405,8 +409,7 @@ def _refuse_wrong_types(cfg_path: Path, config: Dict[str, Any], args_class: Any 
             inner = {}  # not read: sizes alone, as at the top
         elif isinstance(text.get("model_type"), str):
             try:
-                with contextlib.redirect_stdout(io.StringIO()):  # (olmo's module prints, then exits)
-                    inner = _fields(_get_classes(text)[1])
+                inner = _fields(_classes_quietly(text)[1])
             except (ValueError, KeyError, ImportError, SystemExit):
                 pass  # (model_classes says what of it)
         blocks.append(("text_config.", text, inner))

@@ -297,13 +297,18 @@ def print_categories(configs, totals, categories, what: str, name, cell, width: 
         print(f"{name(config):<{width}} " + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
 
 
-def print_auto(configs, totals, categories, per_step, plain: Dict[str, float], no_drafter: bool, replies=None):
+def modeled_speedup(tokens: int, seconds: float, plain: float) -> float:
+    """Plain decoding's modeled time for `tokens` (a plain step's `plain` seconds each) over `seconds`."""
+    return tokens * plain / seconds if seconds else 0.0
+
+
+def print_auto(configs, totals, categories, per_step, plain: Dict[str, float], no_drafter: bool, replies):
     """The --auto table: per (profile, graph) config, and per category. plain: each profile's
     plain step seconds; replies: per config, (reply, tokens, modeled seconds) of each reply
     replayed, for the line on those slower than plain decoding."""
 
     def speedup(tot, profile):
-        return tot["produced"] * plain[profile] / tot["seconds"] if tot["seconds"] else 0.0
+        return modeled_speedup(tot["produced"], tot["seconds"], plain[profile])
 
     what = "the context copy alone" if no_drafter else "drafter + context copy"
     print(f"adaptive controller ({what}), fixed cost profiles; speedup = plain decoding's modeled time / auto's")
@@ -319,7 +324,7 @@ def print_auto(configs, totals, categories, per_step, plain: Dict[str, float], n
                      lambda config: f"{config[0]} {graph_name(config[1])}",
                      lambda config, tot: f"{per_step(tot, 'produced'):.2f}/{per_step(tot, 'packed'):.1f}/"
                                          f"{speedup(tot, config[0]):.2f}x", 18)
-    for config in configs if replies else ():
+    for config in configs:
         print(f"{config[0]} {graph_name(config[1])}: {slower_replies(replies[config], plain[config[0]])}")
 
 
@@ -327,7 +332,8 @@ def slower_replies(replies, plain: float, worst: int = 5) -> str:
     """What the controller's "never slower than plain decoding" comes to per reply, which the
     totals hide: how many replies ran slower than plain decoding would have (modeled), and the
     slowest. replies: (name, tokens produced, modeled seconds)."""
-    speeds = sorted((tokens * plain / seconds, name) for name, tokens, seconds in replies if seconds > 0)
+    speeds = sorted((modeled_speedup(tokens, seconds, plain), name) for name, tokens, seconds in replies
+                    if seconds > 0)
     below = [(x, name) for x, name in speeds if x < 1.0 - 1e-9]
     said = f"{len(below)} of {len(speeds)} replies slower than plain decoding"
     return said + (" (slowest: " + ", ".join(f"{name} {x:.2f}x" for x, name in below[:worst]) + ")" if below else "")
@@ -382,8 +388,8 @@ def main(argv=None) -> int:
                    help="replay the adaptive controller (mode auto) instead of fixed shapes, on a fixed cost "
                         f"profile: {', '.join(PROFILES)} (measured; see replay.PROFILES) or cached (this machine's "
                         "cost model for the model); prints tokens/step, packed/step, parked share and the speedup "
-                        "the profile's costs give, and the replies it makes slower than plain decoding (--graph applies; --shapes, --lookup, --tree and --tree-min-prob "
-                        "are refused)")
+                        "the profile's costs give, and the replies it makes slower than plain decoding (--graph "
+                        "applies; --shapes, --lookup, --tree and --tree-min-prob are refused)")
     p.add_argument("--no-drafter", action="store_true", help="with --auto: draft from the context copy alone")
     p.add_argument("--limit", type=cli.positive, default=None, metavar="N", help="only the first N questions")
     args = p.parse_args(argv)
@@ -609,8 +615,8 @@ def _replay_rows(args, graphs, stop) -> int:
             turn = (f"turn {r['turn']}",) if "turn" in r else ()  # redrafter-bench --turns
             for config, out in outs:
                 if args.auto:
-                    name = f"q{r.get('question_id', done + 1)}" + (f" turn {r['turn']}" if turn else "")
-                    replies[config].append((name, out["produced"], out["seconds"]))
+                    reply = f"q{r.get('question_id', done + 1)}" + (f" turn {r['turn']}" if turn else "")
+                    replies[config].append((reply, out["produced"], out["seconds"]))
                 for group in ("", r.get("category", ""), *turn):
                     for name, v in out.items():
                         totals[(config, group)][name] += v
