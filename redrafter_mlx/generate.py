@@ -90,17 +90,24 @@ class PromptCache:
     def truncate(self, n: int) -> int:
         """Keep the first n tokens; returns how many are kept: n (all of them where n is more), or 0
         where a windowed layer already dropped keys that decoding from n would need (the cache
-        then starts over, and the next prompt is prefilled whole)."""
+        then starts over, and the next prompt is prefilled whole). A stream that was using the cache
+        stops with a SettingError at its next step, as where another stream takes it."""
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
             # -1 rewound the cache past its start (a ValueError from the first layer); 1.5 failed slicing the ids
             raise SettingError(f"PromptCache.truncate takes a number of tokens >= 0, not {n!r}")
-        n = min(int(n), len(self.ids))  # more than it holds returned n, the count asked for, not the one kept
-        if not self.cache.can_trim_to(n):
-            self.cache.clear()
-            n = 0
-        self.cache.trim_to(n)
-        del self.ids[n:]
-        return n
+        # Between two steps of a stream using this cache (its model's lock), and that stream then stops with a
+        # SettingError, as where another stream takes the cache: resumed after a reset or truncate, it went on
+        # from tokens no longer there, saying nothing, and left keys and values that were not those of `ids`.
+        tree = self.cache[0].tree if len(self.cache) else None
+        with getattr(tree, "lock", None) or _SHARED_LOCK:
+            self.user = None
+            n = min(int(n), len(self.ids))  # more than it holds returned n, the count asked for, not the one kept
+            if not self.cache.can_trim_to(n):
+                self.cache.clear()
+                n = 0
+            self.cache.trim_to(n)
+            del self.ids[n:]
+            return n
 
     def reset(self):
         """Empty it, as truncate(0): the next prompt is read whole."""
@@ -527,6 +534,7 @@ def stream(
     try:
         t0 = time.perf_counter()
         stats.cached_tokens = pc.reuse(ids)
+        pc.user = owner  # (reuse, as every call that trims the cache, took it from the stream that had it)
         prefilled = _prefill(model, pc, ids, stats.cached_tokens, stopped, progress)
         if prefilled is None:
             stats.prefill_seconds = time.perf_counter() - t0

@@ -628,6 +628,38 @@ def test_closing_the_stream_early_keeps_the_cache_consistent(tiny_loaded):
     assert generate(m, PROMPT, max_tokens=20, prompt_cache=pc).tokens == free
 
 
+@pytest.mark.parametrize("call", ["reset", "truncate", "reuse"])
+def test_trimming_the_cache_of_a_paused_stream_ends_that_stream(tiny_loaded, call):
+    """A stream paused between events whose PromptCache was reset or truncated went on when resumed, from
+    tokens no longer there: a reply that was not the model's, and a cache whose keys and values were not
+    those of its ids (the step's queued token had been written where the ids said another was). It stops
+    with a SettingError, as where another stream takes the cache, and a reset waits for a step in progress
+    (it holds the model's lock, as a step does)."""
+    import threading
+
+    from redrafter_mlx.errors import SettingError
+
+    m = tiny_loaded
+    free = generate(m, PROMPT, max_tokens=12, mode="ar").tokens
+    pc = PromptCache(m.model)
+    it = stream(m, PROMPT, max_tokens=12, mode="ar", prompt_cache=pc)
+    assert [t for _, e in zip(range(3), it) for t in e.tokens] == free[:3]
+    {"reset": pc.reset, "truncate": lambda: pc.truncate(5), "reuse": lambda: pc.reuse(pc.ids[:5] + [7])}[call]()
+    with pytest.raises(SettingError, match="used by another call"):
+        next(it)
+    assert len(pc.ids) == (0 if call == "reset" else 5)
+    assert pc.cache.offset == len(pc.ids) and (not pc.ids or assert_cache_holds(m.model, pc) is None)
+    assert generate(m, PROMPT, max_tokens=12, prompt_cache=pc).tokens == free
+    assert_cache_holds(m.model, pc)
+    with m.model.state.lock:  # a step in progress on another thread
+        done = threading.Event()
+        worker = threading.Thread(target=lambda: (pc.reset(), done.set()))
+        worker.start()
+        assert not done.wait(0.2) and len(pc.ids) > 0
+    worker.join()
+    assert done.is_set() and pc.ids == [] and pc.cache.offset == 0
+
+
 class Interrupt(BaseException):
     """Stands in for KeyboardInterrupt (a BaseException, not an Exception)."""
 
