@@ -477,8 +477,9 @@ def stream(
         raise SettingError(f"prompt_cache must be a PromptCache(loaded.model), not {type(prompt_cache).__name__}")
     if prompt_cache is not None and not prompt_cache.belongs_to(model):
         # another model's keys and tree state: a traceback where shapes differ, a wrong reply where they match
-        raise SettingError(f"prompt_cache was made for another model, not {loaded.name}: use "
-                           "PromptCache(loaded.model) with the model it is for")
+        # (it said "made for another model, not NAME" where it was made for NAME, loaded before: a reload)
+        raise SettingError(f"prompt_cache was made for another model, or for an earlier load of {loaded.name}: a cache "
+                           "serves the model it was made with; make one for this one, PromptCache(loaded.model)")
     sampler = Sampler(temperature, top_p, seed)
     ids = tok.prompt_ids(prompt, system=system)
     vocab, top = model.args.vocab_size, max(ids)

@@ -1095,12 +1095,13 @@ def test_a_prompt_that_is_not_text_messages_or_token_ids_says_which(tiny_loaded,
     raises(InvalidPromptError, lambda: generate(m, "hi", system="\udcff", mode="ar"), "the system prompt")
     chat = [{"role": r, "content": r} for r in ("system", "user", "assistant", "tool")]  # the roles templates render
     assert m.tokenizer.decode(m.tokenizer.prompt_ids(chat)).count("<|im_start|>tool\ntool<|im_end|>") == 1
-    # a prompt cache holds one model's keys: another model's (even one loaded from the same files) is refused
+    # a prompt cache holds one model's keys: another model's (even one loaded from the same files) is refused; a
+    # cache made before the model was loaded again said "made for another model, not NAME", NAME being its model's
     from redrafter_mlx import PromptCache, load
 
     other = load(str(tiny_model_dir), use_drafter=False)
     raises(SettingError, lambda: generate(m, "hi", mode="auto", prompt_cache=PromptCache(other.model)),
-           "prompt_cache", "another model")
+           "prompt_cache", "another model", f"or for an earlier load of {m.name}", "PromptCache(loaded.model)")
     # the natural slips (an AttributeError each before): the LoadedModel for its model, a list for a cache
     raises(SettingError, lambda: PromptCache(other), "PromptCache(loaded.model)", "LoadedModel")
     raises(SettingError, lambda: PromptCache(None), "PromptCache(loaded.model)")
