@@ -35,6 +35,7 @@ from .graph import context_only, graft_counts, root_copy, search as graph_search
 from .lookup import ContextIndex, CopyLength, add_beam, copy_taken
 from .sampling import Sampler
 from .stats import RunStats, StepStats
+from .tokenizer import is_token_id
 from .tree import accept, beam_of, pack
 from .tree_search import tree_nodes, tree_search
 from .tuning import drafting, fixed_drafting
@@ -46,6 +47,7 @@ PREFILL_CHUNK = 512  # tokens a prompt is read in at most ...
 PREFILL_MIN_CHUNK = 64  # ... and at least, where chunks are slow:
 PREFILL_SECONDS = 2.0  # a chunk should take about this long at most, since a cancel waits for it
 MODES = ("auto", "ar", "redrafter")
+_NONE = object()  # no such element
 
 
 class PromptCache:
@@ -79,6 +81,9 @@ class PromptCache:
             # [] said "PromptCache.truncate takes a number of tokens >= 0, not -1", None a TypeError from zip,
             # and "text" cleared the cache
             raise SettingError(f"PromptCache.reuse takes a prompt's token ids, at least one, not {prompt!r:.40}")
+        bad = next((t for t in prompt if not is_token_id(t)), _NONE)
+        if bad is not _NONE:  # ["a", "b"] (tokens as text) and [1.5] matched nothing and cleared the cache
+            raise SettingError(f"PromptCache.reuse takes a prompt's token ids, whole numbers >= 0, not {bad!r:.40}")
         n = 0
         for a, b in zip(self.ids, prompt):
             if a != b:

@@ -610,6 +610,10 @@ def test_reusing_a_prompt_cache_for_no_token_ids_says_so(tiny_loaded):
     for bad in ([], None, "text", 5):
         with pytest.raises(SettingError, match="reuse takes a prompt's token ids, at least one"):
             pc.reuse(bad)
+    # ids that are not whole numbers >= 0 (tokens as text, 1.5) matched nothing and cleared the cache
+    for bad, said in ((["the", "cat"], "'the'"), (held[:3] + [1.5], "1.5"), ([-1], "-1"), ([True], "True")):
+        with pytest.raises(SettingError, match=f"reuse takes a prompt's token ids, whole numbers >= 0, not {said}"):
+            pc.reuse(bad)
     assert pc.ids == held
     assert pc.reuse(np.array(held[:5] + [7])) == 5 and pc.ids == held[:5]  # (as before: ids as an array)
     assert pc.reuse(held[:4] + [7]) == 4 and pc.ids == held[:4]
