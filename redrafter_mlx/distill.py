@@ -66,8 +66,9 @@ def _text(value, name: str) -> str:
 def read_prompts(paths: Sequence[Path]) -> List[str]:
     """User messages from alpaca ({instruction, input}), self-instruct seeds ({instruction,
     instances}), GSM8K ({question}), {prompt} and Spec-Bench ({turns}: the first) JSONL files, in
-    file order. A row with none of those keys is an error that names its line (such rows were
-    skipped, saying nothing); a row whose prompt is blank is skipped. MT-Bench, by the file's name
+    file order. A row with none of those keys, or whose prompt is not text (null, 0, a list), is an
+    error that names its line (such rows were skipped, saying nothing); a row whose prompt is blank
+    is skipped. MT-Bench, by the file's name
     or a row's question id and category, is refused. A file that is missing, a folder, unreadable
     or not UTF-8 is a RedrafterError (`read_text_file`)."""
     out = []
@@ -95,7 +96,13 @@ def read_prompts(paths: Sequence[Path]) -> List[str]:
                 if not any(k in row for k in keys):
                     raise KeyError(f"none of {', '.join(keys)} (it has {', '.join(map(str, row)) or 'no keys'})")
                 turns = row.get("turns")
-                key = next((k for k in keys[:3] if row.get(k)), None)
+                # the first field that holds something: a null or "" one gives way to the next (a merged file's
+                # {"instruction": null, "question": "..."}), and one of another type is said (0, false and [] were
+                # skipped, saying nothing, where 5, true and ["a"] were refused)
+                given = [k for k in keys[:3] if row.get(k) is not None]
+                key = next((k for k in given if row[k] != ""), None)
+                if key is None and not given and "turns" not in row:  # every field null: it was skipped, saying nothing
+                    raise TypeError(f"'{next(k for k in keys if k in row)}' is text, not null")
                 if key is None and "turns" in row and not isinstance(turns, list):  # (skipped, saying nothing)
                     raise TypeError(f"'turns' is a list of questions, not {json_kind(turns)}")
                 text = _text(row[key], f"'{key}'") if key else (
@@ -103,8 +110,10 @@ def read_prompts(paths: Sequence[Path]) -> List[str]:
                 instances = row.get("instances")
                 if instances and not (isinstance(instances, list) and isinstance(instances[0], dict)):
                     raise TypeError("'instances' is a list of {input, output} objects")  # it said "row: 0"
-                extra = row.get("input") or (instances[0].get("input") if instances else "")
-                extra = _text(extra, "'input'" if row.get("input") else "the first instance's 'input'") if extra else ""
+                extra, name = row.get("input"), "'input'"  # (an 'input' of 0 or false was left out, saying nothing)
+                if extra in (None, "") and instances:
+                    extra, name = instances[0].get("input"), "the first instance's 'input'"
+                extra = "" if extra in (None, "") else _text(extra, name)
                 text = f"{text}\n\n{extra}" if extra else text
             except (AttributeError, KeyError, IndexError, TypeError) as e:
                 why = e.args[0] if isinstance(e, KeyError) and e.args else e

@@ -646,6 +646,33 @@ def test_a_prompt_that_is_not_text_is_said_in_json_s_words(tmp_path):
         read_prompt_files([f])
 
 
+def test_a_prompt_of_zero_false_an_empty_list_or_null_is_refused_as_five_is(tmp_path):
+    """{"prompt": 5} and {"question": true} were refused, but {"prompt": 0}, {"question": false}, {"prompt": []} and
+    {"prompt": null} (an 'input' of 0 too) were skipped (or left out), saying nothing: a file of them "held no
+    prompts", of lines that each have one. A null or "" field still gives way to the next one (a merged file)."""
+    from redrafter_mlx.distill import read_prompt_files
+    from redrafter_mlx.errors import RedrafterError
+
+    f = tmp_path / "p.jsonl"
+    for row, said in (({"prompt": 0}, "'prompt' is text, not a number"),
+                      ({"question": False}, "'question' is text, not true or false"),
+                      ({"prompt": []}, "'prompt' is text, not a list"),
+                      ({"instruction": {}}, "'instruction' is text, not an object"),
+                      ({"prompt": None}, "'prompt' is text, not null"),
+                      ({"instruction": None, "question": None}, "'instruction' is text, not null"),
+                      ({"instruction": "Add", "input": 0}, "'input' is text, not a number"),
+                      ({"instruction": "Add", "instances": [{"input": False}]},
+                       "the first instance's 'input' is text, not true or false")):
+        f.write_text(json.dumps({"prompt": "ok"}) + "\n" + json.dumps(row) + "\n")
+        with pytest.raises(RedrafterError, match=f"p.jsonl: line 2 is not an alpaca, .* row: {said}$"):
+            read_prompt_files([f])
+    f.write_text("".join(json.dumps(row) + "\n" for row in (
+        {"instruction": None, "input": None, "question": "Merged?"}, {"prompt": "", "question": "Blank first?"},
+        {"instruction": "Add", "input": None, "instances": [{"input": "1 2"}]}, {"prompt": "   "},
+        {"prompt": None, "turns": ["Spec?"]})))
+    assert read_prompt_files([f]) == [["Merged?", "Blank first?", "Add\n\n1 2", "Spec?"]]
+
+
 @pytest.fixture(scope="module")
 def patterned():
     """Replies with a learnable rule (next = 5 * current + 3 mod 40) and random hidden states."""
