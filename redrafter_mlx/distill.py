@@ -385,11 +385,15 @@ SEEDS_SHOWN = 3  # seed tasks in each self-instruct prompt
 
 
 def check_seeds(seeds: Sequence[str]):
-    """Self-instruct needs SEEDS_SHOWN seed tasks or more (also checked before any model loads)."""
-    if len(seeds) < SEEDS_SHOWN:
-        raise RedrafterError(f"{len(seeds)} prompt{'' if len(seeds) == 1 else 's'} to write new tasks from: give at "
-                             f"least {SEEDS_SHOWN} (self-instruct shows the model {SEEDS_SHOWN} at a time), and a few "
-                             "hundred for a useful drafter")
+    """Self-instruct needs SEEDS_SHOWN different seed tasks or more (also checked before any model loads): a file of
+    one prompt three times passed, and the model was shown the same task three times over."""
+    distinct = len(set(seeds))
+    if distinct < SEEDS_SHOWN:
+        repeats = len(seeds) - distinct
+        said = f" ({repeats} more repeat {'it' if distinct == 1 else 'them'})" if repeats else ""
+        raise RedrafterError(f"{distinct} prompt{'' if distinct == 1 else 's'}{said} to write new tasks from: give at "
+                             f"least {SEEDS_SHOWN} different ones (self-instruct shows the model {SEEDS_SHOWN} at a "
+                             "time), and a few hundred for a useful drafter")
 
 
 def clean_task(text: str) -> str:

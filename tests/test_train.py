@@ -806,10 +806,15 @@ def test_too_few_seed_prompts_are_counted_in_words():
     from redrafter_mlx.errors import RedrafterError
 
     for seeds, said in ((["a"], "1 prompt to write new tasks from: give at least 3"),
-                        (["a", "b"], "2 prompts to write new tasks from"), ([], "0 prompts to write")):
+                        (["a", "b"], "2 prompts to write new tasks from"), ([], "0 prompts to write"),
+                        # the same prompt three times passed: the model was shown one task three times over
+                        (["a", "a", "a"], r"1 prompt \(2 more repeat it\) to write new tasks from: give at least 3 "
+                                          "different ones"),
+                        (["a", "b", "a", "b"], r"2 prompts \(2 more repeat them\) to write")):
         with pytest.raises(RedrafterError, match=f"^{said}"):
             check_seeds(seeds)
     check_seeds(["a", "b", "c"])
+    check_seeds(["a", "b", "a", "c"])
 
 
 def test_eval_helpers(tmp_path):
