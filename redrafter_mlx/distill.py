@@ -315,7 +315,8 @@ def distill(loaded, prompts: List[str], out: Path, batch_size: int = 16, max_tok
     in batches of at most `batch_size` prompts and `batch_tokens` padded tokens (prompt plus
     `max_tokens`; default batch_size * (max_tokens + 128)). Prompts whose chat-template ids
     do not leave `max_tokens` in the context, or are longer than `max_prompt_tokens`, are
-    skipped (with a count on stderr). Returns the number answered now."""
+    skipped (with a count on stderr; every prompt, none answered before, is a RedrafterError). Returns the
+    number answered now."""
     from tqdm import tqdm
 
     check_reply_room(loaded, max_tokens)
@@ -339,6 +340,14 @@ def distill(loaded, prompts: List[str], out: Path, batch_size: int = 16, max_tok
     encoded = [(k, tok.prompt_ids(p)) for k, p in todo]
     limit = min(loaded.context_length - max_tokens - 1, max_prompt_tokens or loaded.context_length)
     kept = [(k, ids) for k, ids in encoded if len(ids) <= limit]
+    if unique and not kept and len(todo) == len(unique):  # (it said "skipped 2 of 2 prompts", then "answered 0 prompts", status 0)
+        why = "--max-prompt-tokens" if max_prompt_tokens is not None and max_prompt_tokens < \
+            loaded.context_length - max_tokens - 1 else f"the model's context of {loaded.context_length} tokens less " \
+                                                       f"replies of up to {max_tokens}"
+        raise RedrafterError(f"{f'every one of the {len(unique)} prompts' if len(unique) > 1 else 'the one prompt'} "
+                             f"is longer than "
+                             f"{limit} tokens (chat template included; {why}): none to answer; give shorter prompts, "
+                             f"or a {'larger --max-prompt-tokens' if why.startswith('--') else 'smaller --max-tokens'}")
     if len(kept) < len(encoded):  # of all the prompts: a resume said "skipped 3 of 3", of the 3 left
         before = len(unique) - len(todo)
         said = f" ({before} answered before{'' if kept else '; none left to answer'})" if before else ""
@@ -620,7 +629,7 @@ def _distill(args):
         except KeyboardInterrupt as e:  # (it said "cancelled")
             raise KeyboardInterrupt(f"cancelled; the replies written so far are in {args.out}: the same command "
                                     "answers the rest") from e
-        print(f"answered {n} prompts into {args.out}", file=sys.stderr)
+        print(f"answered {n} prompt{'' if n == 1 else 's'} into {args.out}", file=sys.stderr)  # (not "1 prompts")
 
 
 def _busy(out: Path) -> str:

@@ -236,6 +236,33 @@ def test_distill_skips_prompts_over_max_prompt_tokens_and_answers_them_later(tmp
     assert sorted(len(s["prompt"]) for s in read_shards(out)) == lengths
 
 
+def test_distill_refuses_prompts_that_are_all_too_long(tiny_model_dir, tmp_path, capsys):
+    """Prompts every one of them longer than the context leaves (or --max-prompt-tokens) were all skipped, and the run
+    ended with status 0: "answered 0 prompts", an --out with no shards. A run answering one said "1 prompts"."""
+    from redrafter_mlx.distill import main
+    from redrafter_mlx.errors import RedrafterError
+
+    prompts = ["a much longer prompt that goes over the limit we set", "another one, also over the limit we set"]
+    with pytest.raises(RedrafterError, match="^every one of the 2 prompts is longer than 30 tokens .chat template "
+                                             "included; --max-prompt-tokens.: none to answer; give shorter prompts, or "
+                                             "a larger --max-prompt-tokens$"):
+        distill(TinyLoaded(tiny_model()), prompts, tmp_path / "a", max_tokens=8, max_prompt_tokens=30, progress=False)
+    with pytest.raises(RedrafterError, match="^every one of the 2 prompts is longer than 7 tokens .chat template "
+                                             "included; the model's context of 512 tokens less replies of up to 504.: "
+                                             "none to answer; give shorter prompts, or a smaller --max-tokens$"):
+        distill(TinyLoaded(tiny_model()), prompts, tmp_path / "a", max_tokens=504, progress=False)
+    assert not list((tmp_path / "a").glob("shard-*"))
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"prompt": "word " * 600}) + "\n")
+    assert main(["--model", str(tiny_model_dir), "--data", str(data), "--out", str(tmp_path / "o"),
+                 "--max-tokens", "4"]) == 2
+    assert "error: the one prompt is longer than" in capsys.readouterr().err
+    data.write_text(json.dumps({"prompt": "hi"}) + "\n")
+    assert main(["--model", str(tiny_model_dir), "--data", str(data), "--out", str(tmp_path / "o"),
+                 "--max-tokens", "4"]) == 0
+    assert f"answered 1 prompt into {tmp_path / 'o'}\n" in capsys.readouterr().err
+
+
 def test_distill_resumed_with_every_prompt_answered_says_so(tmp_path, capsys):
     """A run resumed after its last batch (Ctrl-C as it ended, or the same command again) said only "answered 0
     prompts": it says every prompt was answered before, and answers none again."""
