@@ -774,6 +774,14 @@ def _train(args):
 
     training = not (args.eval_only or finished)
     if training:  # the data before the model: a folder with none was said after a load (minutes)
+        # each folder: one without shards beside others that have some (a train --out, a distillation that wrote
+        # none) was left out, saying nothing, and the others' replies trained alone
+        empty = [str(folder) for folder in args.data if not any(folder.glob("shard-*.npz"))]
+        if empty:
+            raise RedrafterError(f"no distillation shards in {' '.join(empty)}" + (
+                "" if len(empty) == len(args.data) else
+                f" (the other --data folder{'s' if len(args.data) - len(empty) > 1 else ''} would train without "
+                f"{'it' if len(empty) == 1 else 'them'}): give the --out folders of python -m redrafter_mlx.distill"))
         samples = samples_now()
         if not samples:
             raise RedrafterError(f"no distillation shards in {' '.join(map(str, args.data))}")

@@ -1366,6 +1366,18 @@ def test_data_that_is_no_distillation_folder_is_refused_before_loading(tmp_path,
     assert capsys.readouterr().err == (f"python -m redrafter_mlx.train: error: no distillation shards in "
                                        f"{tmp_path / 'empty'}\n")
     assert not (tmp_path / "run").exists()
+    # one without shards beside one with some (a train --out given as data) was left out, saying nothing, and the
+    # other's replies trained alone
+    from redrafter_mlx.distill import write_shard
+
+    (tmp_path / "replies").mkdir()
+    write_shard(tmp_path / "replies", 0, [{"key": "k", "prompt": [1, 2], "reply": [3, 4],
+                                           "hidden": np.zeros((2, 32), np.float16)}])
+    assert train_module.main(["--data", str(tmp_path / "replies"), str(tmp_path / "empty"), *out]) == 2
+    assert capsys.readouterr().err == (f"python -m redrafter_mlx.train: error: no distillation shards in "
+                                       f"{tmp_path / 'empty'} (the other --data folder would train without it): give "
+                                       "the --out folders of python -m redrafter_mlx.distill\n")
+    assert not (tmp_path / "run").exists()
 
 
 def test_distilling_into_another_runs_folder_is_refused(tiny_kit, tiny_model_dir, tmp_path, capsys):
