@@ -234,7 +234,7 @@ def read_text_file(path, role: str, advice: str, error: type = RedrafterError) -
 
 def json_document(text: str, path) -> Optional[str]:
     """What a file meant to be JSONL (a JSON object a line) is when it is one JSON document over its lines instead,
-    with the jq command that writes it as JSONL; None otherwise. (Read line by line, alpaca_data.json, one indented
+    with the jq command that writes it as JSONL where there is one; None otherwise. (Read line by line, alpaca_data.json, one indented
     array, failed as if damaged: "line 1 is not JSON: Expecting value (column 2)".)"""
     body = text.lstrip()
     if not body.startswith(("[", "{")):
@@ -255,7 +255,15 @@ def json_document(text: str, path) -> Optional[str]:
     if isinstance(whole, dict):
         return f"one JSON object over several lines, not JSONL (a JSON object a line): `jq -c . {quoted}` writes " \
                "it on one"
-    return None  # (a line that is a list of other things: said of its line)
+    try:  # an array on its first line alone: a line that is a list of other things, said of its line
+        json.loads(body.split("\n", 1)[0])
+        return None
+    except ValueError:  # over several lines: a list of prompts ["...", "..."] was "line 1 is not JSON", as if damaged
+        pass
+    if isinstance(whole, list) and whole and all(isinstance(row, str) for row in whole):
+        return f"one JSON array of strings, not JSONL (a JSON object a line): `jq -c '.[] | {{prompt: .}}' {quoted}` " \
+               "writes them one a line"
+    return "one JSON array over several lines, not JSONL (a JSON object a line)" if isinstance(whole, list) else None
 
 
 def messages_instead_of_text(value, name: str) -> Optional[str]:

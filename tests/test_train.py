@@ -673,6 +673,37 @@ def test_a_prompt_that_is_not_text_is_said_in_json_s_words(tmp_path):
         read_prompt_files([f])
 
 
+def test_a_json_array_of_prompts_over_several_lines_is_said_to_be_one(tmp_path):
+    """prompts.json holding ["...", "..."], indented, was "line 1 is not JSON: Expecting value (column 2)" to distill,
+    redrafter-train and the bench, as if damaged (an array of objects was said to be one, with the jq that mends it)."""
+    import shutil
+    import subprocess
+
+    from redrafter_mlx import bench
+    from redrafter_mlx.distill import read_prompt_files
+    from redrafter_mlx.errors import RedrafterError
+
+    f = tmp_path / "prompts.json"
+    for document, said in ((["Tell me a joke", "Write a poem"], r"one JSON array of strings, not JSONL \(a JSON object a "
+                            r"line\): `jq -c '\.\[\] \| \{prompt: \.\}' " + re.escape(str(f)) + "` writes them one a line$"),
+                           ([{"prompt": "a"}, "b"], r"one JSON array over several lines, not JSONL \(a JSON object a "
+                                                    r"line\)$")):
+        f.write_text(json.dumps(document, indent=2) + "\n")
+        for reader in (lambda: read_prompt_files([f]), lambda: bench.read_prompts(f)):
+            with pytest.raises(RedrafterError, match=said) as e:
+                reader()
+            assert "not JSON:" not in str(e.value)
+    f.write_text(json.dumps(["Tell me a joke", "Write a poem"], indent=2) + "\n")
+    if shutil.which("jq"):  # the command said writes lines the readers take
+        mended = tmp_path / "prompts.jsonl"
+        mended.write_text(subprocess.run(["jq", "-c", ".[] | {prompt: .}", str(f)], capture_output=True, text=True,
+                                         check=True).stdout)
+        assert read_prompt_files([mended]) == [["Tell me a joke", "Write a poem"]]
+    f.write_text('["Tell me a joke"]\n')  # one line: said of its line, as before
+    with pytest.raises(RedrafterError, match="line 1 .*a row is a JSON object, not a list$"):
+        read_prompt_files([f])
+
+
 def test_a_prompt_of_zero_false_an_empty_list_or_null_is_refused_as_five_is(tmp_path):
     """{"prompt": 5} and {"question": true} were refused, but {"prompt": 0}, {"question": false}, {"prompt": []} and
     {"prompt": null} (an 'input' of 0 too) were skipped (or left out), saying nothing: a file of them "held no
