@@ -233,7 +233,12 @@ def test_a_run_refused_after_parsing_leaves_no_work_folder(tiny_model_dir, tmp_p
     long = tmp_path / "long.jsonl"
     long.write_text(json.dumps({"prompt": "word " * 600}) + "\n")
     work = tmp_path / "new" / "work"
-    for argv, said in ((["--prompts", str(two)], "give at least 3"), (["--eval-prompts", str(long)], "leaves room")):
+    # one prompt three times passed as three (README: fewer than 3 different training prompts are refused)
+    thrice = tmp_path / "thrice.jsonl"
+    thrice.write_text(3 * (json.dumps({"prompt": "say hi"}) + "\n"))
+    for argv, said in ((["--prompts", str(two)], "give at least 3"), (["--eval-prompts", str(long)], "leaves room"),
+                       (["--prompts", str(thrice)], "1 prompt (2 more repeat it) to write new tasks from: give at "
+                                                    "least 3 different ones")):
         assert autotrain.main(["--model", str(tiny_model_dir), "--work", str(work), *argv]) == 2
         assert said in capsys.readouterr().err
         assert not (tmp_path / "new").exists()
