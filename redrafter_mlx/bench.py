@@ -106,8 +106,10 @@ def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
             if not isinstance(category, str):
                 raise TypeError(f"'category' must be a string, not {json.dumps(category, ensure_ascii=False)}")
         except (json.JSONDecodeError, KeyError, TypeError) as e:
-            # a KeyError's text is the key alone
-            why = f"it has neither (its keys: {', '.join(map(str, row)) or 'none'})" if isinstance(e, KeyError) else e
+            # a KeyError's text is the key alone; a JSONDecodeError's "line 1 column 15 (char 14)" is the line's own
+            # (said of file line 2, as distill says it)
+            why = f"it has neither (its keys: {', '.join(map(str, row)) or 'none'})" if isinstance(e, KeyError) else \
+                f"not JSON: {e.msg} (column {e.colno})" if isinstance(e, json.JSONDecodeError) else e
             raise RedrafterError(f"{path}:{n} is not a Spec-Bench line with 'turns' (or a line with 'prompt'): "
                                  f"{why}") from e
         if qid in seen:  # results are matched to ar's by question: a second one read as not identical to ar

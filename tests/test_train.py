@@ -899,8 +899,11 @@ def test_eval_prompts_say_what_shape_a_row_has(tmp_path, capsys, monkeypatch):
     assert "h4.jsonl:1" in err and "'prompt' is a list of messages" in err and "give the user message's text" in err
     assert "it has none" not in err
     for row, said in (({"prompt": 5}, "'prompt' is a number, and a question is a string"),
-                      ({"text": "Hi"}, "it has neither (its keys: text)")):
-        f.write_text(json.dumps(row) + "\n")
+                      ({"text": "Hi"}, "it has neither (its keys: text)"),
+                      # said of file line 2 as "Expecting ',' delimiter: line 1 column 15 (char 14)", the line's own
+                      ('{"prompt": "x"', "h4.jsonl:2 is not a Spec-Bench line with 'turns' (or a line with 'prompt'): "
+                                         "not JSON: Expecting ',' delimiter (column 15)\n")):
+        f.write_text(json.dumps({"prompt": "ok"}) + "\n" + (row if isinstance(row, str) else json.dumps(row)) + "\n")
         assert train_module.main(["--out", str(tmp_path / "o"), "--data", str(tmp_path), "--eval-prompts", str(f)]) == 2
         assert said in capsys.readouterr().err
 
