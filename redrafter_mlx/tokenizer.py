@@ -347,11 +347,12 @@ class Tokenizer:
                 raise InvalidPromptError("a system prompt goes with text or messages, not token ids: put it in the "
                                          "ids (the chat template's system turn)")
             ids = prompt.tolist() if hasattr(prompt, "tolist") else list(prompt)
-            bad = next((t for t in ids if not is_token_id(t)), None)
+            where = next((i for i, t in enumerate(ids) if not is_token_id(t)), None)
+            bad = ids[where] if where is not None else None  # (an id None among them was taken for "none bad")
             if isinstance(bad, (list, tuple)):  # a (1, T) batch, as a tokenizer returns with return_tensors
                 raise InvalidPromptError(f"token ids are one flat list (one sequence), not a list of lists: {bad!r:.40} "
                                          "is one element (pass ids[0] for a batch of one)")
-            if bad is not None:
+            if where is not None:
                 raise InvalidPromptError(f"token ids are whole numbers from 0 to the vocabulary's size - 1, not {bad!r}")
             ids = [int(t) for t in ids]
         if not ids:
