@@ -309,7 +309,7 @@ class Tokenizer:
             messages = ([{"role": "system", "content": system}] if system is not None else []) + [
                 {"role": "user", "content": prompt}]
             ids = self.apply_chat_template(messages)
-        elif isinstance(prompt, (bytes, bytearray)):  # a Sequence of ints, which read as token ids
+        elif isinstance(prompt, (bytes, bytearray, memoryview)):  # a Sequence of ints, which read as token ids
             raise InvalidPromptError("a prompt is text, not bytes: decode it first (e.g. .decode('utf-8'))")
         elif isinstance(prompt, dict):  # one message: what it is not was said, not what to do
             raise InvalidPromptError("a prompt is text, a list of messages or a list of token ids, not one message "

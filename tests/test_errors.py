@@ -1090,7 +1090,8 @@ def test_a_prompt_that_is_not_text_messages_or_token_ids_says_which(tiny_loaded,
                           ([{"role": "user", "content": "hi"}, {"role": "User", "content": "x"}],
                            ["message 1", "role 'User'"]),
                           ("a\udcff", ["the prompt", "not valid text", "UTF-8"]),
-                          (b"hi", ["not bytes", "decode"])]:
+                          (b"hi", ["not bytes", "decode"]),
+                          (memoryview(b"hi"), ["not bytes", "decode"])]:  # (it replied to token ids 104, 105)
         msg = raises(InvalidPromptError, lambda: generate(m, prompt, mode="auto"), *words)
         assert isinstance(InvalidPromptError(msg), ValueError)
     raises(InvalidPromptError, lambda: generate(m, "hi", system="\udcff", mode="ar"), "the system prompt")
