@@ -349,6 +349,10 @@ class Tokenizer:
             ids = prompt.tolist() if hasattr(prompt, "tolist") else list(prompt)
             where = next((i for i, t in enumerate(ids) if not is_token_id(t)), None)
             bad = ids[where] if where is not None else None  # (an id None among them was taken for "none bad")
+            if isinstance(bad, (list, tuple)) and any(isinstance(x, str) for x in bad):
+                # (role, content) pairs, as LangChain or a Gradio history holds turns: it said "pass ids[0]"
+                raise InvalidPromptError(f"a message is a dict {{'role': ..., 'content': ...}}, not a pair: {bad!r:.40} "
+                                         "(pass [{'role': r, 'content': c} for r, c in pairs])")
             if isinstance(bad, (list, tuple)):  # a (1, T) batch, as a tokenizer returns with return_tensors
                 raise InvalidPromptError(f"token ids are one flat list (one sequence), not a list of lists: {bad!r:.40} "
                                          "is one element (pass ids[0] for a batch of one)")
