@@ -488,7 +488,8 @@ def stream(
     sampler = Sampler(temperature, top_p, seed)
     ids = tok.prompt_ids(prompt, system=system)
     vocab, top = model.args.vocab_size, max(ids)
-    if top >= vocab and (isinstance(prompt, str) or any(isinstance(m, dict) for m in prompt[:1])):
+    # (the first element by iteration: a deque of ids has no slices, and prompt[:1] was a TypeError)
+    if top >= vocab and (isinstance(prompt, str) or isinstance(next(iter(prompt), None), dict)):
         # the tokenizer made it: it said "token ids are whole numbers from 0 to ...", of a text prompt
         raise CorruptModelError(f"the tokenizer of {loaded.name} gave token id {top}, past the model's vocabulary of "
                                 f"{vocab}: its tokenizer files do not belong to its weights")
