@@ -93,7 +93,8 @@ def main(argv=None) -> int:
         p.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.prompt == "-":
         try:
-            args.prompt = sys.stdin.read()
+            # a byte-order mark (a file saved by Notepad) is no text: the model read it (files drop it too)
+            args.prompt = sys.stdin.read().removeprefix("\ufeff")
         except UnicodeDecodeError as e:
             p.error(f"standard input is not text in {e.encoding}: {e.reason} at byte {e.start}")
         except (OSError, AttributeError):  # closed, or no standard input at all (pythonw)

@@ -255,6 +255,22 @@ def test_main_cli_refuses_a_prompt_over_the_context_before_calibrating(tiny_kit,
     assert "[measuring this machine]" in capsys.readouterr().err
 
 
+def test_main_cli_drops_a_byte_order_mark_from_standard_input(tiny_kit, tmp_path, capsys, monkeypatch):
+    """`python -m redrafter_mlx - < prompt.txt` with a file that starts with a byte-order mark (Notepad's UTF-8)
+    gave the model the mark as text, and a reply to another prompt; files the tools read drop it."""
+    import io
+
+    from redrafter_mlx import load
+    from redrafter_mlx.__main__ import main
+
+    path = tiny_kit.write_folder(tmp_path / "m", tiny_kit.model(seed=0))
+    tok = load(str(path), use_drafter=False).tokenizer
+    assert len(tok.prompt_ids("\ufeffhello")) != len(tok.prompt_ids("hello"))  # (the mark is tokens of its own)
+    monkeypatch.setattr("sys.stdin", io.StringIO("\ufeffhello"))
+    assert main(["--model", str(path), "--mode", "ar", "--max-tokens", "2", "-"]) == 0
+    assert f"({len(tok.prompt_ids('hello'))} tokens)" in capsys.readouterr().err
+
+
 def test_main_cli_labels_an_adaptive_redrafter_run_as_such(tiny_kit, tmp_path, capsys):
     """`--mode redrafter` with no drafting option runs the adaptive controller: its stats line said
     `[auto: ...`, the mode the user did not ask for."""
