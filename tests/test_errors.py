@@ -1081,8 +1081,8 @@ def test_a_prompt_that_is_not_text_messages_or_token_ids_says_which(tiny_loaded,
     for prompt, words in [([1, vocab], ["token ids", f"0 to {vocab - 1}", str(vocab)]), ([-3, 5], ["-3", "size - 1"]),
                           (collections.deque([1, vocab]), [f"0 to {vocab - 1}", str(vocab)]),  # (no slices: TypeError)
                           ([1.5, 2], ["1.5"]), ([True], ["True"]), (["hi", "there"], ["not strings", "one string"]),
-                          ([1, None], ["size - 1", "not None"]),
-                          ([("user", "hi")], ["a message is a dict", "not a pair", "('user', 'hi')"]),  # (a TypeError from int(None): None read as "no bad id")
+                          ([1, None], ["size - 1", "not None"]),  # (a TypeError from int(None): None read as "no bad id")
+                          ([("user", "hi")], ["a message is a dict", "not a pair", "('user', 'hi')"]),  # ("pass ids[0]")
                           (None, ["not NoneType"]),
                           (5, ["list of token ids", "not int"]),
                           ([{"role": "user"}], ["message 0", "'content': str"]),
