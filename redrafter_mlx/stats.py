@@ -111,8 +111,10 @@ class RunStats:
 
     @property
     def packed_per_step(self) -> float:
-        """Tokens verified per decode step (1 for a plain step)."""
-        return (self.packed_tokens + self.parked_steps) / self.steps if self.steps else 0.0
+        """Tokens verified per decode step (1 for a plain step: a parked one, and each of mode
+        "ar", which read 0.00 when only parked steps counted)."""
+        plain = self.steps if self.mode == "ar" else self.parked_steps
+        return (self.packed_tokens + plain) / self.steps if self.steps else 0.0
 
     @property
     def parked_share(self) -> float:

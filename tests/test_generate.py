@@ -142,6 +142,18 @@ def test_stats_to_dict_holds_every_figure(tiny_loaded):
     assert [f.name for f in dataclasses.fields(RunStats) if as_histogram.get(f.name, f.name) not in d] == []
 
 
+def test_plain_decoding_verifies_one_token_a_step(tiny_kit, tmp_path):
+    """packed_per_step is 1 for a plain step, as the adaptive controller's parked steps count: mode "ar" read 0.00
+    (its to_dict() too), its steps packing no draft tree."""
+    m = with_drafter(tiny_kit, tmp_path)
+    s = generate(m, PROMPT, mode="ar", max_tokens=5).stats
+    assert s.steps == 4 and s.packed_per_step == 1.0 and s.to_dict()["packed_per_step"] == 1.0
+    # (what drafting stopped at beam length 1 runs: plain decoding too)
+    assert generate(m, PROMPT, mode="auto", beam_length=1, max_tokens=5).stats.packed_per_step == 1.0
+    s = generate(m, PROMPT, mode="redrafter", beam_width=2, beam_length=3, lookup=0, max_tokens=5).stats
+    assert s.packed_per_step == s.packed_tokens / s.steps > 1  # each step verifies the root and its drafts
+
+
 def test_merged_tokens_counts_the_drafts_the_prefix_merge_removed(tiny_kit, tmp_path):
     """W * L per step minus packed went negative with a lookup copy (packed too: -40 for 1 x 2 beams and
     lookup 8) and counted W - 1 copies of the root as merged."""
