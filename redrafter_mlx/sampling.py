@@ -63,8 +63,12 @@ class Sampler:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise SettingError(f"{name} must be a number, not {value!r}")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise SettingError(f"temperature must be a number >= 0 (0 = greedy), not {self.temperature}")
+        try:
+            finite, shown = math.isfinite(self.temperature), self.temperature
+        except OverflowError:  # an int past float's range (10**400) was an OverflowError traceback
+            finite, shown = False, "an integer past float's range"
+        if not (finite and self.temperature >= 0):
+            raise SettingError(f"temperature must be a number >= 0 (0 = greedy), not {shown}")
         if not 0.0 < self.top_p <= 1.0:
             raise SettingError(f"top_p must be in (0, 1], not {self.top_p}")
         if self.seed is not None and (isinstance(self.seed, bool) or not (isinstance(self.seed, numbers.Integral)

@@ -315,7 +315,8 @@ def test_seeds_a_golden_step_apart_draw_unrelated_noise():
     assert len({position_key(s, p) for s, p in pairs}) == len(pairs)
 
 
-@pytest.mark.parametrize("kw", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5)])
+# 10**400: an int past float's range, which math.isfinite met with an OverflowError traceback
+@pytest.mark.parametrize("kw", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5), dict(temperature=10**400)])
 def test_bad_sampling_parameters(tiny_loaded, kw):
     with pytest.raises(ValueError, match="temperature|top_p"):
         Sampler(**kw)
