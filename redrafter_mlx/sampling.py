@@ -104,7 +104,8 @@ class Sampler:
         # logit to +-inf (below ~1e-38, logits / T overflowed and gave NaN: token 0 every time); a
         # temperature float32 rounds to 0 is taken as 1e-30, which is as good as greedy with ties drawn.
         logits = logits.astype(mx.float32)
-        logits = (logits - mx.max(logits, axis=-1, keepdims=True)) / max(self.temperature, 1e-30)
+        # (as a float: an int temperature past int64, 10**30, reached MLX as a RuntimeError 'std::bad_cast')
+        logits = (logits - mx.max(logits, axis=-1, keepdims=True)) / max(float(self.temperature), 1e-30)
         if self.top_p < 1.0:
             logits = apply_top_p(logits, self.top_p)
         return logits - mx.logsumexp(logits, axis=-1, keepdims=True)

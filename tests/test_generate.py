@@ -315,6 +315,16 @@ def test_seeds_a_golden_step_apart_draw_unrelated_noise():
     assert len({position_key(s, p) for s, p in pairs}) == len(pairs)
 
 
+def test_a_temperature_given_as_a_large_int_samples_as_its_float_does(tiny_loaded):
+    """An int temperature past int64 (10**30) reached MLX's division as a RuntimeError 'std::bad_cast'."""
+    logits = mx.array(np.random.default_rng(0).normal(size=(8, 40)).astype(np.float32))
+    for t in (10**30, 2**64, 7):
+        assert np.array_equal(np.array(Sampler(t, seed=3)(logits, np.arange(8))),
+                              np.array(Sampler(float(t), seed=3)(logits, np.arange(8)))), t
+    g = generate(tiny_loaded, PROMPT, max_tokens=5, temperature=10**30, seed=1)
+    assert g.tokens == generate(tiny_loaded, PROMPT, max_tokens=5, temperature=1e30, seed=1).tokens
+
+
 # 10**400: an int past float's range, which math.isfinite met with an OverflowError traceback
 @pytest.mark.parametrize("kw", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5), dict(temperature=10**400)])
 def test_bad_sampling_parameters(tiny_loaded, kw):
