@@ -35,7 +35,7 @@ from .graph import context_only, graft_counts, root_copy, search as graph_search
 from .lookup import ContextIndex, CopyLength, add_beam, copy_taken
 from .sampling import Sampler
 from .stats import RunStats, StepStats
-from .tokenizer import is_token_id
+from .tokenizer import first_non_id
 from .tree import accept, beam_of, pack
 from .tree_search import tree_nodes, tree_search
 from .tuning import drafting, fixed_drafting
@@ -47,7 +47,6 @@ PREFILL_CHUNK = 512  # tokens a prompt is read in at most ...
 PREFILL_MIN_CHUNK = 64  # ... and at least, where chunks are slow:
 PREFILL_SECONDS = 2.0  # a chunk should take about this long at most, since a cancel waits for it
 MODES = ("auto", "ar", "redrafter")
-_NONE = object()  # no such element
 
 
 class PromptCache:
@@ -81,9 +80,10 @@ class PromptCache:
             # [] said "PromptCache.truncate takes a number of tokens >= 0, not -1", None a TypeError from zip,
             # and "text" cleared the cache
             raise SettingError(f"PromptCache.reuse takes a prompt's token ids, at least one, not {prompt!r:.40}")
-        bad = next((t for t in prompt if not is_token_id(t)), _NONE)
-        if bad is not _NONE:  # ["a", "b"] (tokens as text) and [1.5] matched nothing and cleared the cache
-            raise SettingError(f"PromptCache.reuse takes a prompt's token ids, whole numbers >= 0, not {bad!r:.40}")
+        where = first_non_id(prompt)
+        if where is not None:  # ["a", "b"] (tokens as text) and [1.5] matched nothing and cleared the cache
+            raise SettingError(f"PromptCache.reuse takes a prompt's token ids, whole numbers >= 0, not "
+                               f"{prompt[where]!r:.40}")
         n = 0
         for a, b in zip(self.ids, prompt):
             if a != b:
@@ -103,8 +103,7 @@ class PromptCache:
         # Between two steps of a stream using this cache (its model's lock), and that stream then stops with a
         # SettingError, as where another stream takes the cache: resumed after a reset or truncate, it went on
         # from tokens no longer there, saying nothing, and left keys and values that were not those of `ids`.
-        tree = self.cache[0].tree if len(self.cache) else None
-        with getattr(tree, "lock", None) or _SHARED_LOCK:
+        with _lock_of(self.cache[0].tree if len(self.cache) else None):
             self.user = None
             n = min(int(n), len(self.ids))  # more than it holds returned n, the count asked for, not the one kept
             if not self.cache.can_trim_to(n):
@@ -256,6 +255,11 @@ def _check_loaded(caller: str, loaded) -> None:
 _SHARED_LOCK = threading.RLock()  # for models without a TreeState (the tests' stand-ins)
 
 
+def _lock_of(state) -> threading.RLock:
+    """The lock of a model's tree state (TreeState.lock), which a stream's step holds; _SHARED_LOCK without one."""
+    return getattr(state, "lock", None) or _SHARED_LOCK
+
+
 def _one_step_at_a_time(fn):
     """`stream` computes each event holding its model's lock, so threads sharing a loaded model
     take turns step by step (their trees share the model's tree state: two at once broke
@@ -266,7 +270,7 @@ def _one_step_at_a_time(fn):
     def wrapper(loaded, prompt, *args, **kwargs):
         _check_names(fn.__name__, kwargs)
         _check_loaded(fn.__name__, loaded)
-        lock = getattr(getattr(loaded.model, "state", None), "lock", None) or _SHARED_LOCK
+        lock = _lock_of(getattr(loaded.model, "state", None))
         inner = fn(loaded, prompt, *args, **kwargs)
         # A setting, prompt or model refused at the call, as Python refuses a bad argument: a generator's
         # checks had waited for the first next(), so `it = stream(m, p, temprature=0.7)` said nothing

@@ -36,6 +36,12 @@ def is_token_id(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0
 
 
+def first_non_id(values) -> Optional[int]:
+    """The index of the first element that is not a token id (`is_token_id`), None where all are: by position,
+    since an element None read as "none bad" when the element itself was returned."""
+    return next((i for i, t in enumerate(values) if not is_token_id(t)), None)
+
+
 # Pre-tokenizer per GGUF `tokenizer.ggml.pre`, as llama.cpp defines them.
 # "digits" = split every digit on its own before the GPT-2 byte-level regex.
 _LLAMA3_REGEX = (
@@ -347,12 +353,12 @@ class Tokenizer:
                 raise InvalidPromptError("a system prompt goes with text or messages, not token ids: put it in the "
                                          "ids (the chat template's system turn)")
             ids = prompt.tolist() if hasattr(prompt, "tolist") else list(prompt)
-            where = next((i for i, t in enumerate(ids) if not is_token_id(t)), None)
-            bad = ids[where] if where is not None else None  # (an id None among them was taken for "none bad")
+            where = first_non_id(ids)
+            bad = ids[where] if where is not None else None
             if isinstance(bad, (list, tuple)) and any(isinstance(x, str) for x in bad):
                 # (role, content) pairs, as LangChain or a Gradio history holds turns: it said "pass ids[0]"
-                raise InvalidPromptError(f"a message is a dict {{'role': ..., 'content': ...}}, not a pair: {bad!r:.40} "
-                                         "(pass [{'role': r, 'content': c} for r, c in pairs])")
+                raise InvalidPromptError(f"a message is a dict {{'role': ..., 'content': ...}}, not a pair: "
+                                         f"{bad!r:.40} (pass [{{'role': r, 'content': c}} for r, c in pairs])")
             if isinstance(bad, (list, tuple)):  # a (1, T) batch, as a tokenizer returns with return_tensors
                 raise InvalidPromptError(f"token ids are one flat list (one sequence), not a list of lists: {bad!r:.40} "
                                          "is one element (pass ids[0] for a batch of one)")
