@@ -340,14 +340,14 @@ def distill(loaded, prompts: List[str], out: Path, batch_size: int = 16, max_tok
     encoded = [(k, tok.prompt_ids(p)) for k, p in todo]
     limit = min(loaded.context_length - max_tokens - 1, max_prompt_tokens or loaded.context_length)
     kept = [(k, ids) for k, ids in encoded if len(ids) <= limit]
-    if unique and not kept and len(todo) == len(unique):  # (it said "skipped 2 of 2 prompts", then "answered 0 prompts", status 0)
-        why = "--max-prompt-tokens" if max_prompt_tokens is not None and max_prompt_tokens < \
-            loaded.context_length - max_tokens - 1 else f"the model's context of {loaded.context_length} tokens less " \
-                                                       f"replies of up to {max_tokens}"
-        raise RedrafterError(f"{f'every one of the {len(unique)} prompts' if len(unique) > 1 else 'the one prompt'} "
-                             f"is longer than "
-                             f"{limit} tokens (chat template included; {why}): none to answer; give shorter prompts, "
-                             f"or a {'larger --max-prompt-tokens' if why.startswith('--') else 'smaller --max-tokens'}")
+    if unique and not kept and len(todo) == len(unique):  # (said "skipped 2 of 2 prompts", "answered 0 prompts", status 0)
+        by_flag = max_prompt_tokens is not None and max_prompt_tokens < loaded.context_length - max_tokens - 1
+        why = "--max-prompt-tokens" if by_flag else \
+            f"the model's context of {loaded.context_length} tokens less replies of up to {max_tokens}"
+        what = f"every one of the {len(unique)} prompts" if len(unique) > 1 else "the one prompt"
+        fix = "a larger --max-prompt-tokens" if by_flag else "a smaller --max-tokens"
+        raise RedrafterError(f"{what} is longer than {limit} tokens (chat template included; {why}): none to answer; "
+                             f"give shorter prompts, or {fix}")
     if len(kept) < len(encoded):  # of all the prompts: a resume said "skipped 3 of 3", of the 3 left
         before = len(unique) - len(todo)
         said = f" ({before} answered before{'' if kept else '; none left to answer'})" if before else ""

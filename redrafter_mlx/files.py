@@ -234,17 +234,18 @@ def read_text_file(path, role: str, advice: str, error: type = RedrafterError) -
 
 def json_document(text: str, path) -> Optional[str]:
     """What a file meant to be JSONL (a JSON object a line) is when it is one JSON document over its lines instead,
-    with the jq command that writes it as JSONL where there is one; None otherwise. (Read line by line, alpaca_data.json, one indented
-    array, failed as if damaged: "line 1 is not JSON: Expecting value (column 2)".)"""
+    with the jq command that writes it as JSONL where there is one; None otherwise. (Read line by line,
+    alpaca_data.json, one indented array, failed as if damaged: "line 1 is not JSON: Expecting value (column 2)".)"""
     body = text.lstrip()
     if not body.startswith(("[", "{")):
         return None
-    if body.startswith("{"):
-        try:  # an object on the first line: JSONL (its other lines are read one by one)
-            json.loads(body.split("\n", 1)[0])
-            return None
-        except ValueError:
-            pass
+    try:
+        json.loads(body.split("\n", 1)[0])
+        first_line = True  # the first line is JSON alone
+    except ValueError:
+        first_line = False
+    if body.startswith("{") and first_line:  # an object on the first line: JSONL (its other lines are read one by one)
+        return None
     try:
         whole = json.loads(text)
     except ValueError:
@@ -255,15 +256,14 @@ def json_document(text: str, path) -> Optional[str]:
     if isinstance(whole, dict):
         return f"one JSON object over several lines, not JSONL (a JSON object a line): `jq -c . {quoted}` writes " \
                "it on one"
-    try:  # an array on its first line alone: a line that is a list of other things, said of its line
-        json.loads(body.split("\n", 1)[0])
+    if first_line:  # an array on its first line alone: a line that is a list of other things, said of its line
         return None
-    except ValueError:  # over several lines: a list of prompts ["...", "..."] was "line 1 is not JSON", as if damaged
-        pass
-    if isinstance(whole, list) and whole and all(isinstance(row, str) for row in whole):
+    # an array over several lines (`whole` is a list here): a list of prompts ["...", "..."] was "line 1 is not
+    # JSON", as if damaged
+    if whole and all(isinstance(row, str) for row in whole):
         return f"one JSON array of strings, not JSONL (a JSON object a line): `jq -c '.[] | {{prompt: .}}' {quoted}` " \
                "writes them one a line"
-    return "one JSON array over several lines, not JSONL (a JSON object a line)" if isinstance(whole, list) else None
+    return "one JSON array over several lines, not JSONL (a JSON object a line)"
 
 
 def messages_instead_of_text(value, name: str) -> Optional[str]:
