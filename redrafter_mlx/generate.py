@@ -14,7 +14,8 @@
   context length, or `should_stop()` returning True between steps.
 
 The cache always holds exactly `PromptCache.ids`: a step interrupted by an exception
-(KeyboardInterrupt included) is rolled back, so a cancelled reply leaves it whole.
+(KeyboardInterrupt included) is rolled back, and a prompt's reading keeps the chunks it finished,
+so a cancelled reply leaves it whole.
 """
 
 import difflib
@@ -541,7 +542,6 @@ def stream(
         return Event(text, new, stats, step, reason, read)
 
     # ---- prefill: the prompt's last logits give the first token --------------------------
-    saved = len(pc.ids)
     try:
         t0 = time.perf_counter()
         stats.cached_tokens = pc.reuse(ids)
@@ -556,8 +556,13 @@ def stream(
         first = token.item()
         stats.prefill_seconds = time.perf_counter() - t0
     except BaseException:
+        # Drop only a chunk cut short (its keys may be in some layers, its ids are not): the chunks read before it
+        # stay, a valid prefix the next prompt reuses, as where should_stop ends the reading. This rolled back to
+        # the cache's length before the call, so Ctrl-C (or closing the stream at its "cancelled" event) in the
+        # 2,000th token of a prompt dropped all it had read, and a windowed layer that had freed old keys since
+        # then could not be rolled back: the whole conversation's cache started over.
         if pc.user is owner:  # (closed at the "cancelled" event after another call took the cache: leave it)
-            pc.truncate(min(saved, len(pc.ids)))
+            pc.truncate(len(pc.ids))
         raise
     if first in eos:
         yield event([], None, "eos")

@@ -581,6 +581,48 @@ def test_cancel_during_a_long_prefill(tiny_loaded, monkeypatch):
     assert generate(m, PROMPT, max_tokens=10, prompt_cache=pc).tokens == free.tokens
 
 
+@pytest.mark.parametrize("how", ["raises", "closed"])
+def test_an_interrupted_prompt_reading_keeps_the_chunks_it_read(tiny_loaded, monkeypatch, how):
+    """Ctrl-C (here an exception from the third chunk's forward) while a long prompt was read, or a stream
+    closed at the "cancelled" event should_stop gave there, rolled the cache back to its length before the
+    call: every chunk read was dropped and read again by the next call (and a windowed layer that had freed
+    old keys meanwhile started the whole conversation over). The chunks read stay, as where should_stop
+    alone ends the reading; a chunk cut short is dropped."""
+    import sys
+
+    gen = sys.modules["redrafter_mlx.generate"]
+    m = tiny_loaded
+    free = generate(m, PROMPT, max_tokens=10)
+    pc = PromptCache(m.model)
+    generate(m, free.prompt_tokens[:3], max_tokens=1, prompt_cache=pc)  # the cache held a conversation before
+    monkeypatch.setattr(gen, "PREFILL_CHUNK", 4)
+    real_hidden, chunks, fail = m.model.hidden, [], [how == "raises"]
+
+    def hidden(tokens, cache=None, *a, **k):
+        out = real_hidden(tokens, cache, *a, **k)
+        chunks.append(tokens.shape[1])
+        if fail[0] and len(chunks) == 3:
+            fail[0] = False
+            mx.eval(out)  # the cut chunk's keys are in the cache, its ids are not
+            raise KeyboardInterrupt
+        return out
+
+    monkeypatch.setattr(m.model, "hidden", hidden)
+    if how == "raises":
+        with pytest.raises(KeyboardInterrupt):
+            generate(m, PROMPT, max_tokens=10, prompt_cache=pc)
+    else:
+        it = stream(m, PROMPT, max_tokens=10, prompt_cache=pc, should_stop=stop_after(2))
+        assert next(it).finish_reason == "cancelled"
+        it.close()
+    assert pc.ids == free.prompt_tokens[:3 + 8]  # the 3 held, then 2 chunks of 4 read (was: the 3 alone)
+    assert_cache_holds(m.model, pc)
+    chunks.clear()
+    assert generate(m, PROMPT, max_tokens=10, prompt_cache=pc).tokens == free.tokens
+    assert chunks[0] == min(4, len(free.prompt_tokens) - 11)  # reading went on from there
+    assert_cache_holds(m.model, pc)
+
+
 def test_prompt_cache_reuses_the_common_prefix(tiny_loaded, monkeypatch):
     m = tiny_loaded
     pc = PromptCache(m.model)
