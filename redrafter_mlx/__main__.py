@@ -99,6 +99,9 @@ def main(argv=None) -> int:
             p.error(f"standard input is not text in {e.encoding}: {e.reason} at byte {e.start}")
         except (OSError, AttributeError):  # closed, or no standard input at all (pythonw)
             p.error("- reads the prompt from standard input, which could not be read")
+        except KeyboardInterrupt:  # Ctrl-C while it waits for the prompt (typed at the terminal): was a traceback
+            print(f"{cli.after_ctrl_c()}{p.prog}: cancelled", file=sys.stderr)
+            return 130
     if is_blank(args.prompt):
         p.error("the prompt is empty")
     try:  # bytes that are not UTF-8 (from the command line or standard input) were refused after loading

@@ -271,6 +271,20 @@ def test_main_cli_drops_a_byte_order_mark_from_standard_input(tiny_kit, tmp_path
     assert f"({len(tok.prompt_ids('hello'))} tokens)" in capsys.readouterr().err
 
 
+def test_main_cli_cancelled_while_it_waits_for_the_prompt_on_standard_input(capsys, monkeypatch):
+    """Ctrl-C while `python -m redrafter_mlx -` waited for the prompt (typed at the terminal, or a pipe not
+    written yet) printed a traceback: it ends as a cancel anywhere else does, with one line and status 130."""
+    from redrafter_mlx.__main__ import main
+
+    class Waiting:
+        def read(self):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("sys.stdin", Waiting())
+    assert main(["--mode", "ar", "-"]) == 130
+    assert capsys.readouterr().err == "\npython -m redrafter_mlx: cancelled\n"
+
+
 def test_main_cli_labels_an_adaptive_redrafter_run_as_such(tiny_kit, tmp_path, capsys):
     """`--mode redrafter` with no drafting option runs the adaptive controller: its stats line said
     `[auto: ...`, the mode the user did not ask for."""
