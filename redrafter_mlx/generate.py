@@ -107,11 +107,15 @@ class PromptCache:
         with _lock_of(self.cache[0].tree if len(self.cache) else None):
             self.user = None
             n = min(int(n), len(self.ids))  # more than it holds returned n, the count asked for, not the one kept
-            if not self.cache.can_trim_to(n):
-                self.cache.clear()
-                n = 0
-            self.cache.trim_to(n)
+            start_over = not self.cache.can_trim_to(n)
+            n = 0 if start_over else n
+            # The ids first: Ctrl-C between the two then leaves keys past the ids, which the next trim drops (as
+            # after a forward cut short); the other way round, ids past the keys had the next prompt read at the
+            # wrong positions, a wrong reply saying nothing.
             del self.ids[n:]
+            if start_over:
+                self.cache.clear()
+            self.cache.trim_to(n)
             return n
 
     def reset(self):

@@ -663,6 +663,32 @@ def test_truncating_a_prompt_cache_keeps_what_it_says(tiny_loaded):
     assert_cache_holds(m.model, pc)
 
 
+def test_a_truncate_cut_short_by_ctrl_c_leaves_a_cache_the_next_call_can_use(tiny_loaded, monkeypatch):
+    """truncate trimmed the keys and values, then the ids: Ctrl-C between the two (a second one, landing in the
+    cleanup of a stream the first had stopped) left ids past the cache, and the next prompt was read at the wrong
+    positions, a wrong reply saying nothing. The ids go first now; keys left past them are dropped by the next trim."""
+    from redrafter_mlx.cache import Cache
+
+    m = tiny_loaded
+    free = generate(m, PROMPT, max_tokens=12).tokens
+    pc = PromptCache(m.model)
+    generate(m, PROMPT, max_tokens=12, prompt_cache=pc)
+    real_trim, calls = Cache.trim_to, []
+
+    def trim_then_ctrl_c(self, offset):
+        real_trim(self, offset)
+        calls.append(offset)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Cache, "trim_to", trim_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        pc.truncate(5)
+    assert len(pc.ids) <= pc.cache.offset  # (were 36 ids over 5 tokens' keys)
+    assert generate(m, PROMPT, max_tokens=12, prompt_cache=pc).tokens == free
+    assert_cache_holds(m.model, pc)
+
+
 def test_reusing_a_prompt_cache_for_no_token_ids_says_so(tiny_loaded):
     """reuse([]) said "PromptCache.truncate takes a number of tokens >= 0, not -1" (a method and a value the
     caller had not named), reuse(None) was a TypeError from zip, and reuse("text") cleared the cache."""
