@@ -522,7 +522,15 @@ def stream(
     if mode == "redrafter" and ctl is None:
         stats.beam_width, stats.beam_length, stats.tree = beam_width, beam_length, budget
     mx.reset_peak_memory()
-    stopped = should_stop or (lambda: False)
+    taken = ("the prompt_cache of this stream was used by another call before it ended: give each conversation its "
+             "own PromptCache, and finish (or close) one stream before the next starts on the same cache")
+
+    def stopped() -> bool:
+        stop = should_stop is not None and should_stop()
+        if pc.user is not owner:  # should_stop itself used the cache (reset it, or ran a call on it): the step or
+            raise SettingError(taken)  # chunk it was asked before had run on what that left (a wrong token, silently)
+        return stop
+
     eos = tok.eos_token_ids
 
     first_event = True
@@ -587,9 +595,7 @@ def stream(
     try:
         while True:
             if pc.user is not owner:  # another call used the cache while this stream was paused
-                raise SettingError("the prompt_cache of this stream was used by another call before it ended: give "
-                                   "each conversation its own PromptCache, and finish (or close) one stream before "
-                                   "the next starts on the same cache")
+                raise SettingError(taken)
             if stopped():
                 yield event([], None, "cancelled")
                 return

@@ -805,6 +805,43 @@ def test_exception_in_should_stop_keeps_the_cache_consistent(tiny_loaded):
     assert_cache_holds(m.model, pc)
 
 
+@pytest.mark.parametrize("where", ["reading the prompt", "decoding"])
+def test_a_should_stop_that_uses_the_cache_ends_the_stream_before_it_runs_on_it(tiny_kit, tmp_path, monkeypatch,
+                                                                                 where):
+    """should_stop is asked inside a step, holding the model's lock: one that reset the stream's PromptCache (or
+    ran a call on it) and returned False had the step go on from what that left. A drafted step verified its
+    tree on the emptied cache and gave a wrong token; a prompt's next chunk was read as the start of a context,
+    and the reply was another prompt's. It stops with the SettingError of a cache another call took, as it
+    does between steps."""
+    import sys
+
+    from redrafter_mlx.errors import SettingError
+
+    gen = sys.modules["redrafter_mlx.generate"]
+    m = with_drafter(tiny_kit, tmp_path)
+    kw = dict(mode="redrafter", beam_width=2, beam_length=3, max_tokens=20)
+    free = generate(m, PROMPT, **kw).tokens
+    if where == "reading the prompt":
+        monkeypatch.setattr(gen, "PREFILL_CHUNK", 4)
+    pc = PromptCache(m.model)
+    asked, reset_at = [0], 2 if where == "reading the prompt" else 3
+
+    def should_stop():
+        asked[0] += 1
+        if asked[0] == reset_at:  # before the prompt's second chunk; before the second decode step (asked once
+            pc.reset()            # before the prompt, read in one chunk, then before each step)
+        return False
+
+    got = []
+    with pytest.raises(SettingError, match="used by another call"):
+        for ev in stream(m, PROMPT, prompt_cache=pc, should_stop=should_stop, **kw):
+            got.append(ev.tokens)
+    # nothing ran after the reset: the prefill's token and one step's, decoding (nothing, reading the prompt)
+    assert len(got) == (2 if where == "decoding" else 0) and sum(got, []) == free[: len(sum(got, []))]
+    assert pc.ids == [] and pc.cache.offset == 0
+    assert generate(m, PROMPT, prompt_cache=pc, **kw).tokens == free
+
+
 def test_peak_memory_is_reported_live(tiny_loaded):
     """UIs show peak memory during a reply, so every event carries it, not just the last."""
     seen = [e.stats.peak_memory_mb for e in stream(tiny_loaded, PROMPT, mode="ar", max_tokens=5)]
