@@ -221,6 +221,15 @@ class Tokenizer:
                                         "SentencePiece model nor a tiktoken file (damaged?): copy it again from the "
                                         "model") from e
             raise CorruptModelError(f"cannot load the tokenizer in {path}: {one_line(e)}") from e
+        if len(hf) <= len(set(hf.all_special_ids)):
+            # transformers builds a tokenizer of its special tokens alone for a folder without tokenizer files when
+            # config.json names qwen2, gemma, gpt2, ...: the load went on and every prompt read as empty
+            files = [n for n in ("tokenizer.json", "tokenizer.model", "vocab.json") if (Path(path) / n).is_file()]
+            raise CorruptModelError(
+                f"{path} has no tokenizer (tokenizer.json, tokenizer.model or vocab.json): copy the tokenizer files "
+                "of the model into it" if not files else
+                f"the tokenizer in {path} ({', '.join(files)}) holds special tokens only, no vocabulary: copy the "
+                "tokenizer files of the model again")
         extra = Path(path) / "chat_template.json"  # a processor's file (vision-language releases): transformers'
         if not getattr(hf, "chat_template", None) and extra.is_file():  # tokenizer reads only chat_template.jinja
             template = read_json_object(extra, "chat template file").get("chat_template")

@@ -298,6 +298,18 @@ def test_broken_or_missing_tokenizer(tiny_kit, tmp_path):
     raises(CorruptModelError, lambda: load(str(path)), "has no tokenizer", "tokenizer.json")
 
 
+def test_a_qwen2_folder_without_tokenizer_files_is_refused(tiny_kit, tmp_path):
+    """For a config.json naming qwen2, gemma, gpt2, ..., transformers builds a tokenizer of the special tokens alone
+    when the folder has no tokenizer files: the load went on, "drafter: none", and every prompt read as empty ("the
+    prompt is empty"), or as <unk>."""
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0, model_type="qwen2"))
+    for p in path.iterdir():
+        if "token" in p.name or p.suffix == ".jinja":
+            p.unlink()
+    raises(CorruptModelError, lambda: load(str(path)), f"{path} has no tokenizer", "tokenizer.json",
+           "copy the tokenizer files of the model into it")
+
+
 def test_tie_word_embeddings_false_beside_weights_without_an_lm_head(tiny_kit, tmp_path):
     """It said only "weights do not fit the model config: Missing 1 parameters: lm_head.weight."."""
     for quantize in (None, (4, 32)):
