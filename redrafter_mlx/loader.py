@@ -463,9 +463,11 @@ def _tensor_names(files: List[Path]) -> Tuple[Set[str], Dict[str, Path]]:
         except Exception as e:  # safetensors raises its own error types
             refuse_lfs_pointer(f)  # it said "Invalid json header length"
             cut = any(w in str(e) for w in ("not fully covered", "header too small", "invalid header length"))
+            # a damaged header (not cut short) was said in the reader's words alone, no file named, nothing to do
+            damaged = "os error" not in str(e)  # (an unreadable file: Permission denied (os error 13))
             raise CorruptModelError(f"cannot read {f.name}: {one_line(e)}" + (
-                f" ({f} is cut short or damaged: an interrupted download or copy? download it again)" if cut else "")) \
-                from e
+                f" ({f} is cut short or damaged: an interrupted download or copy? download it again)" if cut else
+                f" ({f} is damaged: download or copy it again)" if damaged else "")) from e
     return names, where
 
 

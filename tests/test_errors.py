@@ -259,7 +259,20 @@ def test_corrupt_safetensors(tiny_kit, tmp_path, damage):
     f = path / "model.safetensors"
     data = f.read_bytes()
     f.write_bytes({"truncated": data[: len(data) // 2], "garbage": b"\x13\x37" * 500, "empty": b""}[damage])
-    raises(CorruptModelError, lambda: load(str(path)), "cannot read", "model.safetensors")
+    raises(CorruptModelError, lambda: load(str(path)), "cannot read", "model.safetensors", "download",
+           f"{f} is")
+
+
+def test_a_weights_file_with_a_damaged_header_says_what_to_do(tiny_kit, tmp_path):
+    """Bytes overwritten inside the JSON header (not a file cut short) said only "cannot read model.safetensors: Error
+    while deserializing header: invalid JSON in header: ...": no path, nothing to do."""
+    path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
+    f = path / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[20:60] = b"A" * 40
+    f.write_bytes(bytes(data))
+    raises(CorruptModelError, lambda: load(str(path)), "cannot read model.safetensors", f"({f} is damaged",
+           "download or copy it again")
 
 
 def test_invalid_config_json(tiny_kit, tmp_path):
