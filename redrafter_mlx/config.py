@@ -24,6 +24,9 @@ def drafter_inside(path) -> str:
     return f" ({inner} holds one: pass that folder)" if (inner / "config.json").is_file() else ""
 
 
+# What a drafter folder whose weights are missing or damaged says to do.
+COPY_DRAFTER_AGAIN = "copy the whole drafter folder again, config.json with its model.safetensors"
+
 # Positions are int32 in MLX; larger contexts than any model has are a damaged config.
 MAX_CONTEXT = 2**31 - 1
 

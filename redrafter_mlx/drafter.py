@@ -31,7 +31,7 @@ from typing import Union
 import mlx.core as mx
 import mlx.nn as nn
 
-from .config import DRAFTER_MODEL_TYPE, DrafterArgs, drafter_inside
+from .config import COPY_DRAFTER_AGAIN, DRAFTER_MODEL_TYPE, DrafterArgs, drafter_inside
 from .errors import CorruptModelError, DrafterMismatchError, ModelNotFoundError, UnsupportedModelError, one_line
 from .files import read_json_object, refuse_lfs_pointer, replace_folder, staging_folder
 
@@ -270,12 +270,13 @@ def load_drafter(path: Union[str, Path], base=None, advice: str = DRAFTER_ADVICE
         check_compatible(args, base.args, f"the drafter at {path}", advice)
     weights_path = path / "model.safetensors"
     if not weights_path.is_file():
-        raise ModelNotFoundError(f"drafter at {path} has no model.safetensors")
+        raise ModelNotFoundError(f"drafter at {path} has no model.safetensors (its weights): {COPY_DRAFTER_AGAIN}")
     try:
         weights = mx.load(str(weights_path))
     except Exception as e:
         refuse_lfs_pointer(weights_path)  # it said "Invalid json header length"
-        raise CorruptModelError(f"cannot read {weights_path}: {one_line(e)}") from e
+        # (a damaged file was said in the reader's words alone, with nothing to do)
+        raise CorruptModelError(f"cannot read {weights_path}: {one_line(e)} (damaged? {COPY_DRAFTER_AGAIN})") from e
     drafter = Drafter(args)
     try:
         drafter.load_weights(list(weights.items()), strict=True)

@@ -873,7 +873,11 @@ def test_missing_or_corrupt_drafter(tiny_kit, tmp_path):
     raises(ModelNotFoundError, lambda: load_drafter(tmp_path / "nothing", base), "no drafter", "config.json")
     save_drafter(new_drafter(base.args), tmp_path / "d")
     (tmp_path / "d" / "model.safetensors").write_bytes(b"\0\1\2")
-    raises(CorruptModelError, lambda: load_drafter(tmp_path / "d", base), f"cannot read {tmp_path / 'd' / 'model.safetensors'}")
+    raises(CorruptModelError, lambda: load_drafter(tmp_path / "d", base), f"cannot read {tmp_path / 'd' / 'model.safetensors'}",
+           "damaged? copy the whole drafter folder again")
+    (tmp_path / "d" / "model.safetensors").unlink()  # it said "drafter at d has no model.safetensors", no more
+    raises(ModelNotFoundError, lambda: load_drafter(tmp_path / "d", base), "has no model.safetensors (its weights)",
+           "copy the whole drafter folder again, config.json with its model.safetensors")
     (tmp_path / "d" / "config.json").write_text("{")
     raises(CorruptModelError, lambda: load_drafter(tmp_path / "d", base), f"{tmp_path / 'd' / 'config.json'} is not valid JSON")
     (tmp_path / "d" / "config.json").write_text("{}")  # it said "__init__() missing 2 required positional arguments"
