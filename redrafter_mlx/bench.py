@@ -52,7 +52,7 @@ from .graph import graph_name, parse_graph
 from .lookup import MAX_GROWTH
 from .registry import default_model_name
 from .tokenizer import is_blank
-from .config import FLOAT_FORMATS, WEIGHT_FORMATS
+from .config import FLOAT_FORMATS, WEIGHT_FORMATS, train_drafter
 from .tree_search import DEFAULT_MIN_PROB
 from .tuning import FILE as TUNED_FILE
 from .tuning import DEFAULT_LOOKUP, DEFAULT_TREE, drafting, fixed_drafting, model_folder, save_beam_shape
@@ -697,8 +697,8 @@ def _measure(args, stop) -> int:
                       progress=progress)
         if "redrafter" in args.modes and loaded.drafter is None:
             what = "--tune" if args.tune else "--modes redrafter"
-            raise RedrafterError(f"{what} needs a drafter and none was found for {loaded.name}: pass --drafter PATH"
-                                 + ("" if args.tune else ", or use --modes auto, which drafts from the context alone"))
+            raise RedrafterError(f"{what} needs a drafter and none was found for {loaded.name}: pass --drafter PATH "
+                                 f"(or train one: {train_drafter(loaded.name)})" + ("" if args.tune else ", or use --modes auto, which drafts from the context alone"))
         folder = model_folder(loaded.path)
         if args.tune and unwritable_ancestor(folder / TUNED_FILE) is not None:  # it failed after the whole tune
             raise RedrafterError(f"--tune stores the fastest shape in the model folder {folder}, which cannot be "

@@ -27,6 +27,15 @@ def drafter_inside(path) -> str:
 # What a drafter folder whose weights are missing or damaged says to do.
 COPY_DRAFTER_AGAIN = "copy the whole drafter folder again, config.json with its model.safetensors"
 
+def train_drafter(name) -> str:
+    """The command that trains a drafter for the model `name` (a registry name, path or hub id) and installs it where
+    load() finds it: what an error about a model with no drafter offers beside --drafter PATH, which a user whose
+    model has none has no PATH for."""
+    import shlex
+
+    return f"redrafter-train --model {shlex.quote(str(name))}"
+
+
 # Positions are int32 in MLX; larger contexts than any model has are a damaged config.
 MAX_CONTEXT = 2**31 - 1
 

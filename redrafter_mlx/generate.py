@@ -429,8 +429,10 @@ def stream(
         loaded, beam_width, beam_length, tree, lookup, tree_min_prob)
     if mode == "redrafter" and drafter is None:
         if loaded.drafter is None:
-            raise RedrafterError(f"model {loaded.name} has no drafter: load one (drafter=PATH, --drafter PATH) or use "
-                                 "mode 'auto' or 'ar'")
+            from .config import train_drafter
+
+            raise RedrafterError(f"model {loaded.name} has no drafter: load one (drafter=PATH, --drafter PATH), train "
+                                 f"one ({train_drafter(loaded.name)}) or use mode 'auto' or 'ar'")
         raise SettingError("mode 'redrafter' with no drafter: use_drafter=False (--no-drafter) left the model's "
                              "drafter out; drop it, or use mode 'auto' or 'ar'")
     if mode == "auto" and not adaptive and drafter is None and lookup_given and lookup > 0:

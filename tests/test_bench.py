@@ -249,6 +249,7 @@ def test_redrafter_mode_needs_the_drafter_as_in_the_api(model_dir, prompts, caps
     rc, _, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 1, "--max-tokens", 4,
                      "--modes", "ar,redrafter")
     assert rc == 2 and "--modes redrafter needs a drafter and none was found" in err and "--modes auto" in err
+    assert f"(or train one: redrafter-train --model {model_dir})" in err  # (--drafter PATH alone, it said)
     rc, text, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 1, "--max-tokens", 4,
                       "--modes", "ar,auto")
     assert rc == 0 and "auto" in text

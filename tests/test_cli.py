@@ -418,6 +418,7 @@ def test_main_cli_refuses_drafter_options_for_a_model_without_a_drafter(tiny_kit
         assert main(["--model", str(path), *given, "--max-tokens", "2", "hi"]) == 2
         last = capsys.readouterr().err.splitlines()[-1]
         assert last.startswith(f"python -m redrafter_mlx: error: {given[0]}") and "has no drafter" in last, last
+        assert f"(or train one: redrafter-train --model {path})" in last, last  # (--drafter PATH alone, it said)
     assert main(["--model", str(path), "--lookup", "2", "--max-tokens", "2", "hi"]) == 0
     assert "\n[redrafter: 2 tokens" in capsys.readouterr().err
 

@@ -1214,6 +1214,10 @@ def test_redrafter_mode_without_its_drafter_says_why(tiny_kit, tmp_path):
            "use_drafter=False", "--no-drafter")
     raises(RedrafterError, lambda: generate(load(str(path), use_drafter=False), "hi", mode="redrafter"),
            "has no drafter", "--drafter")
+    # a model with none: it said only "load one (drafter=PATH, --drafter PATH)", and a user who has none has no PATH
+    raises(RedrafterError, lambda: generate(load(str(tiny_kit.write_folder(tmp_path / "g", base))), "hi",
+                                            mode="redrafter"),
+           "has no drafter", f"train one (redrafter-train --model {tmp_path / 'g'})")
 
 
 def test_a_chat_template_that_is_not_valid_jinja(tiny_kit, tmp_path):
