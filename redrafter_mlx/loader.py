@@ -341,7 +341,9 @@ def _weight_files(path: Path) -> List[Path]:
         raise ModelNotFoundError(f"{path} has no model*.safetensors weights, the files mlx-lm reads, but "
                                  f"{', '.join(others[:3])}: rename the model's weights to model.safetensors")
     if not files:
-        hint = " (a PyTorch checkpoint: convert it with `python -m convert`)" if list(path.glob("*.bin")) else ""
+        # (without a .bin there it said "has no *.safetensors weights", no more: a copy that left them out, say)
+        hint = (" (a PyTorch checkpoint: convert it with `python -m convert`)" if list(path.glob("*.bin")) else
+                ": copy the model's weights into it (model.safetensors, or all its model-*-of-*.safetensors shards)")
         raise ModelNotFoundError(f"{path} has no *.safetensors weights{hint}")
     index = path / "model.safetensors.index.json"
     if index.is_file():  # a shard missing read as weights that "do not fit the model config: Missing parameters"

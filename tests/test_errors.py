@@ -165,7 +165,7 @@ def test_folder_without_config(tiny_kit, tmp_path):
 def test_folder_without_safetensors(tiny_kit, tmp_path):
     path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
     (path / "model.safetensors").unlink()
-    raises(ModelNotFoundError, lambda: load(str(path)), "no *.safetensors")
+    raises(ModelNotFoundError, lambda: load(str(path)), "no *.safetensors", "copy the model's weights into it")
     (path / "pytorch_model.bin").write_bytes(b"\0" * 16)
     raises(ModelNotFoundError, lambda: load(str(path)), "no *.safetensors", "pytorch", "convert")
 
