@@ -810,7 +810,10 @@ def _train(args):
             note = _best_note(args.out)  # (the most accurate drafter, which redrafter-train installs, went unsaid)
             print(f"saved {args.out / 'drafter'}" + (f" (step {args.steps}){note}" if note else ""), file=sys.stderr)
     if questions is not None:
-        loaded.drafter = load_drafter(args.eval_drafter or args.out / "drafter", loaded.model)
+        # (a drafter of another model was told "(or --no-drafter)", an option this command has not)
+        loaded.drafter = load_drafter(args.eval_drafter or args.out / "drafter", loaded.model,
+                                      "give --eval-drafter the drafter trained for this model, or --model the model "
+                                      "it was trained for")
         with open(args.out / "eval.jsonl", "a") as f:  # each shape's row as it is done: Ctrl-C lost them all
             def record(row):
                 f.write(json.dumps(row) + "\n")

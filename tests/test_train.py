@@ -987,6 +987,22 @@ def test_an_evaluation_stopped_at_a_later_shape_keeps_the_rows_done(tiny_model_d
     assert [(r["beam_width"], r["beam_length"]) for r in rows] == [(1, 3)]
 
 
+def test_eval_only_with_another_models_drafter_names_this_commands_options(tiny_kit, tiny_model_dir, tmp_path, capsys):
+    """--eval-drafter of a drafter trained for another model said "use the drafter trained for this model (or
+    --no-drafter)": this command has no --no-drafter."""
+    from redrafter_mlx import train as train_module
+    from redrafter_mlx.drafter import new_drafter, save_drafter
+
+    save_drafter(new_drafter(tiny_kit.model(seed=0, hidden_size=48).args), tmp_path / "d")
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"prompt": "Say hi"}) + "\n")
+    assert train_module.main(["--model", str(tiny_model_dir), "--eval-only", "--eval-drafter", str(tmp_path / "d"),
+                              "--eval-prompts", str(questions), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "hidden size 48" in err and ("give --eval-drafter the drafter trained for this model, or --model the model "
+                                        "it was trained for") in err and "--no-drafter" not in err, err
+
+
 def test_held_out_validation_keeps_the_best(patterned, tmp_path):
     from redrafter_mlx.drafter import load_drafter
     from redrafter_mlx.train import is_held_out
