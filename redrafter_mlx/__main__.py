@@ -136,7 +136,9 @@ def _reply(args) -> int:
     m = load(args.model, drafter=args.drafter, weight_format=args.weight_format,
              use_drafter=args.mode != "ar" and not args.no_drafter,
              progress=lambda s: print(f"[{s}]", file=sys.stderr))
-    print(f"[{m.name}: {m.weight_format} on {m.device}; drafter: {m.drafter_path or 'none'}]", file=sys.stderr)
+    # (a model of the user's own said "drafter: none", and nothing of where one comes from)
+    none = "none" if args.mode == "ar" or args.no_drafter else f"none ({train_drafter(m.name)} trains one)"
+    print(f"[{m.name}: {m.weight_format} on {m.device}; drafter: {m.drafter_path or none}]", file=sys.stderr)
     if not m.tokenizer.has_chat_template:  # (the reply ran on from the prompt's text, saying nothing, as the chat notes)
         print(f"[{m.name} has no chat template: the prompt reaches it as plain text to continue, not as a user turn"
               + (", after the --system text" if args.system and args.system.strip() else "") + "]", file=sys.stderr)

@@ -420,7 +420,12 @@ def test_main_cli_refuses_drafter_options_for_a_model_without_a_drafter(tiny_kit
         assert last.startswith(f"python -m redrafter_mlx: error: {given[0]}") and "has no drafter" in last, last
         assert f"(or train one: redrafter-train --model {path})" in last, last  # (--drafter PATH alone, it said)
     assert main(["--model", str(path), "--lookup", "2", "--max-tokens", "2", "hi"]) == 0
-    assert "\n[redrafter: 2 tokens" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "\n[redrafter: 2 tokens" in err
+    # the status line said "drafter: none", and nothing of where one comes from
+    assert f"; drafter: none (redrafter-train --model {path} trains one)]" in err, err
+    assert main(["--model", str(path), "--mode", "ar", "--max-tokens", "2", "hi"]) == 0
+    assert "; drafter: none]" in capsys.readouterr().err
 
 
 def test_counts_of_train_and_distill_are_checked_as_the_other_options(capsys):
