@@ -631,7 +631,8 @@ def main(argv=None):
                    help="tokens per evaluated reply (default: 128)")
     p.add_argument("--beam-shapes", type=parse_shapes, default="4x5", metavar="WxL[,WxL...]",
                    help="the beam shapes (W beams of L tokens) the --eval-prompts evaluation decodes with, e.g. "
-                        "4x5,8x5 (default: 4x5)")
+                        "4x5,8x5, each beside the context-lookup beam decoding drafts by default (the tuned length, "
+                        "else 8), so a step can take more than L tokens (default: 4x5)")
     args = p.parse_args(argv)
     if not args.eval_only and args.data is None:
         p.error("--data is required for training")

@@ -875,6 +875,19 @@ def test_too_few_seed_prompts_are_counted_in_words():
     check_seeds(["a", "b", "a", "c"])
 
 
+def test_beam_shapes_help_says_the_lookup_beam_is_drafted_beside_them(capsys, monkeypatch):
+    """The evaluation decodes each WxL with generate's default context-lookup beam beside the beams (an "1x3" row read
+    4.29 tokens/step, past the 3 its help's "W beams of L tokens" allow), which the help did not say."""
+    from redrafter_mlx import train as train_module
+
+    monkeypatch.setenv("COLUMNS", "400")  # (argparse breaks lines at hyphens too)
+    with pytest.raises(SystemExit):
+        train_module.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "beside the context-lookup beam decoding drafts by default" in text
+    assert "so a step can take more than L tokens" in text
+
+
 def test_eval_helpers(tmp_path):
     from redrafter_mlx.train import eval_prompts, parse_shapes
 
