@@ -329,7 +329,15 @@ def _refuse_folder_without_config(path: Path) -> NoReturn:
     if inner:  # an archive unpacked into a folder of its own, a folder of models: "not a model folder", no more
         raise ModelNotFoundError(f"{path} has no config.json: not a model folder, but {inner[0].name}/ in it is "
                                  f"one{f' (and {len(inner) - 1} more)' if len(inner) > 1 else ''}: pass {inner[0]}")
-    raise ModelNotFoundError(f"{path} has no config.json: not a model folder")
+    try:  # the weights there, config.json left out of a copy: "not a model folder" said nothing of what to do
+        weights = next(path.glob("*.safetensors"), None)
+    except OSError:
+        weights = None
+    if weights is not None:
+        raise ModelNotFoundError(f"{path} has no config.json, beside the weights in {weights.name}: copy the model's "
+                                 "config.json into it")
+    raise ModelNotFoundError(f"{path} has no config.json: not a model folder (one holds config.json, *.safetensors "
+                             "weights and tokenizer files: give that folder)")
 
 
 def _weight_files(path: Path) -> List[Path]:

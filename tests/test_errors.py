@@ -159,7 +159,11 @@ def test_folder_without_config(tiny_kit, tmp_path):
     raises(ModelNotFoundError, lambda: load(str(tmp_path)), "no config.json", str(tmp_path))
     path = tiny_kit.write_folder(tmp_path / "f", tiny_kit.model(seed=0))
     (path / "config.json").unlink()
-    raises(ModelNotFoundError, lambda: load(str(path)), "no config.json")
+    # it said "has no config.json: not a model folder" of a model copied without it too, nothing of what to do
+    raises(ModelNotFoundError, lambda: load(str(path)), f"{path} has no config.json, beside the weights in "
+           "model.safetensors: copy the model's config.json into it")
+    raises(ModelNotFoundError, lambda: load(str(tmp_path)), "not a model folder (one holds config.json, "
+           "*.safetensors weights and tokenizer files: give that folder)")
 
 
 def test_folder_without_safetensors(tiny_kit, tmp_path):
