@@ -504,7 +504,7 @@ def _run(args, hold, at_exit=lambda f: None) -> Dict:
     # the same command run again after it installed: the drafter in place is this one (it was said "not installed: the
     # drafter in place drafts as many tokens per step", and measured twice over, a quarter of the evaluation's time)
     weights = "model.safetensors"
-    already = current is not None and (current / weights).is_file() \
+    already = current is not None and (current / weights).is_file() and (current / "config.json").is_file() \
         and filecmp.cmp(current / weights, trained / weights, shallow=False)
     if current is not None and not already:
         try:

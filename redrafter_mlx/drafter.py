@@ -260,6 +260,8 @@ def load_drafter(path: Union[str, Path], base=None, advice: str = DRAFTER_ADVICE
     if path.is_file():  # it said "no drafter at d/config.json: expected d/config.json/config.json"
         raise ModelNotFoundError(f"{path} is a file: a drafter is the folder that holds config.json and "
                                  "model.safetensors")
+    if not cfg_path.is_file() and (path / "model.safetensors").is_file():
+        raise ModelNotFoundError(f"drafter at {path} has no config.json (its settings): {COPY_DRAFTER_AGAIN}")
     if not cfg_path.is_file():  # (train's --out holds its drafter in drafter/: it was not said)
         raise ModelNotFoundError(f"no drafter at {path}: expected {cfg_path}{drafter_inside(path)}")
     config = read_json_object(cfg_path, "drafter config")

@@ -771,6 +771,8 @@ def find_drafter(resolved: "registry.ResolvedModel") -> Optional[Path]:
         candidates.append(shipped)
     for c in candidates:
         tidy(c)  # a drafter set aside by a process killed while replacing it goes back first
-        if (c / "config.json").is_file():
+        # one whose config.json is missing is found too, to be refused by name: the model loaded as if it had none,
+        # "drafter: none", and the copy left incomplete went unsaid
+        if (c / "config.json").is_file() or (c / "model.safetensors").is_file():
             return c
     return None

@@ -94,6 +94,13 @@ def test_train_command_resumes_installs_and_keeps_a_better_drafter(tiny_model_di
     assert f"; the drafter it replaces is kept at {tiny_model_dir / 'drafter.previous'} (put it back" in out, out
     assert load(str(tiny_model_dir)).drafter_path == home
 
+    # the drafter in place left without its config.json (load() refuses it now, where it passed it over): not
+    # "already installed" (its weights are this run's), but replaced
+    (home / "config.json").unlink()
+    autotrain.main(argv)
+    assert "already installed" not in capsys.readouterr().out
+    assert load(str(tiny_model_dir)).drafter_path == home
+
 
 def test_a_drafter_none_of_whose_drafts_were_accepted_is_not_installed(tiny_model_dir, tmp_path, tiny_budget,
                                                                        monkeypatch, capsys):

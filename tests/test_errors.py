@@ -603,6 +603,20 @@ def test_a_broken_drafter_found_beside_the_model_says_how_to_load_without_it(tin
     assert load(str(path), use_drafter=False).drafter is None
 
 
+def test_a_drafter_found_beside_the_model_without_its_config_is_refused_by_name(tiny_kit, tmp_path):
+    """MODEL/drafter holding model.safetensors and no config.json (a copy left incomplete) was passed over: the model
+    loaded as if it had no drafter ("drafter: none"), and what was wrong went unsaid."""
+    base = tiny_kit.model(seed=0)
+    path = tiny_kit.write_folder(tmp_path / "f", base)
+    save_drafter(new_drafter(base.args), path / "drafter")
+    (path / "drafter" / "config.json").unlink()
+    raises(ModelNotFoundError, lambda: load(str(path)), f"drafter at {path / 'drafter'} has no config.json",
+           "copy the whole drafter folder again", "the drafter found for", "--no-drafter")
+    assert load(str(path), use_drafter=False).drafter is None
+    (path / "drafter" / "model.safetensors").unlink()  # an empty drafter/ is no drafter
+    assert load(str(path)).drafter is None
+
+
 def test_a_drafter_path_that_is_a_file(tiny_kit, tmp_path):
     """It said "no drafter at d/config.json: expected d/config.json/config.json"."""
     base = tiny_kit.model(seed=0)
