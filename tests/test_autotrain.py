@@ -18,6 +18,24 @@ def tiny_budget(monkeypatch):
         self_instruct=2, prompts=10, max_tokens=8, steps=8, eval_prompts=2, eval_tokens=8, minutes_cpu=0))
 
 
+@pytest.fixture
+def drafting_drafter(monkeypatch):
+    """The evaluation reads the new drafter as one that drafts (1.5 tokens/step at the fixed tree where it read
+    less), for tests of what a run does once a drafter is worth installing: the tiny model's drafter, trained 8
+    steps on 10 replies (80 steps did no better), drafts nothing right on the held-out prompts, and before the
+    fixed tree left out the context's copies (test_the_evaluation_counts_the_drafters_own_drafts...), those copies
+    alone had it installed."""
+    real = autotrain.measure
+
+    def drafts(*a, **kw):
+        results = real(*a, **kw)
+        row = results["fixed 4x5 (new)"]
+        row["tokens_per_step"] = max(row["tokens_per_step"], 1.5)
+        return results
+
+    monkeypatch.setattr(autotrain, "measure", drafts)
+
+
 def interrupt_after(monkeypatch, module, name, calls):
     real = getattr(module, name)
     seen = []
@@ -43,7 +61,7 @@ def tiny_run(model_dir, tmp_path):
 
 
 def test_train_command_resumes_installs_and_keeps_a_better_drafter(tiny_model_dir, tmp_path, tiny_budget,
-                                                                   monkeypatch, capsys):
+                                                                   drafting_drafter, monkeypatch, capsys):
     work, argv = tiny_run(tiny_model_dir, tmp_path)
 
     with monkeypatch.context() as m:  # killed after the first batch of replies
@@ -125,6 +143,27 @@ def test_a_drafter_none_of_whose_drafts_were_accepted_is_not_installed(tiny_mode
     autotrain.main(argv + ["--force"])
     assert f"installed {tiny_model_dir / 'drafter'}" in capsys.readouterr().out
     assert load(str(tiny_model_dir)).drafter is not None
+
+
+def test_the_evaluation_counts_the_drafters_own_drafts_not_the_context_copies(tiny_kit, tiny_loaded):
+    """The fixed tree that compares drafters (and decides "none of its drafts were accepted") ran with the context's
+    copy decoding adds by default, so on replies that repeat their prompt a drafter that drafts nothing right read
+    well over 1.0 tokens/step and was installed. It drafts the drafter's beams alone now."""
+    from redrafter_mlx.drafter import Drafter, DrafterArgs
+    from redrafter_mlx.generate import generate
+
+    m = tiny_loaded
+    drafter = Drafter(DrafterArgs(hidden_size=m.model.args.hidden_size, vocab_size=m.model.args.vocab_size))
+    prompts = [line["prompt"] for line in map(json.loads, autotrain.EVAL_PROMPTS.read_text().splitlines())][:2]
+    results = autotrain.measure(m, {"new": (None, drafter)}, prompts, 8)
+    # the random drafter's own drafts: none accepted
+    assert results["fixed 4x5 (new)"]["tokens_per_step"] == 1.0 and results["fixed 4x5 (new)"]["identical_to_ar"]
+    # the same shape with the copy takes the tiny model's repetitions (what the evaluation had counted)
+    m.drafter, steps, tokens = drafter, 0, 0
+    for p in prompts:
+        g = generate(m, p, mode="redrafter", beam_width=4, beam_length=5, max_tokens=8)
+        steps, tokens = steps + g.stats.steps, tokens + g.stats.step_tokens + g.stats.end_tokens
+    assert tokens / steps > 1.5, tokens / steps
 
 
 def test_train_command_refuses_mt_bench_and_missing_prompt_files(tiny_model_dir, tmp_path, capsys):
@@ -762,7 +801,8 @@ def test_the_manifest_times_the_evaluation_it_reports(tiny_model_dir, tmp_path, 
     assert "evaluate 100." not in (tiny_model_dir / "drafter" / "README.md").read_text()
 
 
-def test_a_stage_stopped_by_ctrl_c_keeps_the_time_it_ran(tiny_model_dir, tmp_path, tiny_budget, monkeypatch, capsys):
+def test_a_stage_stopped_by_ctrl_c_keeps_the_time_it_ran(tiny_model_dir, tmp_path, tiny_budget, drafting_drafter,
+                                                          monkeypatch, capsys):
     """A stage's time was recorded only when it finished: the minutes a distillation ran before Ctrl-C were missing
     from the time the installed drafter's manifest says it took, the resumed run's alone counted."""
     import time
