@@ -13,7 +13,8 @@ other, on the same loaded weights. The JSON holds "model", "device", "weight_for
 column's, null where no column drafts a fixed shape), "columns" (each column's mode, "auto" for
 adaptive drafting, and its fixed shape), "results" (one object
 per question, turn and mode; a sampled one's "seed" gives its reply again), "summary" (per
-mode: mean tokens/s, tokens/step, speedup over ar,
+mode: tokens/s pooled and the mean of the replies' tokens/s (over the replies with a decode
+step that emitted a token), tokens/step, speedup over ar,
 and, for greedy runs, whether every output equals ar's token for token), "categories", and
 with --turns, "turns" (the same per turn).
 
@@ -260,6 +261,12 @@ def variant_of(r: Dict) -> str:
     return r.get("variant", r["mode"])
 
 
+def _has_decode_rate(r: Dict) -> bool:
+    """Whether a result row has a decode rate: tokens past the first one (the prefill's), in decode time.
+    A reply that ended at its first token, or ran with max_tokens 1, has none (its tokens_per_second reads 0.0)."""
+    return r["new_tokens"] > 1 and r["decode_seconds"] > 0
+
+
 def summarize(results: List[Dict], modes: List[str], greedy: bool) -> Dict[str, Dict]:
     """Per variant ("ar", "redrafter", "redrafter@4x5", "mlx-lm"), pooled over the questions."""
     by_mode = defaultdict(list)
@@ -275,11 +282,14 @@ def summarize(results: List[Dict], modes: List[str], greedy: bool) -> Dict[str, 
         if mode == "mlx-lm":
             steps = produced = step_tokens
         first = rows[0] if rows else {}
+        # the mean of the replies' rates covers those with one: a reply that ended at its first token (or ran
+        # with max_tokens 1) emitted nothing in decode time, and its 0.0 had pulled the mean down
+        rated = [r["tokens_per_second"] for r in rows if _has_decode_rate(r)]
         summary[mode] = {
             "questions": len({r["question_id"] for r in rows}),  # (len(rows) counted each turn of --turns as one)
             **({"replies": len(rows)} if any("turn" in r for r in rows) else {}),  # one per question and turn
             "new_tokens": sum(r["new_tokens"] for r in rows),
-            "mean_tokens_per_second": mean(r["tokens_per_second"] for r in rows) if rows else 0.0,
+            "mean_tokens_per_second": mean(rated) if rated else 0.0,
             "tokens_per_second": step_tokens / decode if decode else 0.0,  # pooled over all questions
             "tokens_per_step": produced / steps if steps else 0.0,
             "peak_memory_mb": max((r["peak_memory_mb"] for r in rows), default=0.0),

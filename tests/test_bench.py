@@ -1369,6 +1369,20 @@ def test_the_summary_pools_the_acceptance_rate():
     assert bench.summarize(rows[:1], ["auto"], greedy=False)["auto"]["acceptance_rate"] == 0.0
 
 
+def test_the_mean_rate_covers_the_replies_that_have_one():
+    """mean_tokens_per_second averaged in the 0.0 of replies with no decode rate (max_tokens 1: no decode step;
+    a reply that ended at its first token: a step that found only the end token), pulling the mean down."""
+    def row(qid, new, decode, rate):
+        return {"question_id": qid, "category": "", "mode": "ar", "new_tokens": new, "steps": max(new - 1, 0),
+                "decode_seconds": decode, "tokens_per_second": rate, "peak_memory_mb": 0.0, "tokens": []}
+
+    rows = [row(1, 11, 1.0, 10.0), row(2, 21, 1.0, 20.0), row(3, 1, 0.0, 0.0), row(4, 1, 0.05, 0.0)]
+    s = bench.summarize(rows, ["ar"], greedy=False)["ar"]
+    assert s["mean_tokens_per_second"] == pytest.approx(15.0)
+    assert s["tokens_per_second"] == pytest.approx(30 / 2.05)  # the pooled rate still counts the end token's step
+    assert bench.summarize(rows[2:], ["ar"], greedy=False)["ar"]["mean_tokens_per_second"] == 0.0  # none has one
+
+
 def test_a_value_given_twice_runs_once(model_dir, prompts, tmp_path, capsys):
     """--lookup 8,8 (or a width, tree, floor or graph given twice) ran two variants of one name: their rows
     merged in the summary, and with --turns each one's conversation took both variants' replies, so turn 2
