@@ -232,6 +232,7 @@ def refusal(args) -> Optional[str]:
             or cli.sampling_error(args.temperature, args.top_p, args.seed)
             or cli.context_graph_error(args.no_context_graph, args.graph is not None)
             or cli.draft_size_error(args.beam_width, args.beam_length, args.tree, args.lookup)
+            or cli.graph_k_error(args.graph)
             or cli.unused_drafting_error("auto", args.no_drafter, args.drafter, args.beam_width, args.beam_length,
                                          args.lookup, args.tree, args.tree_min_prob, args.graph))
     if said:

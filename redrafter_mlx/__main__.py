@@ -117,7 +117,8 @@ def main(argv=None) -> int:
     bad_graph = cli.context_graph_error(args.no_context_graph, args.graph is not None)
     if bad_graph:
         p.error(bad_graph)
-    too_big = cli.draft_size_error(args.beam_width, args.beam_length, args.tree, args.lookup)
+    too_big = (cli.draft_size_error(args.beam_width, args.beam_length, args.tree, args.lookup)
+               or cli.graph_k_error(args.graph))
     if too_big:
         p.error(too_big)
     unused = cli.unused_drafting_error(args.mode, args.no_drafter, args.drafter, args.beam_width, args.beam_length,

@@ -93,6 +93,21 @@ def draft_size_error(beam_width: Optional[int], beam_length: Optional[int], tree
     return None
 
 
+# GSD's k-gram length (graph=K, --graph K) at most: a node matches on its last K + 1 tokens (graph.Merger), and no
+# step drafts deeper than MAX_DRAFT_TOKENS below its root, so a longer k-gram compares only the context above the
+# root with itself (and keys every node by as much of the context, each step). 10**30 was taken as is.
+MAX_GRAPH_K = MAX_DRAFT_TOKENS
+
+
+def graph_k_error(k: Optional[int], name: str = "--graph") -> Optional[str]:
+    """Why GSD's k-gram length `k` is refused for being too long, in the words of `name` (the flag, or the
+    API's setting); None when it is not (None: not given). A negative k is refused where it is parsed."""
+    if k is None or k <= MAX_GRAPH_K:
+        return None
+    return (f"{name} {k}: GSD's k-gram length is at most {MAX_GRAPH_K} (a node matches on its last K + 1 tokens, and "
+            f"no step drafts deeper than {MAX_DRAFT_TOKENS}: a longer one compares only the context with itself)")
+
+
 FLOOR_WITH_BEAMS = "--tree-min-prob is the dynamic tree's floor, and these options draft W x L beams: add --tree N " \
                    "(N > 0 nodes), or drop it"
 

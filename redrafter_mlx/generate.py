@@ -31,6 +31,7 @@ import mlx.core as mx
 import numpy as np
 
 from .beam_search import beam_search
+from .cli import graph_k_error
 from .errors import ContextLengthError, CorruptModelError, InvalidPromptError, RedrafterError, SettingError
 from .graph import context_only, graft_counts, root_copy, search as graph_search
 from .lookup import ContextIndex, CopyLength, add_beam, copy_taken
@@ -417,6 +418,9 @@ def stream(
             raise SettingError(f"{name} must be True or False, not {flag!r}")
     if graph is not None and graph < 0:
         raise SettingError(f"graph must be >= 0 (GSD's k-gram length), not {graph}")
+    too_long = graph_k_error(graph, "graph")
+    if too_long:
+        raise SettingError(too_long)
     drafter = loaded.drafter if use_drafter else None
     adaptive = mode != "ar" and not fixed_drafting(beam_width, beam_length, tree, lookup, tree_min_prob, draft_top_k)
     lookup_given = lookup is not None  # (`drafting` below fills in the default)

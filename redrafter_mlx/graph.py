@@ -281,6 +281,8 @@ def parse_graph(text: str) -> List[Tuple[Optional[int], bool]]:
     An argparse `type=`: a bad value stops the command with a message that says what is wrong."""
     import argparse
 
+    from .cli import graph_k_error
+
     out = []
     for part in (p.strip().lower() for p in text.split(",") if p.strip()):
         if part in ("none", "tree"):
@@ -294,6 +296,8 @@ def parse_graph(text: str) -> List[Tuple[Optional[int], bool]]:
                 f"--graph takes k-gram lengths (0, 1, 2 ...), gsdK (without the context graph) or 'none', not {part!r}") from None
         if k < 0:
             raise argparse.ArgumentTypeError(f"--graph k must be >= 0, not {k}")
+        if graph_k_error(k):
+            raise argparse.ArgumentTypeError(graph_k_error(k))
         out.append((k, not alone))
     if not out:
         raise argparse.ArgumentTypeError(f"no k-gram length in {text!r}: give e.g. 1, gsd1 or none")

@@ -1636,6 +1636,7 @@ def test_drafts_too_big_are_refused_while_parsing(monkeypatch, capsys):
     monkeypatch.setattr("app.__main__.has_terminal", lambda: False)  # main() ends there when nothing is refused
     for argv, words in ((["-W", "100", "-L", "16"], ["beams of 100 x 16 tokens draft 1500"]), (["--tree", "5000"], ["--tree 5000"]),
                         (["--lookup", "5000"], ["--lookup 5000"]), (["-W", "2000"], ["--beam-width 2000"]),
+                        (["--graph", "1025"], ["--graph 1025: GSD's k-gram length is at most 1024 ("]),
                         (["--no-drafter", "-W", "4"], ["--beam-width shapes the drafter's drafts, and --no-drafter"]),
                         (["--model", " "], ["--model is empty"]),
                         (["--drafter", "d", "--no-drafter"], ["opposite things"]),  # and options it ignored
@@ -1645,7 +1646,7 @@ def test_drafts_too_big_are_refused_while_parsing(monkeypatch, capsys):
         err = capsys.readouterr().err
         assert all(w in err for w in words), err
     for argv in (["-W", "64", "-L", "17"], ["--tree", str(MAX_DRAFT_TOKENS), "--lookup", str(MAX_DRAFT_TOKENS)],
-                 ["-L", str(MAX_DRAFT_TOKENS + 1)]):
+                 ["-L", str(MAX_DRAFT_TOKENS + 1)], ["--graph", str(MAX_DRAFT_TOKENS)]):
         with pytest.raises(SystemExit):
             main(argv)
         assert "the chat needs a terminal" in capsys.readouterr().err, argv

@@ -197,6 +197,7 @@ def test_main_cli_refuses_drafts_too_big_and_contradictions_before_loading(capsy
     for argv, said in ((["--beam-width", "100000", "--beam-length", "10"], "beams of 100000 x 10 tokens draft 900000"),
                        (["--tree", "5000"], "--tree 5000: drafts are limited to 1024 tokens a step"),
                        (["--lookup", "2000"], "--lookup 2000"),
+                       (["--graph", "1025"], "--graph 1025: GSD's k-gram length is at most 1024 ("),
                        (["--drafter", "d", "--no-drafter"], "--drafter PATH and --no-drafter"),
                        (["--no-context-graph"], "--no-context-graph applies to graph drafting"),
                        (["--drafter", "no-such-folder"], "--drafter no-such-folder: no drafter there"),

@@ -285,6 +285,30 @@ def test_graph_needs_a_tree_and_a_valid_k():
         generate(m, PROMPT, mode="redrafter", tree=8, graph=-1)
 
 
+def test_a_k_gram_longer_than_any_draft_is_refused():
+    """graph=10**30 was taken as is: past a step's deepest draft (MAX_DRAFT_TOKENS) a longer k-gram compares only
+    the context with itself. The API and the bench's and replay's --graph say so in one line; 1024 still runs."""
+    import argparse
+
+    from redrafter_mlx.cli import MAX_GRAPH_K
+    from redrafter_mlx.errors import SettingError
+    from redrafter_mlx.generate import MAX_DRAFT_TOKENS
+    from redrafter_mlx.graph import parse_graph
+
+    assert MAX_GRAPH_K == MAX_DRAFT_TOKENS
+    m = tiny_loaded()
+    for k in (MAX_GRAPH_K + 1, 10**30):
+        for mode in ("redrafter", "auto"):
+            with pytest.raises(SettingError, match=f"graph {k}: GSD's k-gram length is at most 1024 ") as e:
+                generate(m, PROMPT, mode=mode, tree=8, graph=k)
+            assert "\n" not in str(e.value)
+        for text in (str(k), f"gsd{k}", f"none,{k}"):
+            with pytest.raises(argparse.ArgumentTypeError, match=f"--graph {k}: GSD's k-gram length is at most 1024"):
+                parse_graph(text)
+    assert parse_graph(f"{MAX_GRAPH_K},gsd{MAX_GRAPH_K}") == [(MAX_GRAPH_K, True), (MAX_GRAPH_K, False)]
+    assert generate(m, PROMPT, mode="redrafter", tree=8, graph=MAX_GRAPH_K, max_tokens=4).finish_reason == "length"
+
+
 def test_replay_counts_the_steps_real_graph_decoding_takes():
     from redrafter_mlx.replay import replay
 
