@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from .engine import SEED_MAX, Engine, Settings
+from .engine import SEED_MAX, Engine, Settings, compact
 
 ENGINE_EXIT_SECONDS = 10.0  # after quitting, how long the engine may take to finish its step
 
@@ -65,14 +65,14 @@ def _number(kind, text: str):
 def _positive(text: str) -> int:
     value = _number(int, text)
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {compact(value)}")
     return value
 
 
 def _non_negative(text: str) -> int:
     value = _number(int, text)
     if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, not {value}")
+        raise argparse.ArgumentTypeError(f"must be at least 0, not {compact(value)}")
     return value
 
 
@@ -93,7 +93,7 @@ def _top_p(text: str) -> float:
 def _seed(text: str) -> int:  # redrafter_mlx.cli.seed's range and words
     value = _number(int, text)
     if not 0 <= value <= SEED_MAX:
-        raise argparse.ArgumentTypeError(f"must be from 0 to 2**64 - 1, not {value}")
+        raise argparse.ArgumentTypeError(f"must be from 0 to 2**64 - 1, not {compact(value)}")
     return value
 
 

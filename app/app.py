@@ -27,7 +27,7 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from .engine import COPY_GROWTH, SEED_MAX, EngineError, EngineInfo, Settings, Stats, failure
+from .engine import COPY_GROWTH, SEED_MAX, EngineError, EngineInfo, Settings, Stats, compact, failure
 from .messages import LoadFailed, LoadFinished, LoadProgress, ReplyFailed, ReplyProgress, ReplyStatus
 from .stats_view import Baseline, speculative_state, stats_rows
 from .widgets import AssistantMessage, LoadStatus, Notice, PromptInput, StatsPanel, Transcript, UserMessage, visible
@@ -626,7 +626,7 @@ class ChatApp(App):
         if typed:
             for what, n, top in (("width", width, top_w), ("length", length, top_l)):
                 if not lo <= n <= top:
-                    self.notify(f"A beam {what} is {lo} to {top}, not {n}: the beam stays as it was.",
+                    self.notify(f"A beam {what} is {lo} to {top}, not {compact(n)}: the beam stays as it was.",
                                 severity="warning")
                     return
         width, length = max(lo, min(top_w, width)), max(lo, min(top_l, length))
@@ -663,7 +663,7 @@ class ChatApp(App):
         if self._no_model():
             return
         if seed is not None and not 0 <= seed <= SEED_MAX:
-            self.notify(f"A seed is from 0 to 2**64 - 1, not {seed}: the seed stays as it was.", severity="warning")
+            self.notify(f"A seed is from 0 to 2**64 - 1, not {compact(seed)}: the seed stays as it was.", severity="warning")
             return
         if self.settings.temperature == 0:  # --seed is refused with greedy decoding: it changes nothing
             self.notify("A seed applies to sampling, and --temperature 0 decodes greedily: start the chat with "

@@ -25,6 +25,7 @@ This module imports neither Textual nor MLX; errors leave it as `EngineError` wi
 one-line message the UI can show as is.
 """
 
+import math
 import queue
 import re
 import sys
@@ -42,6 +43,19 @@ Messages = List[dict]  # [{"role": "user" | "assistant", "content": str}, ...]
 
 
 SEED_MAX = 2**64 - 1  # redrafter_mlx.sampling.SEED_MAX: the seeds --seed and /seed take are 0 to this
+
+
+def compact(value: int) -> str:
+    """redrafter_mlx.errors.compact, for an int a message echoes: more than 20 digits in 3 significant ones
+    (10**70: 1e+70, not its 71 digits)."""
+    if abs(value) < 10**20:
+        return str(value)
+    log = math.log10(abs(value))
+    exponent = math.floor(log)
+    mantissa = round(10 ** (log - exponent), 2)
+    if mantissa >= 10:  # 10**70's log may fall just short of 70
+        mantissa, exponent = mantissa / 10, exponent + 1
+    return f"{'-' if value < 0 else ''}{mantissa:g}e+{exponent}"
 
 
 class EngineError(Exception):

@@ -17,7 +17,7 @@ import threading
 import warnings
 from typing import Callable, Optional
 
-from .errors import RedrafterError, RedrafterWarning
+from .errors import RedrafterError, RedrafterWarning, compact
 from .sampling import SEED_MAX
 
 
@@ -49,7 +49,7 @@ def integer(minimum: int = 0, maximum: Optional[int] = None, named: Optional[str
         value = _parse(int, text)
         if value < minimum or (maximum is not None and value > maximum):
             span = f"at least {minimum}" if maximum is None else f"from {minimum} to {named or maximum}"
-            raise argparse.ArgumentTypeError(f"must be {span}, not {value}")
+            raise argparse.ArgumentTypeError(f"must be {span}, not {compact(value)}")
         return value
 
     parse.__name__ = "integer"
@@ -84,12 +84,13 @@ def draft_size_error(beam_width: Optional[int], beam_length: Optional[int], tree
     """What generate would refuse of the drafting options given (None: not given), said while parsing:
     it was said after the model had loaded (seconds here, minutes for a large model)."""
     if beam_width is not None and beam_length is not None and beam_width * (beam_length - 1) > MAX_DRAFT_TOKENS:
-        return f"beams of {beam_width} x {beam_length} tokens draft {beam_width * (beam_length - 1)} tokens a step; " \
+        return f"beams of {compact(beam_width)} x {compact(beam_length)} tokens draft " \
+               f"{compact(beam_width * (beam_length - 1))} tokens a step; " \
                f"at most {MAX_DRAFT_TOKENS}"
     for flag, value in (("--beam-width", beam_width), ("--beam-length", beam_length), ("--tree", tree),
                         ("--lookup", lookup)):
         if value is not None and value > MAX_DRAFT_TOKENS + (flag == "--beam-length"):
-            return f"{flag} {value}: drafts are limited to {MAX_DRAFT_TOKENS} tokens a step"
+            return f"{flag} {compact(value)}: drafts are limited to {MAX_DRAFT_TOKENS} tokens a step"
     return None
 
 
@@ -104,8 +105,9 @@ def graph_k_error(k: Optional[int], name: str = "--graph") -> Optional[str]:
     API's setting); None when it is not (None: not given). A negative k is refused where it is parsed."""
     if k is None or k <= MAX_GRAPH_K:
         return None
-    return (f"{name} {k}: GSD's k-gram length is at most {MAX_GRAPH_K} (a node matches on its last K + 1 tokens, and "
-            f"no step drafts deeper than {MAX_DRAFT_TOKENS}: a longer one compares only the context with itself)")
+    return (f"{name} {compact(k)}: GSD's k-gram length is at most {MAX_GRAPH_K} (a node matches on its last K + 1 "
+            f"tokens, and no step drafts deeper than {MAX_DRAFT_TOKENS}: a longer one compares only the context with "
+            "itself)")
 
 
 FLOOR_WITH_BEAMS = "--tree-min-prob is the dynamic tree's floor, and these options draft W x L beams: add --tree N " \

@@ -1,10 +1,27 @@
 """Exceptions raised for user errors. Each message is one readable line."""
 
+import math
+
 
 def one_line(e: BaseException, limit: int = 240) -> str:
     """Another library's exception text as one line of at most `limit` characters, for a message."""
     text = " ".join(str(e).split()) or type(e).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def compact(value, as_text=str) -> str:
+    """A value a message echoes back, as `as_text` (str or repr) writes it, but an int of more than 20 digits
+    in 3 significant digits (-10**50: -1e+50; 4 * 10**70 - 4: 4e+70): such ints were printed whole, 50 to 140
+    digits of them in one message, and one past 4300 digits raised Python's ValueError in place of the message.
+    (2**64, a seed's bound plus one, has 20: it is still written out.)"""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**20:
+        log = math.log10(abs(value))  # (exact enough for any int: CPython takes the log of its top bits)
+        exponent = math.floor(log)
+        mantissa = round(10 ** (log - exponent), 2)
+        if mantissa >= 10:  # 10**70's log may fall just short of 70
+            mantissa, exponent = mantissa / 10, exponent + 1
+        return f"{'-' if value < 0 else ''}{mantissa:g}e+{exponent}"
+    return as_text(value)
 
 
 def json_kind(value) -> str:

