@@ -37,7 +37,7 @@ from . import _platform  # noqa: F401
 import mlx.core as mx  # noqa: E402
 
 from . import cli  # noqa: E402
-from .errors import RedrafterError, json_kind  # noqa: E402
+from .errors import RedrafterError, json_kind, one_line  # noqa: E402
 from .config import WEIGHT_FORMATS  # noqa: E402
 from .files import (json_document, messages_instead_of_text, one_run_in, read_text_file, signals_held,  # noqa: E402
                     write_json)
@@ -239,7 +239,7 @@ def read_shards(out: Path) -> Iterator[dict]:
     was decoded greedily or the shard predates this field)."""
     for shard in sorted(Path(out).glob("shard-*.npz")):
         with _damaged_shard_said(shard):
-            with np.load(shard) as z:
+            with _load_shard(shard) as z:
                 samples = []
                 for j in range(_samples_in(z.files)):
                     reply = z[f"reply_{j}"]
@@ -249,16 +249,48 @@ def read_shards(out: Path) -> Iterator[dict]:
         yield from samples
 
 
+SHARD_FORM = "a .npz archive of prompt_N, reply_N and hidden_N arrays, as redrafter-distill writes"
+
+
+def _load_shard(shard: Path):
+    """np.load of a shard, which is a .npz archive: a .npy file (which np.load returns as an array) is not one."""
+    z = np.load(shard)
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        raise ValueError("not a .npz archive")
+    return z
+
+
+def _why_damaged(shard: Path, e: BaseException) -> str:
+    """What is wrong with a shard that could not be read and what a shard is, in our words: of a file that is not a
+    .npz archive at all, numpy's own said it held "pickled (object) data" that `allow_pickle=` would load, which
+    means nothing here."""
+    try:
+        with open(shard, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        head = None
+    if head and not head.startswith(b"PK"):  # (every zip file begins so: a .npz is one)
+        return f"not {SHARD_FORM}"
+    if head == b"":
+        why = "empty"
+    elif isinstance(e, ValueError) and "allow_pickle" in str(e):  # an array of Python objects in the archive
+        why = "it holds Python objects, not arrays of numbers"
+    else:
+        why = f"{type(e).__name__}: {one_line(e)}"
+    return f"{why}; expected {SHARD_FORM}"
+
+
 @contextlib.contextmanager
 def _damaged_shard_said(shard: Path):
-    """A shard that cannot be read is a RedrafterError naming it (shards are written whole: one cut short is damage)."""
+    """A shard that cannot be read is a RedrafterError naming it and what a shard is (shards are written whole: one
+    cut short is damage)."""
     import zipfile
 
     try:
         yield
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
-        raise RedrafterError(f"{shard} is damaged ({type(e).__name__}: {e}): delete it (its replies are then "
-                             "left out) or distil into a fresh folder") from e
+        raise RedrafterError(f"{shard} is damaged ({_why_damaged(shard, e)}): delete it (its replies are then left "
+                             "out) or distil into a fresh folder") from e
 
 
 def backfill_greedy(model, out: Path, chunk: int = 2048) -> int:
@@ -267,7 +299,7 @@ def backfill_greedy(model, out: Path, chunk: int = 2048) -> int:
     atomically, one at a time. Returns the number of shards changed."""
     changed = 0
     for shard in sorted(Path(out).glob("shard-*.npz")):
-        with _damaged_shard_said(shard), np.load(shard) as z:  # (a BadZipFile traceback)
+        with _damaged_shard_said(shard), _load_shard(shard) as z:  # (a BadZipFile traceback)
             arrays = {k: z[k] for k in z.files}
         n = _samples_in(arrays)
         if n == 0 or "greedy_checked" in arrays:

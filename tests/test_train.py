@@ -565,6 +565,31 @@ def test_a_damaged_shard_is_named(tmp_path):
         list(read_shards(tmp_path))
 
 
+def test_a_file_that_is_no_shard_says_what_a_shard_is(tmp_path):
+    """A shard-*.npz that is not a .npz archive (text, random bytes, a .npy renamed) was "damaged (ValueError: This
+    file contains pickled (object) data. If you trust the file you can load it unsafely using the `allow_pickle=`
+    keyword argument or pickle.load().)", numpy's advice, which means nothing to our user (a .npy one was a
+    TypeError traceback). One line now names the file and says what a shard is; reading and backfilling alike."""
+    from redrafter_mlx.distill import backfill_greedy
+    from redrafter_mlx.errors import RedrafterError
+
+    shard = tmp_path / "shard-00000.npz"
+    expected = "a .npz archive of prompt_N, reply_N and hidden_N arrays, as redrafter-distill writes"
+    npy = tmp_path / "a.npy"
+    np.save(npy, np.arange(3))
+    objects = tmp_path / "objects.npz"
+    np.savez(objects, prompt_0=np.array([object()], dtype=object), reply_0=np.arange(3), hidden_0=np.zeros((3, 8)))
+    for data, why in ((b"hello, not a shard\n", f"not {expected}"), (bytes(range(256)) * 2, f"not {expected}"),
+                      (npy.read_bytes(), f"not {expected}"), (b"", f"empty; expected {expected}"),
+                      (objects.read_bytes(), f"it holds Python objects, not arrays of numbers; expected {expected}")):
+        shard.write_bytes(data)
+        for read in (lambda: list(read_shards(tmp_path)), lambda: backfill_greedy(None, tmp_path)):
+            with pytest.raises(RedrafterError) as e:
+                read()
+            assert str(e.value) == f"{shard} is damaged ({why}): delete it (its replies are then left out) or distil " \
+                                   "into a fresh folder", str(e.value)
+
+
 def test_a_run_after_a_damaged_shard_was_deleted_writes_over_no_other_shard(tmp_path):
     """The next shard's number was the count of shards: with shard 0 deleted (as a damaged one is, on the
     error's advice), new replies went to shard-00001.npz over the last batch's, whose prompts done.txt still
