@@ -288,10 +288,11 @@ def print_categories(configs, totals, categories, what: str, name, cell, width: 
     `what` saying what a cell holds."""
     if not categories:
         return
+    labels = [cat or "(none)" for cat in categories]  # the questions without a category, as redrafter-bench names them
     # each column as wide as its name: a category past 18 characters pushed the cells out of their columns
-    widths = [max(18, len(cat)) for cat in categories]
+    widths = [max(18, len(label)) for label in labels]
     print(f"\nper category: {what}")
-    print(f"{'config':<{width}} " + " ".join(f"{cat:>{w}}" for cat, w in zip(categories, widths)))
+    print(f"{'config':<{width}} " + " ".join(f"{label:>{w}}" for label, w in zip(labels, widths)))
     for config in configs:
         cells = [cell(config, totals[(config, cat)]) for cat in categories]
         print(f"{name(config):<{width}} " + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
@@ -315,7 +316,7 @@ def print_auto(configs, totals, categories, per_step, plain: Dict[str, float], n
     print(f"{'profile':<9} {'graph':>7} {'tokens/step':>11} {'packed/step':>11} {'rows/step':>9} {'lookup/step':>11} "
           f"{'parked':>7} {'grafted':>7} {'graft acc':>9} {'speedup':>8}")
     for config in configs:
-        tot = totals[(config, "")]
+        tot = totals[(config, None)]
         print(f"{config[0]:<9} {graph_name(config[1]):>7} {per_step(tot, 'produced'):>11.3f} "
               f"{per_step(tot, 'packed'):>11.2f} {per_step(tot, 'drafter_rows'):>9.2f} {per_step(tot, 'looked_up'):>11.3f} "
               f"{per_step(tot, 'parked'):>7.1%} {per_step(tot, 'grafted'):>7.2f} {per_step(tot, 'graft_accepted'):>9.3f} "
@@ -617,7 +618,9 @@ def _replay_rows(args, graphs, stop) -> int:
                 if args.auto:
                     reply = f"q{r.get('question_id', done + 1)}" + (f" turn {r['turn']}" if turn else "")
                     replies[config].append((reply, out["produced"], out["seconds"]))
-                for group in ("", r.get("category", ""), *turn):
+                # None: all rows. (It was "", which a question without a category also is: such rows counted
+                # twice in the totals, and were left out of the per-category table)
+                for group in (None, r.get("category", ""), *turn):
                     for name, v in out.items():
                         totals[(config, group)][name] += v
             done += 1
@@ -628,8 +631,11 @@ def _replay_rows(args, graphs, stop) -> int:
         said = "cancelled" if stop.status == 130 else stop.why  # (Ctrl-C as before; SIGTERM ended it saying nothing)
         print(f"\n{PROG}: {said}; the figures below cover the first {done} of {len(rows)} {what}", file=sys.stderr)
         status = stop.status
-    groups = {key[1] for key in totals if key[1]}
-    categories = sorted(g for g in groups if not g.startswith("turn ")) + sorted(g for g in groups if g.startswith("turn "))
+    groups = {key[1] for key in totals if key[1] is not None}
+    named = sorted(g for g in groups if not g.startswith("turn "))
+    # the questions without a category ("") where some have one (redrafter-bench's "(none)" row); a file without any
+    # has no per-category figures but its turns'
+    categories = (named if set(named) != {""} else []) + sorted(g for g in groups if g.startswith("turn "))
 
     def per_step(tot, name):
         return tot[name] / max(tot["steps"], 1)
@@ -645,7 +651,7 @@ def _replay_rows(args, graphs, stop) -> int:
           f"{'rows/step':>9} {'lookup/step':>11} {'aliases':>7} {'grafted':>7} {'graft acc':>9}")
     for config in configs:
         (w, n), c, t, g, ceil = config
-        tot = totals[(config, "")]
+        tot = totals[(config, None)]
         print(f"{w}x{n:<5} {t:>4} {c:>6} {drafting(g, ceil):>15} {per_step(tot, 'produced'):>11.3f} "
               f"{per_step(tot, 'packed'):>11.2f} {per_step(tot, 'drafter_rows'):>9.2f} {per_step(tot, 'looked_up'):>11.3f} "
               f"{per_step(tot, 'aliases'):>7.2f} {per_step(tot, 'grafted'):>7.2f} {per_step(tot, 'graft_accepted'):>9.3f}")

@@ -665,6 +665,40 @@ def test_replay_category_columns_fit_long_names(capsys):
         assert row[end - len("1.00/2.0/3.0"):end] == "1.00/2.0/3.0"
 
 
+
+def test_replay_counts_a_question_without_a_category_once(model_dir, tmp_path, capsys, monkeypatch):
+    """replay kept its totals under the group "", which a question without a category is too: such a
+    question counted twice in the top row (another tokens/step than the bench's), and was left out of the
+    per-category table, where redrafter-bench shows it as "(none)"."""
+    from redrafter_mlx import replay
+
+    f = tmp_path / "mixed.jsonl"
+    f.write_text(json.dumps({"question_id": 1, "turns": ["Describe a cat."]}) + "\n"
+                 + json.dumps({"question_id": 2, "category": "math", "turns": ["What is 12 times 12?"]}) + "\n")
+    out = tmp_path / "r.json"
+    assert run(capsys, "--model", model_dir, "--prompts", f, "--max-tokens", 4, "--json", out)[0] == 0
+    # the uncategorised question: 4 tokens in 4 steps; the math one: 3 in 1
+    counts = iter([(4, 4), (1, 3)])
+
+    def scripted(*a, **k):
+        steps, produced = next(counts)
+        return {**dict.fromkeys(("packed", "looked_up", "drafter_rows", "aliases", "grafted", "graft_accepted",
+                                 "ceiling_extra"), 0), "steps": steps, "produced": produced}
+
+    monkeypatch.setattr(replay, "replay", scripted)
+    assert replay.main([str(out), "--shapes", "2x3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert float(next(line for line in lines if line.startswith("2x3")).split()[4]) == pytest.approx(7 / 5, abs=1e-3)
+    header = lines.index("per category: tokens/step / packed/step / drafter rows/step")
+    assert lines[header + 1].split() == ["config", "(none)", "math"]
+    assert lines[header + 2].split()[-2:] == ["1.00/0.0/0.0", "3.00/0.0/0.0"]
+    # a file where no question has a category has no per-category table
+    report = json.loads(out.read_text())
+    out.write_text(json.dumps({**report, "results": [{**r, "category": ""} for r in report["results"]]}))
+    counts = iter([(4, 4), (1, 3)])
+    assert replay.main([str(out), "--shapes", "2x3"]) == 0
+    assert "per category" not in capsys.readouterr().out
+
 def test_replay_says_when_the_report_is_of_a_run_that_stopped_early(model_dir, prompts, tmp_path, capsys):
     """A report of a run stopped by Ctrl-C or a time limit ("complete": false) was replayed saying nothing:
     its figures covered the questions it finished only."""
