@@ -308,8 +308,8 @@ def print_auto(configs, totals, categories, per_step, plain: Dict[str, float], n
     plain step seconds; replies: per config, (reply, tokens, modeled seconds) of each reply
     replayed, for the line on those slower than plain decoding."""
 
-    def speedup(tot, profile):
-        return modeled_speedup(tot["produced"], tot["seconds"], plain[profile])
+    def speedup(tot, profile):  # ("-" where no step was replayed: it read 0.00x)
+        return f"{modeled_speedup(tot['produced'], tot['seconds'], plain[profile]):.2f}x" if tot["steps"] else "-"
 
     what = "the context copy alone" if no_drafter else "drafter + context copy"
     print(f"adaptive controller ({what}), fixed cost profiles; speedup = plain decoding's modeled time / auto's")
@@ -317,14 +317,15 @@ def print_auto(configs, totals, categories, per_step, plain: Dict[str, float], n
           f"{'parked':>7} {'grafted':>7} {'graft acc':>9} {'speedup':>8}")
     for config in configs:
         tot = totals[(config, None)]
-        print(f"{config[0]:<9} {graph_name(config[1]):>7} {per_step(tot, 'produced'):>11.3f} "
-              f"{per_step(tot, 'packed'):>11.2f} {per_step(tot, 'drafter_rows'):>9.2f} {per_step(tot, 'looked_up'):>11.3f} "
-              f"{per_step(tot, 'parked'):>7.1%} {per_step(tot, 'grafted'):>7.2f} {per_step(tot, 'graft_accepted'):>9.3f} "
-              f"{speedup(tot, config[0]):>7.2f}x")
+        print(f"{config[0]:<9} {graph_name(config[1]):>7} {per_step(tot, 'produced', '.3f'):>11} "
+              f"{per_step(tot, 'packed', '.2f'):>11} {per_step(tot, 'drafter_rows', '.2f'):>9} "
+              f"{per_step(tot, 'looked_up', '.3f'):>11} {per_step(tot, 'parked', '.1%'):>7} "
+              f"{per_step(tot, 'grafted', '.2f'):>7} {per_step(tot, 'graft_accepted', '.3f'):>9} "
+              f"{speedup(tot, config[0]):>8}")
     print_categories(configs, totals, categories, "tokens/step / packed/step / modeled speedup",
                      lambda config: f"{config[0]} {graph_name(config[1])}",
-                     lambda config, tot: f"{per_step(tot, 'produced'):.2f}/{per_step(tot, 'packed'):.1f}/"
-                                         f"{speedup(tot, config[0]):.2f}x", 18)
+                     lambda config, tot: f"{per_step(tot, 'produced', '.2f')}/{per_step(tot, 'packed', '.1f')}/"
+                                         f"{speedup(tot, config[0])}", 18)
     for config in configs:
         print(f"{config[0]} {graph_name(config[1])}: {slower_replies(replies[config], plain[config[0]])}")
 
@@ -335,6 +336,8 @@ def slower_replies(replies, plain: float, worst: int = 5) -> str:
     slowest. replies: (name, tokens produced, modeled seconds)."""
     speeds = sorted((modeled_speedup(tokens, seconds, plain), name) for name, tokens, seconds in replies
                     if seconds > 0)
+    if not speeds:  # (it said "0 of 0 replies slower than plain decoding")
+        return "no reply took a decoding step (each ended at its first token)"
     below = [(x, name) for x, name in speeds if x < 1.0 - 1e-9]
     said = f"{len(below)} of {len(speeds)} replies slower than plain decoding"
     return said + (" (slowest: " + ", ".join(f"{name} {x:.2f}x" for x, name in below[:worst]) + ")" if below else "")
@@ -637,8 +640,10 @@ def _replay_rows(args, graphs, stop) -> int:
     # has no per-category figures but its turns'
     categories = (named if set(named) != {""} else []) + sorted(g for g in groups if g.startswith("turn "))
 
-    def per_step(tot, name):
-        return tot[name] / max(tot["steps"], 1)
+    def per_step(tot, name, spec):
+        """tot[name] per step in `spec`, or "-" where no step was replayed (replies that ended at their first token,
+        --max-tokens 1: they read 0.000 tokens/step, as if measured, where redrafter-bench shows "-")."""
+        return format(tot[name] / tot["steps"], spec) if tot["steps"] else "-"
 
     if args.auto:
         print_auto(configs, totals, categories, per_step, plain, args.no_drafter, replies)
@@ -652,14 +657,15 @@ def _replay_rows(args, graphs, stop) -> int:
     for config in configs:
         (w, n), c, t, g, ceil = config
         tot = totals[(config, None)]
-        print(f"{w}x{n:<5} {t:>4} {c:>6} {drafting(g, ceil):>15} {per_step(tot, 'produced'):>11.3f} "
-              f"{per_step(tot, 'packed'):>11.2f} {per_step(tot, 'drafter_rows'):>9.2f} {per_step(tot, 'looked_up'):>11.3f} "
-              f"{per_step(tot, 'aliases'):>7.2f} {per_step(tot, 'grafted'):>7.2f} {per_step(tot, 'graft_accepted'):>9.3f}")
+        print(f"{w}x{n:<5} {t:>4} {c:>6} {drafting(g, ceil):>15} {per_step(tot, 'produced', '.3f'):>11} "
+              f"{per_step(tot, 'packed', '.2f'):>11} {per_step(tot, 'drafter_rows', '.2f'):>9} "
+              f"{per_step(tot, 'looked_up', '.3f'):>11} {per_step(tot, 'aliases', '.2f'):>7} "
+              f"{per_step(tot, 'grafted', '.2f'):>7} {per_step(tot, 'graft_accepted', '.3f'):>9}")
     print_categories(configs, totals, categories, "tokens/step / packed/step / drafter rows/step",
                      lambda config: f"{config[0][0]}x{config[0][1]} t{config[2]} l{config[1]} "
                                     f"{drafting(config[3], config[4])}",
-                     lambda config, tot: f"{per_step(tot, 'produced'):.2f}/{per_step(tot, 'packed'):.1f}/"
-                                         f"{per_step(tot, 'drafter_rows'):.1f}", 30)
+                     lambda config, tot: f"{per_step(tot, 'produced', '.2f')}/{per_step(tot, 'packed', '.1f')}/"
+                                         f"{per_step(tot, 'drafter_rows', '.1f')}", 30)
     return status
 
 

@@ -699,6 +699,23 @@ def test_replay_counts_a_question_without_a_category_once(model_dir, tmp_path, c
     assert replay.main([str(out), "--shapes", "2x3"]) == 0
     assert "per category" not in capsys.readouterr().out
 
+
+def test_replay_of_replies_without_a_decoding_step_shows_no_figures(model_dir, prompts, tmp_path, capsys):
+    """Replies of one token (--max-tokens 1) take no decoding step: replay printed 0.000 tokens/step (no
+    decoding emits fewer than 1), 0.00x and "0 of 0 replies slower", where redrafter-bench shows "-"."""
+    from redrafter_mlx import replay
+
+    out = tmp_path / "r.json"
+    assert run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 1, "--json", out)[0] == 0
+    assert replay.main([str(out), "--shapes", "2x3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert next(line for line in lines if line.startswith("2x3")).split()[4:] == ["-"] * 7
+    assert next(line for line in lines if line.startswith("2x3 t0")).split()[-2:] == ["-/-/-", "-/-/-"]
+    assert replay.main([str(out), "--auto", "mkl"]) == 0
+    text = capsys.readouterr().out
+    assert next(line for line in text.splitlines() if line.startswith("mkl ")).split()[2:] == ["-"] * 8
+    assert "mkl tree: no reply took a decoding step" in text and "0.00" not in text
+
 def test_replay_says_when_the_report_is_of_a_run_that_stopped_early(model_dir, prompts, tmp_path, capsys):
     """A report of a run stopped by Ctrl-C or a time limit ("complete": false) was replayed saying nothing:
     its figures covered the questions it finished only."""
