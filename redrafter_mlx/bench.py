@@ -832,9 +832,12 @@ def _measure(args, stop) -> int:
                     if name != mode:
                         r["variant"] = name
                     turn_rows.append(r)
+                    # as the table: "-" where no decoding step ran (a one-token reply said "1 tokens, 0.00 tok/step,
+                    # 0.00 tok/s" above the table's "-")
                     print(f"  q{q['question_id']}" + (f" turn {turn}" if args.turns > 1 else "") + f" {name}: "
-                          f"{r['new_tokens']} tokens, {r['tokens_per_step']:.2f} tok/step, "
-                          f"{r['tokens_per_second']:.2f} tok/s", file=sys.stderr)
+                          f"{r['new_tokens']} token{'' if r['new_tokens'] == 1 else 's'}, "
+                          f"{_rate(r['tokens_per_step'], '.2f')} tok/step, {_rate(r['tokens_per_second'], '.2f')} tok/s",
+                          file=sys.stderr)
                 if turn_rows is None:  # every variant's row of a turn, or none: the figures stay comparable
                     break
                 rows += turn_rows

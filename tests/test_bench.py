@@ -1536,9 +1536,11 @@ def test_no_speedup_where_ar_timed_no_decode_step(model_dir, prompts, tmp_path, 
     ar's over itself included; there is none to give, so the tables say '-', as without an ar run. The same for
     tokens/step and tok/s, which read 0.00."""
     out = tmp_path / "b.json"
-    rc, text, _ = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 1, "--modes", "ar,mlx-lm",
-                      "--json", out)
+    rc, text, err = run(capsys, "--model", model_dir, "--prompts", prompts, "--max-tokens", 1, "--modes", "ar,mlx-lm",
+                        "--json", out)
     assert rc == 0 and "0.00x" not in text and "speedup      -" in text
+    # each question's progress line as the table: it said "1 tokens, 0.00 tok/step, 0.00 tok/s"
+    assert "  q81 ar: 1 token, - tok/step, - tok/s" in err and "0.00" not in err
     # nor a decode step's figures: they read "tok/s    0.00  tokens/step  0.00" (the report keeps its 0.0)
     assert "0.00" not in text and "tok/s       -  tokens/step     -" in text
     report = json.loads(out.read_text())
