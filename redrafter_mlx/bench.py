@@ -699,7 +699,9 @@ def _measure(args, stop) -> int:
     try:
         prompts = read_prompts(args.prompts, args.limit, args.turns)
         if args.limit and len(prompts) < args.limit:  # (said nothing: only the first line's count showed it)
-            print(f"redrafter-bench: note: --limit {args.limit}, and {args.prompts} holds {len(prompts)} question"
+            # (--tune's own 6 were said as "--limit 6", an option not given)
+            asked = f"--tune runs the first {args.limit} questions" if args.tune else f"--limit {args.limit}"
+            print(f"redrafter-bench: note: {asked}, and {args.prompts} holds {len(prompts)} question"
                   f"{'' if len(prompts) == 1 else 's'}: all of them run", file=sys.stderr)
         progress = lambda s: print(s, file=sys.stderr)  # noqa: E731
         loaded = load(args.model, drafter=args.drafter, weight_format=args.weight_format,

@@ -825,6 +825,8 @@ def test_tune_stores_the_default_shape_per_device(model_dir, prompts, capsys):
     assert rc == 0 and "stored in" in text
     assert f"stored in {model_dir / FILE} for {model_dir} with float32 weights on this machine" in text  # (whose)
     assert "redrafter-bench: note: the tune measured" in err and "too few to tell shapes apart" in err  # 3 x 8 tokens
+    # of its 6 questions (it said "--limit 6", which was not given)
+    assert f"note: --tune runs the first 6 questions, and {prompts} holds 3 questions: all of them run" in err
     stored = json.loads((model_dir / FILE).read_text())
     assert len(stored) == 1
     entry = next(iter(stored.values()))
