@@ -220,6 +220,9 @@ def writable_file(text: str):
     names: the results are written there (`files.write_json` keeps the link)."""
     from pathlib import Path
 
+    if text == "-":  # (the usual "standard output": a file named "-" was written in the current folder)
+        raise argparse.ArgumentTypeError("'-' is not standard output here: the results are written to a file; give "
+                                         "its path (./- for a file of that name)")
     path = Path(text).expanduser()
     folder = (Path(os.path.realpath(path)) if path.is_symlink() else path).parent
     if path.is_dir():

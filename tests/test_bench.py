@@ -1550,7 +1550,7 @@ def test_no_speedup_where_ar_timed_no_decode_step(model_dir, prompts, tmp_path, 
     assert not any("speedup" in v for cat in report["categories"].values() for v in cat.values())
 
 
-def test_an_output_that_is_not_a_regular_file_is_refused(tmp_path, capsys):
+def test_an_output_that_is_not_a_regular_file_is_refused(tmp_path, capsys, monkeypatch):
     """The report is written to a file beside --json and renamed over it, which replaced a pipe or a device
     there with a regular file: --json /dev/stdout, as root, replaced /dev/stdout for every process."""
     import stat
@@ -1562,6 +1562,13 @@ def test_an_output_that_is_not_a_regular_file_is_refused(tmp_path, capsys):
             bench.parse_args(["--prompts", "x", "--modes", "ar,redrafter", "--grid", flag, str(fifo)])
         assert f"argument {flag}: {fifo} is not a regular file" in capsys.readouterr().err
     assert stat.S_ISFIFO(fifo.stat().st_mode)
+    # "-", the usual standard output, made a file named "-" in the current folder
+    monkeypatch.chdir(tmp_path)
+    for flag in ("--json", "--plot"):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--prompts", "x", "--modes", "ar,redrafter", "--grid", flag, "-"])
+        assert f"argument {flag}: '-' is not standard output here" in capsys.readouterr().err
+    assert bench.parse_args(["--prompts", "x", "--json", "./-"]).json.name == "-"  # a file of that name, said so
 
 
 def test_tune_prefers_plain_decoding_when_it_is_faster():
