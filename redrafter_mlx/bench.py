@@ -820,11 +820,15 @@ def _measure(args, stop) -> int:
                     try:
                         r = (run_mlx_lm(loaded, twin, prompt, args) if mode == "mlx-lm"
                              else run_one(loaded, prompt, mode, args, shape, graph))
-                    except ContextLengthError as e:
+                    except ContextLengthError:
                         if turn == 1:
                             raise
-                        print(f"  q{q['question_id']} turn {turn} {name}: {e}; this question's turns from here "
-                              "are left out", file=sys.stderr)
+                        # in our words: the error's advice is the chat's ("shorten the conversation or start a new
+                        # chat"), which a bench user cannot follow
+                        n = len(loaded.tokenizer.prompt_ids(prompt))
+                        print(f"  q{q['question_id']} turn {turn} {name}: the conversation has {n} tokens and "
+                              f"{loaded.name} has a context of {loaded.context_length}; this question's turns from "
+                              "here are left out (a smaller --max-tokens leaves room for more)", file=sys.stderr)
                         turn_rows = None
                         break
                     talk[name] += [{"role": "user", "content": asked},

@@ -1811,6 +1811,9 @@ def test_turns_run_each_question_as_a_conversation(model_dir, prompts, tmp_path,
     rc, text, err = run(capsys, "--model", model_dir, "--prompts", f, "--max-tokens", 80, "--turns", 2,
                         "--modes", "ar,redrafter", "--beam-width", 2, "--beam-length", 3, "--json", out)
     assert rc == 0 and "turn 2" in err and "left out" in err
+    # in the bench's words (it gave the chat's advice: "shorten the conversation or start a new chat")
+    assert "q1 turn 2 ar: the conversation has" in err and "start a new chat" not in err
+    assert "left out (a smaller --max-tokens leaves room for more)" in err
     assert [(r["turn"], r["mode"]) for r in json.loads(out.read_text())["results"]] == [(1, "ar"), (1, "redrafter")]
     f.write_text(json.dumps({"question_id": 1, "category": "x", "turns": [long, "more"]}) + "\n")
     rc, _, err = run(capsys, "--model", model_dir, "--prompts", f, "--turns", 2)  # a first turn too long
