@@ -43,7 +43,7 @@ from collections import defaultdict
 from itertools import product
 from pathlib import Path
 from statistics import mean
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from . import _platform  # noqa: F401  (OpenBLAS before mlx)
 from . import cli
@@ -67,13 +67,31 @@ TUNE_MIN_TOKENS = 256  # plain-decoding tokens below which --tune says its store
 SHIPPED_PROMPTS = Path(__file__).parent / "data" / "eval_prompts.jsonl"  # (redrafter_mlx/data/README.md)
 
 
+def report_instead_of_prompts(text: str) -> Optional[str]:
+    """What to say of a prompt file that is a redrafter-bench --json report (the file replay reads, given
+    as --prompts): it was "one JSON object over several lines, not JSONL", with a jq command that made it
+    one line, which then "has neither 'turns' nor 'prompt'". None for any other file."""
+    if not text.lstrip().startswith("{"):
+        return None
+    try:
+        whole = json.loads(text)
+    except ValueError:  # (JSONL: more than one object)
+        return None
+    if not (isinstance(whole, dict) and isinstance(whole.get("results"), list) and "summary" in whole):
+        return None
+    settings = whole.get("settings")
+    used = settings.get("prompts") if isinstance(settings, dict) else None
+    return ("a redrafter-bench --json report, not a prompt file: give a JSONL file of questions"
+            + (f", such as the one its run read, {used}" if isinstance(used, str) and used.strip() else ""))
+
+
 def read_prompts(path: Path, limit: int = None, turns: int = 1) -> List[Dict]:
     """The questions, each with its first `turns` turns ("turns"; fewer where it has fewer) and
     the first as "prompt". A line with "prompt" and no "turns" is a one-turn question, its
     "source" the category where it has none."""
     out, seen = [], {}
     text = read_text_file(path, "prompt file", "give a JSONL file")
-    document = json_document(text, path)
+    document = report_instead_of_prompts(text) or json_document(text, path)
     if document:
         raise RedrafterError(f"prompt file {path} is {document}")
     for n, line in enumerate(text.splitlines(), 1):

@@ -255,6 +255,24 @@ def test_redrafter_mode_needs_the_drafter_as_in_the_api(model_dir, prompts, caps
     assert rc == 0 and "auto" in text
 
 
+def test_a_bench_report_given_as_the_prompts_is_named_so(tmp_path):
+    """A --json report given as --prompts was "one JSON object over several lines, not JSONL" with a jq
+    command that made it one line, which then "has neither 'turns' nor 'prompt'"."""
+    report = {"model": "m", "settings": {"prompts": "/data/q.jsonl", "max_tokens": 8}, "results": [], "summary": {}}
+    said = "is a redrafter-bench --json report, not a prompt file: give a JSONL file of questions, such as the one " \
+           "its run read, /data/q.jsonl"
+    for name, text in (("b.json", json.dumps(report, indent=1)), ("b.jsonl", json.dumps(report) + "\n")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(RedrafterError, match=said):
+            bench.read_prompts(tmp_path / name)
+    # a JSONL file of questions, and one JSON object that is not a report, as before
+    (tmp_path / "q.jsonl").write_text(json.dumps({"turns": ["hi"], "results": []}) + "\n")
+    assert [q["prompt"] for q in bench.read_prompts(tmp_path / "q.jsonl")] == ["hi"]
+    (tmp_path / "one.json").write_text(json.dumps({"turns": ["hi"]}, indent=1))
+    with pytest.raises(RedrafterError, match="one JSON object over several lines"):
+        bench.read_prompts(tmp_path / "one.json")
+
+
 def test_prompt_files_that_would_have_failed_after_the_run(tmp_path):
     """Two questions with one id read as not identical to ar (results are matched by question); a
     category that is not a string failed in the tables after the whole run; a byte-order mark."""
