@@ -443,12 +443,40 @@ def main(argv=None) -> int:
     return cli.run(PROG, lambda: _run(args, graphs))
 
 
+def not_a_report(text: str, e: json.JSONDecodeError) -> str:
+    """What a results file that is not JSON is, in words: empty, a JSONL prompt file (redrafter-bench's
+    --prompts, given in place of its --json report), or JSON cut short or damaged where `e` says."""
+    if not text.strip():
+        return "it is empty"
+    lines = [line for line in text.splitlines() if line.strip()]
+    try:
+        rows = [json.loads(line) for line in lines[:3]]
+    except ValueError:
+        rows = []
+    if rows and all(is_question(r) for r in rows):
+        return PROMPT_FILE
+    return f"it is not JSON ({e.msg}: line {e.lineno}, column {e.colno}), cut short or damaged"
+
+
+PROMPT_FILE = "it is a JSONL prompt file (what redrafter-bench --prompts reads): give the report its --json writes"
+
+
+def is_question(row) -> bool:
+    """Whether `row` is a line of a prompt file (Spec-Bench's "turns", or a one-turn "prompt")."""
+    return isinstance(row, dict) and ("turns" in row or "prompt" in row) and "results" not in row
+
+
 def read_results(path: Path):
     """The greedy `ar` rows of a redrafter-bench --json file, and the report; a RedrafterError
     saying what is wrong with any other file."""
     text = read_text_file(path, "results file", "give a redrafter-bench --json file")
     try:
-        report = json.loads(text)
+        try:
+            report = json.loads(text)
+        except json.JSONDecodeError as e:  # it said "JSONDecodeError: Extra data: line 2 column 1 (char 95)"
+            raise ValueError(not_a_report(text, e)) from e
+        if is_question(report):  # a prompt file of one question (one line of JSON)
+            raise ValueError(PROMPT_FILE)
         if not isinstance(report, dict) or not isinstance(report.get("results"), list):  # it said "KeyError: 'results'"
             raise ValueError("it holds no 'results' list (redrafter-bench --json writes an object with one)")
         if not isinstance(report.get("settings", {}), dict):

@@ -4,6 +4,7 @@ storing a per-device default shape that load() / stream() then use. Tiny random 
 import io
 import json
 import os
+import re
 import signal
 
 import pytest
@@ -667,6 +668,26 @@ sys.exit(replay.main(sys.argv[1:]))
         else:
             assert proc.stderr.strip().splitlines()[-1] == "python -m redrafter_mlx.replay: terminated (SIGTERM)"
             assert proc.stdout == ""
+
+
+def test_replay_says_what_a_file_that_is_not_json_is(tmp_path):
+    """A results file that is not one JSON document was "JSONDecodeError: Extra data: line 2 column 1 (char 95)"
+    for the prompt file given in place of the report, and "Expecting value: line 1 column 1 (char 0)" for an
+    empty one."""
+    from redrafter_mlx import replay
+
+    f = tmp_path / "x.json"
+    cases = (("".join(json.dumps(q) + "\n" for q in QUESTIONS), "it is a JSONL prompt file (what redrafter-bench "
+              "--prompts reads): give the report its --json writes"),
+             (json.dumps({"prompt": "Hi"}) + "\n", "it is a JSONL prompt file"),  # one question: one JSON object
+             ("", "it is empty"), ("\n \n", "it is empty"),
+             ('{"results": [', "it is not JSON (Expecting value: line 1, column 14), cut short or damaged"),
+             ('{"results": []}\n{"results": []}\n', "it is not JSON (Extra data: line 2, column 1)"))
+    for text, said in cases:
+        f.write_text(text)
+        with pytest.raises(RedrafterError, match=re.escape(f"{f} is not a redrafter-bench --json file: {said}")) as e:
+            replay.read_results(f)
+        assert "JSONDecodeError" not in str(e.value) and "char " not in str(e.value)
 
 
 def test_replay_category_columns_fit_long_names(capsys):
