@@ -21,6 +21,7 @@ accepted path (`context_ceiling`).
 """
 
 import json
+import shlex
 import sys
 from collections import defaultdict
 from itertools import product
@@ -593,12 +594,16 @@ def _replay_rows(args, graphs, stop) -> int:
     if named and not same_model(named, loaded):  # replayed silently; only ids past the vocabulary were caught
         print(f"{PROG}: note: {args.results} was decoded by {named}, and {loaded.name} replays it: its figures are "
               "that model's only if the two are the same", file=sys.stderr)
+    used = report.get("drafter")  # the bench's drafter (None: a run of ar alone loads none)
     if loaded.drafter is None and not args.no_drafter:
+        # the bench's, where it is still there: a bench run with --drafter DIR named it in its report, and replay
+        # said "pass --drafter PATH" of a path it held
+        path = f"{shlex.quote(used)} (the bench's)" if isinstance(used, str) and used and Path(used).is_dir() \
+            else "PATH"
         # (it said "or --auto --no-drafter", which --auto refuses without a profile, and to an --auto run too)
-        raise RedrafterError(f"no drafter found for {loaded.name}: pass --drafter PATH" + (
+        raise RedrafterError(f"no drafter found for {loaded.name}: pass --drafter {path}" + (
             ", or --no-drafter to replay the controller on the context copy alone" if args.auto
             else " (or --auto PROFILE --no-drafter to replay the adaptive controller on the context copy alone)"))
-    used = report.get("drafter")  # the bench's drafter (None: a run of ar alone loads none)
     if (not args.drafter and not args.no_drafter and isinstance(used, str) and used and loaded.drafter_path
             and Path(used).resolve() != Path(loaded.drafter_path).resolve()):  # its figures differed, saying nothing
         print(f"{PROG}: note: {args.results} was decoded with the drafter {used}, and the one found for "

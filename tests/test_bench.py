@@ -559,6 +559,20 @@ def test_replay_of_a_model_without_a_drafter_says_what_to_pass(tiny_kit, prompts
     assert capsys.readouterr().err.rstrip().endswith("pass --drafter PATH, or --no-drafter to replay the controller "
                                                      "on the context copy alone")
     assert replay.main([str(out), "--auto", "mkl", "--no-drafter"]) == 0
+    # a bench run with --drafter DIR names it in its report: "pass --drafter PATH" said nothing of it
+    drafter = tmp_path / "my drafter"
+    save_drafter(new_drafter(load(str(bare), use_drafter=False).args, lm_head="shared", seed=1), drafter)
+    assert run(capsys, "--model", bare, "--drafter", drafter, "--prompts", prompts, "--limit", 1, "--max-tokens", 4,
+               "--modes", "ar,auto", "--json", out)[0] == 0
+    assert replay.main([str(out)]) == 2
+    assert f"no drafter found for {bare}: pass --drafter '{drafter}' (the bench's) (or --auto PROFILE" in \
+        capsys.readouterr().err
+    assert replay.main([str(out), "--drafter", str(drafter), "--shapes", "2x3"]) == 0
+    import shutil
+
+    shutil.rmtree(drafter)  # (gone since: not offered)
+    assert replay.main([str(out)]) == 2
+    assert "pass --drafter PATH (or" in capsys.readouterr().err
 
 
 def test_replay_finds_a_model_the_bench_named_by_a_relative_path(model_dir, prompts, tmp_path, capsys, monkeypatch):
