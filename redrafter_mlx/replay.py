@@ -609,6 +609,10 @@ def _replay_rows(args, graphs, stop) -> int:
         print(f"{PROG}: note: {args.results} was decoded with the drafter {used}, and the one found for "
               f"{loaded.name}, {loaded.drafter_path}, replays it: pass --drafter {used} to replay the bench's",
               file=sys.stderr)
+    if args.auto and not args.no_drafter and report.get("settings", {}).get("no_drafter") is True:
+        # (the controller was replayed with the drafter beside the model, against a bench that drafted without one)
+        print(f"{PROG}: note: {args.results} is of a redrafter-bench run with --no-drafter, and the controller is "
+              f"replayed with {loaded.name}'s drafter: add --no-drafter to replay the bench's", file=sys.stderr)
     profiles = {name: profile_costs(name, loaded) for name in args.auto or []}
     import mlx.core as mx
     from tqdm import tqdm

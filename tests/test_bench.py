@@ -546,6 +546,22 @@ def test_replay_without_the_drafter_loads_none(model_dir, prompts, tmp_path, cap
     assert "mkl" in capsys.readouterr().out
 
 
+def test_replay_says_when_the_bench_drafted_without_the_drafter(model_dir, prompts, tmp_path, capsys):
+    """A report of redrafter-bench --no-drafter (auto drafting from the context alone) was replayed by --auto with
+    the drafter found beside the model, saying nothing: another configuration than the bench's."""
+    from redrafter_mlx import replay
+
+    out = tmp_path / "b.json"
+    assert run(capsys, "--model", model_dir, "--prompts", prompts, "--limit", 1, "--max-tokens", 4, "--json", out)[0] == 0
+    report = json.loads(out.read_text())
+    said = f"note: {out} is of a redrafter-bench run with --no-drafter, and the controller is replayed with {model_dir}'s " \
+           "drafter: add --no-drafter to replay the bench's"
+    assert replay.main([str(out), "--auto", "mkl"]) == 0 and said not in capsys.readouterr().err
+    out.write_text(json.dumps({**report, "settings": {**report["settings"], "no_drafter": True}}))
+    assert replay.main([str(out), "--auto", "mkl"]) == 0 and said in capsys.readouterr().err
+    assert replay.main([str(out), "--auto", "mkl", "--no-drafter"]) == 0 and said not in capsys.readouterr().err
+
+
 def test_replay_of_a_model_without_a_drafter_says_what_to_pass(tiny_kit, prompts, tmp_path, capsys):
     """It said "or --auto --no-drafter", which --auto refuses without a profile, to an --auto run too."""
     from redrafter_mlx import replay
