@@ -503,8 +503,11 @@ def read_results(path: Path):
                              "finished")
     if not rows:
         raise RedrafterError(f"{path} has no ar results: run redrafter-bench with --modes ar")
-    if report.get("settings", {}).get("temperature", 0.0) != 0.0:
-        raise RedrafterError(f"{path} holds sampled outputs; replay needs greedy ones")
+    temperature = report.get("settings", {}).get("temperature", 0.0)
+    if temperature != 0.0:  # (it said no more than that: not which run gives greedy ones)
+        raise RedrafterError(f"{path} holds sampled outputs (--temperature {json.dumps(temperature)}), and replay needs "
+                             "greedy ones: run redrafter-bench without --temperature (0, greedy, is the default) and "
+                             "replay its report")
     return rows, report
 
 

@@ -720,6 +720,23 @@ def test_replay_says_what_a_file_that_is_not_json_is(tmp_path):
         assert "JSONDecodeError" not in str(e.value) and "char " not in str(e.value)
 
 
+def test_replay_of_a_sampled_run_says_which_run_to_replay(tmp_path):
+    """A sampled run's report was refused as "holds sampled outputs; replay needs greedy ones", which said
+    nothing of the run that gives greedy ones."""
+    from redrafter_mlx import replay
+
+    f = tmp_path / "s.json"
+    report = {"model": "m", "settings": {"temperature": 0.7, "seed": 3},
+              "results": [{"mode": "ar", "question_id": 1, "prompt_tokens": [1, 2], "tokens": [3], "seed": 3}]}
+    f.write_text(json.dumps(report))
+    with pytest.raises(RedrafterError) as e:
+        replay.read_results(f)
+    assert str(e.value) == f"{f} holds sampled outputs (--temperature 0.7), and replay needs greedy ones: run " \
+                           "redrafter-bench without --temperature (0, greedy, is the default) and replay its report"
+    f.write_text(json.dumps({**report, "settings": {"temperature": 0.0, "seed": None}}))
+    assert [r["tokens"] for r in replay.read_results(f)[0]] == [[3]]
+
+
 def test_replay_category_columns_fit_long_names(capsys):
     """replay's per-category table cut nothing but made every column 18 wide: a longer category name pushed
     its cells and the next columns out from under their names."""
