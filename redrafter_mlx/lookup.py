@@ -161,12 +161,19 @@ class ContextIndex:
         """Up to `length` tokens that followed, in the context last given to `match`, the longest
         suffix n-gram of `key` (a path's last tokens, up to EXTENT of them), n = max_ngram ..
         max(min_ngram, self.min_ngram): of its last CANDIDATES occurrences the one matching
-        furthest back along `key`, the latest among equals. NO_MATCH when none occurs."""
+        furthest back along `key`, the latest among equals. NO_MATCH when none occurs. A min_ngram
+        past max_ngram (GSD's k-gram of k + 1 > 3 tokens, graph.context_grafts) is met by the
+        max_ngram-gram occurrence whose match runs back at least min_ngram tokens (at most EXTENT:
+        a longer one never matches); it had found nothing, so graph=3 and above drafted no context
+        graft, saying nothing."""
         key = list(key)
-        for n in range(min(self.max_ngram, len(key)), max(min_ngram, self.min_ngram) - 1, -1):
+        need = max(min_ngram, self.min_ngram)
+        for n in range(min(self.max_ngram, len(key)), min(need, self.max_ngram) - 1, -1):
             ends = self.ends[n].get(tuple(key[len(key) - n :]))
             if ends:
                 L, start = max((extent(self.context, e, key, n), e) for e in ends[-CANDIDATES:])
+                if L < need:  # (only where need > max_ngram: here L >= n >= need otherwise)
+                    return NO_MATCH
                 if wrap:
                     return Match(periodic(self.context, start, length), n, L)
                 return Match(np.asarray(self.context[start : start + length], dtype=np.int32), n, L)

@@ -194,6 +194,30 @@ def test_a_context_match_that_runs_further_back_grafts_further_under_the_floor()
     assert grafted == {"extent 6": 4, "extent 2": 2}
 
 
+def test_a_k_gram_longer_than_the_index_s_n_grams_still_grafts_where_the_context_matches_that_far():
+    # GSD's context graph grafts below a node whose last k + 1 tokens occur in the context; the index holds n-grams
+    # of 2 and 3 tokens, and a k of 3 or more (a 4-gram and longer) had found nothing: graph=3 and above drafted no
+    # context graft, saying nothing. The drafted path "0 2 4 7 5 3" runs 5 tokens back along the context's
+    # "1 2 4 7 5 3 8 9", so k + 1 up to 5 grafts its "8" (one level below the drafted node: depth cap 2), and 6
+    # does not.
+    V = 10
+    stub = MarkovStub(table(V, {5: {3: 0.9, 4: 0.1}}))
+    ids = [1, 2, 4, 7, 5, 3, 8, 9, 6, 2, 0, 0, 2, 4, 7, 5]
+    grafted = {}
+    for k in (0, 1, 2, 3, 4, 5, 6):
+        index = ContextIndex()
+        index.match(ids, 8)
+        g = search(stub, OneHotBase(V), H, 5, 2, 1, 8, 0.05, k, ids, index, 2)
+        rows = [tuple(x for x in r if x >= 0) for r in g.rows.tolist()]
+        grafted[k] = (5, 3, 8) in rows
+    assert grafted == {0: True, 1: True, 2: True, 3: True, 4: True, 5: False, 6: False}
+    index = ContextIndex()
+    index.match(ids, 8)
+    assert index.follow([2, 4, 7, 5, 3], 2, 5).copy.tolist() == [8, 9]  # 5 tokens back: met
+    assert index.follow([0, 4, 7, 5, 3], 2, 5).copy.size == 0  # "4 7 5 3" only: 4 of the 5
+    assert index.follow([7, 5, 3], 2, 4).copy.size == 0  # a key shorter than the k-gram
+
+
 def test_a_graft_copies_the_occurrence_that_matches_furthest_back():
     # "5 3" occurs twice: early after "2 4 7" (as the drafted path has it), followed by 8 9; later
     # after "0", followed by 6 6. The latest would copy 6 6; the furthest-back match copies 8 9.
@@ -225,7 +249,7 @@ def test_the_root_copy_is_cut_by_its_calibrated_probability():
 
 # ---- losslessness and counting --------------------------------------------------------------
 
-@pytest.mark.parametrize("graph,context_graph", [(0, True), (2, True), (0, False), (None, True)])
+@pytest.mark.parametrize("graph,context_graph", [(0, True), (2, True), (4, True), (0, False), (None, True)])
 def test_greedy_graph_drafting_equals_plain_tiny(graph, context_graph):
     m = tiny_loaded()
     ar = generate(m, PROMPT, mode="ar", max_tokens=200)
