@@ -195,7 +195,7 @@ def new_drafter(base_args, exit_dim: int = None, num_draft_layers: int = 1, lm_h
     return Drafter(args)
 
 
-DRAFTER_ADVICE = "use the drafter trained for this model (or --no-drafter)"
+DRAFTER_ADVICE = "use the drafter trained for this model (or --no-drafter; in Python, use_drafter=False)"
 
 
 def check_compatible(args: DrafterArgs, base_args, where: str = "drafter", advice: str = DRAFTER_ADVICE):

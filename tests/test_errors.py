@@ -874,7 +874,9 @@ def test_drafter_mismatch(tiny_kit, tmp_path):
            f"vocabulary {base.args.vocab_size}")
     check_compatible(new_drafter(base.args).args, base.args)  # a fitting one passes
     # Through load(): an explicit drafter, and one found in the model folder's drafter/.
-    raises(DrafterMismatchError, lambda: load(str(path), drafter=str(tmp_path / "d48")), "hidden size 48")
+    # (said "(or --no-drafter)" alone, a command line's option, to a caller of load(); use_drafter=False is the API's)
+    raises(DrafterMismatchError, lambda: load(str(path), drafter=str(tmp_path / "d48")), "hidden size 48",
+           "use_drafter=False")
     save_drafter(wrong_hidden, path / "drafter")
     raises(DrafterMismatchError, lambda: load(str(path)), "hidden size 48", str(path / "drafter"))
     assert load(str(path), use_drafter=False).drafter is None
