@@ -33,7 +33,7 @@ def main(argv=None) -> int:
                    help="auto = adaptive speculative decoding: each step's draft sized to this machine's measured "
                    "cost, plain decoding where drafting does not pay, the context alone without a drafter "
                    "(any of the drafting options below fixes the drafting instead); redrafter = needs a drafter; "
-                   "ar = plain decoding")
+                   "ar = plain decoding (default: auto)")
     p.add_argument("--no-drafter", action="store_true",
                    help="leave the model's drafter out (auto then drafts from the context alone: adaptively, or only "
                    "the copy of --lookup N when that is given)")

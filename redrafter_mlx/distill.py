@@ -566,7 +566,7 @@ def main(argv=None):
                         "in the file (e.g. 4-bit), or a dtype (default: float32)")
     p.add_argument("--self-instruct", type=cli.non_negative, default=0, metavar="N",
                    help="first have the model write N new tasks from the seed tasks (files named seed_tasks*, "
-                        "else all --data) into OUT/self_instruct.jsonl, and answer them too")
+                        "else all --data) into OUT/self_instruct.jsonl, and answer them too (default: 0, none)")
     p.add_argument("--temperature", type=cli.temperature, default=0.0, metavar="T",
                    help="sample replies at T instead of greedy ones: more varied contexts, still the model's own "
                         "text (answers are keyed by prompt: use another --out than the greedy run; default: 0, greedy)")
