@@ -158,7 +158,7 @@ def configure_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=_temperature, default=0.0, metavar="T",
                    help="0 = greedy (default: 0); above 0, sampled from the base model's own distribution")
     p.add_argument("--top-p", type=_top_p, default=1.0, metavar="P",
-                   help="nucleus sampling mass, with --temperature above 0 (default: 1)")
+                   help="nucleus sampling mass, with --temperature above 0, in (0, 1] (default: 1)")
     p.add_argument("--seed", type=_seed, default=None, metavar="N",
                    help="random seed of every reply's sampling (with --temperature above 0), 0 to 2**64 - 1 "
                    "(default: a fresh one for each reply); the stats panel shows each sampled reply's seed, and a "

@@ -495,6 +495,7 @@ def test_every_tools_sampling_options_say_what_they_need_and_their_range(monkeyp
     for prog, options in helps.items():
         if "--top-p" in options:
             assert "with --temperature above 0" in options["--top-p"], prog
+            assert "in (0, 1]" in options["--top-p"], prog  # (the chat's refused 0 and 1.5 without saying its range)
         if "--seed" in options:
             assert "0 to 2**64 - 1" in options["--seed"], prog
             assert "--temperature" in options["--seed"], prog
