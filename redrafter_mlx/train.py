@@ -596,7 +596,7 @@ def main(argv=None):
                    help="held-out loss and accuracy every N steps; the most accurate drafter -> OUT/best "
                         "(default: 0, none)")
     p.add_argument("--val-fraction", type=cli.probability, default=0.05,
-                   help="share of the replies held out for validation (default: 0.05)")
+                   help="share of the replies held out for validation, in (0, 1) (default: 0.05)")
     p.add_argument("--soft", type=cli.number(0, 1), default=0.0, metavar="A",
                    help="weight of the base model's own distribution as target, from 0 to 1 (0: the reply tokens "
                         "only; 1: the distribution only; default: 0)")
@@ -651,6 +651,9 @@ def main(argv=None):
     unused = _unused_options(p, args)
     if unused:
         p.error(unused)
+    if args.val_fraction == 1.0:  # (its type takes (0, 1]: the run failed after loading the data and the model)
+        p.error("--val-fraction 1 holds every reply out for validation, leaving none to train on: give a share "
+                "under 1")
     if args.eval_drafter is not None and not args.eval_only:  # (it trained, then evaluated another drafter)
         p.error(f"--eval-drafter {args.eval_drafter} is evaluated with --eval-only: a training run evaluates the "
                 f"drafter it trains ({args.out / 'drafter'}); add --eval-only to evaluate {args.eval_drafter} alone, "

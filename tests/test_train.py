@@ -1225,6 +1225,10 @@ def test_training_refuses_data_it_cannot_use(patterned, tmp_path, capsys, monkey
                         "--eval-only trains nothing: drop --data, --steps"),
                        (["--data", str(tmp_path), "--val-fraction", "0.5"],
                         "--val-fraction is the share held out for validation every --val-every N steps"),
+                       # (accepted: it read the data, loaded the model, then said every reply was held out)
+                       (["--data", str(tmp_path), "--val-every", "5", "--val-fraction", "1"],
+                        "--val-fraction 1 holds every reply out for validation, leaving none to train on: give a "
+                        "share under 1"),
                        # (it trained OUT/drafter, then evaluated the other drafter, into OUT/eval.jsonl)
                        (["--data", str(tmp_path), "--eval-prompts", "q.jsonl", "--eval-drafter", str(drafter)],
                         f"--eval-drafter {drafter} is evaluated with --eval-only: a training run evaluates the drafter "
