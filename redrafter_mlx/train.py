@@ -596,7 +596,8 @@ def main(argv=None):
                    help="held-out loss and accuracy every N steps; the most accurate drafter -> OUT/best "
                         "(default: 0, none)")
     p.add_argument("--val-fraction", type=cli.probability, default=0.05,
-                   help="share of the replies held out for validation, in (0, 1) (default: 0.05)")
+                   help="with --val-every N: share of the replies held out for validation, in (0, 1) "
+                        "(default: 0.05)")
     p.add_argument("--soft", type=cli.number(0, 1), default=0.0, metavar="A",
                    help="weight of the base model's own distribution as target, from 0 to 1 (0: the reply tokens "
                         "only; 1: the distribution only; default: 0)")

@@ -1240,6 +1240,10 @@ def test_training_refuses_data_it_cannot_use(patterned, tmp_path, capsys, monkey
             train_module.main(["--out", str(tmp_path / "e"), *argv])
         err = capsys.readouterr().err
         assert stopped.value.code == 2 and said in err and err.count("\n") == 1, err
+    # (--help said nothing of --val-every, whose absence the parser refuses it for)
+    with pytest.raises(SystemExit):
+        train_module.main(["--help"])
+    assert "--val-fraction VAL_FRACTION with --val-every N: share" in " ".join(capsys.readouterr().out.split())
     # given at their defaults they change nothing, and are not refused (as --beam-shapes 4x5 with no evaluation)
     assert train_module.main(["--out", str(tmp_path / "e"), "--data", str(tmp_path), "--beam-shapes", "4x5",
                               "--val-fraction", "0.05"]) == 2  # (past parsing, to tmp_path's missing shards)
