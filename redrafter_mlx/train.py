@@ -790,6 +790,13 @@ def _train(args):
         samples = samples_now()
         if not samples:
             raise RedrafterError(f"no distillation shards in {' '.join(map(str, args.data))}")
+        if args.greedy_targets and all(np.array_equal(s["greedy"], s["reply"]) for s in samples):
+            # (it trained on the replies' own tokens, as without it, saying nothing: read_shards gives a reply's own
+            # tokens as its greedy ones where none are stored)
+            raise RedrafterError("--greedy-targets predicts the base model's greedy token where a sampled reply "
+                                 "differs from it, and no reply in --data does: they were answered greedily (drop "
+                                 "it), or sampled by a distill that did not store greedy tokens yet (add them: "
+                                 "python -m redrafter_mlx.distill --backfill-greedy --out DIR)")
         _check_data_source(args.data, args.model)
     loaded = load(args.model, use_drafter=False)
     args.out.mkdir(parents=True, exist_ok=True)

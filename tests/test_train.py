@@ -1250,6 +1250,29 @@ def test_training_refuses_data_it_cannot_use(patterned, tmp_path, capsys, monkey
     assert "no distillation shards" in capsys.readouterr().err
 
 
+def test_greedy_targets_on_replies_with_no_greedy_tokens_is_refused(patterned, tmp_path, capsys, monkeypatch):
+    """--greedy-targets on greedy replies, or on sampled ones whose shards predate the greedy tokens (read back as the
+    reply's own), trained on the replies' tokens as without it, saying nothing; said before the model loads."""
+    from redrafter_mlx import loader
+    from redrafter_mlx import train as train_module
+    from redrafter_mlx.distill import write_shard
+
+    _, data = patterned
+    data = [dict(s, key=f"k{i}") for i, s in enumerate(data)]
+    for folder in ("greedy", "sampled"):
+        (tmp_path / folder).mkdir()
+    write_shard(tmp_path / "greedy", 0, [dict(s, greedy=s["reply"]) for s in data])
+    monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("loaded the model before checking the data"))
+    assert train_module.main(["--out", str(tmp_path / "o"), "--data", str(tmp_path / "greedy"), "--greedy-targets"]) == 2
+    assert "--greedy-targets predicts the base model's greedy token where a sampled reply differs from it, and no " \
+           "reply in --data does" in capsys.readouterr().err
+    # a sampled reply with greedy tokens of its own passes the check (to the model's load)
+    sampled = dict(data[0], greedy=np.where(np.arange(len(data[0]["reply"])) == 3, 7, data[0]["reply"]).astype(np.int32))
+    write_shard(tmp_path / "sampled", 0, [sampled, *data[1:]])
+    with pytest.raises(pytest.fail.Exception, match="loaded the model"):
+        train_module.main(["--out", str(tmp_path / "p"), "--data", str(tmp_path / "sampled"), "--greedy-targets"])
+
+
 def test_self_instruct_needs_three_seeds(tmp_path):
     from redrafter_mlx.errors import RedrafterError
 
