@@ -1,5 +1,5 @@
-"""Distillation data for draft heads: the base model's own replies (greedy, or sampled with --temperature), with its
-hidden states.
+"""Write distillation data for draft heads: the base model's own replies to prompts (greedy, or sampled with
+--temperature), with its hidden states, for python -m redrafter_mlx.train to train on.
 
     python -m redrafter_mlx.distill --model smollm2-135m --out runs/distill \
         --data ../shared/data/alpaca_1000.jsonl ../shared/data/seed_tasks.jsonl \

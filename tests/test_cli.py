@@ -548,6 +548,14 @@ def test_every_option_with_a_default_names_it_in_its_help(monkeypatch):
     assert unnamed == []
 
 
+def test_distills_help_opens_with_what_the_command_does(monkeypatch):
+    """distill's --help opened "Distillation data for draft heads: ...", naming what it writes but neither that it
+    writes it nor what for, where the other tools open with what they do ("Train a ReDrafter draft head ...")."""
+    description = " ".join(parsers(monkeypatch)["python -m redrafter_mlx.distill"].description.split())
+    assert description.startswith("Write distillation data for draft heads: the base model's own replies to prompts")
+    assert description.endswith("for python -m redrafter_mlx.train to train on.")
+
+
 def test_a_prompt_that_begins_like_an_option_is_told_to_go_after_dashes(capsys):
     """`python -m redrafter_mlx "-how do I exit vim?"` said only "argument -h/--help: ignored explicit argument
     'ow do I exit vim?'", nothing saying that a prompt beginning with '-' goes after --."""
