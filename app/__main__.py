@@ -171,7 +171,8 @@ def configure_parser() -> argparse.ArgumentParser:
                    help="leave the model's drafter out: speculation drafts from the context alone (prompt lookup: "
                    "adaptively, or only the copy of --lookup N when that is given)")
     p.add_argument("--no-speculative", action="store_true",
-                   help="start with plain decoding (the drafter is still loaded: Ctrl+T switches live)")
+                   help="start with plain decoding (the drafter is still loaded, unless --no-drafter: Ctrl+T "
+                        "switches live)")
     return p
 
 

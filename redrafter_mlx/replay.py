@@ -372,7 +372,7 @@ def main(argv=None) -> int:
     p.add_argument("--graph", type=parse_graph, default=[(None, True)], metavar="K[,K...]",
                    help="draft a GSD graph (graph.py) with k-gram length K (0: match the token alone) and the "
                         "context graph; gsdK: GSD alone; 'none': the tree; comma-separated, e.g. none,0,gsd0 "
-                        "(fixed shapes need a --tree above 0; --auto takes it alone)")
+                        "(fixed shapes need a --tree above 0; --auto takes it alone; default: none)")
     p.add_argument("--no-context-graph", action="store_true",
                    help="with --graph: merge inside the draft only, without grafting the context's continuations")
     p.add_argument("--no-lookup-growth", action="store_true",

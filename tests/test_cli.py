@@ -536,13 +536,12 @@ def test_an_option_that_takes_a_list_shows_one_in_its_usage(monkeypatch):
 
 
 def test_every_option_with_a_default_names_it_in_its_help(monkeypatch):
-    """python -m redrafter_mlx --mode (auto) and distill's --self-instruct (0, none) gave no default, where every other
-    option that has one names it: an option that takes a value and has a default other than None says "default"."""
+    """python -m redrafter_mlx --mode (auto), distill's --self-instruct (0, none) and replay's --graph (none, the tree)
+    gave no default, where every other option that has one names it: an option that takes a value and has a default other than None says "default"."""
     import argparse
 
-    # (replay, checked on its own, is left out: its --graph defaults to 'none', the tree, saying nothing)
     unnamed = [(prog, a.option_strings[-1]) for prog, p in parsers(monkeypatch).items() for a in p._actions
-               if prog != "python -m redrafter_mlx.replay" and a.option_strings and a.nargs != 0 and a.default not in (None, argparse.SUPPRESS)
+               if a.option_strings and a.nargs != 0 and a.default not in (None, argparse.SUPPRESS)
                and not isinstance(a, (argparse._StoreTrueAction, argparse._VersionAction, argparse._HelpAction))
                and "default" not in " ".join((a.help or "").split())]
     assert unnamed == []
