@@ -513,6 +513,25 @@ def test_importing_mlx_before_redrafter_warns_about_the_slow_blas():
     assert first.returncode == 0, first.stderr
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a fast BLAS is only swapped in on Linux")
+@pytest.mark.parametrize("want,named", [("openblas", "OpenBLAS"), ("mkl", "MKL")])
+def test_a_blas_asked_for_by_name_and_not_found_is_said(monkeypatch, want, named):
+    """REDRAFTER_BLAS=openblas (or mkl) on a machine without that library used MLX's own BLAS, several times slower
+    on the CPU, saying nothing."""
+    import warnings
+
+    monkeypatch.setenv("REDRAFTER_BLAS", want)
+    monkeypatch.delenv("REDRAFTER_NO_OPENBLAS", raising=False)
+    monkeypatch.setattr(_platform, "_load", lambda path: False)
+    monkeypatch.setattr(_platform, "mkl_library", lambda: None)
+    with pytest.warns(RuntimeWarning, match=f"REDRAFTER_BLAS={want}: no {named} library found"):
+        assert _platform._load_fast_blas() is None
+    monkeypatch.setenv("REDRAFTER_BLAS", "auto")  # (auto falls back quietly: macOS, and a machine with neither)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _platform._load_fast_blas() is None
+
+
 def test_help_of_load_says_what_each_argument_means_and_its_default():
     """help(load) gave no default for any argument but name (drafter, use_drafter, weight_format, progress)."""
     from helpers import undocumented_settings
