@@ -663,7 +663,8 @@ class ChatApp(App):
         if self._no_model():
             return
         if seed is not None and not 0 <= seed <= SEED_MAX:
-            self.notify(f"A seed is from 0 to 2**64 - 1, not {compact(seed)}: the seed stays as it was.", severity="warning")
+            self.notify(f"A seed is from 0 to 2**64 - 1, not {compact(seed)}: the seed stays as it was.",
+                        severity="warning")
             return
         if self.settings.temperature == 0:  # --seed is refused with greedy decoding: it changes nothing
             self.notify("A seed applies to sampling, and --temperature 0 decodes greedily: start the chat with "

@@ -728,7 +728,8 @@ def _measure(args, stop) -> int:
         if "redrafter" in args.modes and loaded.drafter is None:
             what = "--tune" if args.tune else "--modes redrafter"
             raise RedrafterError(f"{what} needs a drafter and none was found for {loaded.name}: pass --drafter PATH "
-                                 f"(or train one: {train_drafter(loaded.name)})" + ("" if args.tune else ", or use --modes auto, which drafts from the context alone"))
+                                 f"(or train one: {train_drafter(loaded.name)})"
+                                 + ("" if args.tune else ", or use --modes auto, which drafts from the context alone"))
         folder = model_folder(loaded.path)
         if args.tune and unwritable_ancestor(folder / TUNED_FILE) is not None:  # it failed after the whole tune
             raise RedrafterError(f"--tune stores the fastest shape in the model folder {folder}, which cannot be "

@@ -27,6 +27,7 @@ def drafter_inside(path) -> str:
 # What a drafter folder whose weights are missing or damaged says to do.
 COPY_DRAFTER_AGAIN = "copy the whole drafter folder again, config.json with its model.safetensors"
 
+
 def train_drafter(name) -> str:
     """The command that trains a drafter for the model `name` (a registry name, path or hub id) and installs it where
     load() finds it: what an error about a model with no drafter offers beside --drafter PATH, which a user whose

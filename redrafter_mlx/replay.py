@@ -675,10 +675,10 @@ def _replay_rows(args, graphs, stop) -> int:
         print(f"\n{PROG}: {said}; the figures below cover the first {done} of {len(rows)} {what}", file=sys.stderr)
         status = stop.status
     groups = {key[1] for key in totals if key[1] is not None}
-    named = sorted(g for g in groups if not g.startswith("turn "))
+    kinds = sorted(g for g in groups if not g.startswith("turn "))
     # the questions without a category ("") where some have one (redrafter-bench's "(none)" row); a file without any
     # has no per-category figures but its turns'
-    categories = (named if set(named) != {""} else []) + sorted(g for g in groups if g.startswith("turn "))
+    categories = (kinds if set(kinds) != {""} else []) + sorted(g for g in groups if g.startswith("turn "))
 
     def per_step(tot, name, spec):
         """tot[name] per step in `spec`, or "-" where no step was replayed (replies that ended at their first token,
