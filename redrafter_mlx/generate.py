@@ -343,11 +343,10 @@ def stream(
     measured cost curve, and parks (plain decoding) where drafting does not pay; "auto" without
     a drafter (or with use_drafter=False) drafts from the context alone where that pays.
     With any drafting setting given, drafting is fixed (mode "auto": redrafter when the model
-    has a drafter and the beam length is not 1; without a drafter, with use_drafter=False, or
-    with a beam length of 1, only the copy of a `lookup` > 0 given, else plain decoding).
+    has a drafter and the beam length is not 1; without a drafter, or with use_drafter=False,
+    only the copy of a `lookup` > 0 given, else plain decoding).
     beam_width/beam_length: W beams of L tokens, L counting the base model's own (so L=1 drafts
-    nothing; mode "auto" then decodes plainly unless a `lookup` > 0 is given, mode "redrafter"
-    still adds the lookup beam); None
+    nothing; mode "auto" then decodes plainly, mode "redrafter" still adds the lookup beam); None
     (the default) takes the shape tuned for this device (`redrafter-bench --tune`,
     `loaded.beam_shape`; W=1 L=1 when plain decoding measured fastest), else tuning.DEFAULT_SHAPE.
     lookup: in redrafter mode, also draft a copy of up to this many tokens from the context where
@@ -440,11 +439,9 @@ def stream(
                                  f"one ({train_drafter(loaded.name)}) or use mode 'auto' or 'ar'")
         raise SettingError("mode 'redrafter' with no drafter: use_drafter=False (--no-drafter) left the model's "
                              "drafter out; drop it, or use mode 'auto' or 'ar'")
-    if mode == "auto" and not adaptive and (drafter is None or beam_length == 1) and lookup_given and lookup > 0:
+    if mode == "auto" and not adaptive and drafter is None and lookup_given and lookup > 0:
         # fixed drafting from the context alone: the copy, and no drafter beams (L=1 calls no drafter); a graph,
-        # like a tree, shapes the drafter's drafts (with one, this decoded plainly, where the chat drafts the copy).
-        # With a drafter and beams of L=1 (--beam-length 1, or a tuned length of 1) the copy given was dropped too,
-        # saying nothing, where mode "redrafter" and the chat draft it.
+        # like a tree, shapes the drafter's drafts (with one, this decoded plainly, where the chat drafts the copy)
         mode, beam_width, beam_length, budget, graph = "redrafter", 1, 1, 0, None
     elif mode == "auto" and not adaptive:  # L=1 (e.g. tuned: plain decoding was fastest here) drafts nothing
         mode = "redrafter" if drafter is not None and beam_length != 1 else "ar"

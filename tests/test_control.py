@@ -1250,21 +1250,6 @@ def test_a_fixed_lookup_without_a_drafter_drafts_the_copy():
     assert generate(m, PROMPT, mode="auto", max_tokens=20, beam_width=4).stats.mode == "ar"  # nothing to draft with
 
 
-def test_a_fixed_lookup_with_beams_of_one_token_drafts_the_copy():
-    """`lookup=N` with beam_length=1 (python -m redrafter_mlx --beam-length 1 --lookup N, or --lookup N over a tuned
-    length of 1) in mode auto with a drafter decoded plainly, the copy asked for dropped saying nothing, where mode
-    redrafter and the chat draft it, and mode auto without a drafter does: now it drafts the copy alone there too."""
-    m = tiny_loaded()
-    ar = generate(m, PROMPT, mode="ar", max_tokens=120)
-    out = generate(m, PROMPT, mode="auto", max_tokens=120, beam_width=4, beam_length=1, lookup=8)
-    assert out.tokens == ar.tokens
-    assert out.stats.mode == "redrafter" and (out.stats.beam_width, out.stats.beam_length) == (1, 1)
-    assert out.stats.looked_up_tokens > 0 and out.stats.accepted_tokens == out.stats.looked_up_tokens
-    # no copy given (a tuned length of 1: plain decoding measured fastest), or a copy of 0: plain decoding, as before
-    for kw in ({}, {"lookup": 0}):
-        assert generate(m, PROMPT, mode="auto", max_tokens=20, beam_length=1, **kw).stats.mode == "ar", kw
-
-
 def test_a_graph_without_a_drafter_drafts_the_copy_as_a_tree_does():
     """Without a drafter, `lookup=N` with a tree drafts the copy alone, but with a graph too
     (tree=8, graph=1) it decoded plainly, saying nothing, where the chat drafts the copy: a graph,
