@@ -1612,7 +1612,7 @@ def test_replay_help_gives_the_tree_floor_it_uses(capsys):
     assert f"below P (default: {DEFAULT_MIN_PROB}, the tree search's)" in text and "--limit N only the first N" in text
     # --graph said "(needs --tree)", and --auto, which refuses --tree, said "--graph applies"; the help said nothing
     # of what replay prints, nor how to make the file it reads
-    assert "(fixed shapes need a --tree above 0; --auto takes it alone)" in text
+    assert "(fixed shapes need a --tree above 0; --auto takes it alone; default: none)" in text
     assert replay.main(["no-such-bench.json", "--auto", "gpu", "--graph", "1"]) == 2  # (the file, not the options)
     assert "--tree" not in capsys.readouterr().err
     assert "Without --auto it prints, per drafting config, tokens/step" in text
