@@ -150,8 +150,8 @@ def _reply(args) -> int:
     if m.drafter is None and shaping and m.tree_ok:
         raise SettingError(f"{', '.join(shaping)} shape{'s' if len(shaping) == 1 else ''} the drafter's drafts, and "
                            f"{m.name} has no drafter: pass --drafter PATH (or train one: {train_drafter(m.name)}), "
-                           "or drop " + ("it" if len(shaping) == 1 else "them") + " (without a drafter, --lookup N drafts the "
-                           "context's copy alone)")
+                           "or drop " + ("it" if len(shaping) == 1 else "them")
+                           + " (without a drafter, --lookup N drafts the context's copy alone)")
     if args.tree_min_prob is not None and args.tree is None and m.drafter is not None and not drafting(m).tree:
         # known once loaded (a tuned tree takes the floor): stream said it in its own words, "pass tree=N"
         raise SettingError(f"{cli.FLOOR_WITH_BEAMS} (no tree is tuned for {m.name} on this device)")

@@ -279,12 +279,6 @@ def variant_of(r: Dict) -> str:
     return r.get("variant", r["mode"])
 
 
-def _has_decode_rate(r: Dict) -> bool:
-    """Whether a result row has a decode rate: tokens past the first one (the prefill's), in decode time.
-    A reply that ended at its first token, or ran with max_tokens 1, has none (its tokens_per_second reads 0.0)."""
-    return r["new_tokens"] > 1 and r["decode_seconds"] > 0
-
-
 def summarize(results: List[Dict], modes: List[str], greedy: bool) -> Dict[str, Dict]:
     """Per variant ("ar", "redrafter", "redrafter@4x5", "mlx-lm"), pooled over the questions."""
     by_mode = defaultdict(list)
@@ -301,8 +295,9 @@ def summarize(results: List[Dict], modes: List[str], greedy: bool) -> Dict[str, 
             steps = produced = step_tokens
         first = rows[0] if rows else {}
         # the mean of the replies' rates covers those with one: a reply that ended at its first token (or ran
-        # with max_tokens 1) emitted nothing in decode time, and its 0.0 had pulled the mean down
-        rated = [r["tokens_per_second"] for r in rows if _has_decode_rate(r)]
+        # with max_tokens 1) emitted nothing in decode time, its rate 0.0 (the table's "-", _rate), which had
+        # pulled the mean down
+        rated = [r["tokens_per_second"] for r in rows if r["tokens_per_second"]]
         summary[mode] = {
             "questions": len({r["question_id"] for r in rows}),  # (len(rows) counted each turn of --turns as one)
             **({"replies": len(rows)} if any("turn" in r for r in rows) else {}),  # one per question and turn

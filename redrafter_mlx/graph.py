@@ -297,8 +297,9 @@ def parse_graph(text: str) -> List[Tuple[Optional[int], bool]]:
                 f"--graph takes k-gram lengths (0, 1, 2 ...), gsdK (without the context graph) or 'none', not {part!r}") from None
         if k < 0:
             raise argparse.ArgumentTypeError(f"--graph k must be >= 0, not {compact(k)}")
-        if graph_k_error(k):
-            raise argparse.ArgumentTypeError(graph_k_error(k))
+        too_long = graph_k_error(k)
+        if too_long:
+            raise argparse.ArgumentTypeError(too_long)
         out.append((k, not alone))
     if not out:
         raise argparse.ArgumentTypeError(f"no k-gram length in {text!r}: give e.g. 1, gsd1 or none")
