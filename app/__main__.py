@@ -228,12 +228,13 @@ def refusal(args) -> Optional[str]:
     Imported after parsing, not before: --help and the argparse types' errors answer without the
     library (it imports MLX), and every start imports it anyway to read the registry (`missing_path`)."""
     from redrafter_mlx import cli
+    from redrafter_mlx.graph import graph_k_error
 
     said = (cli.drafter_error(args.drafter, args.no_drafter)
             or cli.sampling_error(args.temperature, args.top_p, args.seed)
             or cli.context_graph_error(args.no_context_graph, args.graph is not None)
             or cli.draft_size_error(args.beam_width, args.beam_length, args.tree, args.lookup)
-            or cli.graph_k_error(args.graph)
+            or graph_k_error(args.graph)
             or cli.unused_drafting_error("auto", args.no_drafter, args.drafter, args.beam_width, args.beam_length,
                                          args.lookup, args.tree, args.tree_min_prob, args.graph))
     if said:

@@ -12,6 +12,7 @@ from . import _platform  # noqa: F401
 from . import cli
 from .config import WEIGHT_FORMATS, train_drafter
 from .errors import SettingError
+from .graph import graph_k_error
 from .tokenizer import is_blank
 from .tree_search import DEFAULT_MIN_PROB
 from .lookup import MAX_GROWTH
@@ -118,7 +119,7 @@ def main(argv=None) -> int:
     if bad_graph:
         p.error(bad_graph)
     too_big = (cli.draft_size_error(args.beam_width, args.beam_length, args.tree, args.lookup)
-               or cli.graph_k_error(args.graph))
+               or graph_k_error(args.graph))
     if too_big:
         p.error(too_big)
     unused = cli.unused_drafting_error(args.mode, args.no_drafter, args.drafter, args.beam_width, args.beam_length,

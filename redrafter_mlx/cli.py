@@ -18,6 +18,7 @@ import warnings
 from typing import Callable, Optional
 
 from .errors import RedrafterError, RedrafterWarning, compact
+from .graph import MAX_GRAPH_K, graph_k_error  # noqa: F401  (graph.py's, as the library checks graph=K; kept here too)
 from .sampling import SEED_MAX
 
 
@@ -92,22 +93,6 @@ def draft_size_error(beam_width: Optional[int], beam_length: Optional[int], tree
         if value is not None and value > MAX_DRAFT_TOKENS + (flag == "--beam-length"):
             return f"{flag} {compact(value)}: drafts are limited to {MAX_DRAFT_TOKENS} tokens a step"
     return None
-
-
-# GSD's k-gram length (graph=K, --graph K) at most: a node matches on its last K + 1 tokens (graph.Merger), and no
-# step drafts deeper than MAX_DRAFT_TOKENS below its root, so a longer k-gram compares only the context above the
-# root with itself (and keys every node by as much of the context, each step). 10**30 was taken as is.
-MAX_GRAPH_K = MAX_DRAFT_TOKENS
-
-
-def graph_k_error(k: Optional[int], name: str = "--graph") -> Optional[str]:
-    """Why GSD's k-gram length `k` is refused for being too long, in the words of `name` (the flag, or the
-    API's setting); None when it is not (None: not given). A negative k is refused where it is parsed."""
-    if k is None or k <= MAX_GRAPH_K:
-        return None
-    return (f"{name} {compact(k)}: GSD's k-gram length is at most {MAX_GRAPH_K} (a node matches on its last K + 1 "
-            f"tokens, and no step drafts deeper than {MAX_DRAFT_TOKENS}: a longer one compares only the context with "
-            "itself)")
 
 
 FLOOR_WITH_BEAMS = "--tree-min-prob is the dynamic tree's floor, and these options draft W x L beams: add --tree N " \

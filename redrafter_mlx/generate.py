@@ -31,9 +31,8 @@ import mlx.core as mx
 import numpy as np
 
 from .beam_search import beam_search
-from .cli import graph_k_error
 from .errors import ContextLengthError, CorruptModelError, InvalidPromptError, RedrafterError, SettingError, compact
-from .graph import context_only, graft_counts, root_copy, search as graph_search
+from .graph import context_only, graft_counts, graph_k_error, root_copy, search as graph_search
 from .lookup import ContextIndex, CopyLength, add_beam, copy_taken
 from .sampling import Sampler
 from .stats import RunStats, StepStats

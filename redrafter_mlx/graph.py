@@ -40,7 +40,24 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .errors import compact
 from .lookup import EXTENT, MIN_NGRAM, Match
+
+# GSD's k-gram length (graph=K, --graph K) at most: a node matches on its last K + 1 tokens (Merger), and no step
+# drafts deeper than generate.MAX_DRAFT_TOKENS below its root (a test checks they agree; generate imports this
+# module), so a longer k-gram compares only the context above the root with itself (and keys every node by as much
+# of the context, each step). 10**30 was taken as is.
+MAX_GRAPH_K = 1024
+
+
+def graph_k_error(k: Optional[int], name: str = "--graph") -> Optional[str]:
+    """Why GSD's k-gram length `k` is refused for being too long, in the words of `name` (the flag, or the
+    API's setting); None when it is not (None: not given). A negative k is refused where it is parsed."""
+    if k is None or k <= MAX_GRAPH_K:
+        return None
+    return (f"{name} {compact(k)}: GSD's k-gram length is at most {MAX_GRAPH_K} (a node matches on its last K + 1 "
+            f"tokens, and no step drafts deeper than {MAX_GRAPH_K}: a longer one compares only the context with "
+            "itself)")
 
 DRAFTER, ALIAS_GRAFT, CONTEXT_GRAFT = 0, 1, 2  # node sources
 # Fixed drafting: P(a context graft's token is accepted | its parent is), per extent of the match
@@ -280,9 +297,6 @@ def parse_graph(text: str) -> List[Tuple[Optional[int], bool]]:
     K and the context graph), 'gsdK' (GSD alone, without the context graph); e.g. 'none,1,gsd1'.
     An argparse `type=`: a bad value stops the command with a message that says what is wrong."""
     import argparse
-
-    from .cli import graph_k_error
-    from .errors import compact
 
     out = []
     for part in (p.strip().lower() for p in text.split(",") if p.strip()):

@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ._platform import device_description
-from .cli import MAX_DRAFT_TOKENS
 from .costs import drafter_digest, machine_key
 from .errors import one_line
 from .files import update_json
@@ -182,6 +181,8 @@ def read_tuned(folder: Optional[Path], device: Optional[str] = None, weight_form
             p = entry.get("tree_min_prob")
             p = float(p) if p is not None and 0.0 < float(p) <= 1.0 else None
             # more than generate drafts: every fixed-drafting call failed, naming a shape or tree never given
+            from .generate import MAX_DRAFT_TOKENS  # (generate imports this module)
+
             drafts = {f"{w} x {n} beams": w * (n - 1), f"a tree of {tree} nodes": tree, f"lookup {lookup}": lookup or 0}
             too_big = next((what for what, size in drafts.items() if size > MAX_DRAFT_TOKENS), None)
             if too_big:

@@ -133,6 +133,23 @@ def test_help_does_not_import_mlx_lm():
     assert out.returncode == 0 and out.stdout.endswith("ok\n"), out.stderr[-2000:]
 
 
+def test_the_library_does_not_import_the_command_lines_module():
+    """generate.py (the API) and graph.py took GSD's k check (graph_k_error, MAX_GRAPH_K) from this module,
+    and tuning.py its MAX_DRAFT_TOKENS: `import redrafter_mlx` loaded the command lines' layer. The check is
+    graph.py's now (cli keeps the names); the library loads without cli."""
+    import subprocess
+
+    code = ("import sys\n"
+            "import redrafter_mlx, redrafter_mlx.generate, redrafter_mlx.graph, redrafter_mlx.tuning, "
+            "redrafter_mlx.loader\n"
+            "assert 'redrafter_mlx.cli' not in sys.modules, 'the library imported redrafter_mlx.cli'\n"
+            "from redrafter_mlx import cli, graph\n"
+            "assert cli.graph_k_error is graph.graph_k_error and cli.MAX_GRAPH_K == graph.MAX_GRAPH_K\n"
+            "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.endswith("ok\n"), out.stderr[-2000:]
+
+
 def test_bench_refuses_bad_options_before_loading(tmp_path, capsys, monkeypatch):
     from redrafter_mlx import loader
 

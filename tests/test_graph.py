@@ -315,10 +315,9 @@ def test_a_k_gram_longer_than_any_draft_is_refused():
     import argparse
     import re
 
-    from redrafter_mlx.cli import MAX_GRAPH_K
     from redrafter_mlx.errors import SettingError, compact
     from redrafter_mlx.generate import MAX_DRAFT_TOKENS
-    from redrafter_mlx.graph import parse_graph
+    from redrafter_mlx.graph import MAX_GRAPH_K, parse_graph
 
     assert MAX_GRAPH_K == MAX_DRAFT_TOKENS
     m = tiny_loaded()
