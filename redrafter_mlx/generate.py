@@ -538,6 +538,11 @@ def stream(
             raise SettingError(taken)  # chunk it was asked before had run on what that left (a wrong token, silently)
         return stop
 
+    def told(line: str):  # progress, asked before a prompt's chunk, guarded as should_stop is (a reset cache there
+        progress(line)    # had the chunk read as the start of a context: a wrong first token, or a reply ended "eos")
+        if pc.user is not owner:
+            raise SettingError(taken)
+
     eos = tok.eos_token_ids
 
     first_event = True
@@ -565,7 +570,7 @@ def stream(
         t0 = time.perf_counter()
         stats.cached_tokens = pc.reuse(ids)
         pc.user = owner  # (reuse, as every call that trims the cache, took it from the stream that had it)
-        prefilled = _prefill(model, pc, ids, stats.cached_tokens, stopped, progress)
+        prefilled = _prefill(model, pc, ids, stats.cached_tokens, stopped, told if progress is not None else None)
         if prefilled is None:
             stats.prefill_seconds = time.perf_counter() - t0
             yield event([], None, "cancelled")

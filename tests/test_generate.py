@@ -842,6 +842,43 @@ def test_a_should_stop_that_uses_the_cache_ends_the_stream_before_it_runs_on_it(
     assert generate(m, PROMPT, prompt_cache=pc, **kw).tokens == free
 
 
+@pytest.mark.parametrize("before", ["the last chunk", "a middle chunk"])
+@pytest.mark.parametrize("mode", ["ar", "redrafter"])
+def test_a_progress_that_uses_the_cache_ends_the_stream_before_it_runs_on_it(tiny_kit, tmp_path, monkeypatch, before,
+                                                                             mode):
+    """progress is told of each chunk of a long prompt before it is read, as should_stop is asked, but was not
+    guarded as should_stop is: one that reset the stream's PromptCache had the next chunk read as the start of a
+    context. Before the last chunk, the first token came from those logits: here an end of turn, and the reply
+    ended "eos", empty, where plain decoding answers. It stops with the SettingError of a cache another call took."""
+    import sys
+
+    from redrafter_mlx.errors import SettingError
+
+    gen = sys.modules["redrafter_mlx.generate"]
+    m = with_drafter(tiny_kit, tmp_path)
+    kw = dict(mode=mode, max_tokens=8, **(dict(beam_width=2, beam_length=3) if mode == "redrafter" else {}))
+    free = generate(m, PROMPT, mode="ar", max_tokens=8).tokens
+    assert free and free[0] not in m.tokenizer.eos_token_ids
+    n = len(m.tokenizer.prompt_ids(PROMPT))
+    monkeypatch.setattr(gen, "PREFILL_CHUNK", 4)
+    assert n > 9
+    at = 4 * ((n - 1) // 4) if before == "the last chunk" else 4
+    pc, said = PromptCache(m.model), []
+
+    def progress(line):
+        said.append(line)
+        if line.startswith(f"reading the prompt: {at} of {n} ") and said.count(line) == 1:
+            pc.reset()
+
+    got = []
+    with pytest.raises(SettingError, match="used by another call"):
+        for ev in stream(m, PROMPT, prompt_cache=pc, progress=progress, **kw):
+            got.append(ev)
+    assert got == [] and said[-1].startswith(f"reading the prompt: {at} of")  # no chunk read after the reset
+    assert pc.ids == [] and pc.cache.offset == 0
+    assert generate(m, PROMPT, prompt_cache=pc, progress=progress, **kw).tokens == free  # (reset once: read whole)
+
+
 def test_peak_memory_is_reported_live(tiny_loaded):
     """UIs show peak memory during a reply, so every event carries it, not just the last."""
     seen = [e.stats.peak_memory_mb for e in stream(tiny_loaded, PROMPT, mode="ar", max_tokens=5)]
