@@ -156,14 +156,19 @@ def _reply(args) -> int:
     if args.tree_min_prob is not None and args.tree is None and m.drafter is not None and not drafting(m).tree:
         # known once loaded (a tuned tree takes the floor): stream said it in its own words, "pass tree=N"
         raise SettingError(f"{cli.FLOOR_WITH_BEAMS} (no tree is tuned for {m.name} on this device)")
-    last = None
-    for last in stream(m, args.prompt, mode=args.mode, max_tokens=args.max_tokens, temperature=args.temperature,
-                       top_p=args.top_p, seed=args.seed, beam_width=args.beam_width,
-                       beam_length=args.beam_length, lookup=args.lookup, tree=args.tree,
-                       tree_min_prob=args.tree_min_prob, system=args.system, graph=args.graph,
-                       context_graph=not args.no_context_graph,
-                       progress=lambda s: print(f"[{s}]", file=sys.stderr)):
-        print(last.text, end="", flush=True)
+    last, cancelled = None, False
+    try:
+        for last in stream(m, args.prompt, mode=args.mode, max_tokens=args.max_tokens, temperature=args.temperature,
+                           top_p=args.top_p, seed=args.seed, beam_width=args.beam_width,
+                           beam_length=args.beam_length, lookup=args.lookup, tree=args.tree,
+                           tree_min_prob=args.tree_min_prob, system=args.system, graph=args.graph,
+                           context_graph=not args.no_context_graph,
+                           progress=lambda s: print(f"[{s}]", file=sys.stderr)):
+            print(last.text, end="", flush=True)
+    except KeyboardInterrupt:
+        if last is None:  # while the prompt was read: no reply, no figures (cli.run says "cancelled", status 130)
+            raise
+        cancelled = True  # while decoding: the reply so far was printed, and its figures are said as at an end
     print()
     s = last.stats
     label = "redrafter, adaptive" if s.mode == "auto" and args.mode == "redrafter" else s.mode  # what ran
@@ -171,7 +176,8 @@ def _reply(args) -> int:
     # its rates read "0.0 tok/s, 0.00 tokens/step", as if decoding had stalled
     rates = f"{s.tokens_per_second:.1f} tok/s, {s.tokens_per_step:.2f} tokens/step" if s.steps else "no decode step"
     line = (f"[{label}: {s.new_tokens} token{'' if s.new_tokens == 1 else 's'}, {rates}, "
-            f"prefill {s.prefill_seconds:.2f}s ({s.prompt_tokens} tokens), stop: {last.finish_reason}")
+            f"prefill {s.prefill_seconds:.2f}s ({s.prompt_tokens} tokens), "
+            f"stop: {'cancelled' if cancelled else last.finish_reason}")
     if s.steps and s.mode == "redrafter":
         line += f", acceptance {s.acceptance_rate:.2f}, W={s.beam_width} L={s.beam_length}"
         line += f" tree={s.tree}" if s.tree else ""
@@ -185,7 +191,7 @@ def _reply(args) -> int:
     if s.seed is not None and args.seed is None:  # the fresh seed this reply drew: nothing said it, so it was lost
         line += f", seed {s.seed} (--seed {s.seed} gives this reply again)"
     print(line + "]", file=sys.stderr)
-    return 0
+    return 130 if cancelled else 0  # (Ctrl-C: cli.run's status for it)
 
 
 if __name__ == "__main__":

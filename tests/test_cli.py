@@ -303,6 +303,42 @@ def test_main_cli_cancelled_while_it_waits_for_the_prompt_on_standard_input(caps
     assert capsys.readouterr().err == "\npython -m redrafter_mlx: cancelled\n"
 
 
+def test_main_cli_stopped_by_ctrl_c_while_decoding_prints_the_stats_line(tiny_kit, tmp_path, capsys, monkeypatch):
+    """Ctrl-C while `python -m redrafter_mlx` decoded printed the reply so far and "cancelled", but no stats line
+    (tokens, rates, prefill): the figures of the part it had given were lost. The line comes as at a normal end,
+    "stop: cancelled" (a reply should_stop ends says so), and the status is 130 as before; Ctrl-C while the
+    prompt is read (no reply yet) ends as before."""
+    from redrafter_mlx.__main__ import main
+
+    gen = sys.modules["redrafter_mlx.generate"]
+    path = str(tiny_kit.write_folder(tmp_path / "m", tiny_kit.model(seed=0)))
+    real = gen.stream
+
+    def ctrl_c_after(n):
+        def stream(*a, **kw):
+            events = real(*a, **kw)
+            for _ in range(n):
+                yield next(events)
+            events.close()  # (as Ctrl-C inside the next step leaves it: rolled back)
+            raise KeyboardInterrupt
+        return stream
+
+    argv = ["--model", path, "--mode", "ar", "--max-tokens", "20", "hi"]
+    assert main(argv) == 0
+    whole = capsys.readouterr()
+    assert whole.err.count("\n[ar: ") == 1 and "stop: cancelled" not in whole.err
+    monkeypatch.setattr(gen, "stream", ctrl_c_after(3))
+    assert main(argv) == 130
+    out = capsys.readouterr()
+    assert 0 < len(out.out.rstrip("\n")) < len(whole.out.rstrip("\n")) and whole.out.startswith(out.out.rstrip("\n"))
+    last = out.err.rstrip("\n").split("\n")[-1]
+    assert last.startswith("[ar: 3 tokens, ") and "tok/s" in last and last.endswith("stop: cancelled]"), out.err
+    monkeypatch.setattr(gen, "stream", ctrl_c_after(0))  # before the first token
+    assert main(argv) == 130
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.endswith("python -m redrafter_mlx: cancelled\n") and "stop:" not in out.err
+
+
 def test_main_cli_labels_an_adaptive_redrafter_run_as_such(tiny_kit, tmp_path, capsys):
     """`--mode redrafter` with no drafting option runs the adaptive controller: its stats line said
     `[auto: ...`, the mode the user did not ask for."""
