@@ -215,6 +215,9 @@ def writable_file(text: str):
     if path.exists() and not path.is_file():  # the file written beside it replaced it: /dev/stdout, as root
         raise argparse.ArgumentTypeError(f"{path} is not a regular file (a device, a pipe or a terminal), and the "
                                          "results are written to a file that replaces it: give a file's path")
+    if _open_file_link(path):  # /dev/stdout > log: the log was replaced by the report, what it held and the table lost
+        raise argparse.ArgumentTypeError(f"{path} names a file the command has open (its standard output, say), and "
+                                         "the results are written to a file that replaces it: give a file's path")
     if not folder.is_dir():  # (a file there had been said as "folder X does not exist", though X exists)
         raise argparse.ArgumentTypeError(f"{folder} is a file, not a folder" if folder.exists() else
                                          f"folder {folder} does not exist")
@@ -229,6 +232,24 @@ def writable_file(text: str):
     except OSError as e:
         raise argparse.ArgumentTypeError(f"folder {folder} cannot be written ({e.strerror or e})") from None
     return path
+
+
+def _open_file_link(path) -> bool:
+    """Whether `path` reaches its file through a process's open-file links (/proc/PID/fd/N, /dev/fd/N:
+    Linux's /dev/stdout is one): a regular file there is whatever the shell redirected to, not a path."""
+    import re
+
+    for _ in range(40):  # (a loop of links: the check above already found the path missing or not)
+        try:
+            folder = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+        except OSError:
+            return False
+        if re.fullmatch(r"/proc/(self|thread-self|\d+)(/task/\d+)?/fd|/dev/fd", folder):
+            return True
+        if not os.path.islink(path):
+            return False
+        path = os.path.join(os.path.dirname(path), os.readlink(path))
+    return False
 
 
 def work_folder(text: str):

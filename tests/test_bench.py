@@ -1657,6 +1657,28 @@ def test_an_output_that_is_not_a_regular_file_is_refused(tmp_path, capsys, monke
     assert bench.parse_args(["--prompts", "x", "--json", "./-"]).json.name == "-"  # a file of that name, said so
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="Linux's /dev/stdout, a link to an open file")
+def test_json_naming_standard_output_redirected_to_a_file_is_refused(tmp_path):
+    """On Linux /dev/stdout is a link, through /proc/self/fd/1, to what the shell redirected to: with `>> log`
+    a regular file, so it passed, and the report, renamed over it, replaced the log (what it held lost, and the
+    table printed into the file set aside). Refused while parsing, the log as it was; a pipe was refused already."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    log = tmp_path / "log.txt"
+    log.write_text("an earlier run's lines\n")
+    code = "import sys; from redrafter_mlx import bench; sys.exit(bench.main(sys.argv[1:]))"
+    for path in ("/dev/stdout", "/proc/self/fd/1", "/dev/fd/1"):
+        with open(log, "a") as out:
+            proc = subprocess.run([sys.executable, "-c", code, "--prompts", "x", "--json", path], stdout=out,
+                                  stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent, timeout=300)
+        assert proc.returncode == 2, proc.stderr
+        assert f"argument --json: {path} names a file the command has open (its standard output" in proc.stderr
+        assert log.read_text() == "an earlier run's lines\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["log.txt"]
+
+
 def test_tune_prefers_plain_decoding_when_it_is_faster():
     shape = {"beam_width": 2, "beam_length": 3, "tokens_per_second": 10.0}
     assert bench.tuned_default({"ar": {"tokens_per_second": 9.0}, "redrafter@2x3": shape}, shape) == (2, 3, False)
