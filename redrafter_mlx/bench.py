@@ -389,15 +389,16 @@ def print_categories(cats: Dict[str, Dict[str, Dict]], modes: List[str], out=Non
 def print_table(results: List[Dict], summary: Dict, modes: List[str], out=None):
     out = out or sys.stdout
     # as wide as the names (Spec-Bench's "math_reasoning" was cut to 12; "redrafter+tree6@0.001" pushed the row out)
-    c = max([12] + [len(str(r["category"])) for r in results])
+    kinds = [str(r["category"]) or "(none)" for r in results]  # (blank: the category table names it "(none)")
+    c = max([12, *map(len, kinds)])
     v = max([16] + [len(variant_of(r)) for r in results] + [len(m) for m in modes])
     labels = [f"{r['question_id']}" + (f"/{r['turn']}" if "turn" in r else "") for r in results]
     q = max([9, *map(len, labels)])  # (a question_id past 9 characters pushed its row out too)
     print(f"{'question':>{q}} {'category':<{c}} {'mode':<{v}} {'new':>5} {'steps':>5} {'tok/step':>8} {'tok/s':>7}",
           file=out)
-    for r, question in zip(results, labels):
+    for r, question, kind in zip(results, labels, kinds):
         print(
-            f"{question:>{q}} {str(r['category']):<{c}} {variant_of(r):<{v}} {r['new_tokens']:>5} {r['steps']:>5} "
+            f"{question:>{q}} {kind:<{c}} {variant_of(r):<{v}} {r['new_tokens']:>5} {r['steps']:>5} "
             f"{_rate(r['tokens_per_step'], '.2f'):>8} {_rate(r['tokens_per_second'], '.2f'):>7}",
             file=out,
         )

@@ -122,6 +122,12 @@ def test_questions_without_a_category_have_a_named_row(capsys):
     """Questions without a category (lines with no "category") made a category-table row with no name."""
     bench.print_categories({"": {"auto": {"tokens_per_step": 1.5, "speedup": 1.2}}}, ["ar", "auto"])
     assert capsys.readouterr().out.splitlines()[2].split() == ["(none)", "1.50", "1.20x"]
+    # and the per-question table left their category blank
+    row = {"question_id": 7, "category": "", "mode": "auto", "new_tokens": 9, "steps": 4, "tokens_per_step": 2.25,
+           "tokens_per_second": 10.0}
+    bench.print_table([row], {"auto": {"tokens_per_second": 10.0, "tokens_per_step": 2.25, "peak_memory_mb": 1.0}},
+                      ["auto"])
+    assert capsys.readouterr().out.splitlines()[1].split() == ["7", "(none)", "auto", "9", "4", "2.25", "10.00"]
 
 
 def test_graph_variants_run_side_by_side(model_dir, prompts, tmp_path, capsys):
