@@ -286,10 +286,13 @@ def replay_auto(loaded, ctl, prompt: Sequence[int], tokens: Sequence[int], ended
 def print_categories(configs, totals, categories, what: str, name, cell, width: int):
     """Per-category table under the main one: a row per config (`name(config)`), a column per
     category (and per turn, for results of redrafter-bench --turns) (`cell(config, totals)`),
-    `what` saying what a cell holds."""
+    `what` saying what a cell holds. categories: ("category", name) and ("turn", "turn N") groups."""
     if not categories:
         return
-    labels = [cat or "(none)" for cat in categories]  # the questions without a category, as redrafter-bench names them
+    turns = {label for group, label in categories if group == "turn"}
+    # the questions without a category, as redrafter-bench names them; a category named like a turn, said to be one
+    labels = [label + " (category)" if group == "category" and label in turns else label or "(none)"
+              for group, label in categories]
     # each column as wide as its name: a category past 18 characters pushed the cells out of their columns
     widths = [max(18, len(label)) for label in labels]
     print(f"\nper category: {what}")
@@ -656,14 +659,15 @@ def _replay_rows(args, graphs, stop) -> int:
                     out = replay(loaded, r["prompt_tokens"], r["tokens"], w, n, c, ended, hidden, t,
                                  args.tree_min_prob, k, ctx, not args.no_lookup_growth, ceil, args.ceiling_every)
                 outs.append((config, out))
-            turn = (f"turn {r['turn']}",) if "turn" in r else ()  # redrafter-bench --turns
+            # redrafter-bench --turns; a group of its own (a category named "turn 1" was counted as turn 1)
+            turn = (("turn", f"turn {r['turn']}"),) if "turn" in r else ()
             for config, out in outs:
                 if args.auto:
                     reply = f"q{r.get('question_id', done + 1)}" + (f" turn {r['turn']}" if turn else "")
                     replies[config].append((reply, out["produced"], out["seconds"]))
                 # None: all rows. (It was "", which a question without a category also is: such rows counted
                 # twice in the totals, and were left out of the per-category table)
-                for group in (None, r.get("category", ""), *turn):
+                for group in (None, ("category", r.get("category", "")), *turn):
                     for name, v in out.items():
                         totals[(config, group)][name] += v
             done += 1
@@ -675,10 +679,10 @@ def _replay_rows(args, graphs, stop) -> int:
         print(f"\n{PROG}: {said}; the figures below cover the first {done} of {len(rows)} {what}", file=sys.stderr)
         status = stop.status
     groups = {key[1] for key in totals if key[1] is not None}
-    kinds = sorted(g for g in groups if not g.startswith("turn "))
+    kinds = sorted(g for g in groups if g[0] == "category")
     # the questions without a category ("") where some have one (redrafter-bench's "(none)" row); a file without any
     # has no per-category figures but its turns'
-    categories = (kinds if set(kinds) != {""} else []) + sorted(g for g in groups if g.startswith("turn "))
+    categories = (kinds if kinds != [("category", "")] else []) + sorted(g for g in groups if g[0] == "turn")
 
     def per_step(tot, name, spec):
         """tot[name] per step in `spec`, or "-" where no step was replayed (replies that ended at their first token,

@@ -749,7 +749,8 @@ def test_replay_category_columns_fit_long_names(capsys):
     from redrafter_mlx import replay
 
     cats = ["summarization_of_long_documents", "qa"]
-    replay.print_categories(["c"], {("c", cat): {} for cat in cats}, cats, "x", lambda config: config,
+    groups = [("category", cat) for cat in cats]
+    replay.print_categories(["c"], {("c", g): {} for g in groups}, groups, "x", lambda config: config,
                             lambda config, tot: "1.00/2.0/3.0", 10)
     header, row = capsys.readouterr().out.splitlines()[2:4]
     for cat in cats:  # each cell ends where its name does
@@ -790,6 +791,34 @@ def test_replay_counts_a_question_without_a_category_once(model_dir, tmp_path, c
     counts = iter([(4, 4), (1, 3)])
     assert replay.main([str(out), "--shapes", "2x3"]) == 0
     assert "per category" not in capsys.readouterr().out
+
+
+def test_replay_keeps_a_category_named_like_a_turn_a_category(model_dir, tmp_path, capsys, monkeypatch):
+    """replay kept its categories and a --turns report's turns in one dict keyed by name: a category named
+    "turn 1" was pooled with every question's first turn, one column for both."""
+    from redrafter_mlx import replay
+
+    f = tmp_path / "turns.jsonl"
+    f.write_text(json.dumps({"question_id": 1, "category": "turn 1", "turns": ["Describe a cat.", "And a dog?"]})
+                 + "\n" + json.dumps({"question_id": 2, "category": "math", "turns": ["What is 12 times 12?",
+                                                                                  "And 13 times 13?"]}) + "\n")
+    out = tmp_path / "r.json"
+    assert run(capsys, "--model", model_dir, "--prompts", f, "--max-tokens", 4, "--turns", 2, "--json", out)[0] == 0
+    # (steps, produced) of q1's turns, then q2's
+    counts = iter([(4, 4), (1, 3), (2, 4), (1, 1)])
+
+    def scripted(*a, **k):
+        steps, produced = next(counts)
+        return {**dict.fromkeys(("packed", "looked_up", "drafter_rows", "aliases", "grafted", "graft_accepted",
+                                 "ceiling_extra"), 0), "steps": steps, "produced": produced}
+
+    monkeypatch.setattr(replay, "replay", scripted)
+    assert replay.main([str(out), "--shapes", "2x3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines.index("per category: tokens/step / packed/step / drafter rows/step")
+    assert lines[header + 1].split() == ["config", "math", "turn", "1", "(category)", "turn", "1", "turn", "2"]
+    # math: 5 tokens in 3 steps; the category "turn 1": 7 in 5; turn 1: 8 in 6; turn 2: 4 in 2
+    assert [cell.split("/")[0] for cell in lines[header + 2].split()[-4:]] == ["1.67", "1.40", "1.33", "2.00"]
 
 
 def test_replay_of_replies_without_a_decoding_step_shows_no_figures(model_dir, prompts, tmp_path, capsys):
