@@ -505,7 +505,8 @@ def read_results(path: Path):
         raise RedrafterError(f"{path} holds no results: its redrafter-bench run stopped before the first question "
                              "finished")
     if not rows:
-        raise RedrafterError(f"{path} has no ar results: run redrafter-bench with --modes ar")
+        raise RedrafterError(f"{path} has no ar results: run redrafter-bench with ar among its --modes (e.g. --modes "
+                             "ar,auto)")  # (it said "with --modes ar", as if ar alone were needed)
     temperature = report.get("settings", {}).get("temperature", 0.0)
     if temperature != 0.0:  # (it said no more than that: not which run gives greedy ones)
         raise RedrafterError(f"{path} holds sampled outputs (--temperature {json.dumps(temperature)}), and replay needs "

@@ -726,6 +726,19 @@ def test_replay_says_what_a_file_that_is_not_json_is(tmp_path):
         assert "JSONDecodeError" not in str(e.value) and "char " not in str(e.value)
 
 
+def test_replay_of_a_run_without_ar_says_to_add_it(tmp_path):
+    """A report without ar results said "run redrafter-bench with --modes ar", as if ar alone were needed."""
+    from redrafter_mlx import replay
+
+    f = tmp_path / "auto.json"
+    f.write_text(json.dumps({"model": "m", "settings": {"temperature": 0.0}, "complete": True, "results": [
+        {"mode": "auto", "question_id": 1, "prompt_tokens": [1, 2], "tokens": [3]}]}))
+    with pytest.raises(RedrafterError) as e:
+        replay.read_results(f)
+    assert str(e.value) == f"{f} has no ar results: run redrafter-bench with ar among its --modes (e.g. --modes " \
+                           "ar,auto)"
+
+
 def test_replay_of_a_sampled_run_says_which_run_to_replay(tmp_path):
     """A sampled run's report was refused as "holds sampled outputs; replay needs greedy ones", which said
     nothing of the run that gives greedy ones."""
