@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     if unused:
         p.error(unused)
     if args.mode == "redrafter" and args.no_drafter:
-        p.error("--mode redrafter needs the drafter: drop --no-drafter, or use --mode auto (the context alone) or ar")
+        p.error("--mode redrafter needs the drafter: drop --no-drafter, or use --mode auto (the context alone)")
     return cli.run("python -m redrafter_mlx", lambda: _reply(args))
 
 

@@ -107,7 +107,9 @@ def unused_drafting_error(mode: str, no_drafter: bool, drafter: Optional[str], b
     shaping = [flag for flag, value in (("--beam-width", beam_width), ("--beam-length", beam_length), ("--tree", tree),
                                         ("--tree-min-prob", tree_min_prob), ("--graph", graph)) if value is not None]
     if mode == "ar":
-        given = shaping + [flag for flag, value in (("--lookup", lookup), ("--drafter", drafter)) if value is not None]
+        # (--no-drafter too: none is loaded anyway; redrafter-bench refuses it with --modes ar)
+        given = shaping + [flag for flag, value in (("--lookup", lookup), ("--drafter", drafter),
+                                                    ("--no-drafter", no_drafter or None)) if value is not None]
         if given:
             return f"--mode ar decodes plainly and drafts nothing: drop {', '.join(given)}, or use --mode auto"
     if no_drafter and shaping:

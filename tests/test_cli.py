@@ -225,6 +225,11 @@ def test_main_cli_refuses_drafts_too_big_and_contradictions_before_loading(capsy
                        (["--mode", "ar", "--beam-width", "4", "--lookup", "8"],
                         "--mode ar decodes plainly and drafts nothing: drop --beam-width, --lookup"),
                        (["--mode", "ar", "--graph", "1"], "drop --graph"),
+                       # (redrafter-bench refused --no-drafter with --modes ar already)
+                       (["--mode", "ar", "--no-drafter"], "--mode ar decodes plainly and drafts nothing: drop "
+                                                          "--no-drafter, or use --mode auto"),
+                       (["--mode", "redrafter", "--no-drafter"], "--mode redrafter needs the drafter: drop "
+                                                                 "--no-drafter, or use --mode auto (the context alone) ("),
                        (["--no-drafter", "--tree", "8"], "--tree shapes the drafter's drafts, and --no-drafter"),
                        (["--no-drafter", "--beam-width", "4", "--graph", "0"], "--beam-width, --graph shape"),
                        (["--tree-min-prob", "0.5", "--beam-width", "2"], "--tree-min-prob is the dynamic tree's floor"),
@@ -242,7 +247,7 @@ def test_main_cli_refuses_drafts_too_big_and_contradictions_before_loading(capsy
 
     # what is used passes: the copy alone without the drafter, a tree's floor, a graph on a tree, adaptive graphs
     for args in (("auto", True, None, None, None, 8, None, None, None), ("auto", False, None, 4, 5, None, 16, 0.2, 1),
-                 ("redrafter", False, None, None, None, None, None, None, 0), ("ar", True, None, *[None] * 6)):
+                 ("redrafter", False, None, None, None, None, None, None, 0), ("ar", False, None, *[None] * 6)):
         assert unused_drafting_error(*args) is None, args
 
 
