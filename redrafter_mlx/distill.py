@@ -548,9 +548,11 @@ def main(argv=None):
                    help="folder for the replies and hidden states (shards); a run stopped early resumes there (the same "
                         "--model, --temperature and --weight-format: another's is refused)")
     p.add_argument("--offset", type=cli.non_negative, default=0, metavar="N",
-                   help="skip the first N prompts (interleaved across files; default: 0)")
+                   help="skip the first N prompts (interleaved across files and --self-instruct's new tasks; "
+                        "default: 0)")
     p.add_argument("--limit", type=cli.positive, default=None, metavar="N",
-                   help="use N prompts from --offset (interleaved across files; default: all)")
+                   help="use N prompts from --offset (interleaved across files and --self-instruct's new tasks; "
+                        "default: all)")
     p.add_argument("--batch-size", type=cli.positive, default=16, metavar="N",
                    help="most prompts answered together (default: 16)")
     p.add_argument("--batch-tokens", type=cli.positive, default=None, metavar="N",
@@ -566,7 +568,8 @@ def main(argv=None):
                         "in the file (e.g. 4-bit), or a dtype (default: float32)")
     p.add_argument("--self-instruct", type=cli.non_negative, default=0, metavar="N",
                    help="first have the model write N new tasks from the seed tasks (files named seed_tasks*, "
-                        "else all --data) into OUT/self_instruct.jsonl, and answer them too (default: 0, none)")
+                        "else all --data) into OUT/self_instruct.jsonl, and answer them too, as one more file of "
+                        "prompts: --offset and --limit count them, and must take them all (default: 0, none)")
     p.add_argument("--temperature", type=cli.temperature, default=0.0, metavar="T",
                    help="sample replies at T instead of greedy ones: more varied contexts, still the model's own "
                         "text (answers are keyed by prompt: use another --out than the greedy run; default: 0, greedy)")
@@ -626,6 +629,18 @@ def _distill(args):
         raise RedrafterError(f"--offset {args.offset} skips all {total} prompts"
                              + (f" (with the {args.self_instruct} new tasks)" if args.self_instruct else "")
                              + ": give a smaller one")
+    if args.self_instruct:  # the prompts taken are interleaved with the tasks: --limit took a share of them, and the
+        # rest were written, minutes of sampling, and never answered, saying nothing
+        marked = interleave([[False] * len(qs) for qs in per_file] + [[True] * args.self_instruct])[args.offset :]
+        taken = sum(marked[: args.limit] if args.limit else marked)
+        if taken < args.self_instruct:
+            flags = " and ".join(flag for flag, given in (("--offset", args.offset), ("--limit", args.limit)) if given)
+            fewer = f"--self-instruct {taken}" if taken else "no --self-instruct"
+            raise RedrafterError(f"{flags} take{'' if ' and ' in flags else 's'} {taken} of the {args.self_instruct} "
+                                 "new tasks (the prompts are interleaved across the files and the tasks), and the "
+                                 f"other {args.self_instruct - taken} would be written and never answered: give "
+                                 + (f"a larger --limit, or {fewer}" if not args.offset else "a smaller --offset"
+                                    if not args.limit else "an --offset and --limit that take them all"))
     seeds = [q for f, qs in zip(args.data, per_file) if "seed_tasks" in Path(f).name for q in qs]
     seeds = seeds or [q for qs in per_file for q in qs]
     if args.self_instruct:  # (said after the model had loaded, as its docstring did not promise)

@@ -353,6 +353,41 @@ def test_distill_refuses_what_would_answer_nothing_before_the_model_loads(tmp_pa
         assert not out.exists()
 
 
+def test_distill_refuses_new_tasks_that_offset_and_limit_leave_unanswered(tmp_path, capsys, monkeypatch):
+    """--self-instruct N wrote N tasks, which join the prompts as one more file, interleaved: --limit (or --offset)
+    took a share of them, and the rest were written (minutes of sampling) and never answered, saying nothing,
+    where --help said the tasks are answered too. Refused before the model loads; limits that take them all pass."""
+    from redrafter_mlx import distill as distill_module
+    from redrafter_mlx import loader
+    from redrafter_mlx.errors import RedrafterError
+
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"instruction": f"say {w}"}) + "\n" for w in "abcde"))
+    monkeypatch.setattr(loader, "load", lambda *a, **k: pytest.fail("loaded the model"))
+    out = tmp_path / "o"
+    tail = "would be written and never answered: give "
+    for extra, said in ((["--limit", "4", "--self-instruct", "3"],  # a T1 b T2 | T3 c d e
+                         "--limit takes 2 of the 3 new tasks (the prompts are interleaved across the files and the "
+                         f"tasks), and the other 1 {tail}a larger --limit, or --self-instruct 2"),
+                        (["--limit", "1", "--self-instruct", "3"], f"the other 3 {tail}a larger --limit, or no --self"),
+                        (["--offset", "2", "--self-instruct", "3"], "--offset takes 2 of the 3 new tasks"),
+                        (["--offset", "1", "--limit", "2", "--self-instruct", "2"],  # a | T1 b | T2 c d e
+                         f"--offset and --limit take 1 of the 2 new tasks (the prompts are interleaved across the files "
+                         f"and the tasks), and the other 1 {tail}an --offset and --limit that take them all")):
+        assert distill_module.main(["--out", str(out), "--data", str(data), *extra]) == 2
+        assert said in capsys.readouterr().err, extra
+        assert not out.exists()
+
+    def reached(*a, **k):
+        raise RedrafterError("past the checks")
+
+    monkeypatch.setattr(distill_module, "same_source", reached)
+    for extra in (["--limit", "6", "--self-instruct", "3"], ["--offset", "1", "--limit", "3", "--self-instruct", "2"],
+                  ["--limit", "2"], ["--self-instruct", "3"]):
+        assert distill_module.main(["--out", str(out), "--data", str(data), *extra]) == 2
+        assert "past the checks" in capsys.readouterr().err, extra
+
+
 def test_a_path_after_an_equals_sign_has_its_tilde_expanded(tmp_path, capsys, monkeypatch):
     """No shell expands "~" in `--out=~/runs`: distill made a folder named "~" in the current one, and
     `--prompts=~/q.jsonl`, `--data=~/p.jsonl` were not found. Each path option of the training tools and the bench
