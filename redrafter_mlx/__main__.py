@@ -33,8 +33,9 @@ def main(argv=None) -> int:
     p.add_argument("--mode", default="auto", choices=["auto", "ar", "redrafter"],
                    help="auto = adaptive speculative decoding: each step's draft sized to this machine's measured "
                    "cost, plain decoding where drafting does not pay, the context alone without a drafter "
-                   "(any of the drafting options below fixes the drafting instead); redrafter = needs a drafter; "
-                   "ar = plain decoding (default: auto)")
+                   "(any of the drafting options below fixes the drafting instead); redrafter = the same with the "
+                   "drafter required: adaptive, or the fixed drafting that drafting options give; ar = plain decoding "
+                   "(default: auto)")
     p.add_argument("--no-drafter", action="store_true",
                    help="leave the model's drafter out (auto then drafts from the context alone: adaptively, or only "
                    "the copy of --lookup N when that is given)")
@@ -54,11 +55,14 @@ def main(argv=None) -> int:
     p.add_argument("--beam-width", type=cli.positive, default=None, metavar="W",
                    help="beams drafted per step (default: the shape `redrafter-bench --tune` stored, else 4)")
     p.add_argument("--beam-length", type=cli.positive, default=None, metavar="L",
-                   help="tokens per beam, the base model's own next token included (default: tuned, else 4)")
+                   help="tokens per beam, the base model's own next token included (default: tuned, else 4); 1 "
+                   "drafts no beams: mode auto with a drafter then decodes plainly, --lookup's copy left out (a tuned "
+                   "1 too: plain decoding measured fastest here), and --mode redrafter drafts the copy alone")
     p.add_argument("--lookup", type=cli.non_negative, default=None, metavar="N",
                    help="also draft N tokens copied from the context where its last tokens recur, doubling "
                         f"while copies are taken whole, up to {MAX_GROWTH}N (0 = off; default: tuned, else "
-                        f"{DEFAULT_LOOKUP})")
+                        f"{DEFAULT_LOOKUP}; none in mode auto with a drafter and a beam length of 1: see "
+                        "--beam-length)")
     p.add_argument("--tree", type=cli.non_negative, default=None, metavar="N",
                    help="draft a dynamic tree of up to N nodes (at most W children per node, L - 1 levels, "
                         "unlikely nodes dropped) instead of W x L beams (0 = beams; default: tuned, else "

@@ -521,6 +521,22 @@ def test_lookup_help_says_the_copy_grows(capsys):
                                                                      or f"up to {MAX_GROWTH}x" in text)
 
 
+def test_main_cli_help_says_how_mode_redrafter_and_a_beam_length_of_1_draft(capsys):
+    """--mode redrafter's help said only "needs a drafter", though it is adaptive without a drafting option and
+    fixed with one; and nothing said that a beam length of 1 (given or tuned) decodes plainly in mode auto with a
+    drafter, --lookup's copy left out (by design), where --mode redrafter drafts that copy alone."""
+    from redrafter_mlx import __main__ as main_cli
+
+    with pytest.raises(SystemExit):
+        main_cli.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "redrafter = the same with the drafter required: adaptive, or the fixed drafting that drafting options " \
+           "give;" in text
+    assert "1 drafts no beams: mode auto with a drafter then decodes plainly, --lookup's copy left out (a tuned 1 " \
+           "too: plain decoding measured fastest here), and --mode redrafter drafts the copy alone" in text
+    assert "none in mode auto with a drafter and a beam length of 1: see --beam-length)" in text
+
+
 def parsers(monkeypatch):
     """{prog: parser} of every command line, caught as its main() parses (nothing runs)."""
     import argparse
