@@ -6,11 +6,12 @@
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Optional
 
-from .engine import SEED_MAX, Engine, Settings, compact
+from .engine import SEED_MAX, Engine, Settings, compact, compact_digits
 
 ENGINE_EXIT_SECONDS = 10.0  # after quitting, how long the engine may take to finish its step
 
@@ -52,28 +53,61 @@ in the app:
 # before --help could print or a value typed wrong be refused: these few are the chat's (tests hold them
 # to cli's: they take and refuse the same values, in the same words). The checks that run after parsing
 # are cli's own (`refusal`).
+_INTEGER = re.compile(r"\s*([+-]?)(\d(?:_?\d)*)\s*")  # what int() reads in base 10
+
+
+class _TooManyDigits(argparse.ArgumentTypeError):  # cli's: an integer past the 4300 digits int() reads
+    def __init__(self, negative: bool, shown: str):
+        self.negative, self.shown = negative, shown
+        limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
+        super().__init__(f"expected an integer of at most {limit} digits, not {shown}")
+
+
+def _shown(text: str) -> str:
+    digits = _INTEGER.fullmatch(text)
+    if digits is None:
+        return repr(text)
+    whole = digits.group(2).replace("_", "").lstrip("0") or "0"
+    return compact_digits(digits.group(1) == "-", whole) if len(whole) > 20 else repr(text)
+
+
 def _number(kind, text: str):
     try:
         value = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, not {text!r}") from None
+        digits = _INTEGER.fullmatch(text) if kind is int else None
+        if digits is not None:
+            whole = digits.group(2).replace("_", "").lstrip("0") or "0"
+            try:
+                return int(digits.group(1) + whole)
+            except ValueError:
+                raise _TooManyDigits(digits.group(1) == "-", compact_digits(digits.group(1) == "-", whole)) from None
+        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, not "
+                                         f"{_shown(text)}") from None
     if value != value or value in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite number, not {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a finite number, not {_shown(text)}")
+    return value
+
+
+def _integer(text: str, minimum: int, maximum: Optional[int] = None, span: str = "") -> int:
+    span = span or f"at least {minimum}"
+    try:
+        value = _number(int, text)
+    except _TooManyDigits as e:
+        if e.negative or maximum is not None:
+            raise argparse.ArgumentTypeError(f"must be {span}, not {e.shown}") from None
+        raise
+    if value < minimum or (maximum is not None and value > maximum):
+        raise argparse.ArgumentTypeError(f"must be {span}, not {compact(value)}")
     return value
 
 
 def _positive(text: str) -> int:
-    value = _number(int, text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {compact(value)}")
-    return value
+    return _integer(text, 1)
 
 
 def _non_negative(text: str) -> int:
-    value = _number(int, text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, not {compact(value)}")
-    return value
+    return _integer(text, 0)
 
 
 def _temperature(text: str) -> float:
@@ -91,10 +125,7 @@ def _top_p(text: str) -> float:
 
 
 def _seed(text: str) -> int:  # redrafter_mlx.cli.seed's range and words
-    value = _number(int, text)
-    if not 0 <= value <= SEED_MAX:
-        raise argparse.ArgumentTypeError(f"must be from 0 to 2**64 - 1, not {compact(value)}")
-    return value
+    return _integer(text, 0, SEED_MAX, "from 0 to 2**64 - 1")
 
 
 def _versions() -> str:  # as redrafter_mlx.cli.versions, from the packages' metadata

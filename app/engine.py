@@ -58,6 +58,19 @@ def compact(value: int) -> str:
     return f"{'-' if value < 0 else ''}{mantissa:g}e+{exponent}"
 
 
+def compact_digits(negative: bool, digits: str) -> str:
+    """redrafter_mlx.errors.compact_digits: `compact` of the int its sign and decimal `digits` (no leading zeros)
+    write, from the text (one past Python's 4300 int digits cannot be made an int)."""
+    if len(digits) <= 20:
+        return ("-" if negative else "") + digits
+    log = math.log10(int(digits[:17])) + len(digits) - 17
+    exponent = math.floor(log)
+    mantissa = round(10 ** (log - exponent), 2)
+    if mantissa >= 10:
+        mantissa, exponent = mantissa / 10, exponent + 1
+    return f"{'-' if negative else ''}{mantissa:g}e+{exponent}"
+
+
 class EngineError(Exception):
     """A readable, one-line reason a load or a reply failed; `details`: the whole text that line was cut from
     ("" when the line says it all), which the chat's /details shows."""

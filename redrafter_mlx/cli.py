@@ -11,13 +11,14 @@ import argparse
 import contextlib
 import math
 import os
+import re
 import signal
 import sys
 import threading
 import warnings
 from typing import Callable, Optional
 
-from .errors import RedrafterError, RedrafterWarning, compact
+from .errors import RedrafterError, RedrafterWarning, compact, compact_digits
 from .graph import MAX_GRAPH_K, graph_k_error  # noqa: F401  (graph.py's, as the library checks graph=K; kept here too)
 from .sampling import SEED_MAX
 
@@ -32,13 +33,43 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}{self.hint} (options: {self.prog} --help)\n")
 
 
+_INTEGER = re.compile(r"\s*([+-]?)(\d(?:_?\d)*)\s*")  # what int() reads in base 10
+
+
+class _TooManyDigits(argparse.ArgumentTypeError):
+    """An integer of more digits than int() reads (sys.get_int_max_str_digits: 4300): `negative`, and `shown`,
+    the value as errors.compact writes it. The message echoed every digit, and said it was no integer."""
+
+    def __init__(self, negative: bool, shown: str):
+        self.negative, self.shown = negative, shown
+        limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
+        super().__init__(f"expected an integer of at most {limit} digits, not {shown}")
+
+
+def _shown(text: str) -> str:
+    """`text` as a message echoes it: quoted, but an integer's digits past 20 as errors.compact writes them."""
+    digits = _INTEGER.fullmatch(text)
+    if digits is None:
+        return repr(text)
+    whole = digits.group(2).replace("_", "").lstrip("0") or "0"
+    return compact_digits(digits.group(1) == "-", whole) if len(whole) > 20 else repr(text)
+
+
 def _parse(kind, text: str):
     try:
         value = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, not {text!r}") from None
+        digits = _INTEGER.fullmatch(text) if kind is int else None
+        if digits is not None:  # an integer past the digits Python reads (4300)
+            whole = digits.group(2).replace("_", "").lstrip("0") or "0"
+            try:  # (the limit counts leading zeros: 000...01 is 1)
+                return int(digits.group(1) + whole)
+            except ValueError:
+                raise _TooManyDigits(digits.group(1) == "-", compact_digits(digits.group(1) == "-", whole)) from None
+        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, not "
+                                         f"{_shown(text)}") from None
     if kind is float and not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, not {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a finite number, not {_shown(text)}")
     return value
 
 
@@ -47,9 +78,14 @@ def integer(minimum: int = 0, maximum: Optional[int] = None, named: Optional[str
     ("2**64 - 1" for a seed, which the error wrote out as 18446744073709551615)."""
 
     def parse(text: str) -> int:
-        value = _parse(int, text)
+        span = f"at least {minimum}" if maximum is None else f"from {minimum} to {named or maximum}"
+        try:
+            value = _parse(int, text)
+        except _TooManyDigits as e:  # below any minimum, or above a maximum: said as any value out of range is
+            if e.negative or maximum is not None:
+                raise argparse.ArgumentTypeError(f"must be {span}, not {e.shown}") from None
+            raise
         if value < minimum or (maximum is not None and value > maximum):
-            span = f"at least {minimum}" if maximum is None else f"from {minimum} to {named or maximum}"
             raise argparse.ArgumentTypeError(f"must be {span}, not {compact(value)}")
         return value
 

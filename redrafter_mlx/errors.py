@@ -24,6 +24,19 @@ def compact(value, as_text=str) -> str:
     return as_text(value)
 
 
+def compact_digits(negative: bool, digits: str) -> str:
+    """`compact` of the int that `digits` (decimal, no leading zeros) and its sign write, read from the text:
+    one past Python's int digits (4300, sys.set_int_max_str_digits) cannot be made an int to give it."""
+    if len(digits) <= 20:
+        return ("-" if negative else "") + digits
+    log = math.log10(int(digits[:17])) + len(digits) - 17
+    exponent = math.floor(log)
+    mantissa = round(10 ** (log - exponent), 2)
+    if mantissa >= 10:
+        mantissa, exponent = mantissa / 10, exponent + 1
+    return f"{'-' if negative else ''}{mantissa:g}e+{exponent}"
+
+
 def json_kind(value) -> str:
     """What a value read from JSON is, in JSON's words, for a message about a user's file (Python's had said
     "not a NoneType" of a null, "not a str" of a string, "not list" of an array)."""

@@ -2132,12 +2132,14 @@ def test_help_and_a_value_typed_wrong_answer_without_the_library(capsys):
     assert out.stderr.splitlines()[-1] == "[]", out.stderr
     chat = configure_parser()
     huge = str(-10**70)  # (echoed in 3 significant digits: errors.compact and its twin app.engine.compact)
-    for flag, kind, values in (("--beam-width", cli.positive, ("0", "-3", "x", "1.5", "inf", huge)),
-                               ("--lookup", cli.non_negative, ("-1", "x", huge)), ("--max-tokens", cli.positive, ("0",)),
-                               ("--temperature", cli.temperature, ("-0.1", "nan", "inf", "x")),
+    past = "1" * 4301  # past the 4300 digits int() reads: echoed so too (errors.compact_digits and its twin)
+    for flag, kind, values in (("--beam-width", cli.positive, ("0", "-3", "x", "1.5", "inf", huge, past, "-" + past)),
+                               ("--lookup", cli.non_negative, ("-1", "x", huge, past, "0" * 5000 + "7")),
+                               ("--max-tokens", cli.positive, ("0",)),
+                               ("--temperature", cli.temperature, ("-0.1", "nan", "inf", "x", "1" * 400)),
                                ("--top-p", cli.probability, ("0", "1.5", "nan")),
                                ("--tree-min-prob", cli.probability, ("0", "-1")),
-                               ("--seed", cli.seed, ("-1", str(2**64), "1.5", huge, str(10**70)))):
+                               ("--seed", cli.seed, ("-1", str(2**64), "1.5", huge, str(10**70), past, "-" + past))):
         library = cli.Parser(prog="redrafter-chat")
         library.add_argument(flag, type=kind)
         for value in (*values, "1"):
@@ -2154,6 +2156,11 @@ def test_help_and_a_value_typed_wrong_answer_without_the_library(capsys):
 
     for n in (0, -7, 2**64, 10**20 - 1, 10**20, -10**50, 4 * 10**70 - 4, 123456789012345678901234, 10**5000):
         assert twin(n) == compact(n), n
+    from app.engine import compact_digits as twin
+    from redrafter_mlx.errors import compact_digits
+
+    for negative, digits in ((False, "7"), (True, "1" * 20), (False, "9" * 5000), (True, "123" + "0" * 4400)):
+        assert twin(negative, digits) == compact_digits(negative, digits), digits[:30]
 
 
 def test_quitting_while_the_model_loads_leaves_at_once(monkeypatch):

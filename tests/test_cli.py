@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from redrafter_mlx import bench, cli
+from redrafter_mlx import bench, cli, errors
 from redrafter_mlx.errors import CorruptModelError
 
 
@@ -36,6 +36,36 @@ def test_typed_options(capsys):
         with pytest.raises(SystemExit):
             parse(kind, text)
         assert f"argument --x: {said}" in capsys.readouterr().err
+
+
+
+@pytest.mark.skipif(not hasattr(sys, "set_int_max_str_digits"), reason="Python's int digit limit (3.11 and later)")
+def test_integers_past_pythons_digit_limit_are_echoed_short(capsys):
+    """An integer of more than 4300 digits (what int() reads) was "expected an integer, not '111...'", every
+    digit echoed and said to be no integer. It is said as errors.compact writes a huge int, as out of range
+    where it is, and leading zeros (which the limit counts) are read past."""
+    from redrafter_mlx.errors import compact
+
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(4300)
+    try:
+        past = "expected an integer of at most 4300 digits, not"
+        for kind, text, said in ((cli.positive, "1" * 4301, f"{past} 1.11e+4300"),
+                                 (cli.non_negative, f" +{'9' * 5000} ", f"{past} 1e+5000"),
+                                 (cli.positive, "-" + "1" * 4301, "must be at least 1, not -1.11e+4300"),
+                                 (cli.seed, "1_" + "2" * 4400, "must be from 0 to 2**64 - 1, not 1.22e+4400"),
+                                 (cli.temperature, "1" * 400, "expected a finite number, not 1.11e+399")):
+            with pytest.raises(SystemExit):
+                parse(kind, text)
+            err = capsys.readouterr().err
+            assert f"argument --x: {said}\n" in err and len(err) < 200, err[:300]
+        assert parse(cli.non_negative, "0" * 5000 + "7") == 7
+        assert parse(cli.positive, "0" * 1000 + "1" * 4000) == int("1" * 4000)
+        sys.set_int_max_str_digits(0)
+        for n in (10**5000, -(4 * 10**4400 - 4), 123456789 * 10**4400, 99999 * 10**4300, 10**25, -(2**64)):
+            assert errors.compact_digits(n < 0, str(abs(n))) == compact(n), n
+    finally:
+        sys.set_int_max_str_digits(limit)
 
 
 def test_writable_file(tmp_path, capsys):
