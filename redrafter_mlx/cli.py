@@ -275,8 +275,6 @@ def writable_file(text: str):
 def _open_file_link(path) -> bool:
     """Whether `path` reaches its file through a process's open-file links (/proc/PID/fd/N, /dev/fd/N:
     Linux's /dev/stdout is one): a regular file there is whatever the shell redirected to, not a path."""
-    import re
-
     for _ in range(40):  # (a loop of links: the check above already found the path missing or not)
         try:
             folder = os.path.realpath(os.path.dirname(os.path.abspath(path)))

@@ -259,7 +259,8 @@ def test_main_cli_refuses_drafts_too_big_and_contradictions_before_loading(capsy
                        (["--mode", "ar", "--no-drafter"], "--mode ar decodes plainly and drafts nothing: drop "
                                                           "--no-drafter, or use --mode auto"),
                        (["--mode", "redrafter", "--no-drafter"], "--mode redrafter needs the drafter: drop "
-                                                                 "--no-drafter, or use --mode auto (the context alone) ("),
+                                                                 "--no-drafter, or use --mode auto (the context "
+                                                                 "alone) ("),
                        (["--no-drafter", "--tree", "8"], "--tree shapes the drafter's drafts, and --no-drafter"),
                        (["--no-drafter", "--beam-width", "4", "--graph", "0"], "--beam-width, --graph shape"),
                        (["--tree-min-prob", "0.5", "--beam-width", "2"], "--tree-min-prob is the dynamic tree's floor"),

@@ -372,8 +372,8 @@ def test_distill_refuses_new_tasks_that_offset_and_limit_leave_unanswered(tmp_pa
                         (["--limit", "1", "--self-instruct", "3"], f"the other 3 {tail}a larger --limit, or no --self"),
                         (["--offset", "2", "--self-instruct", "3"], "--offset takes 2 of the 3 new tasks"),
                         (["--offset", "1", "--limit", "2", "--self-instruct", "2"],  # a | T1 b | T2 c d e
-                         f"--offset and --limit take 1 of the 2 new tasks (the prompts are interleaved across the files "
-                         f"and the tasks), and the other 1 {tail}an --offset and --limit that take them all")):
+                         "--offset and --limit take 1 of the 2 new tasks (the prompts are interleaved across the "
+                         f"files and the tasks), and the other 1 {tail}an --offset and --limit that take them all")):
         assert distill_module.main(["--out", str(out), "--data", str(data), *extra]) == 2
         assert said in capsys.readouterr().err, extra
         assert not out.exists()
