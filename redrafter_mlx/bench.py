@@ -343,11 +343,12 @@ def summarize(results: List[Dict], modes: List[str], greedy: bool) -> Dict[str, 
     return summary
 
 
-def per_category(results: List[Dict], modes: List[str], group=lambda r: r["category"]) -> Dict[str, Dict[str, Dict]]:
+def per_category(results: List[Dict], modes: List[str], group=lambda r: r["category"],
+                 order=None) -> Dict[str, Dict[str, Dict]]:
     """{category: {variant: {tokens_per_step, tokens_per_second, speedup}}}, pooled per category
-    (or per whatever `group` returns for a row, e.g. its turn)."""
+    (or per whatever `group` returns for a row, e.g. its turn), in the order of the sort key `order` (by name)."""
     out = {}
-    for cat in sorted({group(r) for r in results}):
+    for cat in sorted({group(r) for r in results}, key=order):
         rows = [r for r in results if group(r) == cat]
         s = summarize(rows, [m for m in modes if any(variant_of(r) == m for r in rows)], greedy=False)
         out[cat] = {m: {k: v[k] for k in ("tokens_per_step", "tokens_per_second", "speedup") if k in v}
@@ -357,7 +358,8 @@ def per_category(results: List[Dict], modes: List[str], group=lambda r: r["categ
 
 def per_turn(results: List[Dict], modes: List[str]) -> Dict[str, Dict[str, Dict]]:
     """per_category's figures per turn of the conversations ("turn 1", "turn 2", ...)."""
-    return per_category(results, modes, lambda r: f"turn {r.get('turn', 1)}")
+    # (in turn order: by name, "turn 10" came before "turn 2")
+    return per_category(results, modes, lambda r: f"turn {r.get('turn', 1)}", order=lambda t: int(t.split()[-1]))
 
 
 def _speedup(figures: Dict) -> str:

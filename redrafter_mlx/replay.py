@@ -683,7 +683,8 @@ def _replay_rows(args, graphs, stop) -> int:
     kinds = sorted(g for g in groups if g[0] == "category")
     # the questions without a category ("") where some have one (redrafter-bench's "(none)" row); a file without any
     # has no per-category figures but its turns'
-    categories = (kinds if kinds != [("category", "")] else []) + sorted(g for g in groups if g[0] == "turn")
+    turns = sorted((g for g in groups if g[0] == "turn"), key=lambda g: int(g[1].split()[-1]))  # (turn 10 after 9, not 1)
+    categories = (kinds if kinds != [("category", "")] else []) + turns
 
     def per_step(tot, name, spec):
         """tot[name] per step in `spec`, or "-" where no step was replayed (replies that ended at their first token,

@@ -834,6 +834,33 @@ def test_replay_keeps_a_category_named_like_a_turn_a_category(model_dir, tmp_pat
     assert [cell.split("/")[0] for cell in lines[header + 2].split()[-4:]] == ["1.67", "1.40", "1.33", "2.00"]
 
 
+def test_turns_are_tabled_in_turn_order():
+    """The bench's and replay's per-turn columns were sorted by name: "turn 10" came before "turn 2"."""
+    from redrafter_mlx import bench
+
+    rows = [{"question_id": 1, "turn": t, "mode": "ar", "steps": 3, "decode_seconds": 1.0, "new_tokens": 4,
+             "tokens_per_second": 3.0, "peak_memory_mb": 1.0, "tokens": [5, 6, 7, 8]} for t in (10, 2, 1)]
+    assert list(bench.per_turn(rows, ["ar"])) == ["turn 1", "turn 2", "turn 10"]
+
+
+def test_replay_tables_turns_in_turn_order(model_dir, tmp_path, capsys):
+    from redrafter_mlx import replay
+
+    f = tmp_path / "turns.jsonl"
+    f.write_text(json.dumps({"question_id": 1, "category": "math", "turns": ["What is 12 times 12?",
+                                                                           "And 13 times 13?"]}) + "\n")
+    out = tmp_path / "r.json"
+    assert run(capsys, "--model", model_dir, "--prompts", f, "--max-tokens", 4, "--turns", 2, "--json", out)[0] == 0
+    report = json.loads(out.read_text())
+    for r in report["results"]:  # turns 1 and 2 renumbered 2 and 10 (by name, "turn 10" sorts first)
+        r["turn"] = {1: 2, 2: 10}[r["turn"]]
+    out.write_text(json.dumps(report))
+    assert replay.main([str(out), "--shapes", "2x3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines.index("per category: tokens/step / packed/step / drafter rows/step")
+    assert lines[header + 1].split() == ["config", "math", "turn", "2", "turn", "10"]
+
+
 def test_replay_of_replies_without_a_decoding_step_shows_no_figures(model_dir, prompts, tmp_path, capsys):
     """Replies of one token (--max-tokens 1) take no decoding step: replay printed 0.000 tokens/step (no
     decoding emits fewer than 1), 0.00x and "0 of 0 replies slower", where redrafter-bench shows "-"."""
