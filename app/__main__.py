@@ -54,6 +54,7 @@ in the app:
 # to cli's: they take and refuse the same values, in the same words). The checks that run after parsing
 # are cli's own (`refusal`).
 _INTEGER = re.compile(r"\s*([+-]?)(\d(?:_?\d)*)\s*")  # what int() reads in base 10
+ECHO = 60  # longest option text a message echoes whole
 
 
 class _TooManyDigits(argparse.ArgumentTypeError):  # cli's: an integer past the 4300 digits int() reads
@@ -65,8 +66,8 @@ class _TooManyDigits(argparse.ArgumentTypeError):  # cli's: an integer past the 
 
 def _shown(text: str) -> str:
     digits = _INTEGER.fullmatch(text)
-    if digits is None:
-        return repr(text)
+    if digits is None:  # other text past ECHO characters: its start and its length (5000 x's were echoed whole)
+        return repr(text) if len(text) <= ECHO else f"{text[:ECHO // 2]!r}... ({len(text)} characters)"
     whole = digits.group(2).replace("_", "").lstrip("0") or "0"
     return compact_digits(digits.group(1) == "-", whole) if len(whole) > 20 else repr(text)
 
@@ -170,7 +171,8 @@ def configure_parser() -> argparse.ArgumentParser:
                    "without any, the adaptive controller sizes each step; default: the shape `redrafter-bench "
                    "--tune` stored for this model and device, else 4)")
     p.add_argument("-L", "--beam-length", type=_positive, default=None, metavar="N",
-                   help="tokens per beam, the base model's own next token included (default: tuned, else 4)")
+                   help="tokens per beam, the base model's own next token included (default: tuned, else 4); 1 drafts "
+                   "no beams: the conversation's copy (--lookup) alone")
     p.add_argument("--lookup", type=_non_negative, default=None, metavar="N",
                    help="also draft N tokens copied from the conversation where its last tokens recur, twice as "
                    "many after a copy taken whole, up to 4N (one more beam, checked like the others; 0 = off; "

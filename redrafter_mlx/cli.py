@@ -34,6 +34,7 @@ class Parser(argparse.ArgumentParser):
 
 
 _INTEGER = re.compile(r"\s*([+-]?)(\d(?:_?\d)*)\s*")  # what int() reads in base 10
+ECHO = 60  # longest option text a message echoes whole
 
 
 class _TooManyDigits(argparse.ArgumentTypeError):
@@ -47,10 +48,11 @@ class _TooManyDigits(argparse.ArgumentTypeError):
 
 
 def _shown(text: str) -> str:
-    """`text` as a message echoes it: quoted, but an integer's digits past 20 as errors.compact writes them."""
+    """`text` as a message echoes it: quoted, but an integer's digits past 20 as errors.compact writes them,
+    and other text past ECHO characters cut short."""
     digits = _INTEGER.fullmatch(text)
-    if digits is None:
-        return repr(text)
+    if digits is None:  # other text past ECHO characters: its start and its length (5000 x's were echoed whole)
+        return repr(text) if len(text) <= ECHO else f"{text[:ECHO // 2]!r}... ({len(text)} characters)"
     whole = digits.group(2).replace("_", "").lstrip("0") or "0"
     return compact_digits(digits.group(1) == "-", whole) if len(whole) > 20 else repr(text)
 

@@ -2133,7 +2133,8 @@ def test_help_and_a_value_typed_wrong_answer_without_the_library(capsys):
     chat = configure_parser()
     huge = str(-10**70)  # (echoed in 3 significant digits: errors.compact and its twin app.engine.compact)
     past = "1" * 4301  # past the 4300 digits int() reads: echoed so too (errors.compact_digits and its twin)
-    for flag, kind, values in (("--beam-width", cli.positive, ("0", "-3", "x", "1.5", "inf", huge, past, "-" + past)),
+    for flag, kind, values in (("--beam-width", cli.positive, ("0", "-3", "x", "1.5", "inf", huge, past, "-" + past,
+                                                                "x" * 5000)),
                                ("--lookup", cli.non_negative, ("-1", "x", huge, past, "0" * 5000 + "7")),
                                ("--max-tokens", cli.positive, ("0",)),
                                ("--temperature", cli.temperature, ("-0.1", "nan", "inf", "x", "1" * 400)),

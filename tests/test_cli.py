@@ -68,6 +68,18 @@ def test_integers_past_pythons_digit_limit_are_echoed_short(capsys):
         sys.set_int_max_str_digits(limit)
 
 
+def test_long_text_that_is_no_number_is_echoed_short(capsys):
+    """Option text that is no number was echoed whole: "--max-tokens" given 5000 x's made a 5000-character message."""
+    for kind, text in ((cli.positive, "x" * 5000), (cli.temperature, "warm" * 1000)):
+        with pytest.raises(SystemExit):
+            parse(kind, text)
+        err = capsys.readouterr().err
+        assert f"{text[:30]!r}... ({len(text)} characters)" in err and len(err) < 200, err[:300]
+    with pytest.raises(SystemExit):  # short text is echoed whole, as before
+        parse(cli.positive, "x" * 60)
+    assert repr("x" * 60) in capsys.readouterr().err
+
+
 def test_writable_file(tmp_path, capsys):
     assert parse(cli.writable_file, str(tmp_path / "r.json")) == tmp_path / "r.json"
     # /proc: os.access passed it for root, and the run was lost at its first write
