@@ -37,37 +37,42 @@ _INTEGER = re.compile(r"\s*([+-]?)(\d(?:_?\d)*)\s*")  # what int() reads in base
 ECHO = 60  # longest option text a message echoes whole
 
 
+def _integer_text(text: str):
+    """(negative, digits) of the base-10 integer `text` writes (underscores and leading zeros, which int()'s digit
+    limit counts, left out), or None where it writes none."""
+    found = _INTEGER.fullmatch(text)
+    return None if found is None else (found.group(1) == "-", found.group(2).replace("_", "").lstrip("0") or "0")
+
+
 class _TooManyDigits(argparse.ArgumentTypeError):
     """An integer of more digits than int() reads (sys.get_int_max_str_digits: 4300): `negative`, and `shown`,
     the value as errors.compact writes it. The message echoed every digit, and said it was no integer."""
 
-    def __init__(self, negative: bool, shown: str):
-        self.negative, self.shown = negative, shown
+    def __init__(self, negative: bool, digits: str):
+        self.negative, self.shown = negative, compact_digits(negative, digits)
         limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
-        super().__init__(f"expected an integer of at most {limit} digits, not {shown}")
+        super().__init__(f"expected an integer of at most {limit} digits, not {self.shown}")
 
 
 def _shown(text: str) -> str:
     """`text` as a message echoes it: quoted, but an integer's digits past 20 as errors.compact writes them,
     and other text past ECHO characters cut short."""
-    digits = _INTEGER.fullmatch(text)
-    if digits is None:  # other text past ECHO characters: its start and its length (5000 x's were echoed whole)
+    integer = _integer_text(text)
+    if integer is None:  # other text past ECHO characters: its start and its length (5000 x's were echoed whole)
         return repr(text) if len(text) <= ECHO else f"{text[:ECHO // 2]!r}... ({len(text)} characters)"
-    whole = digits.group(2).replace("_", "").lstrip("0") or "0"
-    return compact_digits(digits.group(1) == "-", whole) if len(whole) > 20 else repr(text)
+    return compact_digits(*integer) if len(integer[1]) > 20 else repr(text)
 
 
 def _parse(kind, text: str):
     try:
         value = kind(text)
     except ValueError:
-        digits = _INTEGER.fullmatch(text) if kind is int else None
-        if digits is not None:  # an integer past the digits Python reads (4300)
-            whole = digits.group(2).replace("_", "").lstrip("0") or "0"
+        integer = _integer_text(text) if kind is int else None
+        if integer is not None:  # an integer past the digits Python reads (4300)
             try:  # (the limit counts leading zeros: 000...01 is 1)
-                return int(digits.group(1) + whole)
+                return int(("-" if integer[0] else "") + integer[1])
             except ValueError:
-                raise _TooManyDigits(digits.group(1) == "-", compact_digits(digits.group(1) == "-", whole)) from None
+                raise _TooManyDigits(*integer) from None
         raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, not "
                                          f"{_shown(text)}") from None
     if kind is float and not math.isfinite(value):
